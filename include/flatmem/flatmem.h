@@ -1,0 +1,294 @@
+/*
+ * flatmem.h -- the public C ABI of flatmem.
+ *
+ * flatmem brings memory-saving training techniques to any framework through a
+ * stable C ABI. This header is plain C99 (it also compiles as C++) and is the
+ * manual: every function states what it computes, the shapes, dtypes and
+ * devices it accepts, whether it allocates, and its thread rule.
+ *
+ * ------------------------------------------------------------------------
+ * Conventions that hold for every function
+ * ------------------------------------------------------------------------
+ * - Every function returns a flatmem_status. FLATMEM_STATUS_SUCCESS is 0.
+ *   On any other status, flatmem_last_error() returns a message naming the
+ *   offending argument, its shape or value, and what was expected.
+ * - On error nothing the caller owns is written: outputs are validated
+ *   before any of them is touched.
+ * - Argument order: the handle first (for *_create: the out-pointer that
+ *   receives it), then inputs, then outputs, then workspace pointer and
+ *   size, then the stream. Size queries put their size_t* result last.
+ * - Tensors are DLPack DLTensor (<dlpack/dlpack.h>). Every field is checked:
+ *   device type, dtype (code, bits, lanes = 1), ndim, shape (every extent
+ *   >= 1), strides (NULL = compact row-major; otherwise the innermost stride
+ *   must be 1 and row strides may exceed the row length, in elements),
+ *   byte_offset, alignment of data + byte_offset to the element size, and
+ *   that byte extents fit in 64 bits.
+ * - Tensors on kDLCPU run on the CPU backend. Tensors on kDLCUDA are
+ *   refused with FLATMEM_STATUS_UNSUPPORTED by this version (the CUDA
+ *   backend is not part of this release). All tensors of one call must be
+ *   on the same device.
+ * - Workspace: every compute function takes (workspace, workspace_bytes).
+ *   Ask the matching *_workspace_size function first. Passing NULL and 0
+ *   lets the handle allocate and keep a buffer of its own (grown on demand,
+ *   freed by *_destroy). A non-NULL workspace smaller than the query gives
+ *   FLATMEM_STATUS_WORKSPACE_TOO_SMALL. Workspace must be aligned to 64
+ *   bytes.
+ * - stream: a cudaStream_t for device tensors; ignored on the CPU.
+ * - Thread rule: a handle is used by one thread at a time; distinct handles
+ *   are independent. flatmem_last_error() is per thread. Functions without a
+ *   handle are thread-safe.
+ * - Option structs begin with size_t struct_size. Initialise them with the
+ *   *_OPTIONS_INIT macro or the *_options_init() function; fields are only
+ *   ever appended, the library reads min(struct_size, its sizeof), and a
+ *   field left 0 means "default". A NULL options pointer means all defaults.
+ * - Anything not yet promised stable sits behind FLATMEM_EXPERIMENTAL.
+ */
+#ifndef FLATMEM_FLATMEM_H
+#define FLATMEM_FLATMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(FLATMEM_BUILDING_LIBRARY) && defined(__GNUC__)
+#define FLATMEM_API __attribute__((visibility("default")))
+#else
+#define FLATMEM_API
+#endif
+
+/* ======================================================================== */
+/* Versions                                                                 */
+/* ======================================================================== */
+
+#define FLATMEM_VERSION_MAJOR 0
+#define FLATMEM_VERSION_MINOR 1
+#define FLATMEM_VERSION_PATCH 0
+/** Packed version: major * 10000 + minor * 100 + patch. */
+#define FLATMEM_VERSION \
+  (FLATMEM_VERSION_MAJOR * 10000 + FLATMEM_VERSION_MINOR * 100 + FLATMEM_VERSION_PATCH)
+
+/** The packed version of the library actually loaded (compare it with
+ *  FLATMEM_VERSION to detect a header/library mismatch). Thread-safe. */
+FLATMEM_API int flatmem_version(void);
+
+/** The same as "MAJOR.MINOR.PATCH", a static string. Thread-safe. */
+FLATMEM_API const char *flatmem_version_string(void);
+
+/* ======================================================================== */
+/* Status and errors                                                        */
+/* ======================================================================== */
+
+/** Result of every function. Values are explicit and never reused. */
+typedef enum flatmem_status {
+  FLATMEM_STATUS_SUCCESS = 0,
+  /** An argument is NULL, has the wrong dtype/device/ndim/shape/stride, a
+   *  value out of range, or sizes whose byte extent overflows. */
+  FLATMEM_STATUS_INVALID_ARGUMENT = 1,
+  /** A valid request this build cannot serve (e.g. a CUDA tensor). */
+  FLATMEM_STATUS_UNSUPPORTED = 2,
+  /** The library could not allocate memory it needed. */
+  FLATMEM_STATUS_OUT_OF_MEMORY = 3,
+  /** A caller workspace smaller than the matching *_workspace_size. */
+  FLATMEM_STATUS_WORKSPACE_TOO_SMALL = 4,
+  /** NaN or Inf found in an input under FLATMEM_NONFINITE_ERROR. */
+  FLATMEM_STATUS_NON_FINITE = 5,
+  /** A bug in flatmem: please report it with the message. */
+  FLATMEM_STATUS_INTERNAL = 6,
+  FLATMEM_STATUS_MAX = 0x7fffffff
+} flatmem_status;
+
+/** A static English name for a status ("FLATMEM_STATUS_INVALID_ARGUMENT");
+ *  "FLATMEM_STATUS_UNKNOWN" for values this version does not know.
+ *  Thread-safe. */
+FLATMEM_API const char *flatmem_status_string(flatmem_status status);
+
+/** The calling thread's message for the last failed call: which argument,
+ *  the shape or value it had and what was expected. "" when the thread's last
+ *  call succeeded. The pointer stays valid until the thread's next flatmem
+ *  call. Thread-safe (per-thread storage). */
+FLATMEM_API const char *flatmem_last_error(void);
+
+/** Policy for NaN and Inf found in input features. */
+typedef enum flatmem_nonfinite_policy {
+  /** Default. Inputs are scanned (O((b + c) * d), under 1% of the work)
+   *  before anything is computed; a NaN or Inf gives
+   *  FLATMEM_STATUS_NON_FINITE naming the tensor, row and column, and no
+   *  output is written. */
+  FLATMEM_NONFINITE_ERROR = 0,
+  /** No scan: NaN/Inf propagate into the loss and gradients as IEEE
+   *  arithmetic dictates. */
+  FLATMEM_NONFINITE_PROPAGATE = 1,
+  FLATMEM_NONFINITE_MAX = 0x7fffffff
+} flatmem_nonfinite_policy;
+
+/* ======================================================================== */
+/* Tiled contrastive loss                                                   */
+/* ======================================================================== */
+/*
+ * Row features q (b x d), column features k (c x d), logit scale s > 0.
+ * Logits x_ij = s * <q_i, k_j>. The b x c logit matrix is never stored:
+ * tiles of it are computed, folded into running log-sum-exp statistics
+ * (max subtracted, so s = 100 is safe), and recomputed in the backward pass.
+ * Memory beyond inputs and outputs: O(tile_rows * tile_cols * threads +
+ * (tile_rows + tile_cols) * d * threads + b + c), see the workspace queries.
+ *
+ * Losses (b, c, d >= 1):
+ *
+ *  FLATMEM_CONTRASTIVE_INFONCE (rows -> columns), c >= b allowed (e.g. hard
+ *  negatives appended as extra columns):
+ *      l_i  = LSE_j(x_ij) - x_{i, y_i},   LSE_j(x_ij) = log sum_j exp(x_ij)
+ *      L    = (1/b) sum_i l_i
+ *    with y_i from an optional int64 label tensor (shape (b,), values in
+ *    [0, c)), default y_i = i (which then requires c >= b).
+ *
+ *  FLATMEM_CONTRASTIVE_SYMMETRIC (CLIP), c = b required, labels not
+ *  accepted (row i is paired with column i):
+ *      L = 1/2 * ( (1/b) sum_i [LSE_j(x_ij) - x_ii]
+ *                + (1/b) sum_j [LSE_i(x_ij) - x_jj] )
+ *    Fused: one tile walk in forward produces both the row and the column
+ *    log-sum-exp; one recompute per tile in backward feeds dq, dk and ds,
+ *    8*b^2*d FLOPs for forward + backward.
+ *
+ * Saved state: the forward returns row_lse (b,) and, for the symmetric loss,
+ * col_lse (c,): row_lse_i = LSE_j(x_ij), col_lse_j = LSE_i(x_ij). These fp32
+ * vectors are the only state the backward needs besides q, k and s.
+ *
+ * Gradient convention (backward), with g the upstream gradient dloss:
+ *    dq_i = g * dL/dq_i,  dk_j = g * dL/dk_j,  ds = g * dL/ds
+ * where L is the mean loss above (mean over the b rows of this call) and s is
+ * the logit scale itself, not its logarithm: a framework that learns
+ * t = log s multiplies ds by s. With P_ij = exp(x_ij - row_lse_i),
+ * Q_ij = exp(x_ij - col_lse_j) and G = dL/dx:
+ *    InfoNCE:    G_ij = (P_ij - [j = y_i]) / b
+ *    Symmetric:  G_ij = (P_ij + Q_ij - 2 [i = j]) / (2 b)
+ *    dq = s * G k,   dk = s * G^T q,   ds = sum_ij G_ij <q_i, k_j>.
+ *
+ * Dtypes: q and k are both fp32, both bf16 (kDLBfloat, 16) or both fp16
+ * (kDLFloat, 16). Products are accumulated in fp32; bf16/fp16 tiles are
+ * widened tile by tile (no fp32 copy of the inputs). logit_scale, loss,
+ * row_lse, col_lse, dloss and dlogit_scale are fp32. dq and dk are fp32 or the
+ * input dtype; with the input dtype being 16-bit they are accumulated in an
+ * fp32 buffer inside the workspace ((b + c) * d * 4 bytes) and rounded once
+ * at the end.
+ *
+ * Shapes: q (b, d), k (c, d), rows with innermost stride 1 and any row stride
+ * >= d. labels (b,) int64 or NULL. logit_scale, loss, dloss, dlogit_scale:
+ * one element (ndim 0, or ndim 1 with shape (1,)). row_lse (b,), col_lse (c,)
+ * contiguous. dq like q, dk like k (own strides allowed).
+ *
+ * Determinism: results are bitwise identical from run to run for the same
+ * inputs and options, whatever the thread count: work is split into a fixed
+ * grid of row and column groups whose accumulation order does not depend on
+ * which thread runs it.
+ *
+ * Threads (CPU): the handle owns num_threads - 1 worker threads (created by
+ * flatmem_contrastive_create, joined by flatmem_contrastive_destroy); the
+ * calling thread is the remaining one. flatmem calls its BLAS (sgemm) from
+ * these threads, one call per tile; link the single-threaded OpenBLAS
+ * variant (Debian: libopenblas0-serial) for best speed. A threaded BLAS gives
+ * the same results, a little slower.
+ */
+
+typedef struct flatmem_contrastive_s flatmem_contrastive_t;
+
+typedef enum flatmem_contrastive_loss {
+  /** 0 selects the default, FLATMEM_CONTRASTIVE_SYMMETRIC. */
+  FLATMEM_CONTRASTIVE_DEFAULT = 0,
+  FLATMEM_CONTRASTIVE_SYMMETRIC = 1,
+  FLATMEM_CONTRASTIVE_INFONCE = 2,
+  FLATMEM_CONTRASTIVE_LOSS_MAX = 0x7fffffff
+} flatmem_contrastive_loss;
+
+typedef struct flatmem_contrastive_options {
+  /** sizeof(flatmem_contrastive_options) as the caller was compiled. */
+  size_t struct_size;
+  /** Which loss (0 = symmetric CLIP). */
+  flatmem_contrastive_loss loss;
+  /** CPU threads including the caller's (0 = all online processors,
+   *  at most 256). */
+  int32_t num_threads;
+  /** Tile extent in rows of q / rows of k (0 = 256 each; 1..4096). */
+  int32_t tile_rows;
+  int32_t tile_cols;
+  /** What NaN/Inf in q or k does (0 = FLATMEM_NONFINITE_ERROR). */
+  flatmem_nonfinite_policy nonfinite;
+} flatmem_contrastive_options;
+
+#define FLATMEM_CONTRASTIVE_OPTIONS_INIT \
+  { sizeof(flatmem_contrastive_options), FLATMEM_CONTRASTIVE_DEFAULT, 0, 0, 0, FLATMEM_NONFINITE_ERROR }
+
+/** Fill *options with the defaults and struct_size (for languages that
+ *  cannot expand the macro). Thread-safe. */
+FLATMEM_API flatmem_status flatmem_contrastive_options_init(flatmem_contrastive_options *options);
+
+/** Create a handle. options may be NULL (defaults). Allocates the handle and
+ *  starts its worker threads. *out is set only on success. */
+FLATMEM_API flatmem_status flatmem_contrastive_create(flatmem_contrastive_t **out,
+                                                      const flatmem_contrastive_options *options);
+
+/** Destroy a handle: joins its threads and frees its buffers. NULL is a
+ *  no-op returning SUCCESS. */
+FLATMEM_API flatmem_status flatmem_contrastive_destroy(flatmem_contrastive_t *handle);
+
+/** Bytes of workspace flatmem_contrastive_forward needs for these shapes and
+ *  dtypes. Reads only device, dtype, ndim and shape of q and k (their data may
+ *  be NULL). Does not allocate. */
+FLATMEM_API flatmem_status flatmem_contrastive_forward_workspace_size(
+    const flatmem_contrastive_t *handle, const DLTensor *q, const DLTensor *k, size_t *bytes);
+
+/** Bytes of workspace flatmem_contrastive_backward needs. Reads only device,
+ *  dtype, ndim and shape of q, k, dq and dk (data may be NULL; dq or dk may be
+ *  NULL when that gradient will not be requested). Does not allocate. */
+FLATMEM_API flatmem_status flatmem_contrastive_backward_workspace_size(
+    const flatmem_contrastive_t *handle, const DLTensor *q, const DLTensor *k, const DLTensor *dq,
+    const DLTensor *dk, size_t *bytes);
+
+/**
+ * Forward pass: the mean loss and the saved log-sum-exp vectors.
+ *
+ *   q            (b, d) fp32 | bf16 | fp16         row features
+ *   k            (c, d) same dtype as q            column features
+ *   labels       (b,) int64 in [0, c), or NULL     InfoNCE only
+ *   logit_scale  one fp32 element, finite, > 0     s
+ *   loss         one fp32 element (written)        L
+ *   row_lse      (b,) fp32 (written)               LSE over columns per row
+ *   col_lse      (c,) fp32 (written) for SYMMETRIC; must be NULL for INFONCE
+ *
+ * Allocates only when workspace is NULL (then into the handle's own buffer).
+ */
+FLATMEM_API flatmem_status flatmem_contrastive_forward(
+    flatmem_contrastive_t *handle, const DLTensor *q, const DLTensor *k, const DLTensor *labels,
+    const DLTensor *logit_scale, DLTensor *loss, DLTensor *row_lse, DLTensor *col_lse,
+    void *workspace, size_t workspace_bytes, void *stream);
+
+/**
+ * Backward pass: gradients of g * L (see the gradient convention above),
+ * recomputing each logit tile once.
+ *
+ *   q, k, labels, logit_scale   as given to the forward
+ *   row_lse, col_lse            as returned by the forward (col_lse NULL
+ *                               for INFONCE); must be finite
+ *   dloss                       one fp32 element g, or NULL for g = 1
+ *   dq            (b, d) fp32 or q's dtype (written), or NULL to skip
+ *   dk            (c, d) fp32 or k's dtype (written), or NULL to skip
+ *   dlogit_scale  one fp32 element, dL/ds (written), or NULL to skip
+ *
+ * At least one of dq, dk, dlogit_scale must be non-NULL. dq and dk are
+ * overwritten, not accumulated into.
+ */
+FLATMEM_API flatmem_status flatmem_contrastive_backward(
+    flatmem_contrastive_t *handle, const DLTensor *q, const DLTensor *k, const DLTensor *labels,
+    const DLTensor *logit_scale, const DLTensor *row_lse, const DLTensor *col_lse,
+    const DLTensor *dloss, DLTensor *dq, DLTensor *dk, DLTensor *dlogit_scale, void *workspace,
+    size_t workspace_bytes, void *stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLATMEM_FLATMEM_H */

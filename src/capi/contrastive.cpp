@@ -1,0 +1,136 @@
+// extern "C" entry points of the contrastive loss: argument checks, then the
+// backend; exceptions become statuses (core/error.hpp).
+#include <new>
+
+#include "contrastive/cpu/forward.hpp"
+#include "contrastive/handle.hpp"
+#include "contrastive/plan.hpp"
+#include "contrastive/validate.hpp"
+#include "core/error.hpp"
+
+using namespace flatmem;
+using namespace flatmem::contrastive;
+
+void *flatmem_contrastive_s::workspace(void *given, std::size_t given_bytes, std::size_t needed) {
+  if (given != nullptr) {
+    if (given_bytes < needed)
+      fail(FLATMEM_STATUS_WORKSPACE_TOO_SMALL, "workspace: ", given_bytes, " bytes given; ", needed,
+           " bytes needed (ask the *_workspace_size function)");
+    return given;
+  }
+  if (given_bytes != 0) invalid("workspace: NULL with workspace_bytes = ", given_bytes, "; pass 0");
+  if (owned_bytes < needed) {
+    owned.reset();
+    owned_bytes = 0;
+    owned.reset(new (std::nothrow) char[needed]);
+    if (!owned) fail(FLATMEM_STATUS_OUT_OF_MEMORY, "workspace: could not allocate ", needed, " bytes");
+    owned_bytes = needed;
+  }
+  return owned.get();
+}
+
+namespace {
+
+void check_handle(const flatmem_contrastive_t *h) {
+  if (h == nullptr) invalid("handle: NULL (create one with flatmem_contrastive_create)");
+}
+void check_out(const void *p, const char *name) {
+  if (p == nullptr) invalid(name, ": NULL");
+}
+
+Plan plan_for(const flatmem_contrastive_t *h, const MatrixView &q, const MatrixView &k) {
+  return make_plan(q.rows, k.rows, q.cols, h->options);
+}
+
+}  // namespace
+
+extern "C" {
+
+flatmem_status flatmem_contrastive_options_init(flatmem_contrastive_options *options) {
+  return guarded([&] {
+    check_out(options, "options");
+    *options = flatmem_contrastive_options FLATMEM_CONTRASTIVE_OPTIONS_INIT;
+  });
+}
+
+flatmem_status flatmem_contrastive_create(flatmem_contrastive_t **out,
+                                          const flatmem_contrastive_options *options) {
+  return guarded([&] {
+    check_out(out, "out");
+    const Options resolved = resolve_options(options);
+    *out = new flatmem_contrastive_s(resolved);
+  });
+}
+
+flatmem_status flatmem_contrastive_destroy(flatmem_contrastive_t *handle) {
+  return guarded([&] { delete handle; });
+}
+
+flatmem_status flatmem_contrastive_forward_workspace_size(const flatmem_contrastive_t *handle,
+                                                          const DLTensor *q, const DLTensor *k,
+                                                          size_t *bytes) {
+  return guarded([&] {
+    check_handle(handle);
+    check_out(bytes, "bytes");
+    MatrixView qv, kv;
+    check_features(handle->options, q, k, DataUse::metadata_only, qv, kv);
+    *bytes = cpu::forward_workspace_bytes(plan_for(handle, qv, kv), handle->options.loss, qv.dtype,
+                                          handle->pool.size());
+  });
+}
+
+flatmem_status flatmem_contrastive_backward_workspace_size(const flatmem_contrastive_t *handle,
+                                                           const DLTensor *q, const DLTensor *k,
+                                                           const DLTensor *dq, const DLTensor *dk,
+                                                           size_t *bytes) {
+  return guarded([&] {
+    check_handle(handle);
+    check_out(bytes, "bytes");
+    MatrixView qv, kv;
+    check_features(handle->options, q, k, DataUse::metadata_only, qv, kv);
+    const MatrixView dqv = check_gradient(dq, "dq", qv, "q", DataUse::metadata_only);
+    const MatrixView dkv = check_gradient(dk, "dk", kv, "k", DataUse::metadata_only);
+    *bytes = cpu::backward_workspace_bytes(plan_for(handle, qv, kv), qv.dtype,
+                                           dq ? &dqv.dtype : nullptr, dk ? &dkv.dtype : nullptr,
+                                           handle->pool.size());
+  });
+}
+
+flatmem_status flatmem_contrastive_forward(flatmem_contrastive_t *handle, const DLTensor *q,
+                                           const DLTensor *k, const DLTensor *labels,
+                                           const DLTensor *logit_scale, DLTensor *loss,
+                                           DLTensor *row_lse, DLTensor *col_lse, void *workspace,
+                                           size_t workspace_bytes, void * /*stream*/) {
+  return guarded([&] {
+    check_handle(handle);
+    const Inputs in = check_inputs(handle->options, q, k, labels, logit_scale);
+    const ForwardOutputs out = check_forward_outputs(in, loss, row_lse, col_lse);
+    const Plan plan = plan_for(handle, in.q, in.k);
+    const std::size_t needed =
+        cpu::forward_workspace_bytes(plan, in.loss, in.q.dtype, handle->pool.size());
+    void *ws = handle->workspace(workspace, workspace_bytes, needed);
+    cpu::forward(handle->pool, plan, in, out, ws);
+  });
+}
+
+flatmem_status flatmem_contrastive_backward(flatmem_contrastive_t *handle, const DLTensor *q,
+                                            const DLTensor *k, const DLTensor *labels,
+                                            const DLTensor *logit_scale, const DLTensor *row_lse,
+                                            const DLTensor *col_lse, const DLTensor *dloss,
+                                            DLTensor *dq, DLTensor *dk, DLTensor *dlogit_scale,
+                                            void *workspace, size_t workspace_bytes,
+                                            void * /*stream*/) {
+  return guarded([&] {
+    check_handle(handle);
+    const Inputs in = check_inputs(handle->options, q, k, labels, logit_scale);
+    const BackwardArgs args = check_backward_args(in, row_lse, col_lse, dloss, dq, dk, dlogit_scale);
+    const Plan plan = plan_for(handle, in.q, in.k);
+    const std::size_t needed = cpu::backward_workspace_bytes(
+        plan, in.q.dtype, args.dq.data ? &args.dq.dtype : nullptr,
+        args.dk.data ? &args.dk.dtype : nullptr, handle->pool.size());
+    void *ws = handle->workspace(workspace, workspace_bytes, needed);
+    cpu::backward(handle->pool, plan, in, args, ws);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,46 @@
+#include "contrastive/cpu/buffers.hpp"
+
+namespace flatmem::contrastive::cpu {
+namespace {
+
+std::vector<ThreadScratch> carve_threads(WorkspaceCarver &carver, const Plan &plan, Dtype input,
+                                         int threads) {
+  const bool widen = input != Dtype::f32;
+  std::vector<ThreadScratch> out(static_cast<std::size_t>(threads));
+  for (auto &t : out) {
+    t.tile = carver.take<float>(plan.tile_rows * plan.tile_cols);
+    t.q_rows = widen ? carver.take<float>(plan.tile_rows * plan.d) : nullptr;
+    t.k_rows = widen ? carver.take<float>(plan.tile_cols * plan.d) : nullptr;
+    t.col_scratch = carver.take<float>(plan.tile_cols);
+    t.positives = carver.take<std::int64_t>(plan.tile_rows);
+  }
+  return out;
+}
+
+}  // namespace
+
+ForwardBuffers carve_forward(WorkspaceCarver &carver, const Plan &plan, Loss loss, Dtype input,
+                             int threads) {
+  ForwardBuffers f;
+  f.row_max = carver.take<float>(plan.b);
+  f.row_sum = carver.take<double>(plan.b);
+  if (loss == Loss::symmetric) {
+    f.col_max = carver.take<float>(plan.c);
+    f.col_sum = carver.take<double>(plan.c);
+  }
+  f.group_loss = carver.take<double>(plan.groups);
+  f.threads = carve_threads(carver, plan, input, threads);
+  return f;
+}
+
+BackwardBuffers carve_backward(WorkspaceCarver &carver, const Plan &plan, Dtype input,
+                               const Dtype *dq_dtype, const Dtype *dk_dtype, int threads) {
+  BackwardBuffers bwd;
+  bwd.group_ds = carver.take<double>(plan.groups);
+  if (dq_dtype && *dq_dtype != Dtype::f32) bwd.dq_acc = carver.take<float>(plan.b * plan.d);
+  if (dk_dtype && *dk_dtype != Dtype::f32) bwd.dk_acc = carver.take<float>(plan.c * plan.d);
+  bwd.threads = carve_threads(carver, plan, input, threads);
+  return bwd;
+}
+
+}  // namespace flatmem::contrastive::cpu

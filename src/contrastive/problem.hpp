@@ -1,0 +1,49 @@
+// A validated contrastive-loss call: what the CPU (and later CUDA) drivers
+// receive after src/contrastive/validate.cpp has checked every argument.
+#pragma once
+
+#include <flatmem/flatmem.h>
+
+#include <cstdint>
+
+#include "core/tensor.hpp"
+
+namespace flatmem::contrastive {
+
+enum class Loss { symmetric, infonce };
+
+struct Options {
+  Loss loss = Loss::symmetric;
+  int num_threads = 1;
+  int tile_rows = 256, tile_cols = 256;
+  flatmem_nonfinite_policy nonfinite = FLATMEM_NONFINITE_ERROR;
+};
+
+// Inputs shared by forward and backward.
+struct Inputs {
+  Loss loss = Loss::symmetric;
+  MatrixView q, k;                         // (b, d), (c, d)
+  const std::int64_t *labels = nullptr;    // (b,) or nullptr: y_i = i
+  float scale = 1.0f;                      // s
+  std::int64_t b() const { return q.rows; }
+  std::int64_t c() const { return k.rows; }
+  std::int64_t d() const { return q.cols; }
+  // Positive column of row i.
+  std::int64_t positive(std::int64_t i) const { return labels ? labels[i] : i; }
+};
+
+struct ForwardOutputs {
+  float *loss = nullptr;      // 1
+  float *row_lse = nullptr;   // (b,)
+  float *col_lse = nullptr;   // (c,) symmetric only
+};
+
+struct BackwardArgs {
+  const float *row_lse = nullptr;
+  const float *col_lse = nullptr;  // symmetric only
+  float dloss = 1.0f;
+  MatrixView dq, dk;               // data == nullptr: not requested
+  float *dscale = nullptr;         // nullptr: not requested
+};
+
+}  // namespace flatmem::contrastive

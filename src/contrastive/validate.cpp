@@ -1,0 +1,184 @@
+#include "contrastive/validate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "core/thread_pool.hpp"
+
+namespace flatmem::contrastive {
+namespace {
+
+constexpr int max_threads = 256;
+constexpr int max_tile = 4096;
+
+float read_element(const MatrixView &m, std::int64_t r, std::int64_t j) {
+  switch (m.dtype) {
+    case Dtype::bf16: return bf16_to_f32(m.row<const std::uint16_t>(r)[j]);
+    case Dtype::f16: return f16_to_f32(m.row<const std::uint16_t>(r)[j]);
+    default: return m.row<const float>(r)[j];
+  }
+}
+
+void check_finite(const MatrixView &m, const char *name) {
+  for (std::int64_t r = 0; r < m.rows; ++r)
+    for (std::int64_t j = 0; j < m.cols; ++j) {
+      const float v = read_element(m, r, j);
+      if (!std::isfinite(v))
+        fail(FLATMEM_STATUS_NON_FINITE, name, ": element (", r, ", ", j, ") is ", v,
+             "; non-finite features are refused under FLATMEM_NONFINITE_ERROR");
+    }
+}
+
+void check_finite_vector(const float *v, std::int64_t n, const char *name) {
+  for (std::int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i]))
+      fail(FLATMEM_STATUS_NON_FINITE, name, ": element ", i, " is ", v[i],
+           "; pass the values the forward returned");
+}
+
+}  // namespace
+
+Options resolve_options(const flatmem_contrastive_options *given) {
+  flatmem_contrastive_options o{};
+  if (given != nullptr) {
+    if (given->struct_size < sizeof(size_t))
+      invalid("options: struct_size is ", given->struct_size,
+              "; initialise with FLATMEM_CONTRASTIVE_OPTIONS_INIT or flatmem_contrastive_options_init");
+    std::memcpy(&o, given, std::min(given->struct_size, sizeof o));
+  }
+  Options r;
+  switch (o.loss) {
+    case FLATMEM_CONTRASTIVE_DEFAULT:
+    case FLATMEM_CONTRASTIVE_SYMMETRIC: r.loss = Loss::symmetric; break;
+    case FLATMEM_CONTRASTIVE_INFONCE: r.loss = Loss::infonce; break;
+    default: invalid("options.loss: ", int(o.loss), " is not a flatmem_contrastive_loss");
+  }
+  if (o.num_threads < 0 || o.num_threads > max_threads)
+    invalid("options.num_threads: ", o.num_threads, "; expected 0 (all processors) to ", max_threads);
+  r.num_threads = o.num_threads == 0 ? std::min(hardware_threads(), max_threads) : o.num_threads;
+  for (auto [value, name, slot] : {std::tuple{o.tile_rows, "options.tile_rows", &r.tile_rows},
+                                   std::tuple{o.tile_cols, "options.tile_cols", &r.tile_cols}}) {
+    if (value < 0 || value > max_tile) invalid(name, ": ", value, "; expected 0 (default 256) to ", max_tile);
+    *slot = value == 0 ? 256 : value;
+  }
+  if (o.nonfinite != FLATMEM_NONFINITE_ERROR && o.nonfinite != FLATMEM_NONFINITE_PROPAGATE)
+    invalid("options.nonfinite: ", int(o.nonfinite), " is not a flatmem_nonfinite_policy");
+  r.nonfinite = o.nonfinite;
+  return r;
+}
+
+void check_features(const Options &options, const DLTensor *q, const DLTensor *k, DataUse use,
+                    MatrixView &qv, MatrixView &kv) {
+  qv = check_matrix(q, "q", {Dtype::f32, Dtype::bf16, Dtype::f16}, use);
+  kv = check_matrix(k, "k", {Dtype::f32, Dtype::bf16, Dtype::f16}, use);
+  check_same_device(kv.device, "k", qv.device, "q");
+  if (kv.dtype != qv.dtype)
+    invalid("k: dtype ", dtype_name(kv.dtype), " differs from q's ", dtype_name(qv.dtype));
+  if (kv.cols != qv.cols)
+    invalid("k: feature dimension d = ", kv.cols, " (shape (", kv.rows, ", ", kv.cols,
+            ")) differs from q's d = ", qv.cols);
+  if (options.loss == Loss::symmetric && kv.rows != qv.rows)
+    invalid("k: ", kv.rows, " rows but the symmetric loss pairs row i of q with row i of k and "
+            "needs c = b = ", qv.rows, " (use FLATMEM_CONTRASTIVE_INFONCE for c != b)");
+}
+
+MatrixView check_gradient(const DLTensor *t, const char *name, const MatrixView &like,
+                          const char *like_name, DataUse use) {
+  if (t == nullptr) return {};
+  MatrixView g = check_matrix(t, name, {Dtype::f32, Dtype::bf16, Dtype::f16}, use);
+  check_same_device(g.device, name, like.device, like_name);
+  if (g.dtype != Dtype::f32 && g.dtype != like.dtype)
+    invalid(name, ": dtype ", dtype_name(g.dtype), "; expected float32 or ", like_name, "'s ",
+            dtype_name(like.dtype));
+  if (g.rows != like.rows || g.cols != like.cols)
+    invalid(name, ": shape (", g.rows, ", ", g.cols, "); expected ", like_name, "'s (", like.rows,
+            ", ", like.cols, ")");
+  return g;
+}
+
+Inputs check_inputs(const Options &options, const DLTensor *q, const DLTensor *k,
+                    const DLTensor *labels, const DLTensor *logit_scale) {
+  Inputs in;
+  in.loss = options.loss;
+  check_features(options, q, k, DataUse::required, in.q, in.k);
+  if (labels != nullptr) {
+    if (options.loss == Loss::symmetric)
+      invalid("labels: must be NULL for the symmetric loss (row i is paired with column i)");
+    const VectorView l = check_vector(labels, "labels", Dtype::i64, in.b(), DataUse::required);
+    check_same_device(l.device, "labels", in.q.device, "q");
+    in.labels = l.as<const std::int64_t>();
+    for (std::int64_t i = 0; i < in.b(); ++i)
+      if (in.labels[i] < 0 || in.labels[i] >= in.c())
+        invalid("labels: labels[", i, "] = ", in.labels[i], " is outside [0, c = ", in.c(), ")");
+  } else if (in.c() < in.b()) {
+    invalid("k: ", in.c(), " rows is fewer than q's b = ", in.b(),
+            "; without labels row i's positive is column i, so c >= b is needed");
+  }
+  const VectorView s = check_scalar(logit_scale, "logit_scale");
+  check_same_device(s.device, "logit_scale", in.q.device, "q");
+  in.scale = *s.as<const float>();
+  if (!(std::isfinite(in.scale) && in.scale > 0.0f))
+    invalid("logit_scale: ", in.scale, "; expected a finite value > 0 (s = exp(learned log-scale))");
+  if (options.nonfinite == FLATMEM_NONFINITE_ERROR) {
+    check_finite(in.q, "q");
+    check_finite(in.k, "k");
+  }
+  return in;
+}
+
+ForwardOutputs check_forward_outputs(const Inputs &in, DLTensor *loss, DLTensor *row_lse,
+                                     DLTensor *col_lse) {
+  ForwardOutputs out;
+  const VectorView l = check_scalar(loss, "loss");
+  check_same_device(l.device, "loss", in.q.device, "q");
+  out.loss = l.as<float>();
+  const VectorView r = check_vector(row_lse, "row_lse", Dtype::f32, in.b(), DataUse::required);
+  check_same_device(r.device, "row_lse", in.q.device, "q");
+  out.row_lse = r.as<float>();
+  if (in.loss == Loss::symmetric) {
+    const VectorView c = check_vector(col_lse, "col_lse", Dtype::f32, in.c(), DataUse::required);
+    check_same_device(c.device, "col_lse", in.q.device, "q");
+    out.col_lse = c.as<float>();
+  } else if (col_lse != nullptr) {
+    invalid("col_lse: must be NULL for InfoNCE (only the row log-sum-exp is kept)");
+  }
+  return out;
+}
+
+BackwardArgs check_backward_args(const Inputs &in, const DLTensor *row_lse, const DLTensor *col_lse,
+                                 const DLTensor *dloss, DLTensor *dq, DLTensor *dk,
+                                 DLTensor *dlogit_scale) {
+  BackwardArgs a;
+  const VectorView r = check_vector(row_lse, "row_lse", Dtype::f32, in.b(), DataUse::required);
+  check_same_device(r.device, "row_lse", in.q.device, "q");
+  a.row_lse = r.as<const float>();
+  check_finite_vector(a.row_lse, in.b(), "row_lse");
+  if (in.loss == Loss::symmetric) {
+    const VectorView c = check_vector(col_lse, "col_lse", Dtype::f32, in.c(), DataUse::required);
+    check_same_device(c.device, "col_lse", in.q.device, "q");
+    a.col_lse = c.as<const float>();
+    check_finite_vector(a.col_lse, in.c(), "col_lse");
+  } else if (col_lse != nullptr) {
+    invalid("col_lse: must be NULL for InfoNCE");
+  }
+  if (dloss != nullptr) {
+    const VectorView g = check_scalar(dloss, "dloss");
+    check_same_device(g.device, "dloss", in.q.device, "q");
+    a.dloss = *g.as<const float>();
+    if (!std::isfinite(a.dloss)) invalid("dloss: ", a.dloss, "; expected a finite upstream gradient");
+  }
+  a.dq = check_gradient(dq, "dq", in.q, "q", DataUse::required);
+  a.dk = check_gradient(dk, "dk", in.k, "k", DataUse::required);
+  if (dlogit_scale != nullptr) {
+    const VectorView s = check_scalar(dlogit_scale, "dlogit_scale");
+    check_same_device(s.device, "dlogit_scale", in.q.device, "q");
+    a.dscale = s.as<float>();
+  }
+  if (!a.dq.data && !a.dk.data && !a.dscale)
+    invalid("dq, dk, dlogit_scale: all NULL; request at least one gradient");
+  return a;
+}
+
+}  // namespace flatmem::contrastive

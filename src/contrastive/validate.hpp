@@ -1,0 +1,33 @@
+// Argument checks of the contrastive C API. Each throws flatmem::Error with a
+// message naming the argument; none writes anything the caller owns.
+#pragma once
+
+#include <flatmem/flatmem.h>
+
+#include "contrastive/problem.hpp"
+
+namespace flatmem::contrastive {
+
+Options resolve_options(const flatmem_contrastive_options *options);
+
+// q, k: matrices of one accepted dtype with equal d; c = b for the symmetric
+// loss. `use` = metadata_only for size queries.
+void check_features(const Options &options, const DLTensor *q, const DLTensor *k, DataUse use,
+                    MatrixView &q_view, MatrixView &k_view);
+
+// A gradient matrix (dq or dk): NULL allowed (not requested), else shaped like
+// `like`, fp32 or like's dtype, on like's device.
+MatrixView check_gradient(const DLTensor *t, const char *name, const MatrixView &like,
+                          const char *like_name, DataUse use);
+
+Inputs check_inputs(const Options &options, const DLTensor *q, const DLTensor *k,
+                    const DLTensor *labels, const DLTensor *logit_scale);
+
+ForwardOutputs check_forward_outputs(const Inputs &in, DLTensor *loss, DLTensor *row_lse,
+                                     DLTensor *col_lse);
+
+BackwardArgs check_backward_args(const Inputs &in, const DLTensor *row_lse, const DLTensor *col_lse,
+                                 const DLTensor *dloss, DLTensor *dq, DLTensor *dk,
+                                 DLTensor *dlogit_scale);
+
+}  // namespace flatmem::contrastive

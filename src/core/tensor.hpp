@@ -1,0 +1,58 @@
+// Checked views of DLTensors. Every check names the argument, the value it
+// had and what was expected, so that the caller's message says what to fix.
+#pragma once
+
+#include <dlpack/dlpack.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "core/dtype.hpp"
+
+namespace flatmem {
+
+// A matrix of rows x cols elements, row r starting at data + r * row_stride elements.
+struct MatrixView {
+  char *data = nullptr;
+  Dtype dtype = Dtype::f32;
+  std::int64_t rows = 0, cols = 0, row_stride = 0;
+  DLDevice device{kDLCPU, 0};
+
+  template <typename T>
+  T *row(std::int64_t r) const {
+    return reinterpret_cast<T *>(data) + r * row_stride;
+  }
+};
+
+// A contiguous vector (or a one-element scalar when size == 1).
+struct VectorView {
+  char *data = nullptr;
+  Dtype dtype = Dtype::f32;
+  std::int64_t size = 0;
+  DLDevice device{kDLCPU, 0};
+
+  template <typename T>
+  T *as() const {
+    return reinterpret_cast<T *>(data);
+  }
+};
+
+// Whether a check reads data (a compute call) or only metadata (a size query).
+enum class DataUse { required, metadata_only };
+
+// A 2-D tensor of one of `dtypes`; inner stride 1, row stride >= cols.
+MatrixView check_matrix(const DLTensor *t, const char *name, std::initializer_list<Dtype> dtypes,
+                        DataUse use);
+
+// A contiguous 1-D tensor of `expected_size` elements of `dtype`.
+VectorView check_vector(const DLTensor *t, const char *name, Dtype dtype, std::int64_t expected_size,
+                        DataUse use);
+
+// One fp32 element: ndim 0, or ndim 1 with shape (1,).
+VectorView check_scalar(const DLTensor *t, const char *name);
+
+// Fails unless `device` equals `reference` (named `reference_name`).
+void check_same_device(const DLDevice &device, const char *name, const DLDevice &reference,
+                       const char *reference_name);
+
+}  // namespace flatmem
