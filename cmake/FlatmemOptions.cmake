@@ -28,8 +28,10 @@ macro(flatmem_detect_optional_backends)
   include(CheckLanguage)
   set(_cuda_found OFF)
   if(NOT FLATMEM_WITH_CUDA STREQUAL "OFF")
-    if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
-      set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+    # check_language compiles a test program; it skips that when CMAKE_CUDA_COMPILER is
+    # already set, so point it at the default toolkit through CUDACXX instead.
+    if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+      set(ENV{CUDACXX} /usr/local/cuda/bin/nvcc)
     endif()
     check_language(CUDA)
     if(CMAKE_CUDA_COMPILER)
