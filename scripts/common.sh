@@ -1,0 +1,23 @@
+# Sourced by the scripts in this folder: where the checkout is, which Python, how to configure.
+# shellcheck shell=bash
+FLATMEM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Debian's interpreter, the one with python3-numpy/-matplotlib (python3 on PATH may be another).
+FLATMEM_PYTHON=/usr/bin/python3
+FLATMEM_JOBS=$(nproc)
+
+# step "what": a visible marker between the stages of a script's output.
+step() { printf '\n==> %s  [%ds]\n' "$*" "$SECONDS"; }
+
+# flatmem_configure BUILD_DIR [cmake -D...]: configure the checkout into BUILD_DIR.
+flatmem_configure() {
+  local dir=$1
+  shift
+  cmake -S "$FLATMEM_ROOT" -B "$dir" --no-warn-unused-cli -DPython3_EXECUTABLE="$FLATMEM_PYTHON" "$@"
+}
+
+# flatmem_build BUILD_DIR [cmake --build args]: build with every core.
+flatmem_build() {
+  local dir=$1
+  shift
+  cmake --build "$dir" -j "$FLATMEM_JOBS" "$@"
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The README's test command: bash scripts/test.sh
+# 1. Debian packages (scripts/install-deps.sh)
+# 2. Release build in build/ (CUDA detected, not yet compiled: FLATMEM_WITH_CUDA=AUTO)
+# 3. the install check (scripts/check-install.sh)
+# 4. the ASan+UBSan build in build-asan/ and its ctest (scripts/test-sanitize.sh)
+# 5. ctest in build/ -- last, so that its summary is the last thing printed.
+# Stops at the first failing stage with a non-zero exit status.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$FLATMEM_ROOT"
+
+step "dependencies"
+bash scripts/install-deps.sh
+step "configure and build (Release, build/)"
+flatmem_configure build -DCMAKE_BUILD_TYPE=Release
+flatmem_build build
+step "install check"
+bash scripts/check-install.sh build
+step "ASan+UBSan build and tests (build-asan/)"
+bash scripts/test-sanitize.sh
+step "tests (Release, build/)"
+cd build
+ctest --output-on-failure --timeout "${FLATMEM_CTEST_TIMEOUT:-900}"
