@@ -3,9 +3,9 @@
  * that the header and the loaded library agree on the version, then runs one
  * symmetric-loss forward and backward on 4 pairs of 8-dim features.
  *
- * Built by scripts/check-install.sh through the CMake package (find_package/)
- * and, until examples/clip_loss.c lands, through pkg-config too. Exit status 0
- * means the install can be compiled against, linked and loaded.
+ * Built by scripts/check-install.sh through the CMake package (find_package/;
+ * the pkg-config route builds examples/clip_loss.c). Exit status 0 means the
+ * install can be compiled against, linked and loaded.
  */
 #include <flatmem/flatmem.h>
 
