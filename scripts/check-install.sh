@@ -46,7 +46,7 @@ fi
 
 # (a) pkg-config consumer: the C99 example, built the way its comment documents (plus strict warnings).
 cc -std=c99 -pedantic -Wall -Wextra -Werror "$FLATMEM_ROOT/examples/clip_loss.c" \
-   $(pkg-config --cflags --libs flatmem) -o "$tmp/pc_consumer"
+   $(pkg-config --cflags --libs flatmem) -o "$tmp/pc_consumer" || fail "examples/clip_loss.c does not build"
 LD_LIBRARY_PATH=$libdir ldd "$tmp/pc_consumer" | grep -qF "$libdir/libflatmem.so.$abi" ||
   fail "pkg-config consumer does not load the installed libflatmem"
 (cd "$tmp" && LD_LIBRARY_PATH=$libdir ./pc_consumer) || fail "pkg-config consumer failed"
