@@ -1,0 +1,489 @@
+// contrastive_bench -- the symmetric contrastive (CLIP) loss, forward +
+// backward, fp32: flatmem against the materialised loss and against the four
+// GEMMs that bound the fused design, side by side in one run.
+//
+//   contrastive_bench                       b in {1024, 4096, 16384, 65536}, d = 512
+//   contrastive_bench --quick               b in {1024, 4096}, short timings
+//   contrastive_bench --sizes 2048,8192 --dim 256 --csv bench/memory.csv
+//
+// Every (b, variant) runs in its own process (fork + exec of this binary with
+// --worker), and the parent reads that child's peak resident set from wait4.
+// "Extra memory" is the child's peak minus the peak of a child that only
+// allocates and fills q, k, dq, dk: measured, not assumed. Each child sets its
+// own BLAS threading through the environment before OpenBLAS loads:
+//   flatmem         OPENBLAS_NUM_THREADS unset (OpenBLAS default: all cores)
+//   flatmem-blas1   OPENBLAS_NUM_THREADS=1
+//   naive, gemm4    OPENBLAS_NUM_THREADS unset: OpenBLAS threads each GEMM itself
+//   tilegemm        OPENBLAS_NUM_THREADS=1: one single-threaded sgemm per tile
+// (flatmem built with FLATMEM_BLAS=SERIAL_STATIC carries its own serial
+// OpenBLAS, which the variable does not reach; both rows then read the same.)
+#include <flatmem/flatmem.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench_support.hpp"
+#include "contrastive_variants.hpp"
+
+namespace {
+
+constexpr double MiB = 1024.0 * 1024.0, GiB = 1024.0 * MiB;
+
+// Targets this benchmark reports against (README).
+constexpr std::int64_t target_batch = 16384;
+constexpr double target_vs_gemm4 = 1.30, target_vs_naive = 1.35;
+constexpr std::int64_t memory_target_batch = 65536;
+constexpr double memory_target_bytes = 64.0 * MiB;
+
+struct Options {
+  std::vector<std::int64_t> sizes{1024, 4096, 16384, 65536};
+  std::int64_t d = 512;
+  float scale = 14.3f;
+  double min_time = 10.0;
+  int max_reps = 10;
+  double mem_limit_gib = 20.0;
+  std::int64_t strip = 2048, tile = 512, tilegemm_max_batch = 16384;
+  std::vector<std::string> variants{"flatmem", "flatmem-blas1", "naive", "gemm4", "tilegemm"};
+  std::string csv;
+};
+
+enum class BlasEnv { keep, all_cores, one };
+
+struct VariantSpec {
+  const char *name, *worker;
+  BlasEnv env;
+  const char *label;
+};
+
+const VariantSpec specs[] = {
+    {"inputs", "inputs", BlasEnv::keep, "inputs only (baseline)"},
+    {"flatmem", "flatmem", BlasEnv::all_cores, "flatmem"},
+    {"flatmem-blas1", "flatmem", BlasEnv::one, "flatmem, OPENBLAS_NUM_THREADS=1"},
+    {"naive", "naive", BlasEnv::all_cores, "naive materialised loss"},
+    {"gemm4", "gemm4", BlasEnv::all_cores, "4 GEMMs in column strips"},
+    {"tilegemm", "tilegemm", BlasEnv::one, "4 GEMMs in tiles, 1-thread sgemm per thread"},
+};
+
+const VariantSpec &spec(const std::string &name) {
+  for (const auto &s : specs)
+    if (name == s.name) return s;
+  throw std::runtime_error("unknown variant '" + name + "' (flatmem, flatmem-blas1, naive, gemm4, tilegemm)");
+}
+
+struct Run {
+  std::int64_t b = 0;
+  std::string variant, status = "ok", note;  // status: ok | skipped | failed
+  double peak_bytes = NAN, extra_bytes = NAN, planned_bytes = NAN;
+  std::map<std::string, double> values;
+  double value(const std::string &key) const {
+    const auto it = values.find(key);
+    return it == values.end() ? NAN : it->second;
+  }
+  bool ok() const { return status == "ok"; }
+};
+
+double flops(const std::string &variant, std::int64_t b, std::int64_t d) {
+  const double bbd = double(b) * double(b) * double(d);
+  if (variant == "inputs") return 0.0;
+  return variant == "naive" ? 6.0 * bbd : 8.0 * bbd;  // naive does not recompute the logits
+}
+
+// ---- formatting --------------------------------------------------------------
+
+std::string format(const char *fmt, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, v);
+  return buf;
+}
+std::string seconds(double s) {
+  if (!std::isfinite(s)) return "-";
+  return s < 0.1 ? format("%.1f ms", 1e3 * s) : format(s < 10 ? "%.2f s" : "%.1f s", s);
+}
+std::string bytes(double b) {
+  if (!std::isfinite(b)) return "-";
+  const double a = std::fabs(b);
+  return a >= GiB ? format("%.2f GiB", b / GiB) : a >= MiB ? format("%.1f MiB", b / MiB)
+                                                          : format("%.0f KiB", b / 1024.0);
+}
+std::string ratio(double r) { return std::isfinite(r) ? format("%.2f\u00d7", r) : "-"; }
+
+std::string blas_threading(const Run &r) {
+  const double threads = r.value("blas_threads"), parallel = r.value("blas_parallel");
+  if (!std::isfinite(threads) || threads < 0) return "BLAS: not OpenBLAS";
+  const char *kind = parallel == 0 ? "sequential" : parallel == 1 ? "pthreads" : "OpenMP";
+  return format("OpenBLAS %.0f thread(s), ", threads) + kind;
+}
+
+// ---- running one variant in a child process ----------------------------------
+
+std::string self_path() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw std::runtime_error("readlink(/proc/self/exe) failed");
+  buf[n] = '\0';
+  return buf;
+}
+
+void set_blas_env(BlasEnv env) {
+  if (env == BlasEnv::keep) return;
+  for (const char *var : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"}) unsetenv(var);
+  if (env == BlasEnv::one) setenv("OPENBLAS_NUM_THREADS", "1", 1);
+}
+
+Run run_child(const Options &o, const std::string &variant, std::int64_t b) {
+  const VariantSpec &s = spec(variant);
+  Run run;
+  run.b = b;
+  run.variant = variant;
+  run.planned_bytes = bench::planned_extra_bytes(s.worker, b, o.d, o.strip);
+  int fds[2];
+  if (pipe(fds) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  std::vector<std::string> args = {self_path(), "--worker", s.worker, "--batch", std::to_string(b),
+                                   "--dim", std::to_string(o.d), "--scale", format("%.9g", o.scale),
+                                   "--min-time", format("%.9g", o.min_time), "--max-reps",
+                                   std::to_string(o.max_reps), "--strip", std::to_string(o.strip),
+                                   "--tile", std::to_string(o.tile), "--result-fd", std::to_string(fds[1])};
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    close(fds[0]);
+    set_blas_env(s.env);
+    std::vector<char *> argv;
+    for (auto &a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    std::_Exit(127);
+  }
+  close(fds[1]);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    text.append(buf, std::size_t(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  rusage usage{};
+  while (wait4(pid, &status, 0, &usage) < 0 && errno == EINTR) {
+  }
+  run.peak_bytes = 1024.0 * double(usage.ru_maxrss);  // Linux: KiB
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const auto eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    if (line.compare(0, eq, "error") == 0) run.note = line.substr(eq + 1);
+    else run.values[line.substr(0, eq)] = std::strtod(line.c_str() + eq + 1, nullptr);
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    run.status = "failed";
+    if (run.note.empty())
+      run.note = WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                     : "exit status " + std::to_string(WEXITSTATUS(status));
+  }
+  return run;
+}
+
+// ---- worker mode -----------------------------------------------------------------
+
+int worker_main(int argc, char **argv) {
+  bench::VariantConfig c;
+  int fd = -1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string key = argv[i], value = argv[i + 1];
+    if (key == "--worker") c.variant = value;
+    else if (key == "--batch") c.b = std::stoll(value);
+    else if (key == "--dim") c.d = std::stoll(value);
+    else if (key == "--scale") c.scale = std::stof(value);
+    else if (key == "--min-time") c.min_time = std::stod(value);
+    else if (key == "--max-reps") c.max_reps = std::stoi(value);
+    else if (key == "--strip") c.strip = std::stoll(value);
+    else if (key == "--tile") c.tile = std::stoll(value);
+    else if (key == "--result-fd") fd = std::stoi(value);
+  }
+  FILE *out = fd >= 0 ? fdopen(fd, "w") : stdout;
+  try {
+    for (const auto &[key, value] : bench::run_variant(c)) std::fprintf(out, "%s=%.17g\n", key.c_str(), value);
+    std::fclose(out);
+    return 0;
+  } catch (const std::exception &e) {
+    std::fprintf(out, "error=%s\n", e.what());
+    std::fclose(out);
+    return 1;
+  }
+}
+
+// ---- the driver ------------------------------------------------------------------
+
+std::vector<std::string> split(const std::string &s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+void usage() {
+  std::printf(
+      "usage: contrastive_bench [--sizes B1,B2,...] [--dim D] [--quick] [--csv PATH]\n"
+      "                         [--variants flatmem,flatmem-blas1,naive,gemm4,tilegemm]\n"
+      "                         [--min-time S] [--max-reps N] [--mem-limit-gib G]\n"
+      "                         [--strip W] [--tile T] [--tilegemm-max-batch B] [--scale S]\n"
+      "  symmetric contrastive loss, forward + backward, fp32, b = c; defaults: sizes\n"
+      "  1024,4096,16384,65536, d 512, min-time 10 s, at most 10 timed runs, variants needing\n"
+      "  more than 20 GiB skipped, gemm4 strips of 2048 columns, tilegemm (a diagnostic:\n"
+      "  flatmem's GEMMs alone at its 512 x 512 tiles) up to b = 16384.\n"
+      "  --quick: sizes 1024,4096 and min-time 0.3 s.\n");
+}
+
+Options parse(int argc, char **argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      usage();
+      std::exit(0);
+    } else if (a == "--quick") {
+      o.sizes = {1024, 4096};
+      o.min_time = 0.3;
+    } else if (a == "--sizes") {
+      o.sizes.clear();
+      for (const auto &s : split(value())) o.sizes.push_back(std::stoll(s));
+    } else if (a == "--dim") o.d = std::stoll(value());
+    else if (a == "--scale") o.scale = std::stof(value());
+    else if (a == "--min-time") o.min_time = std::stod(value());
+    else if (a == "--max-reps") o.max_reps = std::stoi(value());
+    else if (a == "--mem-limit-gib") o.mem_limit_gib = std::stod(value());
+    else if (a == "--strip") o.strip = std::stoll(value());
+    else if (a == "--tile") o.tile = std::stoll(value());
+    else if (a == "--tilegemm-max-batch") o.tilegemm_max_batch = std::stoll(value());
+    else if (a == "--variants") o.variants = split(value());
+    else if (a == "--csv") o.csv = value();
+    else throw std::runtime_error("unknown argument '" + a + "' (see --help)");
+  }
+  for (const auto &v : o.variants) (void)spec(v);
+  for (auto b : o.sizes)
+    if (b < 1) throw std::runtime_error("--sizes: batch sizes must be >= 1");
+  if (o.d < 1) throw std::runtime_error("--dim must be >= 1");
+  return o;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+double machine_ram_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? double(pages) * double(page) : NAN;
+}
+
+void print_progress(const Run &r, std::int64_t d) {
+  std::printf("  %-14s ", r.variant.c_str());
+  if (!r.ok()) {
+    std::printf("%s: %s\n", r.status.c_str(), r.note.c_str());
+    return;
+  }
+  const double total = r.value("total_s");
+  if (std::isfinite(total)) {
+    const bool split = r.value("fwd_s") > 0.0;  // tilegemm times only the whole
+    std::printf("fwd %-9s bwd %-9s total %-9s (%2.0f runs) %5.0f GFLOP/s  ",
+                split ? seconds(r.value("fwd_s")).c_str() : "-", split ? seconds(r.value("bwd_s")).c_str() : "-",
+                seconds(total).c_str(), r.value("reps"), flops(r.variant, r.b, d) / total / 1e9);
+  }
+  std::printf("peak %-10s extra %-10s %s\n", bytes(r.peak_bytes).c_str(),
+              r.variant == "inputs" ? "-" : bytes(r.extra_bytes).c_str(), blas_threading(r).c_str());
+}
+
+const Run *find(const std::vector<Run> &runs, std::int64_t b, const std::string &variant) {
+  for (const auto &r : runs)
+    if (r.b == b && r.variant == variant) return &r;
+  return nullptr;
+}
+
+double total_of(const Run *r) { return r && r->ok() ? r->value("total_s") : NAN; }
+
+std::string time_cell(const Run *r) {
+  if (!r) return "-";
+  if (r->status == "skipped") return r->note;
+  if (!r->ok()) return "failed";
+  return seconds(r->value("total_s"));
+}
+
+std::string memory_cell(const Run *r) {
+  if (!r) return "-";
+  if (r->status == "skipped") return r->note;
+  if (!r->ok()) return "failed";
+  return bytes(r->extra_bytes);
+}
+
+void write_csv(const std::string &path, const std::vector<Run> &runs, const Options &o) {
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("cannot write " + path);
+  out << "batch,dim,variant,status,fwd_s,bwd_s,total_s,reps,gflops,peak_rss_bytes,extra_bytes,"
+         "planned_extra_bytes,workspace_bytes,loss,blas_threads,blas_parallel,machine_ram_bytes,note\n";
+  for (const auto &r : runs) {
+    const double total = r.value("total_s");
+    const double gflops = r.ok() && std::isfinite(total) && total > 0 ? flops(r.variant, r.b, o.d) / total / 1e9 : NAN;
+    const double ws = std::fmax(r.value("workspace_forward"), r.value("workspace_backward"));
+    auto num = [](double v) { return std::isfinite(v) ? format("%.9g", v) : std::string(); };
+    std::string note = r.note;
+    for (auto &ch : note)
+      if (ch == ',' || ch == '\n') ch = ';';
+    out << r.b << ',' << o.d << ',' << r.variant << ',' << r.status << ',' << num(r.value("fwd_s")) << ','
+        << num(r.value("bwd_s")) << ',' << num(total) << ',' << num(r.value("reps")) << ',' << num(gflops)
+        << ',' << num(r.peak_bytes) << ',' << num(r.extra_bytes) << ',' << num(r.planned_bytes) << ','
+        << num(ws) << ',' << num(r.value("loss")) << ',' << num(r.value("blas_threads")) << ','
+        << num(r.value("blas_parallel")) << ',' << num(machine_ram_bytes()) << ',' << note << '\n';
+  }
+}
+
+void print_tables(const std::vector<Run> &runs, const Options &o) {
+  std::printf("\n### Symmetric contrastive loss, forward + backward, fp32, d = %lld (%s, %d threads)\n\n",
+              (long long)o.d, cpu_model().c_str(), bench::hardware_threads());
+  std::printf("| b | flatmem | naive (materialised) | 4 GEMMs (floor) | flatmem / 4 GEMMs | flatmem / naive "
+              "| flatmem GFLOP/s | extra memory: flatmem | extra memory: naive | flatmem workspace |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (auto b : o.sizes) {
+    const Run *f = find(runs, b, "flatmem"), *n = find(runs, b, "naive"), *g = find(runs, b, "gemm4");
+    const double tf = total_of(f), tn = total_of(n), tg = total_of(g);
+    const double ws = f && f->ok() ? std::fmax(f->value("workspace_forward"), f->value("workspace_backward")) : NAN;
+    std::printf("| %lld | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", (long long)b, time_cell(f).c_str(),
+                time_cell(n).c_str(), time_cell(g).c_str(), ratio(tf / tg).c_str(), ratio(tf / tn).c_str(),
+                std::isfinite(tf) ? format("%.0f", flops("flatmem", b, o.d) / tf / 1e9).c_str() : "-",
+                memory_cell(f).c_str(), memory_cell(n).c_str(), bytes(ws).c_str());
+  }
+  std::printf("\nflatmem and the 4 GEMMs: 8 b^2 d FLOPs; naive: 6 b^2 d (it keeps the logits instead of "
+              "recomputing them) plus 2 b^2 fp32 of memory. Extra memory: peak RSS of the variant's process "
+              "minus that of a process holding only q, k, dq, dk. Times: median of the timed runs.\n");
+
+  std::printf("\n### Where the time goes, and BLAS threading\n\n");
+  std::printf("| b | flatmem forward | flatmem backward | flatmem (OpenBLAS default threads) | flatmem "
+              "(OPENBLAS_NUM_THREADS=1) | tile GEMMs only (%lld^2 tiles) | 4 GEMMs in %lld-column strips |\n",
+              (long long)o.tile, (long long)o.strip);
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (auto b : o.sizes) {
+    const Run *f = find(runs, b, "flatmem"), *f1 = find(runs, b, "flatmem-blas1"), *t = find(runs, b, "tilegemm"),
+              *g = find(runs, b, "gemm4");
+    std::printf("| %lld | %s | %s | %s | %s | %s | %s |\n", (long long)b,
+                f && f->ok() ? seconds(f->value("fwd_s")).c_str() : "-",
+                f && f->ok() ? seconds(f->value("bwd_s")).c_str() : "-", time_cell(f).c_str(),
+                time_cell(f1).c_str(), time_cell(t).c_str(), time_cell(g).c_str());
+  }
+  for (const char *v : {"flatmem", "flatmem-blas1", "naive", "gemm4", "tilegemm"})
+    for (const auto &r : runs)
+      if (r.variant == v && r.ok()) {
+        std::printf("%s%s: %s\n", v == std::string("flatmem") ? "\nBLAS threading in effect (the benchmark's "
+                                                                "OpenBLAS; flatmem may carry its own):\n" : "",
+                    spec(v).label, blas_threading(r).c_str());
+        break;
+      }
+
+  std::printf("\nloss, flatmem vs naive (same features):");
+  for (auto b : o.sizes) {
+    const Run *f = find(runs, b, "flatmem"), *n = find(runs, b, "naive");
+    if (f && n && f->ok() && n->ok())
+      std::printf("  b=%lld: %.6f vs %.6f (rel. diff %.1e)", (long long)b, f->value("loss"), n->value("loss"),
+                  std::fabs(f->value("loss") - n->value("loss")) / std::fabs(n->value("loss")));
+  }
+  std::printf("\n");
+
+  std::printf("\n### Targets\n\n");
+  const Run *f = find(runs, target_batch, "flatmem"), *g = find(runs, target_batch, "gemm4"),
+            *n = find(runs, target_batch, "naive"), *m = find(runs, memory_target_batch, "flatmem");
+  auto verdict = [](double value, double limit) {
+    return !std::isfinite(value) ? "not measured" : value <= limit ? "MET" : "MISSED";
+  };
+  const double r1 = total_of(f) / total_of(g), r2 = total_of(f) / total_of(n);
+  const double mem = m && m->ok() ? m->extra_bytes : NAN;
+  std::printf("- flatmem <= %.2fx the 4-GEMM time at b = %lld: %s -> %s\n", target_vs_gemm4,
+              (long long)target_batch, ratio(r1).c_str(), verdict(r1, target_vs_gemm4));
+  std::printf("- flatmem <= %.2fx the naive loss at b = %lld: %s -> %s\n", target_vs_naive,
+              (long long)target_batch, ratio(r2).c_str(), verdict(r2, target_vs_naive));
+  std::printf("- flatmem extra memory < %s at b = %lld: %s -> %s\n", bytes(memory_target_bytes).c_str(),
+              (long long)memory_target_batch, bytes(mem).c_str(),
+              !std::isfinite(mem) ? "not measured" : mem < memory_target_bytes ? "MET" : "MISSED");
+}
+
+int driver_main(int argc, char **argv) {
+  const Options o = parse(argc, argv);
+  std::printf("contrastive_bench: symmetric contrastive loss, forward + backward, fp32, d = %lld, s = %.1f\n",
+              (long long)o.d, o.scale);
+  std::printf("machine: %s, %d hardware threads, %s RAM\n", cpu_model().c_str(), bench::hardware_threads(),
+              bytes(machine_ram_bytes()).c_str());
+  std::printf("flatmem %s; benchmark BLAS: %s\n", flatmem_version_string(), bench::blas_config().c_str());
+  double load[3] = {NAN, NAN, NAN};
+  if (getloadavg(load, 3) == 3)  // other work on the machine slows every column: say how much ran
+    std::printf("load average at start: %.2f %.2f %.2f\n", load[0], load[1], load[2]);
+  std::printf("targets: flatmem <= %.2fx 4 GEMMs and <= %.2fx naive at b = %lld; extra memory < %s at b = %lld\n",
+              target_vs_gemm4, target_vs_naive, (long long)target_batch, bytes(memory_target_bytes).c_str(),
+              (long long)memory_target_batch);
+  std::vector<Run> runs;
+  const double limit = o.mem_limit_gib * GiB;
+  for (auto b : o.sizes) {
+    const double inputs_bytes = 4.0 * 4.0 * double(b) * double(o.d);
+    std::printf("\nb = %lld (q, k, dq, dk: %s; one b x b fp32 matrix: %s)\n", (long long)b,
+                bytes(inputs_bytes).c_str(), bytes(4.0 * double(b) * double(b)).c_str());
+    Run baseline = run_child(o, "inputs", b);
+    print_progress(baseline, o.d);
+    runs.push_back(baseline);
+    if (!baseline.ok()) continue;
+    for (const auto &v : o.variants) {
+      Run r;
+      r.b = b;
+      r.variant = v;
+      r.planned_bytes = bench::planned_extra_bytes(spec(v).worker, b, o.d, o.strip);
+      if (v == "tilegemm" && b > o.tilegemm_max_batch) {
+        r.status = "skipped";
+        r.note = "not run (diagnostic, --tilegemm-max-batch)";
+      } else if (inputs_bytes + r.planned_bytes > limit) {
+        r.status = "skipped";
+        r.note = "n/a (needs " + bytes(r.planned_bytes) + ")";
+      } else {
+        r = run_child(o, v, b);
+        r.extra_bytes = r.peak_bytes - baseline.peak_bytes;
+      }
+      print_progress(r, o.d);
+      runs.push_back(r);
+    }
+  }
+  print_tables(runs, o);
+  if (!o.csv.empty()) {
+    write_csv(o.csv, runs, o);
+    std::printf("\nwrote %s\n", o.csv.c_str());
+  }
+  for (const auto &r : runs)
+    if (r.status == "failed") return 1;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  try {
+    if (argc > 1 && std::string(argv[1]) == "--worker") return worker_main(argc, argv);
+    return driver_main(argc, argv);
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "contrastive_bench: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,365 @@
+// The timed variants of contrastive_bench (see contrastive_variants.hpp).
+#include "contrastive_variants.hpp"
+
+#include <cblas.h>
+#include <flatmem/flatmem.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "bench_support.hpp"
+
+// OpenBLAS extensions, weak so that the benchmark also links against another CBLAS.
+extern "C" {
+int openblas_get_num_threads(void) __attribute__((weak));
+int openblas_get_parallel(void) __attribute__((weak));
+char *openblas_get_config(void) __attribute__((weak));
+char *openblas_get_corename(void) __attribute__((weak));
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define BENCH_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define BENCH_SIMD_CLONES
+#endif
+
+namespace bench {
+
+int blas_threads() { return openblas_get_num_threads ? openblas_get_num_threads() : -1; }
+int blas_parallel() { return openblas_get_parallel ? openblas_get_parallel() : -1; }
+std::string blas_config() {
+  if (!openblas_get_config) return "not OpenBLAS";
+  return std::string(openblas_get_config()) + " (core " + openblas_get_corename() + ")";
+}
+
+namespace {
+
+using Matrix = std::unique_ptr<float[]>;
+
+Matrix allocate(std::int64_t rows, std::int64_t cols) {
+  Matrix m(new float[std::size_t(rows) * std::size_t(cols)]);
+  touch(m.get(), std::size_t(rows) * std::size_t(cols) * sizeof(float));
+  return m;
+}
+
+// q, k filled; dq, dk touched. Every variant starts from exactly this.
+struct Features {
+  std::int64_t b, d;
+  Matrix q, k, dq, dk;
+  Features(std::int64_t b_, std::int64_t d_, std::uint64_t seed) : b(b_), d(d_) {
+    q = allocate(b, d);
+    k = allocate(b, d);
+    dq = allocate(b, d);
+    dk = allocate(b, d);
+    make_features(q.get(), k.get(), b, d, seed);
+  }
+};
+
+// Times run_once() (which returns {forward, backward} seconds) until
+// min_time seconds were measured or max_reps runs were made; a first run
+// shorter than 2 s is a warm-up and not counted. Reports medians.
+template <typename Run>
+void time_runs(const VariantConfig &c, Run &&run_once, Report &report) {
+  std::vector<double> fwd, bwd, total;
+  double measured = 0.0;
+  bool warm = false;
+  while (total.empty() || (measured < c.min_time && int(total.size()) < c.max_reps)) {
+    const auto [f, b] = run_once();
+    if (!warm && f + b < 2.0) {
+      warm = true;
+      continue;
+    }
+    warm = true;
+    fwd.push_back(f);
+    bwd.push_back(b);
+    total.push_back(f + b);
+    measured += f + b;
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
+  report.push_back({"fwd_s", median(fwd)});
+  report.push_back({"bwd_s", median(bwd)});
+  report.push_back({"total_s", median(total)});
+  report.push_back({"min_total_s", *std::min_element(total.begin(), total.end())});
+  report.push_back({"reps", double(total.size())});
+}
+
+// ---- flatmem ---------------------------------------------------------------
+
+DLTensor fp32_tensor(float *data, int ndim, std::int64_t *shape) {
+  DLTensor t{};
+  t.data = data;
+  t.device = {kDLCPU, 0};
+  t.ndim = ndim;
+  t.dtype = {kDLFloat, 32, 1};
+  t.shape = shape;
+  return t;
+}
+
+void check(flatmem_status status, const char *what) {
+  if (status != FLATMEM_STATUS_SUCCESS)
+    throw std::runtime_error(std::string(what) + ": " + flatmem_status_string(status) + ": " +
+                             flatmem_last_error());
+}
+
+Report run_flatmem(const VariantConfig &c) {
+  Features f(c.b, c.d, c.seed);
+  std::int64_t matrix_shape[2] = {c.b, c.d}, vector_shape[1] = {c.b};
+  std::vector<float> row_lse(static_cast<std::size_t>(c.b)), col_lse(static_cast<std::size_t>(c.b));
+  float scale = c.scale, loss = 0.0f, dscale = 0.0f;
+  DLTensor q = fp32_tensor(f.q.get(), 2, matrix_shape), k = fp32_tensor(f.k.get(), 2, matrix_shape);
+  DLTensor dq = fp32_tensor(f.dq.get(), 2, matrix_shape), dk = fp32_tensor(f.dk.get(), 2, matrix_shape);
+  DLTensor row_lse_t = fp32_tensor(row_lse.data(), 1, vector_shape);
+  DLTensor col_lse_t = fp32_tensor(col_lse.data(), 1, vector_shape);
+  DLTensor scale_t = fp32_tensor(&scale, 0, nullptr), loss_t = fp32_tensor(&loss, 0, nullptr);
+  DLTensor dscale_t = fp32_tensor(&dscale, 0, nullptr);
+
+  flatmem_contrastive_options options = FLATMEM_CONTRASTIVE_OPTIONS_INIT;
+  flatmem_contrastive_t *raw = nullptr;
+  check(flatmem_contrastive_create(&raw, &options), "flatmem_contrastive_create");
+  std::unique_ptr<flatmem_contrastive_t, flatmem_status (*)(flatmem_contrastive_t *)> handle(
+      raw, flatmem_contrastive_destroy);
+  std::size_t forward_bytes = 0, backward_bytes = 0;
+  check(flatmem_contrastive_forward_workspace_size(handle.get(), &q, &k, &forward_bytes),
+        "forward_workspace_size");
+  check(flatmem_contrastive_backward_workspace_size(handle.get(), &q, &k, &dq, &dk, &backward_bytes),
+        "backward_workspace_size");
+  const std::size_t workspace_bytes = std::max(forward_bytes, backward_bytes);
+  std::unique_ptr<char[]> workspace(new char[workspace_bytes]);
+  touch(workspace.get(), workspace_bytes);
+
+  Report report;
+  time_runs(c, [&] {
+    const double t0 = now_seconds();
+    check(flatmem_contrastive_forward(handle.get(), &q, &k, nullptr, &scale_t, &loss_t, &row_lse_t,
+                                      &col_lse_t, workspace.get(), workspace_bytes, nullptr),
+          "flatmem_contrastive_forward");
+    const double t1 = now_seconds();
+    check(flatmem_contrastive_backward(handle.get(), &q, &k, nullptr, &scale_t, &row_lse_t,
+                                       &col_lse_t, nullptr, &dq, &dk, &dscale_t, workspace.get(),
+                                       workspace_bytes, nullptr),
+          "flatmem_contrastive_backward");
+    return std::pair{t1 - t0, now_seconds() - t1};
+  }, report);
+  report.push_back({"loss", loss});
+  report.push_back({"dscale", dscale});
+  report.push_back({"workspace_forward", double(forward_bytes)});
+  report.push_back({"workspace_backward", double(backward_bytes)});
+  return report;
+}
+
+// ---- naive: the materialised loss -----------------------------------------
+
+// lse_i = log sum_j exp(x_ij) for rows [begin, end) of the b x b matrix x.
+BENCH_SIMD_CLONES
+void row_lse(const float *x, std::int64_t b, std::int64_t begin, std::int64_t end, float *lse) {
+  for (std::int64_t i = begin; i < end; ++i) {
+    const float *row = x + i * b;
+    float m = -std::numeric_limits<float>::infinity(), sum = 0.0f;
+#pragma omp simd reduction(max : m)
+    for (std::int64_t j = 0; j < b; ++j) m = row[j] > m ? row[j] : m;
+#pragma omp simd reduction(+ : sum)
+    for (std::int64_t j = 0; j < b; ++j) sum += exp_nonpositive(row[j] - m);
+    lse[i] = m + std::log(sum);
+  }
+}
+
+// lse_j = log sum_i exp(x_ij) for columns [begin, end): two sweeps down the rows.
+BENCH_SIMD_CLONES
+void col_lse(const float *x, std::int64_t b, std::int64_t begin, std::int64_t end, float *max,
+             float *sum, float *lse) {
+  for (std::int64_t j = begin; j < end; ++j) max[j] = -std::numeric_limits<float>::infinity();
+  for (std::int64_t i = 0; i < b; ++i) {
+    const float *row = x + i * b;
+#pragma omp simd
+    for (std::int64_t j = begin; j < end; ++j) max[j] = row[j] > max[j] ? row[j] : max[j];
+  }
+  for (std::int64_t j = begin; j < end; ++j) sum[j] = 0.0f;
+  for (std::int64_t i = 0; i < b; ++i) {
+    const float *row = x + i * b;
+#pragma omp simd
+    for (std::int64_t j = begin; j < end; ++j) sum[j] += exp_nonpositive(row[j] - max[j]);
+  }
+  for (std::int64_t j = begin; j < end; ++j) lse[j] = max[j] + std::log(sum[j]);
+}
+
+// G_ij = coef (exp(x_ij - row_lse_i) + exp(x_ij - col_lse_j)) - 2 coef [i = j],
+// coef = 1/(2b); returns sum_ij G_ij x_ij over rows [begin, end).
+BENCH_SIMD_CLONES
+double gradient_rows(const float *x, std::int64_t b, std::int64_t begin, std::int64_t end,
+                     const float *rlse, const float *clse, float coef, float *g) {
+  double total = 0.0;
+  for (std::int64_t i = begin; i < end; ++i) {
+    const float *xi = x + i * b;
+    float *gi = g + i * b;
+    const float li = rlse[i];
+    float partial = 0.0f;
+#pragma omp simd reduction(+ : partial)
+    for (std::int64_t j = 0; j < b; ++j) {
+      const float v = coef * (exp_nonpositive(xi[j] - li) + exp_nonpositive(xi[j] - clse[j]));
+      gi[j] = v;
+      partial += v * xi[j];
+    }
+    gi[i] -= 2.0f * coef;
+    partial -= 2.0f * coef * xi[i];
+    total += partial;
+  }
+  return total;
+}
+
+Report run_naive(const VariantConfig &c) {
+  Features f(c.b, c.d, c.seed);
+  const std::int64_t b = c.b, d = c.d;
+  Matrix x = allocate(b, b), g = allocate(b, b);  // pre-faulted: a caching allocator's state
+  std::vector<float> rlse(static_cast<std::size_t>(b)), clse(static_cast<std::size_t>(b)), cmax(static_cast<std::size_t>(b)),
+      csum(static_cast<std::size_t>(b));
+  const int threads = hardware_threads();
+  std::vector<double> ds_part(static_cast<std::size_t>(threads));
+  double loss = 0.0, dscale = 0.0;
+
+  Report report;
+  time_runs(c, [&] {
+    const double t0 = now_seconds();
+    // forward: logits, both log-sum-exps, the loss
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(b), int(b), int(d), c.scale,
+                f.q.get(), int(d), f.k.get(), int(d), 0.0f, x.get(), int(b));
+    parallel_for(b, [&](std::int64_t lo, std::int64_t hi, int) { row_lse(x.get(), b, lo, hi, rlse.data()); });
+    parallel_for(b, [&](std::int64_t lo, std::int64_t hi, int) {
+      col_lse(x.get(), b, lo, hi, cmax.data(), csum.data(), clse.data());
+    });
+    double total = 0.0;
+    for (std::int64_t i = 0; i < b; ++i) total += double(rlse[i]) + clse[i] - 2.0 * x[i * b + i];
+    loss = total / (2.0 * double(b));
+    const double t1 = now_seconds();
+    // backward: G, dL/ds, then dq = s G K and dk = s G^T Q
+    const float coef = float(1.0 / (2.0 * double(b)));
+    std::fill(ds_part.begin(), ds_part.end(), 0.0);
+    parallel_for(b, [&](std::int64_t lo, std::int64_t hi, int thread) {
+      ds_part[std::size_t(thread)] =
+          gradient_rows(x.get(), b, lo, hi, rlse.data(), clse.data(), coef, g.get());
+    });
+    dscale = 0.0;
+    for (double p : ds_part) dscale += p;
+    dscale /= c.scale;  // x holds s <q_i, k_j>
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(b), int(d), int(b), c.scale, g.get(),
+                int(b), f.k.get(), int(d), 0.0f, f.dq.get(), int(d));
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(b), int(d), int(b), c.scale, g.get(),
+                int(b), f.q.get(), int(d), 0.0f, f.dk.get(), int(d));
+    return std::pair{t1 - t0, now_seconds() - t1};
+  }, report);
+  report.push_back({"loss", loss});
+  report.push_back({"dscale", dscale});
+  return report;
+}
+
+// ---- the four-GEMM floor, in column strips ----------------------------------
+
+Report run_gemm4(const VariantConfig &c) {
+  Features f(c.b, c.d, c.seed);
+  const std::int64_t b = c.b, d = c.d, strip = std::min(c.strip, c.b);
+  Matrix s = allocate(b, strip);
+  Report report;
+  time_runs(c, [&] {
+    const double t0 = now_seconds();
+    double forward = 0.0;
+    for (std::int64_t j0 = 0; j0 < b; j0 += strip) {
+      const std::int64_t w = std::min(strip, b - j0);
+      const float *kj = f.k.get() + j0 * d;
+      const double t = now_seconds();
+      // forward logits, then the backward's recompute: S = s Q K_J^T (b x w x d)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(b), int(w), int(d), c.scale,
+                  f.q.get(), int(d), kj, int(d), 0.0f, s.get(), int(w));
+      forward += now_seconds() - t;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(b), int(w), int(d), c.scale,
+                  f.q.get(), int(d), kj, int(d), 0.0f, s.get(), int(w));
+      // dq += S K_J (b x d x w), dk_J = S^T Q (w x d x b)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(b), int(d), int(w), 1.0f, s.get(),
+                  int(w), kj, int(d), j0 == 0 ? 0.0f : 1.0f, f.dq.get(), int(d));
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(w), int(d), int(b), 1.0f, s.get(),
+                  int(w), f.q.get(), int(d), 0.0f, f.dk.get() + j0 * d, int(d));
+    }
+    const double elapsed = now_seconds() - t0;
+    return std::pair{forward, elapsed - forward};
+  }, report);
+  report.push_back({"strip", double(strip)});
+  return report;
+}
+
+// ---- the four GEMMs at tile shapes, single-threaded sgemm per thread --------
+
+Report run_tilegemm(const VariantConfig &c) {
+  Features f(c.b, c.d, c.seed);
+  const std::int64_t b = c.b, d = c.d, t = std::min(c.tile, c.b), tiles = (b + t - 1) / t;
+  const int threads = hardware_threads();
+  std::vector<Matrix> logits, dk_scratch;
+  for (int i = 0; i < threads; ++i) {
+    logits.push_back(allocate(t, t));
+    dk_scratch.push_back(allocate(t, d));
+  }
+  Report report;
+  time_runs(c, [&] {
+    const double t0 = now_seconds();
+    parallel_for(tiles, [&](std::int64_t lo, std::int64_t hi, int thread) {
+      const std::size_t me = std::size_t(thread);
+      float *x = logits[me].get(), *dk = dk_scratch[me].get();
+      for (std::int64_t r = lo; r < hi; ++r) {
+        const std::int64_t i0 = r * t, rows = std::min(t, b - i0);
+        const float *qi = f.q.get() + i0 * d;
+        for (std::int64_t j0 = 0; j0 < b; j0 += t) {
+          const std::int64_t cols = std::min(t, b - j0);
+          const float *kj = f.k.get() + j0 * d;
+          for (int pass = 0; pass < 2; ++pass)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(cols), int(d),
+                        c.scale, qi, int(d), kj, int(d), 0.0f, x, int(cols));
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(d), int(cols), 1.0f,
+                      x, int(cols), kj, int(d), 1.0f, f.dq.get() + i0 * d, int(d));
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(cols), int(d), int(rows), 1.0f,
+                      x, int(cols), qi, int(d), 1.0f, dk, int(d));
+        }
+      }
+    });
+    return std::pair{0.0, now_seconds() - t0};
+  }, report);
+  report.push_back({"tile", double(t)});
+  return report;
+}
+
+Report run_inputs(const VariantConfig &c) {
+  Features f(c.b, c.d, c.seed);
+  double sum = 0.0;  // use the data so that nothing is optimised away
+  for (std::int64_t i = 0; i < c.b; ++i) sum += f.q[i * c.d];
+  return {{"checksum", sum}};
+}
+
+}  // namespace
+
+double planned_extra_bytes(const std::string &variant, std::int64_t b, std::int64_t d,
+                           std::int64_t strip) {
+  const double bb = double(b) * double(b);
+  if (variant == "naive") return 2.0 * 4.0 * bb;                          // X and G
+  if (variant == "gemm4") return 4.0 * double(b) * double(std::min(strip, b));  // one strip
+  (void)d;
+  return 0.0;  // flatmem, tilegemm: O(b + tile^2) -- negligible for the fit test
+}
+
+Report run_variant(const VariantConfig &c) {
+  Report r;
+  if (c.variant == "inputs") r = run_inputs(c);
+  else if (c.variant == "flatmem") r = run_flatmem(c);
+  else if (c.variant == "naive") r = run_naive(c);
+  else if (c.variant == "gemm4") r = run_gemm4(c);
+  else if (c.variant == "tilegemm") r = run_tilegemm(c);
+  else throw std::runtime_error("unknown variant '" + c.variant + "'");
+  r.push_back({"blas_threads", double(blas_threads())});
+  r.push_back({"blas_parallel", double(blas_parallel())});
+  return r;
+}
+
+}  // namespace bench

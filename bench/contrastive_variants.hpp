@@ -1,0 +1,57 @@
+// The variants the contrastive benchmark times, each run alone in a fresh
+// process (contrastive_bench --worker ...) so that its peak resident set can
+// be measured by the parent:
+//
+//   inputs     allocates and fills q, k and touches dq, dk (b x d fp32 each),
+//              nothing else: the baseline every other variant is compared to.
+//   flatmem    inputs + flatmem_contrastive_forward + _backward (symmetric
+//              loss, caller workspace from the size queries).
+//   naive      inputs + the materialised loss: X = s Q K^T (b x b), row and
+//              column log-sum-exp, G = (P + Q - 2I) / (2b) into a second b x b
+//              matrix, dq = s G K, dk = s G^T Q. 3 GEMMs (6 b^2 d FLOPs),
+//              element-wise passes threaded and vectorised. 2 b^2 fp32 extra.
+//   gemm4      inputs + the four b x b x d GEMMs the fused design performs
+//              (logits, logits again in backward, G K, G^T Q: 8 b^2 d FLOPs),
+//              in column strips b x strip so that no b x b matrix exists.
+//   tilegemm   inputs + the same four GEMMs cut into tile x tile blocks, one
+//              single-threaded sgemm per call, the row tiles split over the
+//              hardware threads: flatmem's GEMM work without its element-wise
+//              passes (a diagnostic).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace bench {
+
+struct VariantConfig {
+  std::string variant;
+  std::int64_t b = 0, d = 0;
+  float scale = 14.3f;
+  double min_time = 10.0;  // keep timing until this many seconds were measured
+  int max_reps = 10;
+  std::int64_t strip = 2048;  // gemm4: column strip width
+  std::int64_t tile = 512;    // tilegemm: tile extent
+  std::uint64_t seed = 1;
+};
+
+// key = value pairs reported back to the driver (times in seconds, sizes in bytes).
+using Report = std::vector<std::pair<std::string, double>>;
+
+// Runs one variant; throws std::runtime_error with a message on failure.
+Report run_variant(const VariantConfig &config);
+
+// Bytes a variant needs beyond the inputs (q, k, dq, dk), known before running it.
+double planned_extra_bytes(const std::string &variant, std::int64_t b, std::int64_t d,
+                           std::int64_t strip);
+
+// What the BLAS linked into the benchmark (not flatmem's own) reports:
+// openblas_get_num_threads() and openblas_get_parallel() (0 sequential,
+// 1 pthreads, 2 OpenMP); -1 when the BLAS is not OpenBLAS.
+int blas_threads();
+int blas_parallel();
+std::string blas_config();
+
+}  // namespace bench
