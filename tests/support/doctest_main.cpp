@@ -1,0 +1,4 @@
+// The one translation unit with doctest's implementation and main(); linked
+// into every test executable.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
