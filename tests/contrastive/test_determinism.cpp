@@ -1,0 +1,138 @@
+// Determinism (flatmem.h, "Determinism"): the same inputs and options give
+// bitwise identical loss, row_lse, col_lse, dq, dk and dlogit_scale from run
+// to run, and whatever the thread count (1, 2, 3 threads here), because the
+// work is cut into a fixed grid whose accumulation order does not depend on
+// which thread runs what. Bitwise means bitwise: no tolerance.
+#include <doctest/doctest.h>
+#include <flatmem/flatmem.h>
+
+#include <vector>
+
+#include "support/contrastive.hpp"
+#include "support/random.hpp"
+#include "support/tensor.hpp"
+
+using namespace flatmem_test;
+
+namespace {
+
+struct DeterminismCase {
+  flatmem_contrastive_loss loss = FLATMEM_CONTRASTIVE_SYMMETRIC;
+  Dtype dtype = Dtype::f32;
+  std::int64_t b = 0, c = 0, d = 0;
+  int tile_rows = 0, tile_cols = 0;
+  bool labels = false;
+  Dtype grad = Dtype::f32;
+  double scale = 20.0;
+};
+
+struct Results {
+  HostTensor loss, row_lse, col_lse, dq, dk, ds;
+};
+
+class Problem {
+ public:
+  explicit Problem(const DeterminismCase &dc) : dc_(dc) {
+    Random rng(7);
+    q_ = HostTensor::matrix(dc.dtype, dc.b, dc.d);
+    k_ = HostTensor::matrix(dc.dtype, dc.c, dc.d);
+    fill_features(q_, rng, 1.0, true);
+    fill_features(k_, rng, 1.0, true);
+    if (dc.labels) {
+      labels_ = HostTensor::vector(Dtype::i64, dc.b);
+      for (std::int64_t i = 0; i < dc.b; ++i) labels_.set(i, double(rng.below(dc.c)));
+    }
+    scale_ = HostTensor::scalar(Dtype::f32, dc.scale);
+    dloss_ = HostTensor::scalar(Dtype::f32, 0.75);
+  }
+
+  bool symmetric() const { return dc_.loss != FLATMEM_CONTRASTIVE_INFONCE; }
+
+  Results run(int threads) const {
+    Handle h = create_handle(make_options(dc_.loss, threads, dc_.tile_rows, dc_.tile_cols));
+    Results r;
+    r.loss = HostTensor::scalar(Dtype::f32, 0.0);
+    r.row_lse = HostTensor::vector(Dtype::f32, dc_.b);
+    if (symmetric()) r.col_lse = HostTensor::vector(Dtype::f32, dc_.c);
+    const DLTensor *labels = dc_.labels ? labels_.dl() : nullptr;
+    flatmem_status status =
+        flatmem_contrastive_forward(h.get(), q_.dl(), k_.dl(), labels, scale_.dl(), r.loss.dl(), r.row_lse.dl(),
+                                    symmetric() ? r.col_lse.dl() : nullptr, nullptr, 0, nullptr);
+    REQUIRE_MESSAGE(status == FLATMEM_STATUS_SUCCESS, describe(status));
+    r.dq = HostTensor::matrix(dc_.grad, dc_.b, dc_.d);
+    r.dk = HostTensor::matrix(dc_.grad, dc_.c, dc_.d);
+    r.ds = HostTensor::scalar(Dtype::f32, 0.0);
+    status = flatmem_contrastive_backward(h.get(), q_.dl(), k_.dl(), labels, scale_.dl(), r.row_lse.dl(),
+                                          symmetric() ? r.col_lse.dl() : nullptr, dloss_.dl(), r.dq.dl(),
+                                          r.dk.dl(), r.ds.dl(), nullptr, 0, nullptr);
+    REQUIRE_MESSAGE(status == FLATMEM_STATUS_SUCCESS, describe(status));
+    return r;
+  }
+
+ private:
+  DeterminismCase dc_;
+  HostTensor q_, k_, labels_, scale_, dloss_;
+};
+
+void check_identical(const Results &a, const Results &b, bool symmetric) {
+  CHECK_MESSAGE(a.loss.same_bits(b.loss), "loss ", a.loss.get(0), " vs ", b.loss.get(0));
+  CHECK_MESSAGE(a.row_lse.same_bits(b.row_lse), "row_lse differs");
+  if (symmetric) CHECK_MESSAGE(a.col_lse.same_bits(b.col_lse), "col_lse differs");
+  CHECK_MESSAGE(a.dq.same_bits(b.dq), "dq differs");
+  CHECK_MESSAGE(a.dk.same_bits(b.dk), "dk differs");
+  CHECK_MESSAGE(a.ds.same_bits(b.ds), "dlogit_scale ", a.ds.get(0), " vs ", b.ds.get(0));
+}
+
+void check_determinism(const DeterminismCase &dc) {
+  const Problem p(dc);
+  const Results first = p.run(2);
+  SUBCASE("same handle settings, run twice") { check_identical(first, p.run(2), p.symmetric()); }
+  SUBCASE("1 thread vs 2 threads") { check_identical(first, p.run(1), p.symmetric()); }
+  SUBCASE("3 threads vs 2 threads") { check_identical(first, p.run(3), p.symmetric()); }
+}
+
+}  // namespace
+
+// Shapes with several row and column groups (so that threads really share
+// the work) and short last tiles.
+TEST_CASE("contrastive/determinism/symmetric/fp32/b=263,d=97,tile=16x24") {
+  check_determinism({FLATMEM_CONTRASTIVE_SYMMETRIC, Dtype::f32, 263, 263, 97, 16, 24});
+}
+TEST_CASE("contrastive/determinism/symmetric/fp32/b=1031,d=16") {
+  check_determinism({FLATMEM_CONTRASTIVE_SYMMETRIC, Dtype::f32, 1031, 1031, 16});
+}
+TEST_CASE("contrastive/determinism/symmetric/bf16/b=263,d=64,grad=bf16") {
+  check_determinism({FLATMEM_CONTRASTIVE_SYMMETRIC, Dtype::bf16, 263, 263, 64, 0, 0, false, Dtype::bf16});
+}
+TEST_CASE("contrastive/determinism/infonce/fp32/labels,b=97,c=263,d=31,tile=16x24") {
+  check_determinism({FLATMEM_CONTRASTIVE_INFONCE, Dtype::f32, 97, 263, 31, 16, 24, true});
+}
+TEST_CASE("contrastive/determinism/infonce/fp16/b=200,c=301,d=40,grad=fp16") {
+  check_determinism({FLATMEM_CONTRASTIVE_INFONCE, Dtype::f16, 200, 301, 40, 0, 0, false, Dtype::f16});
+}
+
+TEST_CASE("contrastive/determinism/same-handle-repeated-calls") {
+  // One handle reused (its own workspace buffer reused) gives the same bits
+  // as a fresh handle, call after call, including after a failed call.
+  const DeterminismCase dc{FLATMEM_CONTRASTIVE_SYMMETRIC, Dtype::f32, 97, 97, 13, 16, 24};
+  const Problem p(dc);
+  const Results reference = p.run(2);
+  Random rng(7);
+  HostTensor q = HostTensor::matrix(Dtype::f32, 97, 13), k = HostTensor::matrix(Dtype::f32, 97, 13);
+  fill_features(q, rng, 1.0, true);
+  fill_features(k, rng, 1.0, true);
+  HostTensor s = HostTensor::scalar(Dtype::f32, 20.0);
+  Handle h = create_handle(make_options(FLATMEM_CONTRASTIVE_SYMMETRIC, 2, 16, 24));
+  for (int round = 0; round < 3; ++round) {
+    HostTensor loss = HostTensor::scalar(Dtype::f32, 0.0), row = HostTensor::vector(Dtype::f32, 97),
+               col = HostTensor::vector(Dtype::f32, 97);
+    REQUIRE(flatmem_contrastive_forward(h.get(), q.dl(), k.dl(), nullptr, s.dl(), loss.dl(), row.dl(), col.dl(),
+                                        nullptr, 0, nullptr) == FLATMEM_STATUS_SUCCESS);
+    CHECK(loss.same_bits(reference.loss));
+    CHECK(row.same_bits(reference.row_lse));
+    CHECK(col.same_bits(reference.col_lse));
+    // a failing call in between must not disturb the next one
+    CHECK(flatmem_contrastive_forward(h.get(), q.dl(), k.dl(), nullptr, s.dl(), nullptr, row.dl(), col.dl(),
+                                      nullptr, 0, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  }
+}
