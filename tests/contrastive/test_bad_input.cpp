@@ -871,7 +871,10 @@ TEST_CASE("contrastive/bad-input/options-bad-loss-enum") {
   flatmem_contrastive_options o = FLATMEM_CONTRASTIVE_OPTIONS_INIT;
   o.loss = static_cast<flatmem_contrastive_loss>(3);
   expect_create_refused(o, "loss");
-  o.loss = static_cast<flatmem_contrastive_loss>(-1);
+  // What a C caller can store in the field (C enums are plain integers);
+  // written as bytes because a C++ enum cannot hold -1.
+  const std::int32_t minus_one = -1;
+  std::memcpy(&o.loss, &minus_one, sizeof minus_one);
   expect_create_refused(o, "loss");
 }
 

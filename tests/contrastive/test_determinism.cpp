@@ -6,6 +6,8 @@
 #include <doctest/doctest.h>
 #include <flatmem/flatmem.h>
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "support/contrastive.hpp"
@@ -134,5 +136,52 @@ TEST_CASE("contrastive/determinism/same-handle-repeated-calls") {
     // a failing call in between must not disturb the next one
     CHECK(flatmem_contrastive_forward(h.get(), q.dl(), k.dl(), nullptr, s.dl(), nullptr, row.dl(), col.dl(),
                                       nullptr, 0, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  }
+}
+
+TEST_CASE("contrastive/determinism/many-calls-with-2-and-3-threads-match-1-thread") {
+  // Concurrency stress: small tiles (16 x 16) make many short tile products
+  // run at the same time on different threads; every one of `calls`
+  // forward + backward calls must reproduce the single-threaded bits. A
+  // library whose GEMM is not safe to call from several threads at once
+  // (e.g. a single-threaded OpenBLAS built without USE_LOCKING) fails here
+  // within a few dozen calls.
+  const DeterminismCase dc{FLATMEM_CONTRASTIVE_SYMMETRIC, Dtype::f32, 97, 97, 31, 16, 16};
+  const Problem p(dc);
+  const Results reference = p.run(1);
+  Random rng(7);
+  HostTensor q = HostTensor::matrix(Dtype::f32, 97, 31), k = HostTensor::matrix(Dtype::f32, 97, 31);
+  fill_features(q, rng, 1.0, true);
+  fill_features(k, rng, 1.0, true);
+  HostTensor s = HostTensor::scalar(Dtype::f32, 20.0), g = HostTensor::scalar(Dtype::f32, 0.75);
+  constexpr int calls = 400;
+  for (int threads : {2, 3}) {
+    CAPTURE(threads);
+    Handle h = create_handle(make_options(FLATMEM_CONTRASTIVE_SYMMETRIC, threads, 16, 16));
+    HostTensor loss = HostTensor::scalar(Dtype::f32, 0.0), row = HostTensor::vector(Dtype::f32, 97),
+               col = HostTensor::vector(Dtype::f32, 97), dq = HostTensor::matrix(Dtype::f32, 97, 31),
+               dk = HostTensor::matrix(Dtype::f32, 97, 31), ds = HostTensor::scalar(Dtype::f32, 0.0);
+    int first_bad = -1;
+    double worst_error = 0.0;
+    for (int call = 0; call < calls && first_bad < 0; ++call) {
+      REQUIRE(flatmem_contrastive_forward(h.get(), q.dl(), k.dl(), nullptr, s.dl(), loss.dl(), row.dl(), col.dl(),
+                                          nullptr, 0, nullptr) == FLATMEM_STATUS_SUCCESS);
+      REQUIRE(flatmem_contrastive_backward(h.get(), q.dl(), k.dl(), nullptr, s.dl(), row.dl(), col.dl(), g.dl(),
+                                           dq.dl(), dk.dl(), ds.dl(), nullptr, 0, nullptr) == FLATMEM_STATUS_SUCCESS);
+      const bool same = loss.same_bits(reference.loss) && row.same_bits(reference.row_lse) &&
+                        col.same_bits(reference.col_lse) && dq.same_bits(reference.dq) &&
+                        dk.same_bits(reference.dk) && ds.same_bits(reference.ds);
+      if (!same) {
+        first_bad = call;
+        for (const auto &[got, want] : {std::pair{&loss, &reference.loss}, {&row, &reference.row_lse},
+                                        {&col, &reference.col_lse}, {&dq, &reference.dq}, {&dk, &reference.dk},
+                                        {&ds, &reference.ds}})
+          for (std::int64_t r = 0; r < got->rows(); ++r)
+            for (std::int64_t c = 0; c < got->cols(); ++c)
+              worst_error = std::max(worst_error, std::fabs(got->get(r, c) - want->get(r, c)));
+      }
+    }
+    CHECK_MESSAGE(first_bad < 0, "call ", first_bad, " of ", calls, " with ", threads,
+                  " threads differs from the 1-thread result (largest difference ", worst_error, ")");
   }
 }

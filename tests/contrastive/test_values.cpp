@@ -5,9 +5,11 @@
 // says what it exercises.
 //
 // Tile note: the library shrinks tiles so that an extent spans at least four
-// tiles (down to 16), so b = 263 with the default 256 already walks several
-// tiles; tile_rows/tile_cols = 16/24 force many short tiles at small sizes,
-// and b = 1031 runs full 256-row tiles with a short last one (1031 = 4*256 + 7).
+// tiles (down to 16), so b = 263 with the default tile already walks several
+// tiles; tile_rows/tile_cols = 16/24 force many short tiles at small sizes;
+// b = 1031 with tile 256 runs full 256-row tiles and a 7-row last one, and
+// b = 2053 does the same with the default tile extent (512 at the time of
+// writing: 4 * 512 + 5).
 #include <doctest/doctest.h>
 #include <flatmem/flatmem.h>
 
@@ -45,6 +47,7 @@ struct ValueCase {
   bool want_dq = true, want_dk = true, want_ds = true;
   std::optional<double> dloss;  // nullopt: pass NULL (g = 1)
   Workspace workspace = Workspace::handle;
+  bool scalars_as_shape_1 = false;  // logit_scale, loss, dloss, dlogit_scale as shape (1,) instead of ndim 0
   int threads = 0;
   std::uint64_t seed = 1;
 };
@@ -85,7 +88,7 @@ Inputs make_inputs(const ValueCase &vc) {
       in.labels.set(i, double(y));
     }
   }
-  in.scale = HostTensor::scalar(Dtype::f32, vc.scale);
+  in.scale = HostTensor::scalar(Dtype::f32, vc.scale, vc.scalars_as_shape_1);
   return in;
 }
 
@@ -96,6 +99,14 @@ struct BackwardOut {
   HostTensor dq, dk, ds;
 };
 
+// Outputs start as NaN (padding keeps the sentinel bytes): results must be
+// written, never accumulated into what was there ("overwritten, not
+// accumulated into").
+void fill_nan(HostTensor &t) {
+  for (std::int64_t r = 0; r < t.rows(); ++r)
+    for (std::int64_t c = 0; c < t.cols(); ++c) t.set(r, c, std::nan(""));
+}
+
 std::optional<GuardedBuffer> make_workspace(Workspace w, std::size_t bytes) {
   if (w == Workspace::handle) return std::nullopt;
   return GuardedBuffer(bytes, w == Workspace::misaligned ? 8 : 0);
@@ -103,10 +114,13 @@ std::optional<GuardedBuffer> make_workspace(Workspace w, std::size_t bytes) {
 
 ForwardOut run_forward(flatmem_contrastive_t *h, const ValueCase &vc, const Inputs &in, Workspace w) {
   ForwardOut out;
-  out.loss = HostTensor::scalar(Dtype::f32, 0.0);
-  out.loss.fill_bytes(sentinel_byte);
+  out.loss = HostTensor::scalar(Dtype::f32, std::nan(""), vc.scalars_as_shape_1);
   out.row_lse = HostTensor::vector(Dtype::f32, vc.b);
-  if (is_symmetric(vc)) out.col_lse = HostTensor::vector(Dtype::f32, columns(vc));
+  fill_nan(out.row_lse);
+  if (is_symmetric(vc)) {
+    out.col_lse = HostTensor::vector(Dtype::f32, columns(vc));
+    fill_nan(out.col_lse);
+  }
   std::size_t bytes = 0;
   REQUIRE(flatmem_contrastive_forward_workspace_size(h, in.q.dl(), in.k.dl(), &bytes) == FLATMEM_STATUS_SUCCESS);
   std::optional<GuardedBuffer> ws = make_workspace(w, bytes);
@@ -122,12 +136,15 @@ ForwardOut run_forward(flatmem_contrastive_t *h, const ValueCase &vc, const Inpu
 BackwardOut run_backward(flatmem_contrastive_t *h, const ValueCase &vc, const Inputs &in, const ForwardOut &fwd,
                          const HostTensor *dloss, Workspace w, Dtype dq_out, Dtype dk_out) {
   BackwardOut out;
-  if (vc.want_dq) out.dq = HostTensor::matrix(dq_out, vc.b, vc.d, vc.d + vc.dq_pad);
-  if (vc.want_dk) out.dk = HostTensor::matrix(dk_out, columns(vc), vc.d, vc.d + vc.dk_pad);
-  if (vc.want_ds) {
-    out.ds = HostTensor::scalar(Dtype::f32, 0.0);
-    out.ds.fill_bytes(sentinel_byte);
+  if (vc.want_dq) {
+    out.dq = HostTensor::matrix(dq_out, vc.b, vc.d, vc.d + vc.dq_pad);
+    fill_nan(out.dq);
   }
+  if (vc.want_dk) {
+    out.dk = HostTensor::matrix(dk_out, columns(vc), vc.d, vc.d + vc.dk_pad);
+    fill_nan(out.dk);
+  }
+  if (vc.want_ds) out.ds = HostTensor::scalar(Dtype::f32, std::nan(""), vc.scalars_as_shape_1);
   DLTensor *dq = vc.want_dq ? out.dq.dl() : nullptr;
   DLTensor *dk = vc.want_dk ? out.dk.dl() : nullptr;
   std::size_t bytes = 0;
@@ -151,7 +168,7 @@ void check_values(const ValueCase &vc) {
   Handle h = create_handle(make_options(vc.loss, vc.threads, vc.tile_rows, vc.tile_cols));
 
   std::optional<HostTensor> dloss;
-  if (vc.dloss) dloss = HostTensor::scalar(Dtype::f32, *vc.dloss);
+  if (vc.dloss) dloss = HostTensor::scalar(Dtype::f32, *vc.dloss, vc.scalars_as_shape_1);
   const double g = dloss ? dloss->get(0) : 1.0;  // the fp32 value the library reads
 
   const ReferenceProblem problem = reference_problem(symmetric, in.q, in.k, in.has_labels ? &in.labels : nullptr,
@@ -320,7 +337,10 @@ TEST_CASE("contrastive/symmetric/fp32/b=97,d=13,tile=16x24") { check_values(sym(
 TEST_CASE("contrastive/symmetric/fp32/b=263,d=97") { check_values(sym(263, 97)); }
 TEST_CASE("contrastive/symmetric/fp32/b=263,d=97,tile=16x24") { check_values(sym(263, 97, 16, 24)); }
 TEST_CASE("contrastive/symmetric/fp32/b=257,d=257,tile=24x16") { check_values(sym(257, 257, 24, 16)); }
-// Full default 256-row tiles, the last one 7 rows.
+// Full tiles with a short last one: 256-row tiles (last 7 rows) and the
+// default extent (b = 2053 > 4 * 512).
+TEST_CASE("contrastive/symmetric/fp32/b=1031,d=16,tile=256") { check_values(sym(1031, 16, 256, 256)); }
+TEST_CASE("contrastive/symmetric/fp32/b=2053,d=4") { check_values(sym(2053, 4)); }
 TEST_CASE("contrastive/symmetric/fp32/b=1031,d=16") { check_values(sym(1031, 16)); }
 // Odd tile extents that are not multiples of the SIMD width.
 TEST_CASE("contrastive/symmetric/fp32/b=97,d=13,tile=17x5") { check_values(sym(97, 13, 17, 5)); }
@@ -379,7 +399,16 @@ TEST_CASE("contrastive/symmetric/fp32/strided,q+1000,b=13,d=3") {
   check_values(with(sym(13, 3), [](ValueCase &v) { v.q_pad = 1000, v.dk_pad = 999; }));
 }
 
-// Caller workspace of exactly the queried size, 64-byte aligned and not.
+// One-element tensors given as shape (1,) instead of ndim 0.
+TEST_CASE("contrastive/symmetric/fp32/scalars-as-shape-(1,),dloss=2,b=13,d=7") {
+  check_values(with(sym(13, 7), [](ValueCase &v) { v.scalars_as_shape_1 = true, v.dloss = 2.0; }));
+}
+TEST_CASE("contrastive/infonce/fp32/scalars-as-shape-(1,),b=13,c=29,d=7") {
+  check_values(with(nce(13, 29, 7, Labels::duplicates), [](ValueCase &v) { v.scalars_as_shape_1 = true; }));
+}
+
+// Caller workspace of exactly the queried size, 64-byte aligned and not
+// (header: any alignment is accepted; the query includes the slack).
 TEST_CASE("contrastive/symmetric/fp32/workspace=exact,b=263,d=97,tile=16x24") {
   check_values(with(sym(263, 97, 16, 24), [](ValueCase &v) { v.workspace = Workspace::exact; }));
 }
@@ -416,6 +445,7 @@ TEST_CASE("contrastive/infonce/fp32/labels=duplicates,b=263,c=97,d=31,tile=16x24
 }
 TEST_CASE("contrastive/infonce/fp32/labels=duplicates,b=13,c=1,d=7") { check_values(nce(13, 1, 7, Labels::duplicates)); }
 TEST_CASE("contrastive/infonce/fp32/labels=random,b=1,c=257,d=13") { check_values(nce(1, 257, 13, Labels::duplicates)); }
+TEST_CASE("contrastive/infonce/fp32/b=300,c=2053,d=8") { check_values(nce(300, 2053, 8)); }
 TEST_CASE("contrastive/infonce/fp32/labels=duplicates,b=300,c=1031,d=16") {
   check_values(nce(300, 1031, 16, Labels::duplicates));
 }
@@ -516,8 +546,10 @@ TEST_CASE("contrastive/infonce/bf16/workspace=misaligned,dk-only,b=61,c=127,d=40
 TEST_CASE("contrastive/symmetric/fp32/ds-vs-finite-difference,s=10,b=97,d=31,tile=16x24") {
   check_ds_by_finite_difference(sym(97, 31, 16, 24));
 }
-TEST_CASE("contrastive/symmetric/fp32/ds-vs-finite-difference,s=0.01,b=61,d=13") {
-  check_ds_by_finite_difference(with(sym(61, 13), [](ValueCase &v) { v.scale = 0.01; }));
+// Small s: the step is limited to s/4 (s - h must stay > 0), so s = 0.25
+// rather than 0.01, where the fp32 loss could not resolve the difference.
+TEST_CASE("contrastive/symmetric/fp32/ds-vs-finite-difference,s=0.25,b=61,d=13") {
+  check_ds_by_finite_difference(with(sym(61, 13), [](ValueCase &v) { v.scale = 0.25; }));
 }
 TEST_CASE("contrastive/symmetric/bf16/ds-vs-finite-difference,s=30,b=97,d=64") {
   check_ds_by_finite_difference(with(sym(97, 64), [](ValueCase &v) { v.dtype = Dtype::bf16, v.scale = 30.0; }));

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -40,6 +41,8 @@ inline bool check_close(const std::string &what, const HostTensor &got, const st
          << tol[worst] << " (error / tolerance = " << worst_ratio << ")";
   }
   CHECK_MESSAGE(failures == 0, text.str());
+  // FLATMEM_TEST_VERBOSE=1 shows how much of each tolerance was used.
+  if (std::getenv("FLATMEM_TEST_VERBOSE") != nullptr) MESSAGE(what, ": largest error / tolerance = ", max_ratio);
   return failures == 0;
 }
 
