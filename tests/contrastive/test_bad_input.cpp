@@ -882,6 +882,9 @@ TEST_CASE("contrastive/bad-input/options-bad-nonfinite-enum") {
   flatmem_contrastive_options o = FLATMEM_CONTRASTIVE_OPTIONS_INIT;
   o.nonfinite = static_cast<flatmem_nonfinite_policy>(2);
   expect_create_refused(o, "nonfinite");
+  const std::int32_t minus_one = -1;  // storable from C; bytes, as in options-bad-loss-enum
+  std::memcpy(&o.nonfinite, &minus_one, sizeof minus_one);
+  expect_create_refused(o, "nonfinite");
 }
 
 TEST_CASE("contrastive/bad-input/options-too-many-threads") {
