@@ -5,11 +5,14 @@
 #include <memory>
 
 #include "contrastive/problem.hpp"
+#include "core/blas.hpp"
 #include "core/thread_pool.hpp"
 
 struct flatmem_contrastive_s {
   explicit flatmem_contrastive_s(const flatmem::contrastive::Options &o)
-      : options(o), pool(o.num_threads) {}
+      : options(o), pool(o.num_threads) {
+    flatmem::prepare_blas();
+  }
 
   // Returns `given` after checking its size, or the handle's own buffer
   // (grown to `needed`) when given is NULL.
