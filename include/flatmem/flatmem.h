@@ -121,7 +121,8 @@ typedef enum flatmem_nonfinite_policy {
    *  output is written. */
   FLATMEM_NONFINITE_ERROR = 0,
   /** No scan: NaN/Inf propagate into the loss and gradients as IEEE
-   *  arithmetic dictates. */
+   *  arithmetic dictates; the backward then also accepts non-finite
+   *  row_lse / col_lse / dloss. */
   FLATMEM_NONFINITE_PROPAGATE = 1,
   FLATMEM_NONFINITE_MAX = 0x7fffffff
 } flatmem_nonfinite_policy;
@@ -273,7 +274,8 @@ FLATMEM_API flatmem_status flatmem_contrastive_forward(
  *
  *   q, k, labels, logit_scale   as given to the forward
  *   row_lse, col_lse            as returned by the forward (col_lse NULL
- *                               for INFONCE); must be finite
+ *                               for INFONCE); finite unless the handle's
+ *                               policy is FLATMEM_NONFINITE_PROPAGATE
  *   dloss                       one fp32 element g, or NULL for g = 1
  *   dq            (b, d) fp32 or q's dtype (written), or NULL to skip
  *   dk            (c, d) fp32 or k's dtype (written), or NULL to skip

@@ -123,7 +123,8 @@ flatmem_status flatmem_contrastive_backward(flatmem_contrastive_t *handle, const
   return guarded([&] {
     check_handle(handle);
     const Inputs in = check_inputs(handle->options, q, k, labels, logit_scale);
-    const BackwardArgs args = check_backward_args(in, row_lse, col_lse, dloss, dq, dk, dlogit_scale);
+    const BackwardArgs args = check_backward_args(handle->options, in, row_lse, col_lse, dloss, dq,
+                                                 dk, dlogit_scale);
     const Plan plan = plan_for(handle, in.q, in.k);
     const std::size_t needed = cpu::backward_workspace_bytes(
         plan, in.q.dtype, args.dq.data ? &args.dq.dtype : nullptr,

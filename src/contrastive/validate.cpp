@@ -50,11 +50,15 @@ Options resolve_options(const flatmem_contrastive_options *given) {
     std::memcpy(&o, given, std::min(given->struct_size, sizeof o));
   }
   Options r;
-  switch (o.loss) {
+  // Enum fields are read as their 32-bit storage: a C caller may store any value.
+  std::int32_t loss, nonfinite;
+  std::memcpy(&loss, &o.loss, sizeof loss);
+  std::memcpy(&nonfinite, &o.nonfinite, sizeof nonfinite);
+  switch (loss) {
     case FLATMEM_CONTRASTIVE_DEFAULT:
     case FLATMEM_CONTRASTIVE_SYMMETRIC: r.loss = Loss::symmetric; break;
     case FLATMEM_CONTRASTIVE_INFONCE: r.loss = Loss::infonce; break;
-    default: invalid("options.loss: ", int(o.loss), " is not a flatmem_contrastive_loss");
+    default: invalid("options.loss: ", loss, " is not a flatmem_contrastive_loss");
   }
   if (o.num_threads < 0 || o.num_threads > max_threads)
     invalid("options.num_threads: ", o.num_threads, "; expected 0 (all processors) to ", max_threads);
@@ -64,9 +68,9 @@ Options resolve_options(const flatmem_contrastive_options *given) {
     if (value < 0 || value > max_tile) invalid(name, ": ", value, "; expected 0 (default ", default_tile, ") to ", max_tile);
     *slot = value == 0 ? default_tile : value;
   }
-  if (o.nonfinite != FLATMEM_NONFINITE_ERROR && o.nonfinite != FLATMEM_NONFINITE_PROPAGATE)
-    invalid("options.nonfinite: ", int(o.nonfinite), " is not a flatmem_nonfinite_policy");
-  r.nonfinite = o.nonfinite;
+  if (nonfinite != FLATMEM_NONFINITE_ERROR && nonfinite != FLATMEM_NONFINITE_PROPAGATE)
+    invalid("options.nonfinite: ", nonfinite, " is not a flatmem_nonfinite_policy");
+  r.nonfinite = flatmem_nonfinite_policy(nonfinite);
   return r;
 }
 
@@ -148,19 +152,20 @@ ForwardOutputs check_forward_outputs(const Inputs &in, DLTensor *loss, DLTensor 
   return out;
 }
 
-BackwardArgs check_backward_args(const Inputs &in, const DLTensor *row_lse, const DLTensor *col_lse,
-                                 const DLTensor *dloss, DLTensor *dq, DLTensor *dk,
-                                 DLTensor *dlogit_scale) {
+BackwardArgs check_backward_args(const Options &options, const Inputs &in, const DLTensor *row_lse,
+                                 const DLTensor *col_lse, const DLTensor *dloss, DLTensor *dq,
+                                 DLTensor *dk, DLTensor *dlogit_scale) {
   BackwardArgs a;
+  const bool refuse_nonfinite = options.nonfinite == FLATMEM_NONFINITE_ERROR;
   const VectorView r = check_vector(row_lse, "row_lse", Dtype::f32, in.b(), DataUse::required);
   check_same_device(r.device, "row_lse", in.q.device, "q");
   a.row_lse = r.as<const float>();
-  check_finite_vector(a.row_lse, in.b(), "row_lse");
+  if (refuse_nonfinite) check_finite_vector(a.row_lse, in.b(), "row_lse");
   if (in.loss == Loss::symmetric) {
     const VectorView c = check_vector(col_lse, "col_lse", Dtype::f32, in.c(), DataUse::required);
     check_same_device(c.device, "col_lse", in.q.device, "q");
     a.col_lse = c.as<const float>();
-    check_finite_vector(a.col_lse, in.c(), "col_lse");
+    if (refuse_nonfinite) check_finite_vector(a.col_lse, in.c(), "col_lse");
   } else if (col_lse != nullptr) {
     invalid("col_lse: must be NULL for InfoNCE");
   }
@@ -168,7 +173,8 @@ BackwardArgs check_backward_args(const Inputs &in, const DLTensor *row_lse, cons
     const VectorView g = check_scalar(dloss, "dloss");
     check_same_device(g.device, "dloss", in.q.device, "q");
     a.dloss = *g.as<const float>();
-    if (!std::isfinite(a.dloss)) invalid("dloss: ", a.dloss, "; expected a finite upstream gradient");
+    if (refuse_nonfinite && !std::isfinite(a.dloss))
+      fail(FLATMEM_STATUS_NON_FINITE, "dloss: ", a.dloss, "; expected a finite upstream gradient");
   }
   a.dq = check_gradient(dq, "dq", in.q, "q", DataUse::required);
   a.dk = check_gradient(dk, "dk", in.k, "k", DataUse::required);

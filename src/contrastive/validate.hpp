@@ -26,8 +26,9 @@ Inputs check_inputs(const Options &options, const DLTensor *q, const DLTensor *k
 ForwardOutputs check_forward_outputs(const Inputs &in, DLTensor *loss, DLTensor *row_lse,
                                      DLTensor *col_lse);
 
-BackwardArgs check_backward_args(const Inputs &in, const DLTensor *row_lse, const DLTensor *col_lse,
-                                 const DLTensor *dloss, DLTensor *dq, DLTensor *dk,
-                                 DLTensor *dlogit_scale);
+// Under FLATMEM_NONFINITE_ERROR the saved LSE and dloss must be finite.
+BackwardArgs check_backward_args(const Options &options, const Inputs &in, const DLTensor *row_lse,
+                                 const DLTensor *col_lse, const DLTensor *dloss, DLTensor *dq,
+                                 DLTensor *dk, DLTensor *dlogit_scale);
 
 }  // namespace flatmem::contrastive

@@ -579,6 +579,18 @@ TEST_CASE("contrastive/bad-input/nan-propagates-under-propagate-policy") {
   }
 }
 
+TEST_CASE("contrastive/bad-input/nan-reaches-gradients-under-propagate-policy") {
+  // Under PROPAGATE the backward accepts the NaN row_lse its forward returned
+  // and the NaN flows into dq and ds instead of being refused.
+  Fixture f(SYM, Dtype::f32, FLATMEM_NONFINITE_PROPAGATE);
+  f.q.set(1, 0, std::nan(""));
+  f.saved_row.set(1, std::nan(""));
+  const flatmem_status status = f.backward();
+  REQUIRE_MESSAGE(status == FLATMEM_STATUS_SUCCESS, describe(status));
+  CHECK(std::isnan(f.dq.get(1, 0)));
+  CHECK(std::isnan(f.ds.get(0)));
+}
+
 TEST_CASE("contrastive/bad-input/inf-propagates-under-propagate-policy") {
   Fixture f(SYM, Dtype::f32, FLATMEM_NONFINITE_PROPAGATE);
   f.k.set(3, 2, INFINITY);
@@ -618,7 +630,7 @@ TEST_CASE("contrastive/bad-input/logit_scale-zero-negative-nan-inf") {
 TEST_CASE("contrastive/bad-input/dloss-nan") {
   Fixture f;
   f.dloss.set(0, std::nan(""));
-  expect_refused(f, f.backward(), FLATMEM_STATUS_INVALID_ARGUMENT, {"dloss"});
+  expect_refused(f, f.backward(), FLATMEM_STATUS_NON_FINITE, {"dloss"});
 }
 
 // ===========================================================================
