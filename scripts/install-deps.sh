@@ -9,7 +9,7 @@ packages=(
   cmake make gcc g++          # the build (C99 examples, C++20 library)
   pkg-config                  # examples and the install check use `pkg-config --cflags --libs flatmem`
   libopenblas-dev             # CBLAS sgemm (FLATMEM_BLAS=SYSTEM)
-  libopenblas-serial-dev      # single-threaded OpenBLAS archive linked into libflatmem (FLATMEM_BLAS=AUTO)
+  libopenblas-pthread-dev     # the OpenBLAS archive linked privately into libflatmem (FLATMEM_BLAS=AUTO)
   libdlpack-dev               # <dlpack/dlpack.h>, included by the public header
   doctest-dev                 # the unit tests
   binutils                    # nm/readelf: exported-symbol test, SONAME check
