@@ -21,3 +21,8 @@ flatmem_build() {
   shift
   cmake --build "$dir" -j "$FLATMEM_JOBS" "$@"
 }
+
+# The bindings' Python environment (scripts/python-env.sh makes it).
+FLATMEM_VENV=${FLATMEM_VENV:-$FLATMEM_ROOT/build/venv}
+# Where scripts/test.sh installs the Release build for the bindings' tests.
+FLATMEM_PREFIX=${FLATMEM_PREFIX:-$FLATMEM_ROOT/build/prefix}

@@ -15,6 +15,9 @@ packages=(
   binutils                    # nm/readelf: exported-symbol test, SONAME check
   libasan8 libubsan1          # ASan/UBSan runtimes for build-asan/ (g++ normally pulls them in)
   python3 python3-numpy python3-matplotlib   # bench plots and Python-side checks (use /usr/bin/python3)
+  python3-venv python3-dev    # the bindings' venv (scripts/python-env.sh) and the SWIG extension's headers
+  swig                        # bindings/swig/flatmem.i -> Python and Java
+  openjdk-17-jdk-headless     # the Java SWIG module and its test (javac, JNI headers)
 )
 
 missing=()
