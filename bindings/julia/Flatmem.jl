@@ -1,0 +1,495 @@
+# Flatmem.jl -- the Julia binding of flatmem's C ABI (include/flatmem/flatmem.h).
+#
+#     include("bindings/julia/Flatmem.jl"); using .Flatmem
+#
+# Plain `ccall`s on the C ABI, nothing compiled. The library is
+# ENV["FLATMEM_LIBRARY"] (a path or a name) or "libflatmem", found by the
+# dynamic loader. Every ccall below is checked against the C header by
+# bindings/julia/check_ccalls.py (scripts/check-julia.sh); this file is not
+# run on the project's machines, which have no Julia (see README.md).
+#
+# Layout. A Julia d x b matrix stores each column (sample) contiguously: it is,
+# byte for byte, the row-major b x d matrix the C ABI calls q (b, d). So users
+# pass features as d x b (one sample per column, the usual Julia convention)
+# and get gradients back in that same shape; the DLTensor handed to C says
+# shape (b, d), strides (stride(q, 2), 1). Views whose columns are contiguous
+# (stride(q, 1) == 1) are passed without a copy; anything else is copied once.
+module Flatmem
+
+using Libdl
+
+export Contrastive, FlatmemError, BF16, contrastive_loss, forward_workspace_size,
+       backward_workspace_size, library_version, version_string
+
+"""The shared library every ccall uses: `ENV["FLATMEM_LIBRARY"]` or `"libflatmem"`."""
+const libflatmem = get(ENV, "FLATMEM_LIBRARY", "libflatmem")
+
+# ---------------------------------------------------------------------------
+# Constants: the header's values (check_ccalls.py compares each with flatmem.h
+# and dlpack.h).
+# ---------------------------------------------------------------------------
+
+# The header version this file was written for; __init__ insists that the
+# loaded library reports the same packed version.
+const FLATMEM_VERSION_MAJOR = 0
+const FLATMEM_VERSION_MINOR = 1
+const FLATMEM_VERSION_PATCH = 0
+const FLATMEM_VERSION = FLATMEM_VERSION_MAJOR * 10000 + FLATMEM_VERSION_MINOR * 100 + FLATMEM_VERSION_PATCH
+
+# flatmem_status
+const FLATMEM_STATUS_SUCCESS = Cint(0)
+const FLATMEM_STATUS_INVALID_ARGUMENT = Cint(1)
+const FLATMEM_STATUS_UNSUPPORTED = Cint(2)
+const FLATMEM_STATUS_OUT_OF_MEMORY = Cint(3)
+const FLATMEM_STATUS_WORKSPACE_TOO_SMALL = Cint(4)
+const FLATMEM_STATUS_NON_FINITE = Cint(5)
+const FLATMEM_STATUS_INTERNAL = Cint(6)
+
+# flatmem_nonfinite_policy
+const FLATMEM_NONFINITE_ERROR = Cint(0)
+const FLATMEM_NONFINITE_PROPAGATE = Cint(1)
+
+# flatmem_contrastive_loss
+const FLATMEM_CONTRASTIVE_DEFAULT = Cint(0)
+const FLATMEM_CONTRASTIVE_SYMMETRIC = Cint(1)
+const FLATMEM_CONTRASTIVE_INFONCE = Cint(2)
+
+# DLPack 0.6: DLDeviceType and DLDataTypeCode values used here.
+const kDLCPU = Cint(1)
+const kDLCUDA = Cint(2)
+const kDLInt = UInt8(0)
+const kDLFloat = UInt8(2)
+const kDLBfloat = UInt8(4)
+
+# ---------------------------------------------------------------------------
+# C struct mirrors: same field order, names and C types (checked), so Julia's
+# isbits layout equals the C layout (DLTensor: 48 bytes, options: 32 bytes).
+# ---------------------------------------------------------------------------
+
+"""DLPack `DLDevice`: `device_type` is a `DLDeviceType` (a C enum, `Cint`)."""
+struct DLDevice
+    device_type::Cint
+    device_id::Cint
+end
+
+"""DLPack `DLDataType`: type code (`kDLFloat`, `kDLBfloat`, `kDLInt`), bits, lanes."""
+struct DLDataType
+    code::UInt8
+    bits::UInt8
+    lanes::UInt16
+end
+
+"""DLPack 0.6 `DLTensor` (no version field, `byte_offset` last)."""
+struct DLTensor
+    data::Ptr{Cvoid}
+    device::DLDevice
+    ndim::Cint
+    dtype::DLDataType
+    shape::Ptr{Int64}
+    strides::Ptr{Int64}
+    byte_offset::UInt64
+end
+
+"""`flatmem_contrastive_options`; fill it with `flatmem_contrastive_options_init`."""
+struct ContrastiveOptions
+    struct_size::Csize_t
+    loss::Cint
+    num_threads::Int32
+    tile_rows::Int32
+    tile_cols::Int32
+    nonfinite::Cint
+end
+
+"""Opaque C handle type `flatmem_contrastive_t`; only ever behind a `Ptr`."""
+mutable struct ContrastiveHandle end
+
+# ---------------------------------------------------------------------------
+# Errors and versions
+# ---------------------------------------------------------------------------
+
+"""
+    FlatmemError(status, name, message)
+
+A flatmem call returned `status` (a `FLATMEM_STATUS_*` value, named by `name`);
+`message` is the calling thread's `flatmem_last_error()` text: which argument,
+its shape or value, and what was expected. Shapes in the message are the C
+ones, (b, d) for a Julia d x b matrix.
+"""
+struct FlatmemError <: Exception
+    status::Cint
+    name::String
+    message::String
+end
+
+function Base.showerror(io::IO, e::FlatmemError)
+    print(io, "FlatmemError: ", e.name, " (", e.status, "): ", e.message)
+end
+
+"""`flatmem_status_string`: the static name of a status value."""
+function status_string(status::Integer)
+    return unsafe_string(ccall((:flatmem_status_string, libflatmem), Cstring, (Cint,), status))
+end
+
+# Reads flatmem_last_error() first: the text belongs to the thread's last
+# flatmem call, and status_string is a flatmem call too. No task switch can
+# happen between the failed ccall and this one (no yield point in between).
+function FlatmemError(status::Integer)
+    message = unsafe_string(ccall((:flatmem_last_error, libflatmem), Cstring, ()))
+    return FlatmemError(Cint(status), status_string(status), message)
+end
+
+function check(status::Cint)
+    status == FLATMEM_STATUS_SUCCESS || throw(FlatmemError(status))
+    return nothing
+end
+
+"""The packed version (`major * 10000 + minor * 100 + patch`) of the loaded library."""
+library_version() = Int(ccall((:flatmem_version, libflatmem), Cint, ()))
+
+"""The loaded library's version as \"MAJOR.MINOR.PATCH\"."""
+version_string() = unsafe_string(ccall((:flatmem_version_string, libflatmem), Cstring, ()))
+
+function __init__()
+    wanted = get(ENV, "FLATMEM_LIBRARY", "libflatmem")
+    if wanted != libflatmem
+        # Only when this file was precompiled as part of a package under another setting.
+        @warn "FLATMEM_LIBRARY is \"$wanted\" but Flatmem was compiled with \"$libflatmem\"; using the latter"
+    end
+    if Libdl.dlopen_e(libflatmem) == C_NULL
+        error("Flatmem: cannot load the flatmem library \"$libflatmem\"; set ENV[\"FLATMEM_LIBRARY\"] " *
+              "to the path of libflatmem.$(Libdl.dlext) (or add its folder to LD_LIBRARY_PATH)")
+    end
+    loaded = library_version()
+    if loaded != FLATMEM_VERSION
+        error("Flatmem: this module was written for flatmem.h version $FLATMEM_VERSION " *
+              "($FLATMEM_VERSION_MAJOR.$FLATMEM_VERSION_MINOR.$FLATMEM_VERSION_PATCH) but " *
+              "\"$libflatmem\" is version $loaded ($(version_string()))")
+    end
+    return nothing
+end
+
+# ---------------------------------------------------------------------------
+# Element types
+# ---------------------------------------------------------------------------
+
+"""
+    BF16
+
+bfloat16 as 16 raw bits (the upper half of a `Float32`): a storage type, no
+arithmetic. `BF16(x)` rounds to nearest even, `Float32(b)` widens exactly,
+`reinterpret(BF16, u::UInt16)` takes raw bits. Arrays of `BF16` (or of
+`Core.BFloat16` on Julia versions that have it) are passed as DLPack kDLBfloat.
+"""
+primitive type BF16 16 end
+
+function BF16(x::Float32)
+    u = reinterpret(UInt32, x)
+    if isnan(x)
+        return reinterpret(BF16, UInt16(u >> 16) | 0x0040)   # keep sign and payload top, quiet
+    end
+    u += 0x00007fff + ((u >> 16) & 0x00000001)               # round to nearest, ties to even
+    return reinterpret(BF16, UInt16(u >> 16))
+end
+BF16(x::Real) = BF16(Float32(x))
+Base.Float32(x::BF16) = reinterpret(Float32, UInt32(reinterpret(UInt16, x)) << 16)
+Base.convert(::Type{BF16}, x::Real) = BF16(x)
+Base.convert(::Type{Float32}, x::BF16) = Float32(x)
+Base.show(io::IO, x::BF16) = print(io, "BF16(", Float32(x), ")")
+
+# The DLPack dtype of each element type flatmem accepts.
+dl_dtype(::Type{T}) where {T} = throw(ArgumentError(
+    "flatmem accepts Float32, Float16 and bfloat16 (Flatmem.BF16) features, not $T; convert first, e.g. Float32.(q)"))
+dl_dtype(::Type{Float32}) = DLDataType(kDLFloat, 32, 1)
+dl_dtype(::Type{Float16}) = DLDataType(kDLFloat, 16, 1)
+dl_dtype(::Type{BF16}) = DLDataType(kDLBfloat, 16, 1)
+dl_dtype(::Type{Int64}) = DLDataType(kDLInt, 64, 1)
+@static if isdefined(Core, :BFloat16)
+    dl_dtype(::Type{Core.BFloat16}) = DLDataType(kDLBfloat, 16, 1)
+end
+
+# ---------------------------------------------------------------------------
+# DLTensors over Julia arrays
+# ---------------------------------------------------------------------------
+
+# A DLTensor plus the Julia objects its pointers point into. Hold it (and pass
+# it through GC.@preserve) for as long as C may read the pointers; C only reads
+# them during a call.
+struct Tensor
+    dl::Base.RefValue{DLTensor}
+    shape::Vector{Int64}
+    strides::Vector{Int64}
+    owner::Any
+end
+
+tensor_ptr(t::Tensor) = Base.unsafe_convert(Ptr{DLTensor}, t.dl)
+tensor_ptr(::Nothing) = Ptr{DLTensor}(C_NULL)
+
+const CPU = DLDevice(kDLCPU, 0)
+
+# A Julia d x n matrix whose columns are contiguous, seen by C as (n, d)
+# row-major with row stride stride(A, 2). A stays reachable through the Tensor.
+function matrix_tensor(A::AbstractMatrix{T}) where {T}
+    shape = Int64[size(A, 2), size(A, 1)]
+    strides = Int64[stride(A, 2), 1]
+    dl = DLTensor(Ptr{Cvoid}(pointer(A)), CPU, Cint(2), dl_dtype(T), pointer(shape), pointer(strides), UInt64(0))
+    return Tensor(Ref(dl), shape, strides, A)
+end
+
+# A contiguous vector of length n, shape (n,), compact (strides NULL).
+function vector_tensor(v::Vector{T}) where {T}
+    shape = Int64[length(v)]
+    dl = DLTensor(Ptr{Cvoid}(pointer(v)), CPU, Cint(1), dl_dtype(T), pointer(shape), Ptr{Int64}(C_NULL), UInt64(0))
+    return Tensor(Ref(dl), shape, Int64[], v)
+end
+
+# One element as a 0-d tensor (shape NULL), over v[1].
+function scalar_tensor(v::Vector{Float32})
+    length(v) == 1 || throw(ArgumentError("a scalar tensor needs a 1-element vector"))
+    dl = DLTensor(Ptr{Cvoid}(pointer(v)), CPU, Cint(0), dl_dtype(Float32), Ptr{Int64}(C_NULL), Ptr{Int64}(C_NULL), UInt64(0))
+    return Tensor(Ref(dl), Int64[], Int64[], v)
+end
+
+# Features as C can take them: columns contiguous, column stride >= column
+# length (the row stride rule of the ABI). Otherwise one compact copy.
+function as_rows(A::AbstractMatrix{T}) where {T}
+    dl_dtype(T)   # refuse unsupported element types before copying anything
+    if A isa StridedMatrix && stride(A, 1) == 1 && (size(A, 2) == 1 || stride(A, 2) >= size(A, 1))
+        return A
+    end
+    return Matrix{T}(A)
+end
+
+# Julia's 1-based labels in 1:c as the ABI's 0-based int64 labels.
+function zero_based_labels(labels::AbstractVector{<:Integer}, b::Integer, c::Integer)
+    length(labels) == b || throw(ArgumentError("labels has $(length(labels)) entries; expected one per sample of q ($b)"))
+    out = Vector{Int64}(undef, b)
+    for (i, y) in enumerate(labels)
+        1 <= y <= c || throw(ArgumentError("labels[$i] = $y is outside 1:$c (labels are 1-based column indices of k)"))
+        out[i] = Int64(y) - 1
+    end
+    return out
+end
+
+# ---------------------------------------------------------------------------
+# The contrastive loss handle
+# ---------------------------------------------------------------------------
+
+"""
+    Contrastive(; symmetric=true, num_threads=0, tile_rows=0, tile_cols=0, propagate_nonfinite=false)
+
+A `flatmem_contrastive_t` handle: the symmetric CLIP loss (`symmetric=true`)
+or the one-way InfoNCE loss (`symmetric=false`, optional labels). It owns
+`num_threads - 1` worker threads (0 = all processors) and a workspace buffer;
+`close(c)` releases them now, otherwise a finalizer does when `c` is garbage.
+Use one handle from one task at a time. Zero means the library default for
+the tile extents; `propagate_nonfinite=true` selects FLATMEM_NONFINITE_PROPAGATE
+(no NaN/Inf scan of the inputs).
+"""
+mutable struct Contrastive
+    ptr::Ptr{ContrastiveHandle}
+    symmetric::Bool
+
+    function Contrastive(; symmetric::Bool=true, num_threads::Integer=0, tile_rows::Integer=0,
+                         tile_cols::Integer=0, propagate_nonfinite::Bool=false)
+        options = Ref{ContrastiveOptions}()
+        check(ccall((:flatmem_contrastive_options_init, libflatmem), Cint,
+                    (Ref{ContrastiveOptions},), options))
+        defaults = options[]
+        options[] = ContrastiveOptions(defaults.struct_size,
+                                       symmetric ? FLATMEM_CONTRASTIVE_SYMMETRIC : FLATMEM_CONTRASTIVE_INFONCE,
+                                       Int32(num_threads), Int32(tile_rows), Int32(tile_cols),
+                                       propagate_nonfinite ? FLATMEM_NONFINITE_PROPAGATE : FLATMEM_NONFINITE_ERROR)
+        out = Ref{Ptr{ContrastiveHandle}}(C_NULL)
+        check(ccall((:flatmem_contrastive_create, libflatmem), Cint,
+                    (Ref{Ptr{ContrastiveHandle}}, Ref{ContrastiveOptions}), out, options))
+        c = new(out[], symmetric)
+        finalizer(destroy_quietly, c)
+        return c
+    end
+end
+
+# Passing a Contrastive to a ccall passes its handle, and keeps the Contrastive
+# (so its finalizer) alive for the duration of the call.
+Base.unsafe_convert(::Type{Ptr{ContrastiveHandle}}, c::Contrastive) = c.ptr
+
+Base.isopen(c::Contrastive) = c.ptr != C_NULL
+
+function Base.show(io::IO, c::Contrastive)
+    print(io, "Flatmem.Contrastive(", c.symmetric ? "symmetric" : "infonce", isopen(c) ? ")" : ", closed)")
+end
+
+# flatmem_contrastive_destroy on the handle, once; returns its status.
+function destroy(c::Contrastive)
+    handle = c.ptr
+    c.ptr = Ptr{ContrastiveHandle}(C_NULL)
+    handle == C_NULL && return FLATMEM_STATUS_SUCCESS
+    return ccall((:flatmem_contrastive_destroy, libflatmem), Cint, (Ptr{ContrastiveHandle},), handle)
+end
+
+destroy_quietly(c::Contrastive) = (destroy(c); nothing)
+
+"""`close(c)`: destroy the handle now (joins its threads, frees its buffers). Idempotent."""
+Base.close(c::Contrastive) = check(destroy(c))
+
+function ensure_open(c::Contrastive)
+    isopen(c) || throw(ArgumentError("this Flatmem.Contrastive is closed"))
+    return c
+end
+
+function check_features(q::AbstractMatrix, k::AbstractMatrix)
+    eltype(q) === eltype(k) || throw(ArgumentError("q and k must have one element type; got $(eltype(q)) and $(eltype(k))"))
+    size(q, 1) == size(k, 1) || throw(ArgumentError(
+        "q is $(size(q, 1)) x $(size(q, 2)) and k is $(size(k, 1)) x $(size(k, 2)): both must be d x (samples) with the same d"))
+    return nothing
+end
+
+"""
+    forward_workspace_size(c, q, k) -> Int
+
+Bytes of workspace `flatmem_contrastive_forward` needs for d x b features `q`
+and d x c features `k` (informational: the calls here let the handle keep
+its own buffer).
+"""
+function forward_workspace_size(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix)
+    ensure_open(c)
+    check_features(q, k)
+    q_t = matrix_tensor(as_rows(q))
+    k_t = matrix_tensor(as_rows(k))
+    bytes = Ref{Csize_t}(0)
+    status = GC.@preserve q_t k_t begin
+        ccall((:flatmem_contrastive_forward_workspace_size, libflatmem), Cint,
+              (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ref{Csize_t}),
+              c, tensor_ptr(q_t), tensor_ptr(k_t), bytes)
+    end
+    check(status)
+    return Int(bytes[])
+end
+
+"""
+    backward_workspace_size(c, q, k; dq=true, dk=true) -> Int
+
+Bytes of workspace `flatmem_contrastive_backward` needs, with gradients in
+the features' element type (as `contrastive_loss` returns them).
+"""
+function backward_workspace_size(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix; dq::Bool=true, dk::Bool=true)
+    ensure_open(c)
+    check_features(q, k)
+    q_t = matrix_tensor(as_rows(q))
+    k_t = matrix_tensor(as_rows(k))
+    dq_t = dq ? q_t : nothing   # dq has q's shape and dtype; the query reads nothing else
+    dk_t = dk ? k_t : nothing
+    bytes = Ref{Csize_t}(0)
+    status = GC.@preserve q_t k_t dq_t dk_t begin
+        ccall((:flatmem_contrastive_backward_workspace_size, libflatmem), Cint,
+              (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ref{Csize_t}),
+              c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(dq_t), tensor_ptr(dk_t), bytes)
+    end
+    check(status)
+    return Int(bytes[])
+end
+
+# The forward pass over prepared arrays: (loss, row_lse, col_lse or nothing).
+function forward_pass(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix,
+                      labels::Union{Nothing,Vector{Int64}}, scale::Vector{Float32})
+    loss = Float32[0]
+    row_lse = Vector{Float32}(undef, size(q, 2))
+    col_lse = c.symmetric ? Vector{Float32}(undef, size(k, 2)) : nothing
+    q_t = matrix_tensor(q)
+    k_t = matrix_tensor(k)
+    labels_t = labels === nothing ? nothing : vector_tensor(labels)
+    scale_t = scalar_tensor(scale)
+    loss_t = scalar_tensor(loss)
+    row_t = vector_tensor(row_lse)
+    col_t = col_lse === nothing ? nothing : vector_tensor(col_lse)
+    status = GC.@preserve q_t k_t labels_t scale_t loss_t row_t col_t begin
+        ccall((:flatmem_contrastive_forward, libflatmem), Cint,
+              (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
+               Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}, Csize_t, Ptr{Cvoid}),
+              c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(labels_t), tensor_ptr(scale_t),
+              tensor_ptr(loss_t), tensor_ptr(row_t), tensor_ptr(col_t), C_NULL, 0, C_NULL)
+    end
+    check(status)
+    return loss[1], row_lse, col_lse
+end
+
+# The backward pass: (dq, dk, dlogit_scale), dq and dk in the features' type
+# and Julia shape (d x b, d x c).
+function backward_pass(c::Contrastive, q::AbstractMatrix{T}, k::AbstractMatrix{T},
+                       labels::Union{Nothing,Vector{Int64}}, scale::Vector{Float32},
+                       row_lse::Vector{Float32}, col_lse::Union{Nothing,Vector{Float32}},
+                       dloss::Float32) where {T}
+    ensure_open(c)
+    dq = Matrix{T}(undef, size(q, 1), size(q, 2))
+    dk = Matrix{T}(undef, size(k, 1), size(k, 2))
+    dscale = Float32[0]
+    g = Float32[dloss]
+    q_t = matrix_tensor(q)
+    k_t = matrix_tensor(k)
+    labels_t = labels === nothing ? nothing : vector_tensor(labels)
+    scale_t = scalar_tensor(scale)
+    row_t = vector_tensor(row_lse)
+    col_t = col_lse === nothing ? nothing : vector_tensor(col_lse)
+    g_t = scalar_tensor(g)
+    dq_t = matrix_tensor(dq)
+    dk_t = matrix_tensor(dk)
+    dscale_t = scalar_tensor(dscale)
+    status = GC.@preserve q_t k_t labels_t scale_t row_t col_t g_t dq_t dk_t dscale_t begin
+        ccall((:flatmem_contrastive_backward, libflatmem), Cint,
+              (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
+               Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
+               Ptr{Cvoid}, Csize_t, Ptr{Cvoid}),
+              c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(labels_t), tensor_ptr(scale_t),
+              tensor_ptr(row_t), tensor_ptr(col_t), tensor_ptr(g_t), tensor_ptr(dq_t),
+              tensor_ptr(dk_t), tensor_ptr(dscale_t), C_NULL, 0, C_NULL)
+    end
+    check(status)
+    return dq, dk, dscale[1]
+end
+
+"""
+    contrastive_loss(q, k, logit_scale; labels=nothing, symmetric=true) -> (loss, backward)
+    contrastive_loss(c::Contrastive, q, k, logit_scale; labels=nothing) -> (loss, backward)
+
+The mean contrastive loss of features `q` (d x b: one sample per column) and
+`k` (d x c) with logits `logit_scale * q[:, i]' * k[:, j]`, never storing the
+b x c logit matrix. `symmetric=true` is CLIP's loss (c == b, sample i paired
+with column i, no labels); `symmetric=false` is InfoNCE over the rows, with
+`labels[i]` in `1:c` the positive column of sample i (1-based; default i,
+which needs c >= b).
+
+Element types: `Float32`, `Float16` or bfloat16 (`Flatmem.BF16`, or
+`Core.BFloat16` where Julia has it), the same for `q` and `k`; the loss and
+`logit_scale` are `Float32`.
+
+Returns the loss (`Float32`) and `backward(dloss = 1f0) -> (dq, dk, dlogit_scale)`:
+gradients of `dloss * loss` with `dq` (d x b) and `dk` (d x c) new arrays of
+the features' element type and `dlogit_scale` a `Float32` (the gradient with
+respect to the scale itself, not its logarithm). `backward` reads `q` and `k`
+when it is called: do not mutate them in between. The first form creates a
+handle for this loss (freed with the `backward` closure); the second reuses
+`c` (its loss kind applies) and must not be used by two tasks at once.
+"""
+function contrastive_loss(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix, logit_scale::Real;
+                          labels::Union{Nothing,AbstractVector{<:Integer}}=nothing)
+    ensure_open(c)
+    check_features(q, k)
+    if c.symmetric
+        labels === nothing || throw(ArgumentError("labels are for the InfoNCE loss (symmetric=false) only"))
+        size(q, 2) == size(k, 2) || throw(ArgumentError(
+            "the symmetric loss pairs sample i of q with sample i of k: q has $(size(q, 2)) samples, k has $(size(k, 2))"))
+    end
+    qm = as_rows(q)
+    km = as_rows(k)
+    labels0 = labels === nothing ? nothing : zero_based_labels(labels, size(qm, 2), size(km, 2))
+    scale = Float32[logit_scale]
+    loss, row_lse, col_lse = forward_pass(c, qm, km, labels0, scale)
+    backward(dloss::Real = 1.0f0) = backward_pass(c, qm, km, labels0, scale, row_lse, col_lse, Float32(dloss))
+    return loss, backward
+end
+
+function contrastive_loss(q::AbstractMatrix, k::AbstractMatrix, logit_scale::Real;
+                          labels::Union{Nothing,AbstractVector{<:Integer}}=nothing, symmetric::Bool=true)
+    return contrastive_loss(Contrastive(; symmetric=symmetric), q, k, logit_scale; labels=labels)
+end
+
+end # module Flatmem
