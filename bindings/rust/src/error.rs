@@ -1,0 +1,132 @@
+//! `Error`: a flatmem status plus the thread's `flatmem_last_error()` text.
+
+use std::ffi::CStr;
+use std::fmt;
+
+use crate::sys;
+
+/// The `flatmem_status` of a failed call. Values this crate does not know
+/// (a newer library) arrive as [`Status::Unknown`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// `FLATMEM_STATUS_INVALID_ARGUMENT`: wrong dtype, shape, value, ...
+    InvalidArgument,
+    /// `FLATMEM_STATUS_UNSUPPORTED`: valid, but not served by this build.
+    Unsupported,
+    /// `FLATMEM_STATUS_OUT_OF_MEMORY`.
+    OutOfMemory,
+    /// `FLATMEM_STATUS_WORKSPACE_TOO_SMALL`.
+    WorkspaceTooSmall,
+    /// `FLATMEM_STATUS_NON_FINITE`: NaN or Inf in an input.
+    NonFinite,
+    /// `FLATMEM_STATUS_INTERNAL`: a bug in flatmem.
+    Internal,
+    /// A status this binding does not know.
+    Unknown(i32),
+}
+
+impl Status {
+    /// The status for a raw non-success code.
+    pub fn from_raw(code: sys::flatmem_status) -> Status {
+        match code {
+            sys::FLATMEM_STATUS_INVALID_ARGUMENT => Status::InvalidArgument,
+            sys::FLATMEM_STATUS_UNSUPPORTED => Status::Unsupported,
+            sys::FLATMEM_STATUS_OUT_OF_MEMORY => Status::OutOfMemory,
+            sys::FLATMEM_STATUS_WORKSPACE_TOO_SMALL => Status::WorkspaceTooSmall,
+            sys::FLATMEM_STATUS_NON_FINITE => Status::NonFinite,
+            sys::FLATMEM_STATUS_INTERNAL => Status::Internal,
+            other => Status::Unknown(other),
+        }
+    }
+
+    /// The raw `flatmem_status` value.
+    pub fn raw(self) -> sys::flatmem_status {
+        match self {
+            Status::InvalidArgument => sys::FLATMEM_STATUS_INVALID_ARGUMENT,
+            Status::Unsupported => sys::FLATMEM_STATUS_UNSUPPORTED,
+            Status::OutOfMemory => sys::FLATMEM_STATUS_OUT_OF_MEMORY,
+            Status::WorkspaceTooSmall => sys::FLATMEM_STATUS_WORKSPACE_TOO_SMALL,
+            Status::NonFinite => sys::FLATMEM_STATUS_NON_FINITE,
+            Status::Internal => sys::FLATMEM_STATUS_INTERNAL,
+            Status::Unknown(code) => code,
+        }
+    }
+
+    /// The library's name for it (`flatmem_status_string`), e.g.
+    /// `"FLATMEM_STATUS_INVALID_ARGUMENT"`.
+    pub fn name(self) -> &'static str {
+        // SAFETY: flatmem_status_string returns a static NUL-terminated string
+        // for every value, known or not.
+        let text = unsafe { CStr::from_ptr(sys::flatmem_status_string(self.raw())) };
+        text.to_str().unwrap_or("FLATMEM_STATUS_UNKNOWN")
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A failed flatmem call: its status and the message naming the argument.
+///
+/// Errors found by this crate before calling the library (a slice shorter
+/// than the shape it is given with, a count that does not fit the C type,
+/// a library of another version) carry a status of the same meaning
+/// (`InvalidArgument`, `Unsupported`) and a message in the library's style.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    status: Status,
+    message: String,
+}
+
+impl Error {
+    pub(crate) fn new(status: Status, message: impl Into<String>) -> Error {
+        Error { status, message: message.into() }
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Error {
+        Error::new(Status::InvalidArgument, message)
+    }
+
+    /// The status of the failed call.
+    pub fn status(&self) -> Status {
+        self.status
+    }
+
+    /// What went wrong: the argument, the value or shape it had and what was
+    /// expected (`flatmem_last_error()` for errors from the library).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.status, self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Turns a status into a `Result`, copying the thread's last-error text at
+/// once (it is only valid until the thread's next flatmem call).
+pub(crate) fn check(code: sys::flatmem_status) -> Result<()> {
+    if code == sys::FLATMEM_STATUS_SUCCESS {
+        return Ok(());
+    }
+    // SAFETY: the text is copied before any other flatmem call on this
+    // thread (it stays valid until then); NULL is not promised but handled.
+    let message = unsafe {
+        let text = sys::flatmem_last_error();
+        if text.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(text).to_string_lossy().into_owned()
+        }
+    };
+    Err(Error::new(Status::from_raw(code), message))
+}

@@ -1,0 +1,30 @@
+#![doc = include_str!("../README.md")]
+//!
+//! # Modules
+//!
+//! - [`sys`]: the raw `extern "C"` declarations of `flatmem.h` (checked
+//!   against the installed header by `tests/header_sync.rs`), with the
+//!   DLPack structs of [`dlpack`].
+//! - [`contrastive`]: the tiled contrastive loss handle [`Contrastive`].
+//! - [`half`]: fp32 <-> bf16 / fp16 bit patterns.
+//!
+//! Every handle kind follows one pattern: an owned wrapper that creates in
+//! its constructor (after [`check_version`]), destroys in `Drop`, takes an
+//! options builder, borrows slices as DLPack tensors for one call and keeps
+//! its workspace sized by the library's queries.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod contrastive;
+pub mod dlpack;
+mod error;
+pub mod half;
+mod handle;
+pub mod sys;
+mod tensor;
+mod version;
+
+pub use contrastive::{Contrastive, ForwardOutput, Gradients, GradientsMut, Loss, NonFinite, Options, Saved};
+pub use error::{Error, Result, Status};
+pub use handle::live_handles;
+pub use tensor::{Dtype, Features, FeaturesMut};
+pub use version::{check_version, version, version_string, Version, HEADER_VERSION};
