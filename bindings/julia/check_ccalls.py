@@ -1,0 +1,1296 @@
+#!/usr/bin/python3
+"""check_ccalls.py -- check the Julia binding's ccalls against the C header.
+
+No Julia runtime exists on the project's machines, so Flatmem.jl cannot be
+run in CI. This checker (standard library only) reads the C header and the
+Julia sources and fails unless:
+
+  1. every `ccall((:name, libflatmem), Ret, (Args...,), values...)` names a
+     function of the header, with as many argument types as C parameters, as
+     many values as argument types, and each Julia type compatible with the C
+     type under the table below (pointees of handles and structs included);
+  2. every function of the header is ccall'd somewhere, or listed in a Julia
+     comment `# flatmem-check: not wrapped: NAME: reason`;
+  3. the Julia struct mirrors (STRUCT_MIRRORS) have the C fields in the C
+     order, with the same names and compatible types, and are immutable
+     (isbits, so their layout is C's); opaque handle types exist, fieldless;
+  4. every `const` named like a header constant (FLATMEM_*, kDL*) has the
+     header's value; every flatmem enum value (but the *_MAX sentinels) and
+     the FLATMEM_VERSION* macros are defined; no FLATMEM_*/kDL* const is
+     unknown to the header;
+  5. `__init__` exists and compares with FLATMEM_VERSION;
+  6. every ccall passing a raw `Ptr` (other than a handle or a null literal)
+     sits inside `GC.@preserve v1 v2 ... begin ... end` whose variables
+     cover the names the value is computed from.
+
+`--self-test` applies deliberate mistakes (a wrong argument count, a wrong
+type, an unknown name, and more) to the real sources and asserts that each
+one is reported, so that the checker cannot silently pass.
+
+Usage: check_ccalls.py [--header H] [--include-dir D ...] [--self-test] [-v] [JULIA_DIR_OR_FILE]
+Exit status: 0 when everything matches (or every self-test mistake is found).
+"""
+
+import argparse
+import ast
+import os
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+
+# ============================================================================
+# The tables: the only things to edit when the ABI grows.
+# ============================================================================
+
+JULIA_LIBRARY = "libflatmem"  # the const every ccall must name as its library
+
+# C struct typedef -> the Julia struct that mirrors it field by field.
+STRUCT_MIRRORS = {
+    "DLDevice": "DLDevice",
+    "DLDataType": "DLDataType",
+    "DLTensor": "DLTensor",
+    "flatmem_contrastive_options": "ContrastiveOptions",
+}
+
+# C opaque handle typedef -> the fieldless Julia type used as its pointee.
+OPAQUE_HANDLES = {
+    "flatmem_contrastive_t": "ContrastiveHandle",
+}
+
+# C scalar type -> accepted Julia spellings (C enums: ENUM_SPELLINGS).
+SCALARS = {
+    "int": {"Cint", "Int32"},
+    "unsigned int": {"Cuint", "UInt32"},
+    "int8_t": {"Int8"},
+    "uint8_t": {"UInt8"},
+    "int16_t": {"Int16"},
+    "uint16_t": {"UInt16"},
+    "int32_t": {"Int32", "Cint"},
+    "uint32_t": {"UInt32", "Cuint"},
+    "int64_t": {"Int64"},
+    "uint64_t": {"UInt64"},
+    "size_t": {"Csize_t", "UInt"},
+    "float": {"Cfloat", "Float32"},
+    "double": {"Cdouble", "Float64"},
+    "char": {"Cchar", "UInt8", "Int8"},
+    "void": {"Cvoid", "Nothing"},
+}
+# A C enum has the size of an int here (gcc/clang, values within int).
+ENUM_SPELLINGS = {"Cint", "Int32"}
+# `const char *` (strings in and out).
+C_STRING_SPELLINGS = {"Cstring", "Ptr{UInt8}", "Ptr{Cchar}"}
+
+# Header constants the Julia side must define (besides the enum values).
+REQUIRED_MACROS = ("FLATMEM_VERSION_MAJOR", "FLATMEM_VERSION_MINOR", "FLATMEM_VERSION_PATCH", "FLATMEM_VERSION")
+# Julia consts with these prefixes must be header constants.
+CONSTANT_PREFIXES = ("FLATMEM_", "kDL")
+
+NOT_WRAPPED_RE = re.compile(r"#\s*flatmem-check:\s*not wrapped:\s*(.*)$")
+NULL_LITERALS = re.compile(r"^(C_NULL|Ptr\{[\w{}]+\}\(\s*(C_NULL|0)\s*\)|Ptr\{[\w{}]+\}\(\))$")
+
+# ============================================================================
+# Errors
+# ============================================================================
+
+
+@dataclass
+class Issue:
+    kind: str  # e.g. "arg-type"; the self-test matches on it
+    where: str  # "file:line" or a name
+    message: str
+
+    def __str__(self):
+        return f"ERROR [{self.kind}] {self.where}: {self.message}"
+
+
+# ============================================================================
+# C header
+# ============================================================================
+
+
+@dataclass
+class CType:
+    base: str  # "int", "size_t", "DLTensor", "flatmem_contrastive_t", "char", ...
+    depth: int = 0  # number of '*'
+    const: bool = False  # const pointee (informational)
+    funcptr: bool = False
+
+    def __str__(self):
+        if self.funcptr:
+            return "function pointer"
+        return ("const " if self.const else "") + self.base + (" " + "*" * self.depth if self.depth else "")
+
+
+@dataclass
+class CFunction:
+    name: str
+    ret: CType
+    params: list  # [(name or "", CType)]
+    where: str
+
+
+@dataclass
+class CHeader:
+    functions: dict = field(default_factory=dict)  # name -> CFunction
+    enums: dict = field(default_factory=dict)  # enum type name -> {constant: value}
+    constants: dict = field(default_factory=dict)  # enum constant or int macro -> value
+    constant_origin: dict = field(default_factory=dict)  # constant -> header file
+    structs: dict = field(default_factory=dict)  # typedef name -> [(field, CType)]
+    opaque: dict = field(default_factory=dict)  # typedef name -> struct tag
+    files: list = field(default_factory=list)
+
+
+C_QUALIFIERS = {"const", "volatile", "restrict", "struct", "enum", "union", "extern", "static", "inline"}
+C_BUILTIN_WORDS = {"unsigned", "signed", "short", "long", "int", "char", "float", "double", "void", "_Bool"}
+
+
+def strip_c_comments(text):
+    """Comments become spaces (newlines kept, so line numbers hold); string and char literals are kept."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        ch = text[i]
+        if text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append("".join(c if c == "\n" else " " for c in text[i:j]))
+            i = j
+        elif text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif ch in "\"'":
+            j = i + 1
+            while j < n and text[j] != ch:
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i : j + 1])
+            i = j + 1
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def c_int_value(expr, names):
+    """The value of a C integer constant expression, or None."""
+    expr = re.sub(r"\b(0[xX][0-9a-fA-F]+|\d+)[uUlL]*\b", r"\1", expr.strip())
+    expr = expr.replace("/", "//").replace("!", " not ").replace("&&", " and ").replace("||", " or ")
+    expr = expr.replace(" not =", "!=")
+    return safe_int_eval(expr, names)
+
+
+def safe_int_eval(expr, names, calls=()):
+    """Evaluate +, -, *, //, <<, >>, |, &, ~, comparisons, and/or/not over ints and known names.
+    `calls` names one-argument functions that return their argument (Julia's Cint(0))."""
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except SyntaxError:
+        return None
+
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id in names and names[node.id] is not None:
+                return names[node.id]
+            raise ValueError(node.id)
+        if isinstance(node, ast.UnaryOp):
+            v = ev(node.operand)
+            return {ast.USub: lambda: -v, ast.UAdd: lambda: v, ast.Invert: lambda: ~v, ast.Not: lambda: int(not v)}[
+                type(node.op)
+            ]()
+        if isinstance(node, ast.BinOp):
+            a, b = ev(node.left), ev(node.right)
+            ops = {
+                ast.Add: lambda: a + b,
+                ast.Sub: lambda: a - b,
+                ast.Mult: lambda: a * b,
+                ast.FloorDiv: lambda: a // b,
+                ast.LShift: lambda: a << b,
+                ast.RShift: lambda: a >> b,
+                ast.BitOr: lambda: a | b,
+                ast.BitAnd: lambda: a & b,
+            }
+            if type(node.op) not in ops:
+                raise ValueError("operator")
+            return ops[type(node.op)]()
+        if isinstance(node, ast.BoolOp):
+            values = [ev(v) for v in node.values]
+            return int(all(values)) if isinstance(node.op, ast.And) else int(any(values))
+        if isinstance(node, ast.Compare) and len(node.ops) == 1:
+            a, b = ev(node.left), ev(node.comparators[0])
+            ops = {ast.Eq: a == b, ast.NotEq: a != b, ast.Lt: a < b, ast.LtE: a <= b, ast.Gt: a > b, ast.GtE: a >= b}
+            return int(ops[type(node.ops[0])])
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in calls
+            and len(node.args) == 1
+            and not node.keywords
+        ):
+            return ev(node.args[0])
+        raise ValueError(ast.dump(node))
+
+    try:
+        return ev(tree)
+    except (ValueError, KeyError, ZeroDivisionError, TypeError):
+        return None
+
+
+def preprocess(text, path, defined, macros, includes):
+    """Runs the conditionals (#if/#ifdef/#ifndef/#elif/#else/#endif), records #define
+    and #include, and returns the active non-directive code with line numbers kept."""
+    lines = strip_c_comments(text).split("\n")
+    out = [""] * len(lines)
+    stack = []  # [(this branch active, some branch taken, parent active)]
+    active = True
+    i = 0
+    while i < len(lines):
+        start = i
+        line = lines[i]
+        while line.endswith("\\") and i + 1 < len(lines):
+            i += 1
+            line = line[:-1] + " " + lines[i]
+        i += 1
+        m = re.match(r"\s*#\s*(\w+)\s*(.*)$", line)
+        if not m:
+            if active:
+                out[start] = line
+            continue
+        directive, rest = m.group(1), m.group(2).strip()
+        if directive in ("ifdef", "ifndef"):
+            name = rest.split()[0] if rest else ""
+            cond = (name in defined) == (directive == "ifdef")
+            stack.append((active and cond, cond, active))
+            active = active and cond
+        elif directive == "if":
+            cond = bool(eval_pp_condition(rest, defined, macros))
+            stack.append((active and cond, cond, active))
+            active = active and cond
+        elif directive == "elif":
+            _, taken, parent = stack.pop()
+            cond = (not taken) and bool(eval_pp_condition(rest, defined, macros))
+            stack.append((parent and cond, taken or cond, parent))
+            active = parent and cond
+        elif directive == "else":
+            _, taken, parent = stack.pop()
+            stack.append((parent and not taken, True, parent))
+            active = parent and not taken
+        elif directive == "endif":
+            _, _, active = stack.pop()
+        elif not active:
+            continue
+        elif directive == "define":
+            dm = re.match(r"(\w+)(\([^)]*\))?\s*(.*)$", rest)
+            if dm:
+                defined.add(dm.group(1))
+                if not dm.group(2):
+                    macros[dm.group(1)] = dm.group(3).strip()
+        elif directive == "undef":
+            defined.discard(rest.split()[0])
+            macros.pop(rest.split()[0], None)
+        elif directive == "include":
+            im = re.match(r"[<\"]([^>\"]+)[>\"]", rest)
+            if im:
+                includes.append((im.group(1), f"{path}:{start + 1}"))
+    if stack:
+        raise SystemExit(f"check_ccalls: {path}: unbalanced #if/#endif")
+    return "\n".join(out)
+
+
+def eval_pp_condition(expr, defined, macros):
+    expr = re.sub(r"\bdefined\s*\(\s*(\w+)\s*\)", lambda m: "1" if m.group(1) in defined else "0", expr)
+    expr = re.sub(r"\bdefined\s+(\w+)", lambda m: "1" if m.group(1) in defined else "0", expr)
+    names = {}
+    for ident in re.findall(r"\b[A-Za-z_]\w*\b", expr):
+        value = c_int_value(macros.get(ident, ""), {}) if ident in macros else None
+        names[ident] = value if value is not None else 0  # C: unknown identifiers are 0
+    value = c_int_value(expr, names)
+    return 0 if value is None else value
+
+
+def split_top(text, sep=","):
+    """Split on `sep` outside (), [], {}; returns [(piece, offset)]."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == sep and depth == 0:
+            parts.append((text[start:i], start))
+            start = i + 1
+    parts.append((text[start:], start))
+    return parts
+
+
+def c_statements(code):
+    """Top-level declarations: split at ';' outside braces; a brace block that closes
+    a non-typedef statement (a function body) ends it too. Yields (text, offset)."""
+    depth, start = 0, 0
+    for i, ch in enumerate(code):
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0 and not re.match(r"\s*(typedef|struct|enum|union)\b", code[start:i]):
+                yield code[start : i + 1], start
+                start = i + 1
+        elif ch == ";" and depth == 0:
+            yield code[start:i], start
+            start = i + 1
+
+
+def parse_c_declarator(decl, where):
+    """`const DLTensor *q` -> ("q", CType("DLTensor", 1, const)). Unnamed parameters allowed."""
+    decl = decl.strip()
+    if "(" in decl:  # a function pointer: `void (*deleter)(struct X *)`
+        m = re.search(r"\(\s*\*\s*(\w+)\s*\)", decl)
+        return (m.group(1) if m else ""), CType("", funcptr=True)
+    tokens = re.findall(r"[A-Za-z_]\w*|\*|\[|\]|:", decl)
+    if ":" in tokens:
+        raise SystemExit(f"check_ccalls: {where}: bit fields are not supported: {decl!r}")
+    words = [t for t in tokens if re.match(r"\w", t)]
+    name = ""
+    type_words = [w for w in words if w not in C_QUALIFIERS]
+    if (
+        tokens
+        and re.match(r"\w", tokens[-1])
+        and tokens[-1] not in C_BUILTIN_WORDS | C_QUALIFIERS
+        and len(type_words) >= 2
+    ):
+        name = tokens[-1]
+        type_words = type_words[:-1]
+    elif tokens and tokens[-1] == "]":
+        idx = len(tokens) - 1 - tokens[::-1].index("[")
+        if idx > 0 and re.match(r"\w", tokens[idx - 1]) and len(type_words) >= 2:
+            name = tokens[idx - 1]
+            type_words = [w for w in type_words if w != name]
+    stars = tokens.count("*") + tokens.count("[")
+    first_star = tokens.index("*") if "*" in tokens else len(tokens)
+    const = "const" in tokens[:first_star] and stars > 0
+    if not type_words:
+        raise SystemExit(f"check_ccalls: {where}: cannot read the C declaration {decl!r}")
+    return name, CType(" ".join(type_words), stars, const)
+
+
+def parse_header(path, include_dirs, defined=None, header=None, text=None, seen=None):
+    """Parse `path` (and, recursively, its includes named with a folder: dlpack/dlpack.h,
+    flatmem/x.h; plain system headers such as stdint.h are not read)."""
+    header = header if header is not None else CHeader()
+    defined = defined if defined is not None else set()
+    seen = seen if seen is not None else set()
+    macros = {}
+    includes = []
+    if text is None:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    seen.add(os.path.realpath(path))
+    header.files.append(path)
+    code = preprocess(text, path, defined, macros, includes)
+    for inc, where in includes:
+        if "/" not in inc:
+            continue
+        for d in include_dirs:
+            candidate = os.path.join(d, inc)
+            if os.path.isfile(candidate):
+                if os.path.realpath(candidate) not in seen:
+                    parse_header(candidate, include_dirs, defined, header, None, seen)
+                break
+        else:
+            raise SystemExit(f"check_ccalls: {where}: cannot find <{inc}> in {include_dirs}")
+    # Object-like macros that expand to nothing (FLATMEM_API, DLPACK_DLL, ...) are erased.
+    for name, body in macros.items():
+        if body == "":
+            code = re.sub(rf"\b{re.escape(name)}\b", " ", code)
+    # Integer macros.
+    for name, body in macros.items():
+        value = c_int_value(body, header.constants)
+        if value is not None:
+            header.constants[name] = value
+            header.constant_origin[name] = path
+
+    def line_of(offset):
+        return f"{os.path.basename(path)}:{code.count(chr(10), 0, offset) + 1}"
+
+    for stmt, offset in c_statements(code):
+        lead = len(stmt) - len(stmt.lstrip())
+        where = line_of(offset + lead)
+        s = " ".join(stmt.split())
+        if not s or s.startswith("extern \"C\""):
+            continue
+        m = re.match(r"(typedef\s+)?(struct|enum|union)\s*(\w+)?\s*\{(.*)\}\s*(\w+)?\s*$", s)
+        if m:
+            kind, tag, body, alias = m.group(2), m.group(3), m.group(4), m.group(5)
+            name = alias or tag
+            if kind == "enum":
+                values, nxt = {}, 0
+                for item, _ in split_top(body):
+                    item = item.strip()
+                    if not item:
+                        continue
+                    em = re.match(r"(\w+)\s*(?:=\s*(.+))?$", item)
+                    if not em:
+                        raise SystemExit(f"check_ccalls: {where}: cannot read the enumerator {item!r}")
+                    value = nxt if em.group(2) is None else c_int_value(em.group(2), {**header.constants, **values})
+                    if value is None:
+                        raise SystemExit(f"check_ccalls: {where}: cannot evaluate {item!r}")
+                    values[em.group(1)] = value
+                    header.constants[em.group(1)] = value
+                    header.constant_origin[em.group(1)] = path
+                    nxt = value + 1
+                header.enums[name] = values
+            elif kind == "struct":
+                fields = []
+                for decl, _ in split_top(body, ";"):
+                    if not decl.strip():
+                        continue
+                    pieces = split_top(decl) if "(" not in decl else [(decl, 0)]
+                    fname, ftype = parse_c_declarator(pieces[0][0], where)
+                    fields.append((fname, ftype))
+                    base_words = re.sub(r"[*\s]*\w+\s*$", "", pieces[0][0]).strip()
+                    for extra, _ in pieces[1:]:  # `int a, *b;`
+                        fields.append(parse_c_declarator(base_words + " " + extra, where))
+                header.structs[name] = fields
+            continue
+        m = re.match(r"typedef\s+(struct|union)\s+(\w+)\s+(\w+)$", s)
+        if m:
+            header.opaque[m.group(3)] = m.group(2)
+            continue
+        if s.startswith("typedef"):
+            continue  # scalar or function pointer typedefs: none in the ABI today
+        m = re.match(r"(.+?)\b([A-Za-z_]\w*)\s*\((.*)\)$", s)
+        if m and "=" not in s:
+            ret_text, name, params_text = m.groups()
+            _, ret = parse_c_declarator(ret_text + " __ret", where)
+            params = []
+            if params_text.strip() not in ("", "void"):
+                for p, _ in split_top(params_text):
+                    params.append(parse_c_declarator(p, where))
+            header.functions[name] = CFunction(name, ret, params, where)
+    return header
+
+
+# ============================================================================
+# C type -> accepted Julia spellings
+# ============================================================================
+
+
+def julia_spellings(header, ctype, context):
+    """Accepted Julia spellings of a C type. context: "arg" (the outermost pointer may be
+    Ptr or Ref), "ret" (Ptr only), "field" (Ptr only). Returns (set, problem)."""
+    if ctype.funcptr:
+        return {"Ptr{Cvoid}"}, None
+    if ctype.depth == 0:
+        return base_spellings(header, ctype.base)
+    if ctype.depth == 1 and ctype.base == "char":
+        return set(C_STRING_SPELLINGS), None
+    if ctype.depth == 1 and ctype.base == "void":
+        return {"Ptr{Cvoid}", "Ptr{Nothing}"}, None
+    inner, problem = julia_spellings(header, CType(ctype.base, ctype.depth - 1), "inner")
+    if problem:
+        return set(), problem
+    inner -= C_STRING_SPELLINGS - {"Ptr{UInt8}", "Ptr{Cchar}"}  # no Cstring below a pointer
+    wrappers = ["Ptr"]
+    opaque_pointee = ctype.depth == 1 and ctype.base in header.opaque
+    if context == "arg" and not opaque_pointee:
+        wrappers.append("Ref")  # Ref{T}: Julia-owned memory, rooted by ccall itself
+    return {f"{w}{{{s}}}" for w in wrappers for s in inner}, None
+
+
+def base_spellings(header, base):
+    if base in SCALARS:
+        return set(SCALARS[base]), None
+    if base in header.enums:
+        return set(ENUM_SPELLINGS), None
+    if base in header.opaque:
+        if base not in OPAQUE_HANDLES:
+            return set(), f"C handle type {base} has no entry in OPAQUE_HANDLES (check_ccalls.py)"
+        return {OPAQUE_HANDLES[base]}, None
+    if base in header.structs:
+        if base not in STRUCT_MIRRORS:
+            return set(), f"C struct {base} has no Julia mirror in STRUCT_MIRRORS (check_ccalls.py)"
+        return {STRUCT_MIRRORS[base]}, None
+    return set(), f"C type {base} is not in the checker's type table"
+
+
+def normalize_julia_type(text):
+    t = re.sub(r"\s+", "", text)
+    t = re.sub(r"\b(Base|Core)\.", "", t)
+    return t
+
+
+# ============================================================================
+# Julia sources
+# ============================================================================
+
+
+def blank_julia(src):
+    """Comments and string/char literal contents become spaces (delimiters, newlines and
+    interpolated $(code) are kept), so that what is left is code. Handles #= =# (nested),
+    \"\"\" strings, prefixed strings (raw\"\", r\"\"), `cmd` and 'c' literals."""
+    out = list(src)
+    n = len(src)
+
+    def blank(a, b):
+        for j in range(a, b):
+            if out[j] != "\n":
+                out[j] = " "
+
+    def skip_string(i, delim):
+        """i: just after the opening delimiter. Returns the index just after the closing one."""
+        start = i
+        while i < n:
+            if src.startswith(delim, i):
+                blank(start, i)
+                return i + len(delim)
+            if src[i] == "\\":
+                i += 2
+                continue
+            if src.startswith("$(", i):  # interpolated code stays visible (and checked)
+                blank(start, i + 1)
+                i = start = skip_code(i + 2, stop_at_paren=True)
+                continue
+            i += 1
+        blank(start, n)
+        return n
+
+    def skip_code(i, stop_at_paren=False):
+        depth = 0
+        while i < n:
+            ch = src[i]
+            if src.startswith("#=", i):
+                j, level = i + 2, 1
+                while j < n and level:
+                    if src.startswith("#=", j):
+                        level, j = level + 1, j + 2
+                    elif src.startswith("=#", j):
+                        level, j = level - 1, j + 2
+                    else:
+                        j += 1
+                blank(i, j)
+                i = j
+            elif ch == "#":
+                j = src.find("\n", i)
+                j = n if j < 0 else j
+                blank(i, j)
+                i = j
+            elif src.startswith('"""', i):
+                i = skip_string(i + 3, '"""')
+            elif ch == '"':
+                i = skip_string(i + 1, '"')
+            elif ch == "`":
+                i = skip_string(i + 1, "`")
+            elif ch == "'":
+                prev = src[i - 1] if i > 0 else " "
+                if re.match(r"[\w)\]}'.!]", prev):  # transpose (adjoint) operator
+                    i += 1
+                    continue
+                j = i + 1
+                if j < n and src[j] == "\\":
+                    j += 2
+                    while j < n and src[j] != "'":
+                        j += 1
+                else:
+                    j += 1
+                    while j < n and src[j] != "'" and src[j] != "\n":
+                        j += 1
+                blank(i + 1, j)
+                i = j + 1
+            else:
+                if stop_at_paren:
+                    if ch == "(":
+                        depth += 1
+                    elif ch == ")":
+                        if depth == 0:
+                            return i + 1
+                        depth -= 1
+                i += 1
+        return n
+
+    skip_code(0)
+    return "".join(out)
+
+
+BLOCK_OPENERS = {
+    "function", "macro", "module", "baremodule", "struct", "begin", "let", "if", "for",
+    "while", "try", "do", "quote", "abstract", "primitive",
+}  # fmt: skip
+BRACKET_SENSITIVE = {"begin", "if", "for"}  # inside [] or () these are index/generator words
+
+
+def julia_tokens(code):
+    """(kind, text, offset) for words and brackets. kind: "bracket", "word" (identifiers and
+    keywords), "name" (after a dot: x.end is a field) or "symbol" (:end, but not a[2:end])."""
+    toks = []
+    for m in re.finditer(r"[A-Za-z_][A-Za-z0-9_!]*|[()\[\]{}]", code):
+        text, pos = m.group(0), m.start()
+        prev = code[pos - 1] if pos > 0 else " "
+        before = code[pos - 2] if pos > 1 else " "
+        if text in "()[]{}":
+            kind = "bracket"
+        elif prev == ".":
+            kind = "name"
+        elif prev == ":" and not re.match(r"[\w)\]}:]", before):
+            kind = "symbol"
+        else:
+            kind = "word"
+        toks.append((kind, text, pos))
+    return toks
+
+
+def block_ends(code):
+    """{offset of an opener keyword: offset of its `end`} for the whole source."""
+    ends, stack = {}, []
+    for kind, text, pos in julia_tokens(code):
+        if kind == "bracket":
+            if text in "([{":
+                stack.append((text, pos))
+            elif stack and stack[-1][0] in "([{":
+                stack.pop()
+            continue
+        if kind != "word":
+            continue
+        top = stack[-1][0] if stack else None
+        if text in BLOCK_OPENERS:
+            if text in BRACKET_SENSITIVE and top in ("(", "[", "{"):
+                continue
+            stack.append((text, pos))
+        elif text == "end":
+            if top in ("(", "[", "{"):
+                continue  # a[end]
+            if stack:
+                _, opened = stack.pop()
+                ends[opened] = pos
+    return ends
+
+
+def line_at(text, offset):
+    return text.count("\n", 0, offset) + 1
+
+
+@dataclass
+class JuliaCcall:
+    name: str
+    library: str
+    ret: str
+    types: list  # normalized Julia type strings
+    values: list  # value expressions (blanked code)
+    where: str
+    offset: int
+    file: str
+    form_problem: str = ""
+
+
+@dataclass
+class JuliaStruct:
+    name: str
+    mutable: bool
+    header: str  # the text after `struct Name` on its line (type params, supertype)
+    fields: list  # [(name, type, line_start_offset, line_end_offset)]
+    others: list  # non-field lines in the body
+    where: str
+    file: str
+
+
+@dataclass
+class JuliaConst:
+    name: str
+    expr: str
+    where: str
+    file: str
+    span: tuple  # (start, end) of expr in the source
+
+
+@dataclass
+class PreserveRegion:
+    start: int
+    end: int
+    names: set
+    file: str
+
+
+@dataclass
+class JuliaSources:
+    files: dict  # path -> source text
+    ccalls: list = field(default_factory=list)
+    structs: dict = field(default_factory=dict)
+    consts: dict = field(default_factory=dict)
+    preserves: list = field(default_factory=list)
+    not_wrapped: dict = field(default_factory=dict)  # name -> reason
+    problems: list = field(default_factory=list)  # Issues found while reading
+    init_bodies: list = field(default_factory=list)
+
+
+def parse_julia(files):
+    """files: {path: text}."""
+    js = JuliaSources(files)
+    for path, src in files.items():
+        base = os.path.basename(path)
+        code = blank_julia(src)
+        ends = block_ends(code)
+
+        def where(offset):
+            return f"{base}:{line_at(code, offset)}"
+
+        # Not-wrapped list (comments: read from the raw source).
+        for lineno, line in enumerate(src.split("\n"), 1):
+            m = NOT_WRAPPED_RE.search(line)
+            if m:
+                nm = re.match(r"(\w+)\s*:\s*(\S.*)$", m.group(1).strip())
+                if not nm:
+                    js.problems.append(
+                        Issue("not-wrapped-list", f"{base}:{lineno}", "expected '# flatmem-check: not wrapped: NAME: reason'")
+                    )
+                else:
+                    js.not_wrapped[nm.group(1)] = (nm.group(2).strip(), f"{base}:{lineno}")
+
+        # @ccall is not read by this checker: refuse it rather than skip it.
+        for m in re.finditer(r"@ccall\b", code):
+            js.problems.append(Issue("ccall-form", where(m.start()), "@ccall is not checked; write ccall((:name, lib), Ret, (Args...,), ...)"))
+
+        # GC.@preserve v1 v2 ... begin ... end
+        for m in re.finditer(r"\bGC\s*\.\s*@preserve\b((?:[ \t]+\w+)*)[ \t]+begin\b", code):
+            begin_at = m.end() - len("begin")
+            if begin_at in ends:
+                js.preserves.append(PreserveRegion(begin_at, ends[begin_at], set(m.group(1).split()), path))
+
+        # ccalls
+        for m in re.finditer(r"(?<![\w@.])ccall\s*\(", code):
+            open_at = m.end() - 1
+            close_at = matching_paren(code, open_at)
+            if close_at < 0:
+                js.problems.append(Issue("ccall-form", where(m.start()), "unbalanced parentheses"))
+                continue
+            args = [
+                (a.strip(), open_at + 1 + off + len(a) - len(a.lstrip()))
+                for a, off in split_top(code[open_at + 1 : close_at])
+            ]
+            call = JuliaCcall("", "", "", [], [], where(m.start()), m.start(), path)
+            js.ccalls.append(call)
+            if len(args) < 3:
+                call.form_problem = "expected ccall((:name, lib), RetType, (ArgTypes...,), values...)"
+                continue
+            target = re.match(r'^\(\s*:(\w+)\s*,\s*([\w.]+|"[^"\n]*")\s*\)$', args[0][0])
+            if not target:
+                raw = src[args[0][1] : args[0][1] + len(args[0][0])]
+                call.form_problem = f"the first argument must be (:flatmem_name, {JULIA_LIBRARY}), not {raw!r}"
+                continue
+            call.name = target.group(1)
+            call.library = src[args[0][1] + target.start(2) : args[0][1] + target.end(2)]  # raw text (strings are blanked)
+            if args[1][0] in ("cdecl", "stdcall", "fastcall", "thiscall", "llvmcall"):
+                call.form_problem = "calling conventions are not supported by the checker"
+                continue
+            call.ret = normalize_julia_type(args[1][0])
+            tup = args[2][0]
+            if not (tup.startswith("(") and matching_paren(tup, 0) == len(tup) - 1):
+                call.form_problem = f"the argument types must be a literal tuple, not {tup!r}"
+                continue
+            inner = tup[1:-1]
+            pieces = [p for p, _ in split_top(inner)] if inner.strip() else []
+            if len(pieces) == 1:
+                call.form_problem = f"{tup} is not a tuple: a 1-tuple needs a trailing comma"
+                continue
+            if pieces and not pieces[-1].strip():
+                pieces = pieces[:-1]
+            call.types = [normalize_julia_type(p) for p in pieces]
+            call.values = [a for a, _ in args[3:]]
+
+        # structs
+        toks = julia_tokens(code)
+        for idx, (kind, text, pos) in enumerate(toks):
+            if kind != "word" or text != "struct":
+                continue
+            mutable = idx > 0 and toks[idx - 1][1] == "mutable" and toks[idx - 1][0] == "word"
+            if pos not in ends:
+                js.problems.append(Issue("struct-mirror", where(pos), "struct without a matching end"))
+                continue
+            hm = re.match(r"struct\s+(\w+)([^\n]*)", code[pos:])
+            if not hm:
+                continue
+            name = hm.group(1)
+            header_rest = hm.group(2)
+            end_at = ends[pos]
+            body_start = pos + hm.end()
+            inline_end = header_rest.strip() == "end" or header_rest.rstrip().endswith(" end")
+            if inline_end:  # `mutable struct X end`
+                header_rest = re.sub(r"\s*\bend\s*$", "", header_rest)
+                body_start = end_at
+            fields, others = [], []
+            offset = body_start
+            for line in code[body_start:end_at].split("\n"):
+                stripped = line.strip()
+                fm = re.match(r"^(\w+)\s*::\s*(.+?)\s*$", stripped)
+                if fm:
+                    fields.append((fm.group(1), normalize_julia_type(fm.group(2)), offset, offset + len(line)))
+                elif stripped:
+                    others.append(stripped)
+                offset += len(line) + 1
+            js.structs[name] = JuliaStruct(name, mutable, header_rest.strip(), fields, others, where(pos), path)
+
+        # consts (top-level style: `const NAME = expr` on one line)
+        for m in re.finditer(r"^[ \t]*const[ \t]+(\w+)[ \t]*=[ \t]*(.+?)[ \t]*$", code, re.M):
+            js.consts[m.group(1)] = JuliaConst(m.group(1), m.group(2), where(m.start()), path, (m.start(2), m.end(2)))
+
+        # function __init__()
+        for m in re.finditer(r"\bfunction\s+__init__\s*\(\s*\)", code):
+            if m.start() in ends:
+                js.init_bodies.append((code[m.end() : ends[m.start()]], where(m.start())))
+    return js
+
+
+def matching_paren(text, open_at):
+    depth = 0
+    for i in range(open_at, len(text)):
+        if text[i] in "([{":
+            depth += 1
+        elif text[i] in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+# ============================================================================
+# The check
+# ============================================================================
+
+
+@dataclass
+class Report:
+    issues: list = field(default_factory=list)
+    passed: int = 0  # individual checks that passed
+    ccalls_ok: int = 0
+    lines: list = field(default_factory=list)  # verbose lines
+
+    def fail(self, kind, where, message):
+        self.issues.append(Issue(kind, where, message))
+
+    def ok(self, text):
+        self.passed += 1
+        self.lines.append("ok  " + text)
+
+
+def check(header, js):
+    rep = Report()
+    rep.issues.extend(js.problems)
+
+    if not header.functions or "flatmem_status" not in header.enums:
+        rep.fail("header", header.files[0] if header.files else "?", "no functions or no flatmem_status enum parsed")
+    if not js.ccalls:
+        rep.fail("ccall-form", "julia", "no ccall found in the Julia sources")
+
+    # 1. ccalls
+    wrapped = set()
+    for call in js.ccalls:
+        if call.form_problem:
+            rep.fail("ccall-form", call.where, call.form_problem)
+            continue
+        before = len(rep.issues)
+        if call.library != JULIA_LIBRARY:
+            rep.fail("library", call.where, f"{call.name}: library is {call.library!r}; every ccall must use the const {JULIA_LIBRARY}")
+        fn = header.functions.get(call.name)
+        if fn is None:
+            rep.fail("unknown-function", call.where, f"{call.name} is not declared in {os.path.basename(header.files[0])}")
+            continue
+        wrapped.add(call.name)
+        if len(call.values) != len(call.types):
+            rep.fail("value-count", call.where, f"{call.name}: {len(call.types)} argument types but {len(call.values)} values")
+        if len(call.types) != len(fn.params):
+            rep.fail(
+                "arg-count",
+                call.where,
+                f"{call.name}: {len(call.types)} argument types; the C prototype ({fn.where}) has {len(fn.params)}: "
+                + ", ".join(str(t) for _, t in fn.params),
+            )
+        else:
+            for i, (jt, (pname, ct)) in enumerate(zip(call.types, fn.params)):
+                accepted, problem = julia_spellings(header, ct, "arg")
+                if problem:
+                    rep.fail("arg-type", call.where, f"{call.name} argument {i + 1} ({pname}): {problem}")
+                elif jt not in accepted:
+                    rep.fail(
+                        "arg-type",
+                        call.where,
+                        f"{call.name} argument {i + 1} ({pname}): Julia {jt} for C `{ct}`; expected one of {sorted(accepted)}",
+                    )
+        accepted, problem = julia_spellings(header, fn.ret, "ret")
+        if problem:
+            rep.fail("return-type", call.where, f"{call.name}: {problem}")
+        elif call.ret not in accepted:
+            rep.fail("return-type", call.where, f"{call.name}: returns Julia {call.ret} for C `{fn.ret}`; expected one of {sorted(accepted)}")
+        check_preserve(header, js, call, rep)
+        if len(rep.issues) == before:
+            rep.ccalls_ok += 1
+            rep.ok(f"ccall {call.name} ({call.where}) matches {fn.where}")
+
+    # 2. coverage
+    for name, (reason, where) in js.not_wrapped.items():
+        if name not in header.functions:
+            rep.fail("not-wrapped-list", where, f"{name} is listed as not wrapped but is not in the header")
+        elif name in wrapped:
+            rep.fail("not-wrapped-list", where, f"{name} is listed as not wrapped but is ccall'd")
+    for name, fn in header.functions.items():
+        if name in wrapped:
+            rep.ok(f"{name} is wrapped")
+        elif name in js.not_wrapped:
+            rep.ok(f"{name} is not wrapped: {js.not_wrapped[name][0]}")
+        else:
+            rep.fail(
+                "not-wrapped",
+                fn.where,
+                f"{name} has no ccall; wrap it or add '# flatmem-check: not wrapped: {name}: <reason>'",
+            )
+
+    # 3. struct mirrors and opaque handles
+    for cname, jname in STRUCT_MIRRORS.items():
+        if cname not in header.structs:
+            rep.fail("struct-mirror", cname, f"STRUCT_MIRRORS names C struct {cname}, which the header does not define")
+            continue
+        js_struct = js.structs.get(jname)
+        if js_struct is None:
+            rep.fail("struct-missing", jname, f"no Julia struct {jname} mirroring C {cname}")
+            continue
+        before = len(rep.issues)
+        if js_struct.mutable or js_struct.header:
+            rep.fail(
+                "struct-mirror",
+                js_struct.where,
+                f"{jname} must be a plain immutable `struct {jname}` (isbits, C layout), "
+                f"not {'mutable ' if js_struct.mutable else ''}struct {jname}{js_struct.header}",
+            )
+        if js_struct.others:
+            rep.fail("struct-mirror", js_struct.where, f"{jname} must hold fields only; found {js_struct.others[0]!r}")
+        cfields = header.structs[cname]
+        if len(cfields) != len(js_struct.fields):
+            rep.fail(
+                "struct-mirror",
+                js_struct.where,
+                f"{jname} has {len(js_struct.fields)} fields; C {cname} has {len(cfields)}: "
+                + ", ".join(f"{n}::{t}" for n, t in cfields),
+            )
+        for i, ((cf, ct), (jf, jt, _, _)) in enumerate(zip(cfields, js_struct.fields)):
+            if cf != jf:
+                rep.fail("struct-mirror", js_struct.where, f"{jname} field {i + 1} is {jf}; C {cname} field {i + 1} is {cf}")
+            accepted, problem = julia_spellings(header, ct, "field")
+            if problem:
+                rep.fail("struct-mirror", js_struct.where, f"{jname}.{jf}: {problem}")
+            elif jt not in accepted:
+                rep.fail(
+                    "struct-mirror",
+                    js_struct.where,
+                    f"{jname}.{jf}::{jt} for C `{ct} {cf}`; expected one of {sorted(accepted)}",
+                )
+        if len(rep.issues) == before:
+            rep.ok(f"struct {jname} mirrors {cname} ({len(cfields)} fields)")
+    for cname, jname in OPAQUE_HANDLES.items():
+        if cname not in header.opaque:
+            rep.fail("struct-mirror", cname, f"OPAQUE_HANDLES names {cname}, which the header does not declare")
+            continue
+        js_struct = js.structs.get(jname)
+        if js_struct is None:
+            rep.fail("struct-missing", jname, f"no Julia type {jname} for the handle {cname}")
+        elif js_struct.fields or js_struct.others:
+            rep.fail("struct-mirror", js_struct.where, f"{jname} stands for the opaque {cname}: it must have no fields")
+        else:
+            rep.ok(f"opaque {jname} stands for {cname}")
+
+    # 4. constants
+    jvalues = {}
+    for name, jc in js.consts.items():
+        jvalues[name] = None
+    for _ in range(len(js.consts) + 1):  # resolve consts defined from other consts
+        for name, jc in js.consts.items():
+            if jvalues[name] is None:
+                jvalues[name] = safe_int_eval(
+                    jc.expr, jvalues, calls={"Cint", "Cuint", "Int32", "UInt32", "Int64", "UInt64", "UInt8", "UInt16", "Int", "UInt", "Csize_t"}
+                )
+    required = [c for e in header.enums.values() for c in e if c.startswith("FLATMEM_") and not c.endswith("_MAX")]
+    required += [m for m in REQUIRED_MACROS]
+    for name in required:
+        if name not in js.consts:
+            rep.fail("constant-missing", name, f"the Julia sources define no const {name} (header value {header.constants.get(name)})")
+    for name, jc in js.consts.items():
+        if not name.startswith(CONSTANT_PREFIXES):
+            continue
+        if name not in header.constants:
+            rep.fail("constant-unknown", jc.where, f"const {name} is not a constant of the header")
+        elif jvalues[name] is None:
+            rep.fail("constant-value", jc.where, f"const {name} = {jc.expr}: not an integer constant expression the checker can evaluate")
+        elif jvalues[name] != header.constants[name]:
+            rep.fail(
+                "constant-value",
+                jc.where,
+                f"const {name} = {jvalues[name]}; {os.path.basename(header.constant_origin[name])} says {header.constants[name]}",
+            )
+        else:
+            rep.ok(f"const {name} = {jvalues[name]}")
+
+    # 5. __init__ checks the version
+    if not js.init_bodies:
+        rep.fail("init", "julia", "no `function __init__()`: the module must check flatmem_version() at load")
+    elif not any(re.search(r"\bFLATMEM_VERSION\b", body) for body, _ in js.init_bodies):
+        rep.fail("init", js.init_bodies[0][1], "__init__ does not compare with FLATMEM_VERSION")
+    else:
+        rep.ok("__init__ checks the library version against FLATMEM_VERSION")
+    return rep
+
+
+def value_names(expr):
+    """Variables a value expression reads: identifiers not called, not keywords, not fields."""
+    while re.search(r"\{[^{}]*\}", expr):  # type parameters: Ptr{DLTensor}(x) reads x only
+        expr = re.sub(r"\{[^{}]*\}", "", expr)
+    names = set()
+    for m in re.finditer(r"(?<![.:\w])([A-Za-z_]\w*)\b(?!\s*[({])", expr):
+        names.add(m.group(1))
+    return names - {"nothing", "true", "false", "C_NULL"}
+
+
+def check_preserve(header, js, call, rep):
+    handle_types = {f"Ptr{{{j}}}" for j in OPAQUE_HANDLES.values()}
+    regions = [r for r in js.preserves if r.file == call.file and r.start < call.offset < r.end]
+    covered = set().union(*(r.names for r in regions)) if regions else set()
+    for i, (jt, value) in enumerate(zip(call.types, call.values)):
+        if not jt.startswith("Ptr{") or jt in handle_types or NULL_LITERALS.match(re.sub(r"\s+", "", value)):
+            continue
+        if not regions:
+            rep.fail(
+                "gc-preserve",
+                call.where,
+                f"{call.name} argument {i + 1} passes a raw {jt} ({value.strip()}) outside GC.@preserve ... begin ... end",
+            )
+            continue
+        missing = sorted(value_names(value) - covered)
+        if missing:
+            rep.fail(
+                "gc-preserve",
+                call.where,
+                f"{call.name} argument {i + 1} ({value.strip()}) reads {', '.join(missing)}, not in the enclosing GC.@preserve",
+            )
+
+
+# ============================================================================
+# Self-test: deliberate mistakes that must be reported
+# ============================================================================
+
+
+def self_test_cases(header, js):
+    """[(description, expected kind, mutate)] where mutate(header_text, files) -> (header_text, files)."""
+    last = list(js.files)[-1]
+
+    def append(snippet):
+        def mutate(htext, files):
+            files = dict(files)
+            files[last] = files[last] + "\n" + snippet + "\n"
+            return htext, files
+
+        return mutate
+
+    def replace_in_julia(pattern, repl, what):
+        def mutate(htext, files):
+            files = dict(files)
+            for path, src in files.items():
+                new, count = re.subn(pattern, repl, src)
+                if count:
+                    files[path] = new
+                    return htext, files
+            raise LookupError(f"cannot apply: {what} (pattern {pattern!r} not found)")
+
+        return mutate
+
+    def edit_struct(jname, how):
+        def mutate(htext, files):
+            s = js.structs.get(jname)
+            if s is None or len(s.fields) < 2:
+                raise LookupError(f"cannot apply: struct {jname} with >= 2 fields not found")
+            src = files[s.file]
+            f0, f1, flast = s.fields[0], s.fields[1], s.fields[-1]
+            line0, line1 = src[f0[2] : f0[3]], src[f1[2] : f1[3]]
+            if how == "swap":
+                new = src[: f0[2]] + line1 + "\n" + line0 + src[f1[3] :]
+            elif how == "retype":
+                new = src[: f0[2]] + re.sub(r"::.*$", "::Float64", line0) + src[f0[3] :]
+            elif how == "drop-last":
+                new = src[: flast[2]] + src[flast[3] + 1 :]
+            else:
+                raise ValueError(how)
+            return htext, {**files, s.file: new}
+
+        return mutate
+
+    def edit_const(name, value):
+        def mutate(htext, files):
+            c = js.consts.get(name)
+            if c is None:
+                raise LookupError(f"cannot apply: const {name} not found")
+            src = files[c.file]
+            return htext, {**files, c.file: src[: c.span[0]] + value + src[c.span[1] :]}
+
+        return mutate
+
+    def header_append(decl):
+        def mutate(htext, files):
+            idx = htext.rfind("#endif")
+            if idx < 0:
+                raise LookupError("cannot apply: no #endif in the header")
+            return htext[:idx] + decl + "\n" + htext[idx:], files
+
+        return mutate
+
+    def header_enum_value():
+        name = next((c for c in header.enums.get("flatmem_status", {}) if c != "FLATMEM_STATUS_SUCCESS"), None)
+
+        def mutate(htext, files):
+            if name is None:
+                raise LookupError("cannot apply: no flatmem_status enumerator")
+            new, count = re.subn(rf"\b{name}\s*=\s*[^,}}\n]+", f"{name} = 99", htext)
+            if not count:
+                raise LookupError(f"cannot apply: {name} = ... not found in the header")
+            return new, files
+
+        return mutate
+
+    h, p = "Ptr{ContrastiveHandle}", "Ptr{DLTensor}"
+    return [
+        # The three the brief asks for.
+        ("wrong argument count", "arg-count", append(f"ccall((:flatmem_contrastive_destroy, libflatmem), Cint, ({h}, Cint), c, 0)")),
+        ("wrong argument type (a status passed as Csize_t)", "arg-type",
+         append("ccall((:flatmem_status_string, libflatmem), Cstring, (Csize_t,), s)")),
+        ("unknown function name", "unknown-function", append("ccall((:flatmem_contrastive_forwards, libflatmem), Cint, ())")),
+        # More of the same family.
+        ("wrong return type", "return-type", append("ccall((:flatmem_version, libflatmem), Csize_t, ())")),
+        ("handle pointee erased to Ptr{Cvoid}", "arg-type", append("ccall((:flatmem_contrastive_destroy, libflatmem), Cint, (Ptr{Cvoid},), c)")),
+        ("options passed as the wrong struct", "arg-type",
+         append("ccall((:flatmem_contrastive_options_init, libflatmem), Cint, (Ref{DLTensor},), o)")),
+        ("size_t* out-parameter as Ref{Cint}", "arg-type",
+         append(f"GC.@preserve t begin ccall((:flatmem_contrastive_forward_workspace_size, libflatmem), Cint, ({h}, {p}, {p}, Ref{{Cint}}), c, tensor_ptr(t), tensor_ptr(t), b) end")),
+        ("more values than argument types", "value-count", append(f"ccall((:flatmem_contrastive_destroy, libflatmem), Cint, ({h},), c, 0)")),
+        ("1-tuple of types without its comma", "ccall-form", append(f"ccall((:flatmem_contrastive_destroy, libflatmem), Cint, ({h}), c)")),
+        ("library other than the libflatmem const", "library", append('ccall((:flatmem_version, "libflatmem"), Cint, ())')),
+        ("@ccall (unchecked form)", "ccall-form", append("@ccall libflatmem.flatmem_version()::Cint")),
+        ("raw tensor pointer outside GC.@preserve", "gc-preserve",
+         append(f"f(t) = ccall((:flatmem_contrastive_forward_workspace_size, libflatmem), Cint, ({h}, {p}, {p}, Ref{{Csize_t}}), c, tensor_ptr(t), tensor_ptr(t), b)")),
+        ("GC.@preserve that misses a variable", "gc-preserve",
+         append(f"GC.@preserve a begin ccall((:flatmem_contrastive_forward_workspace_size, libflatmem), Cint, ({h}, {p}, {p}, Ref{{Csize_t}}), c, tensor_ptr(a), tensor_ptr(z), b) end")),
+        ("a wrapped function dropped", "not-wrapped",
+         replace_in_julia(r":flatmem_version_string\b", ":flatmem_version", "rename the flatmem_version_string ccall")),
+        ("not-wrapped entry for a wrapped function", "not-wrapped-list",
+         append("# flatmem-check: not wrapped: flatmem_contrastive_forward: stale entry")),
+        ("not-wrapped entry without a reason", "not-wrapped-list", append("# flatmem-check: not wrapped: flatmem_version")),
+        ("struct mirror fields swapped", "struct-mirror", edit_struct("ContrastiveOptions", "swap")),
+        ("struct mirror field retyped", "struct-mirror", edit_struct("DLTensor", "retype")),
+        ("struct mirror field dropped", "struct-mirror", edit_struct("DLTensor", "drop-last")),
+        ("struct mirror made mutable", "struct-mirror",
+         replace_in_julia(r"(?m)^(\s*)struct DLDataType\b", r"\1mutable struct DLDataType", "make DLDataType mutable")),
+        ("enum value off by one", "constant-value", edit_const("FLATMEM_STATUS_NON_FINITE", "Cint(6)")),
+        ("version minor changed", "constant-value", edit_const("FLATMEM_VERSION_MINOR", "2")),
+        ("DLPack code wrong", "constant-value", edit_const("kDLBfloat", "UInt8(3)")),
+        ("constant unknown to the header", "constant-unknown", append("const FLATMEM_STATUS_TIMEOUT = Cint(7)")),
+        ("__init__ removed", "init", replace_in_julia(r"\bfunction __init__\(\)", "function init_disabled()", "rename __init__")),
+        ("header grows a function", "not-wrapped", header_append("FLATMEM_API flatmem_status flatmem_selftest_new_function(int x);")),
+        ("header enum value changes", "constant-value", header_enum_value()),
+    ]  # fmt: skip
+
+
+def run_self_test(header_path, header_text, include_dirs, files, verbose):
+    header = parse_header(header_path, include_dirs, text=header_text)
+    js = parse_julia(files)
+    base = check(header, js)
+    base_keys = Counter((i.kind, i.message) for i in base.issues)
+    detected, missed = 0, 0
+    for description, expected, mutate in self_test_cases(header, js):
+        try:
+            htext, mfiles = mutate(header_text, files)
+        except LookupError as e:
+            print(f"self-test: MISSED  {description}: {e}")
+            missed += 1
+            continue
+        mheader = parse_header(header_path, include_dirs, text=htext)
+        rep = check(mheader, parse_julia(mfiles))
+        # New issues: those beyond the base run's (a multiset difference, so that a second
+        # occurrence of a message the base sources already have still counts).
+        seen = Counter()
+        new = []
+        for i in rep.issues:
+            seen[(i.kind, i.message)] += 1
+            if seen[(i.kind, i.message)] > base_keys[(i.kind, i.message)]:
+                new.append(i)
+        kinds = sorted({i.kind for i in new})
+        if expected in kinds:
+            detected += 1
+            first = next(i for i in new if i.kind == expected)
+            print(f"self-test: detected [{expected}] {description}")
+            if verbose:
+                print(f"           {first}")
+        else:
+            missed += 1
+            print(f"self-test: MISSED  {description}: expected [{expected}], got {kinds or 'nothing new'}")
+    return detected, missed
+
+
+# ============================================================================
+# Main
+# ============================================================================
+
+
+def julia_files(target):
+    if os.path.isfile(target):
+        return [target]
+    found = []
+    for root, dirs, names in os.walk(target):
+        dirs.sort()
+        found += [os.path.join(root, n) for n in sorted(names) if n.endswith(".jl")]
+    return found
+
+
+def main(argv):
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("julia", nargs="?", default=here, help="Julia file or folder (default: this folder)")
+    ap.add_argument("--header", default=os.path.join(root, "include", "flatmem", "flatmem.h"))
+    ap.add_argument("--include-dir", action="append", default=None, help="where <dlpack/dlpack.h> is (default: the header's include/ and /usr/include)")
+    ap.add_argument("--self-test", action="store_true", help="check that deliberate mistakes are reported")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+
+    include_dirs = args.include_dir or [os.path.dirname(os.path.dirname(os.path.abspath(args.header))), "/usr/include"]
+    paths = julia_files(args.julia)
+    if not paths:
+        print(f"check_ccalls: no .jl files under {args.julia}")
+        return 1
+    files = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            files[path] = f.read()
+    with open(args.header, encoding="utf-8") as f:
+        header_text = f.read()
+
+    if args.self_test:
+        detected, missed = run_self_test(args.header, header_text, include_dirs, files, args.verbose)
+        print(f"check_ccalls: self-test detected={detected} missed={missed}")
+        return 0 if missed == 0 and detected > 0 else 1
+
+    header = parse_header(args.header, include_dirs, text=header_text)
+    js = parse_julia(files)
+    rep = check(header, js)
+    if args.verbose:
+        for line in rep.lines:
+            print(line)
+    for issue in rep.issues:
+        print(issue)
+    rel = ", ".join(os.path.relpath(p) for p in paths)
+    print(
+        f"check_ccalls: {os.path.relpath(args.header)} ({len(header.functions)} functions, "
+        f"{len(header.enums)} enums, {len(header.structs)} structs incl. dlpack.h) vs {rel}: "
+        f"{rep.ccalls_ok} of {len(js.ccalls)} ccalls match"
+    )
+    print(f"check_ccalls: checks passed={rep.passed} failed={len(rep.issues)} ccalls={rep.ccalls_ok}")
+    return 0 if not rep.issues else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
