@@ -4,14 +4,14 @@
 //! compiler's by `tests/header_sync.rs`.
 #![allow(non_camel_case_types, non_upper_case_globals)]
 
-use std::os::raw::{c_int, c_void};
+use std::os::raw::{c_int, c_uint, c_void};
 
 /// The DLPack version these declarations follow (`DLPACK_VERSION`).
 pub const DLPACK_VERSION: c_int = 60;
 
-/// `DLDeviceType` (a C enum: an `int`-sized integer, not a Rust enum, so
-/// that any value the C side holds is representable).
-pub type DLDeviceType = c_int;
+/// `DLDeviceType` (a C enum: an integer alias, not a Rust enum, so that any
+/// value the C side holds is representable; `unsigned int` as GCC makes it).
+pub type DLDeviceType = c_uint;
 pub const kDLCPU: DLDeviceType = 1;
 pub const kDLCUDA: DLDeviceType = 2;
 pub const kDLCUDAHost: DLDeviceType = 3;
@@ -25,7 +25,7 @@ pub const kDLExtDev: DLDeviceType = 12;
 pub const kDLCUDAManaged: DLDeviceType = 13;
 
 /// `DLDataTypeCode` values (stored as `u8` in [`DLDataType::code`]).
-pub type DLDataTypeCode = c_int;
+pub type DLDataTypeCode = c_uint;
 pub const kDLInt: DLDataTypeCode = 0;
 pub const kDLUInt: DLDataTypeCode = 1;
 pub const kDLFloat: DLDataTypeCode = 2;

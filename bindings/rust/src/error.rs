@@ -22,11 +22,12 @@ pub enum Status {
     /// `FLATMEM_STATUS_INTERNAL`: a bug in flatmem.
     Internal,
     /// A status this binding does not know.
-    Unknown(i32),
+    Unknown(u32),
 }
 
 impl Status {
     /// The status for a raw non-success code.
+    #[allow(clippy::unnecessary_cast)] // flatmem_status is u32 here, may be i32 elsewhere
     pub fn from_raw(code: sys::flatmem_status) -> Status {
         match code {
             sys::FLATMEM_STATUS_INVALID_ARGUMENT => Status::InvalidArgument,
@@ -35,11 +36,12 @@ impl Status {
             sys::FLATMEM_STATUS_WORKSPACE_TOO_SMALL => Status::WorkspaceTooSmall,
             sys::FLATMEM_STATUS_NON_FINITE => Status::NonFinite,
             sys::FLATMEM_STATUS_INTERNAL => Status::Internal,
-            other => Status::Unknown(other),
+            other => Status::Unknown(other as u32),
         }
     }
 
     /// The raw `flatmem_status` value.
+    #[allow(clippy::unnecessary_cast)]
     pub fn raw(self) -> sys::flatmem_status {
         match self {
             Status::InvalidArgument => sys::FLATMEM_STATUS_INVALID_ARGUMENT,
@@ -48,7 +50,7 @@ impl Status {
             Status::WorkspaceTooSmall => sys::FLATMEM_STATUS_WORKSPACE_TOO_SMALL,
             Status::NonFinite => sys::FLATMEM_STATUS_NON_FINITE,
             Status::Internal => sys::FLATMEM_STATUS_INTERNAL,
-            Status::Unknown(code) => code,
+            Status::Unknown(code) => code as sys::flatmem_status,
         }
     }
 

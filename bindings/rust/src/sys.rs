@@ -7,13 +7,16 @@
 //! or a version macro. Keep the layout of this file simple (one item per
 //! declaration, no macros) so that the check can read it.
 //!
-//! The enums are `c_int` aliases with constants, not Rust enums: the C side
+//! The enums are integer aliases with constants, not Rust enums: the C side
 //! may hand back any value, and a Rust enum holding an unlisted value is
-//! undefined behaviour.
+//! undefined behaviour. Their type is what the C compiler gives an enum
+//! without negative values on this platform (GCC, Clang: `unsigned int`,
+//! as bindgen would declare it); the header check compares size and
+//! signedness with the compiler's.
 #![allow(non_camel_case_types, non_upper_case_globals)]
 
 use std::marker::{PhantomData, PhantomPinned};
-use std::os::raw::{c_char, c_int, c_void};
+use std::os::raw::{c_char, c_int, c_uint, c_void};
 
 pub use crate::dlpack::*;
 
@@ -31,7 +34,7 @@ pub const FLATMEM_VERSION: c_int = FLATMEM_VERSION_MAJOR * 10000 + FLATMEM_VERSI
 // Status and errors
 // ---------------------------------------------------------------------------
 
-pub type flatmem_status = c_int;
+pub type flatmem_status = c_uint;
 pub const FLATMEM_STATUS_SUCCESS: flatmem_status = 0;
 pub const FLATMEM_STATUS_INVALID_ARGUMENT: flatmem_status = 1;
 pub const FLATMEM_STATUS_UNSUPPORTED: flatmem_status = 2;
@@ -41,7 +44,7 @@ pub const FLATMEM_STATUS_NON_FINITE: flatmem_status = 5;
 pub const FLATMEM_STATUS_INTERNAL: flatmem_status = 6;
 pub const FLATMEM_STATUS_MAX: flatmem_status = 0x7fffffff;
 
-pub type flatmem_nonfinite_policy = c_int;
+pub type flatmem_nonfinite_policy = c_uint;
 pub const FLATMEM_NONFINITE_ERROR: flatmem_nonfinite_policy = 0;
 pub const FLATMEM_NONFINITE_PROPAGATE: flatmem_nonfinite_policy = 1;
 pub const FLATMEM_NONFINITE_MAX: flatmem_nonfinite_policy = 0x7fffffff;
@@ -57,7 +60,7 @@ pub struct flatmem_contrastive_t {
     _marker: PhantomData<(*mut u8, PhantomPinned)>,
 }
 
-pub type flatmem_contrastive_loss = c_int;
+pub type flatmem_contrastive_loss = c_uint;
 pub const FLATMEM_CONTRASTIVE_DEFAULT: flatmem_contrastive_loss = 0;
 pub const FLATMEM_CONTRASTIVE_SYMMETRIC: flatmem_contrastive_loss = 1;
 pub const FLATMEM_CONTRASTIVE_INFONCE: flatmem_contrastive_loss = 2;
