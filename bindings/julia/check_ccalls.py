@@ -23,6 +23,10 @@ Julia sources and fails unless:
      sits inside `GC.@preserve v1 v2 ... begin ... end` whose variables
      cover the names the value is computed from.
 
+The header is read as a C compiler without FLATMEM_EXPERIMENTAL and without
+__cplusplus would read it (conditionals evaluated, comments dropped); of its
+includes, those named with a folder (<dlpack/dlpack.h>) are read too.
+
 `--self-test` applies deliberate mistakes (a wrong argument count, a wrong
 type, an unknown name, and more) to the real sources and asserts that each
 one is reported, so that the checker cannot silently pass.
@@ -76,7 +80,8 @@ SCALARS = {
     "char": {"Cchar", "UInt8", "Int8"},
     "void": {"Cvoid", "Nothing"},
 }
-# A C enum has the size of an int here (gcc/clang, values within int).
+# A C enum is passed as a 32-bit int here: gcc makes these (non-negative) enums unsigned
+# int, which is the same register and bits as int for values below 2^31.
 ENUM_SPELLINGS = {"Cint", "Int32"}
 # `const char *` (strings in and out).
 C_STRING_SPELLINGS = {"Cstring", "Ptr{UInt8}", "Ptr{Cchar}"}
