@@ -1,0 +1,716 @@
+/* flatmem.i -- the SWIG interface of flatmem's C ABI (include/flatmem/flatmem.h).
+ *
+ * One interface for every SWIG target language; the Python package
+ * (bindings/python) and the Java proof (scripts/check-java.sh) are generated
+ * from this file. Language-specific parts sit under #ifdef SWIGPYTHON /
+ * #ifdef SWIGJAVA; everything else is plain SWIG.
+ *
+ * What the target language sees (flatmem_ / FLATMEM_ prefixes stripped):
+ *   version(), version_string(), last_error(), status_string(int)
+ *   VERSION, VERSION_MAJOR/MINOR/PATCH      the header this wrapper was built from
+ *   STATUS_*, NONFINITE_*, CONTRASTIVE_*     enum values
+ *   kDLCPU, kDLCUDA, kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex   DLPack codes
+ *   ContrastiveOptions   flatmem_contrastive_options, initialised to the defaults
+ *   Contrastive          flatmem_contrastive_t: constructor = *_create, destructor = *_destroy,
+ *                        forward/backward and the two workspace queries as methods
+ *   Tensor               a DLTensor together with the shape and strides it points to
+ *
+ * Errors. Every status other than SUCCESS becomes an exception in the target
+ * language whose message is "<status name>: <flatmem_last_error()>", e.g.
+ * "FLATMEM_STATUS_INVALID_ARGUMENT: q: dtype (code 2, bits 64, lanes 1) is not
+ * accepted here; ...". The mechanism is one %exception block (below) around
+ * every wrapped call: wrapped code records a failed status in a thread-local
+ * slot with flatmem_swig_check(), and the block turns it into
+ * SWIG_exception() (Java: IllegalArgumentException, OutOfMemoryError or
+ * RuntimeException) or, for Python, into flatmem's own exception classes
+ * (Error and its subclasses, which also derive from ValueError, MemoryError,
+ * ... and carry .status).
+ *
+ * Versions. Loading the module compares FLATMEM_VERSION (the header compiled
+ * into this wrapper) with flatmem_version() (the library actually loaded) and
+ * refuses a mismatch: Python raises ImportError, Java UnsatisfiedLinkError.
+ *
+ * Threads. Python releases the GIL around every wrapped call (threads="1");
+ * the few calls that touch Python objects are marked %nothread. A handle is
+ * still used by one thread at a time (the C thread rule): the Python package
+ * holds a lock per handle.
+ *
+ * Adding a handle kind (reversible segments, communicators): an empty struct
+ * for SWIG, %extend it with a constructor calling *_create and a destructor
+ * calling *_destroy, %ignore the raw functions, and let every method pass the
+ * status of its C call to flatmem_swig_check(). Sizes and other results come
+ * back as return values.
+ */
+
+#ifdef SWIGJAVA
+%module Flatmem
+#else
+%module(package="flatmem", threads="1") capi
+#endif
+
+%{
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <flatmem/flatmem.h>
+%}
+
+%include <exception.i>
+%include <stdint.i>
+
+/* ------------------------------------------------------------------------ */
+/* Errors: a thread-local pending status + message, raised by %exception.    */
+/* ------------------------------------------------------------------------ */
+
+%{
+#define FLATMEM_SWIG_MESSAGE_BYTES 2048
+
+/* The calling thread's pending failure: set by flatmem_swig_check() or
+ * flatmem_swig_fail() inside a wrapped call, consumed by %exception after it.
+ * Thread-local because Python runs wrapped calls without the GIL. */
+typedef struct flatmem_swig_pending {
+  int status; /* a flatmem_status; 0 = nothing pending */
+  char message[FLATMEM_SWIG_MESSAGE_BYTES];
+} flatmem_swig_pending;
+static _Thread_local flatmem_swig_pending flatmem_swig_error;
+
+/* Records a failed C call: its status and flatmem_last_error(), copied now
+ * (the library's pointer is only valid until the thread's next flatmem call).
+ * Returns 1 when status is SUCCESS. */
+static int flatmem_swig_check(flatmem_status status) {
+  if (status == FLATMEM_STATUS_SUCCESS) return 1;
+  if (flatmem_swig_error.status == 0) {
+    flatmem_swig_error.status = (int)status;
+    snprintf(flatmem_swig_error.message, sizeof flatmem_swig_error.message, "%s: %s",
+             flatmem_status_string(status), flatmem_last_error());
+  }
+  return 0;
+}
+
+/* Records a failure found by the binding itself (bad helper argument). */
+static void flatmem_swig_fail(flatmem_status status, const char *format, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void flatmem_swig_fail(flatmem_status status, const char *format, ...) {
+  va_list args;
+  int used;
+  if (flatmem_swig_error.status != 0) return;
+  flatmem_swig_error.status = (int)status;
+  used = snprintf(flatmem_swig_error.message, sizeof flatmem_swig_error.message, "%s: ",
+                  flatmem_status_string(status));
+  va_start(args, format);
+  vsnprintf(flatmem_swig_error.message + used, sizeof flatmem_swig_error.message - (size_t)used,
+            format, args);
+  va_end(args);
+}
+
+/* "" when the header this wrapper was compiled with matches the library that
+ * was loaded, else the message explaining the mismatch. */
+static const char *flatmem_swig_version_mismatch(void) {
+  static char message[512];
+  const int library = flatmem_version();
+  if (library == FLATMEM_VERSION) return "";
+  snprintf(message, sizeof message,
+           "flatmem: this binding was built with flatmem.h %d.%d.%d (FLATMEM_VERSION %d) but the "
+           "loaded libflatmem is %s (flatmem_version() = %d); rebuild the binding against the "
+           "installed library, or load the library it was built for",
+           FLATMEM_VERSION_MAJOR, FLATMEM_VERSION_MINOR, FLATMEM_VERSION_PATCH, FLATMEM_VERSION,
+           flatmem_version_string(), library);
+  return message;
+}
+%}
+
+#ifdef SWIGPYTHON
+/* Python: flatmem's exception classes, made when the module is imported.
+ * Error(RuntimeError) is the base; each status has a subclass that also
+ * derives from the closest built-in exception. Instances carry .status (int),
+ * .status_name and .detail (flatmem_last_error() of the failed call). */
+%{
+typedef struct flatmem_swig_exception_kind {
+  int status;
+  const char *name;
+  PyObject **builtin;
+} flatmem_swig_exception_kind;
+
+static PyObject *flatmem_swig_error_base = NULL;
+static PyObject *flatmem_swig_error_classes[FLATMEM_STATUS_INTERNAL + 1];
+
+static int flatmem_swig_make_exceptions(PyObject *module) {
+  const flatmem_swig_exception_kind kinds[] = {
+      {FLATMEM_STATUS_INVALID_ARGUMENT, "InvalidArgumentError", &PyExc_ValueError},
+      {FLATMEM_STATUS_UNSUPPORTED, "UnsupportedError", &PyExc_NotImplementedError},
+      {FLATMEM_STATUS_OUT_OF_MEMORY, "OutOfMemoryError", &PyExc_MemoryError},
+      {FLATMEM_STATUS_WORKSPACE_TOO_SMALL, "WorkspaceTooSmallError", &PyExc_ValueError},
+      {FLATMEM_STATUS_NON_FINITE, "NonFiniteError", &PyExc_FloatingPointError},
+      {FLATMEM_STATUS_INTERNAL, "InternalError", NULL},
+  };
+  char qualified[128];
+  size_t i;
+  flatmem_swig_error_base = PyErr_NewExceptionWithDoc(
+      "flatmem.Error",
+      "A flatmem call failed. str(e) is '<status name>: <message>'; e.status is the "
+      "flatmem_status value, e.status_name its name, e.detail flatmem_last_error().",
+      PyExc_RuntimeError, NULL);
+  if (!flatmem_swig_error_base) return -1;
+  Py_INCREF(flatmem_swig_error_base);
+  if (PyModule_AddObject(module, "Error", flatmem_swig_error_base) < 0) return -1;
+  for (i = 0; i < sizeof kinds / sizeof kinds[0]; ++i) {
+    PyObject *bases = kinds[i].builtin
+                          ? PyTuple_Pack(2, flatmem_swig_error_base, *kinds[i].builtin)
+                          : PyTuple_Pack(1, flatmem_swig_error_base);
+    PyObject *cls;
+    if (!bases) return -1;
+    snprintf(qualified, sizeof qualified, "flatmem.%s", kinds[i].name);
+    cls = PyErr_NewException(qualified, bases, NULL);
+    Py_DECREF(bases);
+    if (!cls) return -1;
+    flatmem_swig_error_classes[kinds[i].status] = cls;
+    Py_INCREF(cls);
+    if (PyModule_AddObject(module, kinds[i].name, cls) < 0) return -1;
+  }
+  return 0;
+}
+
+/* Raises the pending failure as flatmem.<Kind>Error and clears it. */
+static void flatmem_swig_raise_python(void) {
+  const int status = flatmem_swig_error.status;
+  PyObject *cls = (status > 0 && status <= FLATMEM_STATUS_INTERNAL &&
+                   flatmem_swig_error_classes[status])
+                      ? flatmem_swig_error_classes[status]
+                      : flatmem_swig_error_base;
+  const char *message = flatmem_swig_error.message;
+  const char *colon = strstr(message, ": ");
+  const char *status_name = flatmem_status_string((flatmem_status)status);
+  PyObject *exc = PyObject_CallFunction(cls, "s", message);
+  flatmem_swig_error.status = 0;
+  if (!exc) return; /* the constructor's own error stands */
+  if (PyObject_SetAttrString(exc, "status", PyLong_FromLong(status)) < 0 ||
+      PyObject_SetAttrString(exc, "status_name", PyUnicode_FromString(status_name)) < 0 ||
+      PyObject_SetAttrString(exc, "detail", PyUnicode_FromString(colon ? colon + 2 : message)) < 0) {
+    Py_DECREF(exc);
+    return;
+  }
+  PyErr_SetObject(cls, exc);
+  Py_DECREF(exc);
+}
+%}
+
+%exception {
+  flatmem_swig_error.status = 0;
+  $action
+  if (flatmem_swig_error.status != 0) {
+    flatmem_swig_raise_python();
+    SWIG_fail;
+  }
+}
+
+%init %{
+  if (flatmem_swig_make_exceptions(m) < 0) return NULL;
+  if (flatmem_swig_version_mismatch()[0] != '\0') {
+    PyErr_SetString(PyExc_ImportError, flatmem_swig_version_mismatch());
+    return NULL;
+  }
+%}
+
+%pythoncode %{
+Error = _capi.Error
+InvalidArgumentError = _capi.InvalidArgumentError
+UnsupportedError = _capi.UnsupportedError
+OutOfMemoryError = _capi.OutOfMemoryError
+WorkspaceTooSmallError = _capi.WorkspaceTooSmallError
+NonFiniteError = _capi.NonFiniteError
+InternalError = _capi.InternalError
+%}
+
+#else /* every other language: exception.i */
+
+%{
+/* The SWIG error class for a status (exception.i maps it per language). */
+static int flatmem_swig_error_code(int status) {
+  switch (status) {
+    case FLATMEM_STATUS_INVALID_ARGUMENT:
+    case FLATMEM_STATUS_WORKSPACE_TOO_SMALL:
+    case FLATMEM_STATUS_NON_FINITE: return SWIG_ValueError;
+    case FLATMEM_STATUS_OUT_OF_MEMORY: return SWIG_MemoryError;
+    default: return SWIG_RuntimeError;
+  }
+}
+%}
+
+%exception {
+  flatmem_swig_error.status = 0;
+  $action
+  if (flatmem_swig_error.status != 0) {
+    const int flatmem_swig_status_ = flatmem_swig_error.status;
+    flatmem_swig_error.status = 0;
+    SWIG_exception(flatmem_swig_error_code(flatmem_swig_status_), flatmem_swig_error.message);
+  }
+}
+
+#endif
+
+#ifdef SWIGJAVA
+/* Java: the JNI library is loaded by the JNI class; the version check runs
+ * right after and refuses a mismatched library the way a missing one is. */
+%pragma(java) jniclasscode=%{
+  static {
+    System.loadLibrary(System.getProperty("flatmem.jni.library", "flatmemjni"));
+    String mismatch = version_mismatch();
+    if (!mismatch.isEmpty()) throw new UnsatisfiedLinkError(mismatch);
+  }
+%}
+/* Proper Java enums; options, handles and tensors are AutoCloseable (close() =
+ * delete()); the overloads SWIG makes from default arguments in C++ are
+ * written out here (this interface is wrapped as C). */
+%include <enums.swg>
+%typemap(javainterfaces) struct flatmem_contrastive_options "AutoCloseable"
+%typemap(javacode) struct flatmem_contrastive_options %{
+  @Override public void close() { delete(); }
+%}
+%typemap(javainterfaces) struct flatmem_contrastive_s "AutoCloseable"
+%typemap(javacode) struct flatmem_contrastive_s %{
+  @Override public void close() { delete(); }
+
+  /** A handle with the default options. */
+  public Contrastive() { this(null); }
+
+  /** forward() with the handle's own workspace, on the CPU. */
+  public void forward(Tensor q, Tensor k, Tensor labels, Tensor logit_scale, Tensor loss,
+                      Tensor row_lse, Tensor col_lse) {
+    forward(q, k, labels, logit_scale, loss, row_lse, col_lse, null, 0);
+  }
+
+  /** backward() with the handle's own workspace, on the CPU. */
+  public void backward(Tensor q, Tensor k, Tensor labels, Tensor logit_scale, Tensor row_lse,
+                       Tensor col_lse, Tensor dloss, Tensor dq, Tensor dk, Tensor dlogit_scale) {
+    backward(q, k, labels, logit_scale, row_lse, col_lse, dloss, dq, dk, dlogit_scale, null, 0);
+  }
+%}
+%typemap(javainterfaces) struct flatmem_swig_tensor "AutoCloseable"
+%typemap(javacode) struct flatmem_swig_tensor %{
+  @Override public void close() { delete(); }
+
+  /** A tensor of this shape and dtype with zeroed memory of its own. */
+  public static Tensor allocated(int dtype_code, int dtype_bits, long... shape) {
+    Tensor t = new Tensor(0, shape.length, dtype_code, dtype_bits);
+    for (int i = 0; i < shape.length; ++i) t.set_shape(i, shape[i]);
+    t.allocate();
+    return t;
+  }
+%}
+#endif
+
+/* The mismatch text ("" when fine), for the Java static initializer and tests. */
+%rename(version_mismatch) flatmem_swig_version_mismatch;
+const char *flatmem_swig_version_mismatch(void);
+
+/* ------------------------------------------------------------------------ */
+/* The public header                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Names without the flatmem_ / FLATMEM_ prefix (version(), STATUS_SUCCESS). */
+%rename("%(regex:/^(flatmem|FLATMEM)_(.*)$/\\2/)s") "";
+
+/* Exposed as methods of Contrastive / ContrastiveOptions below. */
+%ignore flatmem_contrastive_options_init;
+%ignore flatmem_contrastive_create;
+%ignore flatmem_contrastive_destroy;
+%ignore flatmem_contrastive_forward_workspace_size;
+%ignore flatmem_contrastive_backward_workspace_size;
+%ignore flatmem_contrastive_forward;
+%ignore flatmem_contrastive_backward;
+/* Takes the status enum; status_string(int) below serves every language. */
+%ignore flatmem_status_string;
+/* The enums' 0x7fffffff sentinels only fix the enum width. */
+%ignore FLATMEM_STATUS_MAX;
+%ignore FLATMEM_NONFINITE_MAX;
+%ignore FLATMEM_CONTRASTIVE_LOSS_MAX;
+
+%rename(Status) flatmem_status;
+%rename(NonfinitePolicy) flatmem_nonfinite_policy;
+%rename(ContrastiveLoss) flatmem_contrastive_loss;
+%rename(ContrastiveOptions) flatmem_contrastive_options;
+%rename(Contrastive) flatmem_contrastive_s;
+
+/* struct_size is set by the constructor; the library reads it. */
+%immutable flatmem_contrastive_options::struct_size;
+
+%include <flatmem/flatmem.h>
+
+%rename(status_string) flatmem_status_string_of;
+%inline %{
+/* flatmem_status_string for a plain int (a status number from any language). */
+const char *flatmem_status_string_of(int status) {
+  return flatmem_status_string((flatmem_status)status);
+}
+%}
+
+/* DLPack codes (dlpack.h is not wrapped: Tensor below builds DLTensors). */
+%constant int kDLCPU = kDLCPU;
+%constant int kDLCUDA = kDLCUDA;
+%constant int kDLCUDAHost = kDLCUDAHost;
+%constant int kDLInt = kDLInt;
+%constant int kDLUInt = kDLUInt;
+%constant int kDLFloat = kDLFloat;
+%constant int kDLBfloat = kDLBfloat;
+%constant int kDLComplex = kDLComplex;
+
+/* ------------------------------------------------------------------------ */
+/* Tensor: a DLTensor plus the shape/strides arrays it points to.            */
+/* ------------------------------------------------------------------------ */
+/*
+ * Layout: a C struct holding a DLTensor `dl` and two int64 arrays of
+ * FLATMEM_SWIG_MAX_NDIM extents; dl.shape always points at `shape`, dl.strides
+ * is NULL (compact row-major) until set_stride() is called, then points at
+ * `strides` (in elements, as DLPack says). The data is the caller's (an
+ * address given as an integer, kept alive by the caller) unless allocate() is
+ * called, which gives the tensor zeroed memory of its own, freed with it.
+ * Nothing here checks what flatmem checks (dtype, extents, strides): the
+ * library's own messages report those.
+ */
+
+%{
+#define FLATMEM_SWIG_MAX_NDIM 8
+
+typedef struct flatmem_swig_tensor {
+  DLTensor dl;
+  int64_t shape[FLATMEM_SWIG_MAX_NDIM];
+  int64_t strides[FLATMEM_SWIG_MAX_NDIM];
+  void *owned;
+} flatmem_swig_tensor;
+
+static const DLTensor *flatmem_swig_dl(const flatmem_swig_tensor *t) { return t ? &t->dl : NULL; }
+static DLTensor *flatmem_swig_dl_out(flatmem_swig_tensor *t) { return t ? &t->dl : NULL; }
+
+static int flatmem_swig_dim_ok(const flatmem_swig_tensor *t, int32_t dim) {
+  if (dim >= 0 && dim < t->dl.ndim) return 1;
+  flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Tensor: dimension %d is out of range for ndim %d",
+                    (int)dim, (int)t->dl.ndim);
+  return 0;
+}
+
+static int64_t flatmem_swig_numel(const flatmem_swig_tensor *t) {
+  int64_t n = 1;
+  int i;
+  for (i = 0; i < t->dl.ndim; ++i) n *= t->shape[i];
+  return n;
+}
+
+static int64_t flatmem_swig_element_bytes(const flatmem_swig_tensor *t) {
+  return ((int64_t)t->dl.dtype.bits * t->dl.dtype.lanes + 7) / 8;
+}
+
+/* Byte address of element `index` (row-major order over the shape, honouring strides). */
+static char *flatmem_swig_element(const flatmem_swig_tensor *t, int64_t index) {
+  int64_t offset = 0;
+  int i;
+  if (!t->dl.data) {
+    flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Tensor: no data (call allocate() or pass an address)");
+    return NULL;
+  }
+  if (index < 0 || index >= flatmem_swig_numel(t)) {
+    flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Tensor: element %lld is out of range for %lld elements",
+                      (long long)index, (long long)flatmem_swig_numel(t));
+    return NULL;
+  }
+  for (i = t->dl.ndim - 1; i >= 0; --i) {
+    const int64_t position = index % t->shape[i];
+    int64_t stride = 1, j;
+    index /= t->shape[i];
+    if (t->dl.strides) stride = t->strides[i];
+    else for (j = i + 1; j < t->dl.ndim; ++j) stride *= t->shape[j];
+    offset += position * stride;
+  }
+  return (char *)t->dl.data + t->dl.byte_offset + offset * flatmem_swig_element_bytes(t);
+}
+
+static int flatmem_swig_scalar_dtype_ok(const flatmem_swig_tensor *t) {
+  const DLDataType d = t->dl.dtype;
+  if (d.lanes == 1 && ((d.code == kDLFloat && (d.bits == 32 || d.bits == 64)) ||
+                       (d.code == kDLInt && (d.bits == 32 || d.bits == 64))))
+    return 1;
+  flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
+                    "Tensor.get/set: dtype (code %d, bits %d, lanes %d) not supported; "
+                    "expected float32, float64, int32 or int64",
+                    (int)d.code, (int)d.bits, (int)d.lanes);
+  return 0;
+}
+%}
+
+%rename(Tensor) flatmem_swig_tensor;
+struct flatmem_swig_tensor {};
+%extend flatmem_swig_tensor {
+  /* A tensor of `ndim` dimensions (extents 1 until set_shape) of dtype
+   * (dtype_code, dtype_bits, lanes 1) on kDLCPU device 0, at byte address
+   * `data` (0 = none yet; see allocate()). */
+  flatmem_swig_tensor(int64_t data, int32_t ndim, int32_t dtype_code, int32_t dtype_bits) {
+    flatmem_swig_tensor *t;
+    int i;
+    if (ndim < 0 || ndim > FLATMEM_SWIG_MAX_NDIM) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Tensor: ndim %d is out of range [0, %d]",
+                        (int)ndim, FLATMEM_SWIG_MAX_NDIM);
+      return NULL;
+    }
+    if (dtype_code < 0 || dtype_code > 255 || dtype_bits < 0 || dtype_bits > 255) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Tensor: dtype code %d / bits %d do not fit DLPack's uint8 fields",
+                        (int)dtype_code, (int)dtype_bits);
+      return NULL;
+    }
+    t = (flatmem_swig_tensor *)calloc(1, sizeof *t);
+    if (!t) {
+      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "Tensor: out of memory");
+      return NULL;
+    }
+    for (i = 0; i < FLATMEM_SWIG_MAX_NDIM; ++i) t->shape[i] = 1;
+    t->dl.data = (void *)(intptr_t)data;
+    t->dl.device.device_type = kDLCPU;
+    t->dl.device.device_id = 0;
+    t->dl.ndim = ndim;
+    t->dl.dtype.code = (uint8_t)dtype_code;
+    t->dl.dtype.bits = (uint8_t)dtype_bits;
+    t->dl.dtype.lanes = 1;
+    t->dl.shape = t->shape;
+    t->dl.strides = NULL;
+    t->dl.byte_offset = 0;
+    return t;
+  }
+  ~flatmem_swig_tensor() {
+    free($self->owned);
+    free($self);
+  }
+
+  void set_shape(int32_t dim, int64_t extent) {
+    if (flatmem_swig_dim_ok($self, dim)) $self->shape[dim] = extent;
+  }
+  /* Strides in elements. The first call switches from compact row-major
+   * (strides NULL) to explicit strides, starting from the compact ones of
+   * the current shape: set the shape first. */
+  void set_stride(int32_t dim, int64_t stride) {
+    int i;
+    if (!flatmem_swig_dim_ok($self, dim)) return;
+    if (!$self->dl.strides) {
+      int64_t s = 1;
+      for (i = $self->dl.ndim - 1; i >= 0; --i) {
+        $self->strides[i] = s;
+        s *= $self->shape[i];
+      }
+      $self->dl.strides = $self->strides;
+    }
+    $self->strides[dim] = stride;
+  }
+  void set_byte_offset(uint64_t byte_offset) { $self->dl.byte_offset = byte_offset; }
+  void set_lanes(int32_t lanes) { $self->dl.dtype.lanes = (uint16_t)lanes; }
+  void set_device(int32_t device_type, int32_t device_id) {
+    $self->dl.device.device_type = (DLDeviceType)device_type;
+    $self->dl.device.device_id = device_id;
+  }
+  /* Gives the tensor zeroed compact memory of its own for its current shape
+   * and dtype (freed with the tensor); strides return to compact. */
+  void allocate() {
+    const int64_t bytes = flatmem_swig_numel($self) * flatmem_swig_element_bytes($self);
+    int i;
+    for (i = 0; i < $self->dl.ndim; ++i)
+      if ($self->shape[i] < 0) {
+        flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Tensor.allocate: negative extent in dimension %d", i);
+        return;
+      }
+    if ($self->owned || $self->dl.data) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Tensor.allocate: the tensor already has data");
+      return;
+    }
+    $self->owned = calloc((size_t)(bytes > 0 ? bytes : 1), 1);
+    if (!$self->owned) {
+      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "Tensor.allocate: could not allocate %lld bytes",
+                        (long long)bytes);
+      return;
+    }
+    $self->dl.data = $self->owned;
+    $self->dl.strides = NULL;
+    $self->dl.byte_offset = 0;
+  }
+
+  /* Element `index` (row-major order over the shape) of a float32/float64/
+   * int32/int64 tensor, as a double; and its setter. */
+  double get(int64_t index) {
+    const char *p;
+    if (!flatmem_swig_scalar_dtype_ok($self) || !(p = flatmem_swig_element($self, index))) return 0.0;
+    if ($self->dl.dtype.code == kDLFloat)
+      return $self->dl.dtype.bits == 32 ? (double)*(const float *)p : *(const double *)p;
+    return $self->dl.dtype.bits == 32 ? (double)*(const int32_t *)p : (double)*(const int64_t *)p;
+  }
+  void set(int64_t index, double value) {
+    char *p;
+    if (!flatmem_swig_scalar_dtype_ok($self) || !(p = flatmem_swig_element($self, index))) return;
+    if ($self->dl.dtype.code == kDLFloat) {
+      if ($self->dl.dtype.bits == 32) *(float *)p = (float)value;
+      else *(double *)p = value;
+    } else if ($self->dl.dtype.bits == 32) {
+      *(int32_t *)p = (int32_t)value;
+    } else {
+      *(int64_t *)p = (int64_t)value;
+    }
+  }
+
+  int64_t data() const { return (int64_t)(intptr_t)$self->dl.data; }
+  int32_t ndim() const { return $self->dl.ndim; }
+  int32_t dtype_code() const { return $self->dl.dtype.code; }
+  int32_t dtype_bits() const { return $self->dl.dtype.bits; }
+  int32_t dtype_lanes() const { return $self->dl.dtype.lanes; }
+  int32_t device_type() const { return (int32_t)$self->dl.device.device_type; }
+  int32_t device_id() const { return $self->dl.device.device_id; }
+  uint64_t byte_offset() const { return $self->dl.byte_offset; }
+  int64_t shape(int32_t dim) const { return flatmem_swig_dim_ok($self, dim) ? $self->shape[dim] : 0; }
+  /* The stride of `dim` in elements (the compact one when strides are NULL). */
+  int64_t stride(int32_t dim) const {
+    int64_t s = 1;
+    int i;
+    if (!flatmem_swig_dim_ok($self, dim)) return 0;
+    if ($self->dl.strides) return $self->strides[dim];
+    for (i = dim + 1; i < $self->dl.ndim; ++i) s *= $self->shape[i];
+    return s;
+  }
+  bool has_strides() const { return $self->dl.strides != NULL; }
+  int64_t numel() const { return flatmem_swig_numel($self); }
+  /* Bytes of the compact extent: numel() * element size. */
+  int64_t nbytes() const { return flatmem_swig_numel($self) * flatmem_swig_element_bytes($self); }
+}
+
+#ifdef SWIGPYTHON
+/* Python: a Tensor describing the DLTensor inside an unconsumed "dltensor"
+ * capsule (obj.__dlpack__()). The capsule is not consumed: the caller keeps
+ * it alive as long as the Tensor is used; its destructor calls the producer's
+ * deleter. Runs with the GIL (it calls the C API of Python). */
+%nothread flatmem_swig_tensor_from_dlpack;
+%rename(tensor_from_dlpack) flatmem_swig_tensor_from_dlpack;
+%newobject flatmem_swig_tensor_from_dlpack;
+%inline %{
+flatmem_swig_tensor *flatmem_swig_tensor_from_dlpack(PyObject *capsule) {
+  const DLManagedTensor *managed;
+  const DLTensor *src;
+  flatmem_swig_tensor *t;
+  int i;
+  if (!PyCapsule_IsValid(capsule, "dltensor")) {
+    flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
+                      "tensor_from_dlpack: expected an unconsumed PyCapsule named \"dltensor\" "
+                      "(what __dlpack__() returns)");
+    return NULL;
+  }
+  managed = (const DLManagedTensor *)PyCapsule_GetPointer(capsule, "dltensor");
+  src = &managed->dl_tensor;
+  if (src->ndim < 0 || src->ndim > FLATMEM_SWIG_MAX_NDIM) {
+    flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "tensor_from_dlpack: ndim %d is out of range [0, %d]",
+                      (int)src->ndim, FLATMEM_SWIG_MAX_NDIM);
+    return NULL;
+  }
+  t = (flatmem_swig_tensor *)calloc(1, sizeof *t);
+  if (!t) {
+    flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "tensor_from_dlpack: out of memory");
+    return NULL;
+  }
+  t->dl = *src;
+  for (i = 0; i < FLATMEM_SWIG_MAX_NDIM; ++i) t->shape[i] = i < src->ndim ? src->shape[i] : 1;
+  t->dl.shape = t->shape;
+  if (src->strides) {
+    for (i = 0; i < src->ndim; ++i) t->strides[i] = src->strides[i];
+    t->dl.strides = t->strides;
+  }
+  return t;
+}
+%}
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* ContrastiveOptions                                                        */
+/* ------------------------------------------------------------------------ */
+
+%extend flatmem_contrastive_options {
+  /* The defaults (flatmem_contrastive_options_init): symmetric loss, all
+   * processors, 512 x 512 tiles, non-finite inputs refused. */
+  flatmem_contrastive_options() {
+    flatmem_contrastive_options *o = (flatmem_contrastive_options *)calloc(1, sizeof *o);
+    if (!o) {
+      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "ContrastiveOptions: out of memory");
+      return NULL;
+    }
+    if (!flatmem_swig_check(flatmem_contrastive_options_init(o))) {
+      free(o);
+      return NULL;
+    }
+    return o;
+  }
+  ~flatmem_contrastive_options() { free($self); }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Contrastive: the flatmem_contrastive_t handle                             */
+/* ------------------------------------------------------------------------ */
+/* Tensors are Tensor objects or None/null for the C API's NULL; the workspace
+ * is a Tensor whose compact bytes (nbytes()) are handed over, or None (the
+ * handle allocates); stream is a cudaStream_t as an integer (0 on the CPU). */
+
+%{
+static void *flatmem_swig_workspace(const flatmem_swig_tensor *w, size_t *bytes) {
+  *bytes = w ? (size_t)(flatmem_swig_numel(w) * flatmem_swig_element_bytes(w)) : 0;
+  return w ? (char *)w->dl.data + w->dl.byte_offset : NULL;
+}
+%}
+
+struct flatmem_contrastive_s {};
+%extend flatmem_contrastive_s {
+  /* flatmem_contrastive_create(options); None/null = defaults. */
+  flatmem_contrastive_s(const flatmem_contrastive_options *options = NULL) {
+    flatmem_contrastive_t *handle = NULL;
+    flatmem_swig_check(flatmem_contrastive_create(&handle, options));
+    return handle;
+  }
+  /* flatmem_contrastive_destroy: joins the handle's threads. */
+  ~flatmem_contrastive_s() { flatmem_contrastive_destroy($self); }
+
+  size_t forward_workspace_size(const flatmem_swig_tensor *q, const flatmem_swig_tensor *k) const {
+    size_t bytes = 0;
+    flatmem_swig_check(flatmem_contrastive_forward_workspace_size($self, flatmem_swig_dl(q), flatmem_swig_dl(k), &bytes));
+    return bytes;
+  }
+  size_t backward_workspace_size(const flatmem_swig_tensor *q, const flatmem_swig_tensor *k,
+                                 const flatmem_swig_tensor *dq, const flatmem_swig_tensor *dk) const {
+    size_t bytes = 0;
+    flatmem_swig_check(flatmem_contrastive_backward_workspace_size(
+        $self, flatmem_swig_dl(q), flatmem_swig_dl(k), flatmem_swig_dl(dq), flatmem_swig_dl(dk), &bytes));
+    return bytes;
+  }
+
+  /* flatmem_contrastive_forward: writes loss, row_lse and (symmetric) col_lse. */
+  void forward(const flatmem_swig_tensor *q, const flatmem_swig_tensor *k,
+               const flatmem_swig_tensor *labels, const flatmem_swig_tensor *logit_scale,
+               flatmem_swig_tensor *loss, flatmem_swig_tensor *row_lse, flatmem_swig_tensor *col_lse,
+               const flatmem_swig_tensor *workspace = NULL, int64_t stream = 0) {
+    size_t workspace_bytes;
+    void *ws = flatmem_swig_workspace(workspace, &workspace_bytes);
+    flatmem_swig_check(flatmem_contrastive_forward(
+        $self, flatmem_swig_dl(q), flatmem_swig_dl(k), flatmem_swig_dl(labels), flatmem_swig_dl(logit_scale),
+        flatmem_swig_dl_out(loss), flatmem_swig_dl_out(row_lse), flatmem_swig_dl_out(col_lse), ws,
+        workspace_bytes, (void *)(intptr_t)stream));
+  }
+
+  /* flatmem_contrastive_backward: writes the requested gradients (None = skip). */
+  void backward(const flatmem_swig_tensor *q, const flatmem_swig_tensor *k,
+                const flatmem_swig_tensor *labels, const flatmem_swig_tensor *logit_scale,
+                const flatmem_swig_tensor *row_lse, const flatmem_swig_tensor *col_lse,
+                const flatmem_swig_tensor *dloss, flatmem_swig_tensor *dq, flatmem_swig_tensor *dk,
+                flatmem_swig_tensor *dlogit_scale, const flatmem_swig_tensor *workspace = NULL,
+                int64_t stream = 0) {
+    size_t workspace_bytes;
+    void *ws = flatmem_swig_workspace(workspace, &workspace_bytes);
+    flatmem_swig_check(flatmem_contrastive_backward(
+        $self, flatmem_swig_dl(q), flatmem_swig_dl(k), flatmem_swig_dl(labels), flatmem_swig_dl(logit_scale),
+        flatmem_swig_dl(row_lse), flatmem_swig_dl(col_lse), flatmem_swig_dl(dloss), flatmem_swig_dl_out(dq),
+        flatmem_swig_dl_out(dk), flatmem_swig_dl_out(dlogit_scale), ws, workspace_bytes,
+        (void *)(intptr_t)stream));
+  }
+}
