@@ -1,0 +1,250 @@
+"""The tiled contrastive loss (flatmem_contrastive_t) for NumPy and DLPack arrays.
+
+Two levels:
+
+* ``contrastive_loss(q, k, logit_scale, labels=None, symmetric=True)`` returns
+  ``(loss, backward)``; ``backward(dloss=1.0)`` returns ``(dq, dk, dlogit_scale)``.
+* ``Contrastive``: the handle itself, with its options, ``forward``,
+  ``backward`` and the workspace queries (the pattern later handles follow).
+
+Formulas, shapes, dtypes and the gradient convention are those of
+include/flatmem/flatmem.h: the loss is the mean over the b rows, and
+``dlogit_scale`` is d/ds of the scale s itself (multiply by s for a learned
+log-scale).
+"""
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from . import capi
+from ._tensors import Arg, as_arg, as_output, as_scalar_arg, as_workspace, dlpack_dtype, output
+
+_LOSSES = {
+    "symmetric": capi.CONTRASTIVE_SYMMETRIC,
+    "clip": capi.CONTRASTIVE_SYMMETRIC,
+    "infonce": capi.CONTRASTIVE_INFONCE,
+}
+_NONFINITE = {"error": capi.NONFINITE_ERROR, "propagate": capi.NONFINITE_PROPAGATE}
+
+
+def _option(value, names, what):
+    """A string option by name, or the raw enum integer (passed through: the
+    library judges values it does not know)."""
+    if isinstance(value, str):
+        try:
+            return names[value.lower()]
+        except KeyError:
+            raise ValueError(f"{what}: '{value}' is not one of {sorted(names)}") from None
+    return int(value)
+
+
+class ForwardResult(NamedTuple):
+    """What Contrastive.forward returns: the mean loss (0-d float32) and the
+    saved log-sum-exp vectors the backward needs (col_lse None for InfoNCE)."""
+
+    loss: np.ndarray
+    row_lse: np.ndarray
+    col_lse: Optional[np.ndarray]
+
+
+class Contrastive:
+    """A flatmem_contrastive_t handle: created with its options, destroyed with
+    the object (or by close() / a with-block).
+
+    loss        "symmetric" (CLIP, c = b, no labels) or "infonce" (rows ->
+                columns, optional int64 labels, c >= b allowed)
+    num_threads CPU threads including the caller's; 0 = all processors
+    tile_rows, tile_cols   tile extents (0 = 512); results depend on them
+                (summation order), not on num_threads
+    nonfinite   "error" (NaN/Inf inputs raise NonFiniteError) or "propagate"
+
+    Inputs are NumPy arrays (float32, ml_dtypes.bfloat16 or float16 features,
+    any row stride; int64 labels) or objects with __dlpack__; outputs are new
+    NumPy arrays. Calls on one handle are serialised by a lock (the C thread
+    rule: one thread at a time per handle); the GIL is released while the
+    library computes.
+    """
+
+    def __init__(self, loss="symmetric", *, num_threads=0, tile_rows=0, tile_cols=0,
+                 nonfinite="error"):
+        options = capi.ContrastiveOptions()
+        options.loss = _option(loss, _LOSSES, "loss")
+        options.num_threads = int(num_threads)
+        options.tile_rows = int(tile_rows)
+        options.tile_cols = int(tile_cols)
+        options.nonfinite = _option(nonfinite, _NONFINITE, "nonfinite")
+        self._symmetric = options.loss in (capi.CONTRASTIVE_DEFAULT, capi.CONTRASTIVE_SYMMETRIC)
+        self._lock = threading.Lock()
+        self._handle = capi.Contrastive(options)
+        self.options = {"loss": "symmetric" if self._symmetric else "infonce",
+                        "num_threads": options.num_threads, "tile_rows": options.tile_rows,
+                        "tile_cols": options.tile_cols, "nonfinite": options.nonfinite}
+
+    @property
+    def symmetric(self):
+        return self._symmetric
+
+    def close(self):
+        """Destroy the handle now (joins its threads, frees its workspace)."""
+        with self._lock:
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self._handle is None else "open"
+        return f"flatmem.Contrastive({self.options}, {state})"
+
+    def _h(self):
+        if self._handle is None:
+            raise ValueError("flatmem.Contrastive: the handle is closed")
+        return self._handle
+
+    # ---- workspace queries ------------------------------------------------
+
+    def forward_workspace_size(self, q, k):
+        """Bytes of workspace forward() needs for these shapes and dtypes."""
+        q, k = as_arg(q, "q"), as_arg(k, "k")
+        with self._lock:
+            return self._h().forward_workspace_size(q.tensor, k.tensor)
+
+    def backward_workspace_size(self, q, k, grad_dtype=None, *, dq=True, dk=True):
+        """Bytes of workspace backward() needs when it writes dq / dk (False:
+        not requested) in grad_dtype (None: the input dtype)."""
+        q, k = as_arg(q, "q"), as_arg(k, "k")
+        dq_t = self._grad_meta(q, grad_dtype, "dq") if dq else None
+        dk_t = self._grad_meta(k, grad_dtype, "dk") if dk else None
+        with self._lock:
+            return self._h().backward_workspace_size(q.tensor, k.tensor, dq_t, dk_t)
+
+    @staticmethod
+    def _grad_meta(like, grad_dtype, name):
+        """A data-less tensor with like's shape in grad_dtype (for size queries)."""
+        src = like.tensor
+        if grad_dtype is None:
+            code, bits = src.dtype_code(), src.dtype_bits()
+        else:
+            code, bits = dlpack_dtype(grad_dtype, name)
+        t = capi.Tensor(0, src.ndim(), code, bits)
+        for i in range(src.ndim()):
+            t.set_shape(i, src.shape(i))
+        return t
+
+    # ---- forward / backward ------------------------------------------------
+
+    def forward(self, q, k, logit_scale, labels=None, *, workspace=None):
+        """The mean loss and the saved log-sum-exp vectors (ForwardResult)."""
+        return self._forward(as_arg(q, "q"), as_arg(k, "k"), as_scalar_arg(logit_scale, "logit_scale"),
+                             as_arg(labels, "labels"), as_workspace(workspace))
+
+    def backward(self, q, k, logit_scale, row_lse, col_lse=None, labels=None, dloss=None, *,
+                 dq=True, dk=True, dlogit_scale=True, grad_dtype=None, workspace=None):
+        """Gradients of dloss * L: returns (dq, dk, dlogit_scale).
+
+        dq, dk: True = a new array in grad_dtype (None: the input dtype;
+        "float32" also allowed), False = not computed (None returned), or a
+        writable NumPy array (any row stride) to write into.
+        dlogit_scale: True (a new float32 array shaped like logit_scale) or False.
+        dloss: the upstream gradient g (None = 1).
+        """
+        return self._backward(as_arg(q, "q"), as_arg(k, "k"), as_scalar_arg(logit_scale, "logit_scale"),
+                              as_arg(row_lse, "row_lse"), as_arg(col_lse, "col_lse"),
+                              as_arg(labels, "labels"), as_scalar_arg(dloss, "dloss"),
+                              dq, dk, dlogit_scale, grad_dtype, as_workspace(workspace))
+
+    def _forward(self, q: Arg, k: Arg, s: Arg, labels: Optional[Arg], ws: Optional[Arg]):
+        b, c = q.extent(0), k.extent(0)
+        loss, loss_t = output((), np.float32, "loss")
+        row_lse, row_t = output((b,), np.float32, "row_lse")
+        col_lse, col_t = output((c,), np.float32, "col_lse") if self._symmetric else (None, None)
+        with self._lock:
+            self._h().forward(q.tensor, k.tensor, labels and labels.tensor, s.tensor, loss_t.tensor,
+                              row_t.tensor, col_t and col_t.tensor, ws and ws.tensor)
+        return ForwardResult(loss, row_lse, col_lse)
+
+    def _backward(self, q: Arg, k: Arg, s: Arg, row_lse: Arg, col_lse: Optional[Arg],
+                  labels: Optional[Arg], dloss: Optional[Arg], dq, dk, dlogit_scale, grad_dtype,
+                  ws: Optional[Arg]):
+        dq, dq_t = self._gradient(dq, q, grad_dtype, "dq")
+        dk, dk_t = self._gradient(dk, k, grad_dtype, "dk")
+        ds, ds_t = (None, None)
+        if dlogit_scale:
+            ds, ds_t = output(s.shape if s.ndim == 1 else (), np.float32, "dlogit_scale")
+        with self._lock:
+            self._h().backward(q.tensor, k.tensor, labels and labels.tensor, s.tensor,
+                               row_lse.tensor, col_lse and col_lse.tensor, dloss and dloss.tensor,
+                               dq_t and dq_t.tensor, dk_t and dk_t.tensor, ds_t and ds_t.tensor,
+                               ws and ws.tensor)
+        return dq, dk, ds
+
+    @staticmethod
+    def _gradient(spec, like: Arg, grad_dtype, name):
+        """(array, Arg) for a gradient output: new, caller-provided or skipped."""
+        if spec is None or spec is False:
+            return None, None
+        if spec is True:
+            dtype = grad_dtype if grad_dtype is not None else like.dtype
+            if dtype is None:
+                raise TypeError(f"{name}: no NumPy dtype matches the input's; pass grad_dtype='float32'")
+            shape = like.shape if like.ndim == 2 else (like.extent(0), like.extent(1))
+            return output(shape, dtype, name)
+        return spec, as_output(spec, name)
+
+
+_shared = threading.local()
+
+
+def _shared_handle(loss, num_threads, tile_rows, tile_cols, nonfinite):
+    """The calling thread's handle for these options, kept for later calls
+    (creating one starts its worker threads)."""
+    key = (loss, num_threads, tile_rows, tile_cols, nonfinite)
+    handles = getattr(_shared, "handles", None)
+    if handles is None:
+        handles = _shared.handles = {}
+    handle = handles.get(key)
+    if handle is None:
+        handle = handles[key] = Contrastive(loss, num_threads=num_threads, tile_rows=tile_rows,
+                                            tile_cols=tile_cols, nonfinite=nonfinite)
+    return handle
+
+
+def contrastive_loss(q, k, logit_scale, labels=None, symmetric=True, *, num_threads=0,
+                     tile_rows=0, tile_cols=0, nonfinite="error"):
+    """The contrastive loss of row features q (b, d) against column features
+    k (c, d) at logit scale s: returns (loss, backward).
+
+    symmetric=True: the CLIP loss (c = b, row i paired with column i, no
+    labels). symmetric=False: InfoNCE rows -> columns with labels (b,) int64
+    in [0, c) (default: y_i = i), c >= b allowed.
+
+    loss is a 0-d float32 array; backward(dloss=1.0) returns (dq, dk,
+    dlogit_scale): NumPy arrays in the input dtype (dlogit_scale float32,
+    shaped like logit_scale), the gradients of dloss * loss. backward may be
+    called more than once; it recomputes from q, k and the saved log-sum-exp
+    vectors, which it keeps alive.
+
+    Options as for Contrastive; a handle per thread and option set is kept
+    between calls. Errors raise flatmem.Error subclasses whose message is
+    flatmem's (which argument, its shape or value, what was expected).
+    """
+    handle = _shared_handle("symmetric" if symmetric else "infonce", num_threads, tile_rows,
+                            tile_cols, nonfinite)
+    q, k = as_arg(q, "q"), as_arg(k, "k")
+    s, labels = as_scalar_arg(logit_scale, "logit_scale"), as_arg(labels, "labels")
+    saved = handle._forward(q, k, s, labels, None)
+    row_lse = as_arg(saved.row_lse, "row_lse")
+    col_lse = as_arg(saved.col_lse, "col_lse")
+
+    def backward(dloss=1.0):
+        """(dq, dk, dlogit_scale): gradients of dloss * loss."""
+        return handle._backward(q, k, s, row_lse, col_lse, labels, as_scalar_arg(dloss, "dloss"),
+                                True, True, True, None, None)
+
+    return saved.loss, backward
