@@ -212,6 +212,16 @@ pub struct Contrastive {
 // (&mut self for every call); it is not Sync.
 unsafe impl Send for Contrastive {}
 
+impl std::fmt::Debug for Contrastive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Contrastive")
+            .field("handle", &self.handle.as_ptr())
+            .field("loss", &self.loss)
+            .field("workspace_bytes", &self.workspace.len())
+            .finish()
+    }
+}
+
 impl Contrastive {
     /// Creates a handle (after checking the library version, see
     /// [`crate::check_version`]).

@@ -52,6 +52,10 @@ pub struct Features<'a> {
     _borrow: PhantomData<&'a [u8]>,
 }
 
+// SAFETY: a Features is a shared borrow of plain numbers (like &[T]).
+unsafe impl Send for Features<'_> {}
+unsafe impl Sync for Features<'_> {}
+
 impl<'a> Features<'a> {
     fn new(data: *const c_void, len: usize, dtype: Dtype, rows: usize, dim: usize) -> Self {
         Features { data, len, dtype, rows, dim, _borrow: PhantomData }
@@ -112,6 +116,10 @@ pub struct FeaturesMut<'a> {
     dim: usize,
     _borrow: PhantomData<&'a mut [u8]>,
 }
+
+// SAFETY: a FeaturesMut is an exclusive borrow of plain numbers (like &mut [T]).
+unsafe impl Send for FeaturesMut<'_> {}
+unsafe impl Sync for FeaturesMut<'_> {}
 
 impl<'a> FeaturesMut<'a> {
     fn new(data: *mut c_void, len: usize, dtype: Dtype, rows: usize, dim: usize) -> Self {
