@@ -34,7 +34,12 @@ set(_pc_dest "${CMAKE_INSTALL_LIBDIR}/pkgconfig")
 if(NOT IS_ABSOLUTE "${_pc_dest}")
   set(_pc_dest "\${CMAKE_INSTALL_PREFIX}/${_pc_dest}")
 endif()
+# A relative --prefix is taken from the directory `cmake --install` runs in, as the files are.
 install(CODE "
+  set(FLATMEM_PC_PREFIX \"\${CMAKE_INSTALL_PREFIX}\")
+  if(NOT IS_ABSOLUTE \"\${FLATMEM_PC_PREFIX}\")
+    get_filename_component(FLATMEM_PC_PREFIX \"\${FLATMEM_PC_PREFIX}\" ABSOLUTE BASE_DIR \"\$ENV{PWD}\")
+  endif()
   set(PROJECT_DESCRIPTION [[${PROJECT_DESCRIPTION}]])
   set(PROJECT_VERSION [[${PROJECT_VERSION}]])
   set(FLATMEM_PC_LIBDIR [[${FLATMEM_PC_LIBDIR}]])

@@ -38,6 +38,12 @@ version=$(sed -n 's/^CMAKE_PROJECT_VERSION:STATIC=//p' "$build/CMakeCache.txt")
 [ "$(pc_query --libs)" = "-L$libdir -lflatmem" ] || fail "libs: $(pc_query --libs)"
 [ -f "$prefix/include/flatmem/flatmem.h" ] || fail "header not installed"
 echo "check-install: flatmem.pc $version: $(pc_query --cflags --libs)"
+# A relative --prefix (as in `cmake --install build --prefix build/prefix`) must still give
+# absolute paths in the .pc file.
+(cd "$tmp" && cmake --install "$build" --prefix relative-prefix >/dev/null) || fail "install to a relative prefix"
+rel_pc=$(find "$tmp/relative-prefix" -name flatmem.pc -path '*/pkgconfig/*')
+grep -qx "prefix=$tmp/relative-prefix" "$rel_pc" || fail "relative --prefix: $(grep ^prefix= "$rel_pc")"
+echo "check-install: a relative --prefix gives absolute .pc paths"
 
 # No installed file may point into the source or build tree.
 if grep -rlF -e "$build" -e "$FLATMEM_ROOT" "$prefix" --include='*.cmake' --include='*.pc'; then
