@@ -2,7 +2,8 @@
 # The README's test command: bash scripts/test.sh
 # 1. Debian packages (scripts/install-deps.sh)
 # 2. Release build in build/ (CUDA detected, not yet compiled: FLATMEM_WITH_CUDA=AUTO)
-# 3. the install check (scripts/check-install.sh)
+# 3. the install check (scripts/check-install.sh), then an install into build/prefix that
+#    the bindings' checks (scripts/check-<binding>.sh) build and test against
 # 4. the ASan+UBSan build in build-asan/ and its ctest (scripts/test-sanitize.sh)
 # 5. ctest in build/ -- last, so that its summary is the last thing printed.
 # Stops at the first failing stage with a non-zero exit status.
@@ -17,6 +18,13 @@ flatmem_configure build -DCMAKE_BUILD_TYPE=Release
 flatmem_build build
 step "install check"
 bash scripts/check-install.sh build
+step "install into $FLATMEM_PREFIX for the bindings"
+rm -rf "$FLATMEM_PREFIX"
+cmake --install build --prefix "$FLATMEM_PREFIX" >/dev/null
+for binding in rust julia; do
+  step "bindings: $binding"
+  bash "scripts/check-$binding.sh" "$FLATMEM_PREFIX"
+done
 step "ASan+UBSan build and tests (build-asan/)"
 bash scripts/test-sanitize.sh
 step "tests (Release, build/)"
