@@ -1,0 +1,123 @@
+#include "contrastive_call.hpp"
+
+#include <string>
+
+#include "dlpack_view.hpp"
+#include "handle_pool.hpp"
+
+namespace flatmem_jax {
+namespace {
+
+ffi::ErrorCode error_code(flatmem_status status) {
+  switch (status) {
+    case FLATMEM_STATUS_INVALID_ARGUMENT: return ffi::ErrorCode::kInvalidArgument;
+    case FLATMEM_STATUS_NON_FINITE: return ffi::ErrorCode::kInvalidArgument;
+    case FLATMEM_STATUS_UNSUPPORTED: return ffi::ErrorCode::kUnimplemented;
+    case FLATMEM_STATUS_OUT_OF_MEMORY: return ffi::ErrorCode::kResourceExhausted;
+    case FLATMEM_STATUS_WORKSPACE_TOO_SMALL: return ffi::ErrorCode::kFailedPrecondition;
+    default: return ffi::ErrorCode::kInternal;
+  }
+}
+
+// Views of the operands of one call; an optional operand that is absent
+// stays NULL. The first failed conversion is kept in `error`.
+class Views {
+ public:
+  explicit Views(DLDevice device) : device_(device) {}
+
+  const DLTensor *add(const ffi::AnyBuffer &buffer, const char *name) {
+    return keep(dlpack_view(buffer, device_, name));
+  }
+  const DLTensor *add(const std::optional<ffi::AnyBuffer> &buffer, const char *name) {
+    return buffer ? add(*buffer, name) : nullptr;
+  }
+  const DLTensor *add_labels(const std::optional<ffi::AnyBuffer> &buffer) {
+    return buffer ? keep(labels_view(*buffer, device_)) : nullptr;
+  }
+  // Outputs: flatmem takes them as DLTensor *.
+  DLTensor *out(const ffi::AnyBuffer &buffer, const char *name) {
+    return const_cast<DLTensor *>(add(buffer, name));
+  }
+  DLTensor *out(const std::optional<ffi::AnyBuffer> &buffer, const char *name) {
+    return const_cast<DLTensor *>(add(buffer, name));
+  }
+
+  const ffi::Error &error() const { return error_; }
+
+ private:
+  const DLTensor *keep(ffi::ErrorOr<DLTensor> view) {
+    if (!view) {
+      if (error_.success()) error_ = view.error();
+      return nullptr;
+    }
+    tensors_[count_] = *view;
+    return &tensors_[count_++];
+  }
+
+  DLDevice device_;
+  DLTensor tensors_[12]{};  // at most 11 operands per call
+  int count_ = 0;
+  ffi::Error error_;
+};
+
+}  // namespace
+
+ffi::Error flatmem_error(flatmem_status status, const char *function) {
+  return ffi::Error(error_code(status), std::string(function) + ": " +
+                                            flatmem_status_string(status) + ": " +
+                                            flatmem_last_error());
+}
+
+ffi::Error run_forward(flatmem_contrastive_loss loss, DLDevice device, void *stream,
+                       const ForwardBuffers &io, WorkspaceSource &workspace) {
+  Views v(device);
+  const DLTensor *q = v.add(io.q, "q");
+  const DLTensor *k = v.add(io.k, "k");
+  const DLTensor *labels = v.add_labels(io.labels);
+  const DLTensor *logit_scale = v.add(io.logit_scale, "logit_scale");
+  DLTensor *loss_out = v.out(io.loss, "loss");
+  DLTensor *row_lse = v.out(io.row_lse, "row_lse");
+  DLTensor *col_lse = v.out(io.col_lse, "col_lse");
+  if (v.error().failure()) return v.error();
+
+  PooledHandle handle(loss);
+  if (handle.status() != FLATMEM_STATUS_SUCCESS)
+    return flatmem_error(handle.status(), "flatmem_contrastive_create");
+  ffi::ErrorOr<Workspace> space = workspace.get(handle.get(), *q, *k, nullptr, nullptr);
+  if (!space) return space.error();
+  const flatmem_status status =
+      flatmem_contrastive_forward(handle.get(), q, k, labels, logit_scale, loss_out, row_lse,
+                                  col_lse, space->data, space->bytes, stream);
+  if (status != FLATMEM_STATUS_SUCCESS) return flatmem_error(status, "flatmem_contrastive_forward");
+  return ffi::Error::Success();
+}
+
+ffi::Error run_backward(flatmem_contrastive_loss loss, DLDevice device, void *stream,
+                        const BackwardBuffers &io, WorkspaceSource &workspace) {
+  Views v(device);
+  const DLTensor *q = v.add(io.q, "q");
+  const DLTensor *k = v.add(io.k, "k");
+  const DLTensor *labels = v.add_labels(io.labels);
+  const DLTensor *logit_scale = v.add(io.logit_scale, "logit_scale");
+  const DLTensor *row_lse = v.add(io.row_lse, "row_lse");
+  const DLTensor *col_lse = v.add(io.col_lse, "col_lse");
+  const DLTensor *dloss = v.add(io.dloss, "dloss");
+  DLTensor *dq = v.out(io.dq, "dq");
+  DLTensor *dk = v.out(io.dk, "dk");
+  DLTensor *dlogit_scale = v.out(io.dlogit_scale, "dlogit_scale");
+  if (v.error().failure()) return v.error();
+
+  PooledHandle handle(loss);
+  if (handle.status() != FLATMEM_STATUS_SUCCESS)
+    return flatmem_error(handle.status(), "flatmem_contrastive_create");
+  ffi::ErrorOr<Workspace> space = workspace.get(handle.get(), *q, *k, dq, dk);
+  if (!space) return space.error();
+  const flatmem_status status = flatmem_contrastive_backward(
+      handle.get(), q, k, labels, logit_scale, row_lse, col_lse, dloss, dq, dk, dlogit_scale,
+      space->data, space->bytes, stream);
+  if (status != FLATMEM_STATUS_SUCCESS)
+    return flatmem_error(status, "flatmem_contrastive_backward");
+  return ffi::Error::Success();
+}
+
+}  // namespace flatmem_jax

@@ -1,0 +1,62 @@
+// The platform-independent body of the contrastive-loss handlers: DLPack views
+// of the XLA buffers, a pooled flatmem handle, the workspace, one call of the
+// C ABI, and its status turned into an XLA FFI error carrying flatmem's
+// message. handlers_cpu.cpp and handlers_cuda.cu only bind operands and say
+// where the device, the stream and the workspace come from.
+#pragma once
+
+#include <flatmem/flatmem.h>
+
+#include <cstddef>
+#include <optional>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace flatmem_jax {
+
+namespace ffi = xla::ffi;
+
+struct Workspace {
+  void *data = nullptr;
+  std::size_t bytes = 0;
+};
+
+// Where a call's workspace comes from (the CPU handlers: a result buffer; the
+// CUDA handlers: XLA's scratch allocator). dq and dk are NULL for the forward.
+class WorkspaceSource {
+ public:
+  virtual ffi::ErrorOr<Workspace> get(flatmem_contrastive_t *handle, const DLTensor &q,
+                                      const DLTensor &k, const DLTensor *dq,
+                                      const DLTensor *dk) = 0;
+
+ protected:
+  ~WorkspaceSource() = default;
+};
+
+// flatmem status -> XLA error: "<function>: <STATUS>: <flatmem_last_error()>",
+// with the closest XLA error code. Call it right after the failing call (the
+// message is the calling thread's last one).
+ffi::Error flatmem_error(flatmem_status status, const char *function);
+
+struct ForwardBuffers {
+  ffi::AnyBuffer q, k, logit_scale;
+  std::optional<ffi::AnyBuffer> labels;  // InfoNCE only
+  ffi::AnyBuffer loss, row_lse;
+  std::optional<ffi::AnyBuffer> col_lse;  // symmetric only
+};
+
+struct BackwardBuffers {
+  ffi::AnyBuffer q, k, logit_scale;
+  std::optional<ffi::AnyBuffer> labels;   // InfoNCE only
+  ffi::AnyBuffer row_lse;
+  std::optional<ffi::AnyBuffer> col_lse;  // symmetric only
+  ffi::AnyBuffer dloss, dq, dk, dlogit_scale;
+};
+
+ffi::Error run_forward(flatmem_contrastive_loss loss, DLDevice device, void *stream,
+                       const ForwardBuffers &io, WorkspaceSource &workspace);
+
+ffi::Error run_backward(flatmem_contrastive_loss loss, DLDevice device, void *stream,
+                        const BackwardBuffers &io, WorkspaceSource &workspace);
+
+}  // namespace flatmem_jax

@@ -1,0 +1,85 @@
+/*
+ * flatmem_jax.h -- what libflatmem_jax.so exports: XLA FFI handlers of the
+ * tiled contrastive loss and three small helpers the Python module calls
+ * through ctypes. Every function here calls flatmem's C ABI and nothing else.
+ *
+ * Handlers (register each with jax.ffi.register_ffi_target under the platform
+ * its suffix names). Operands in order; [labels] is an optional last operand:
+ *
+ *   flatmem_jax_clip_forward_{cpu,cuda}
+ *       q (b,d), k (b,d), s ()          -> loss (), row_lse (b,), col_lse (b,) [, workspace]
+ *   flatmem_jax_clip_backward_{cpu,cuda}
+ *       q, k, s, row_lse, col_lse, g () -> dq (b,d), dk (b,d), ds () [, workspace]
+ *   flatmem_jax_infonce_forward_{cpu,cuda}
+ *       q (b,d), k (c,d), s [, labels]   -> loss (), row_lse (b,) [, workspace]
+ *   flatmem_jax_infonce_backward_{cpu,cuda}
+ *       q, k, s, row_lse, g [, labels]  -> dq (b,d), dk (c,d), ds () [, workspace]
+ *
+ * q and k are f32, bf16 or f16 (both the same); s, loss, lse, g and ds are f32;
+ * dq and dk have the dtype of q and k. labels are s64 (b,), or s32 (b, 2)
+ * holding each int64 label as its (low, high) 32-bit words, which is what an
+ * int64 vector is in memory on a little-endian machine: JAX without x64 has
+ * no int64 arrays, and this layout needs no conversion kernel on either
+ * platform.
+ *
+ * Workspace: the CPU handlers take it as their last result, a u8 buffer of
+ * flatmem_jax_workspace_size() bytes, so XLA allocates it like any other
+ * buffer (XLA:CPU offers FFI handlers no scratch allocator: ScratchAllocator
+ * fails there). The CUDA handlers have no workspace result; they ask flatmem
+ * for the size at run time and take it from XLA's ScratchAllocator, the
+ * device allocator XLA itself uses, stream-ordered on XLA's stream.
+ *
+ * Handles: flatmem handles are lent from a process-wide pool, one call per
+ * handle at a time (flatmem's thread rule; XLA may run two calls at once).
+ * They are created with num_threads = $FLATMEM_JAX_NUM_THREADS, read once
+ * (unset or 0: all online processors), and live until the process exits.
+ */
+#ifndef FLATMEM_JAX_H
+#define FLATMEM_JAX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "xla/ffi/api/c_api.h"
+
+#define FLATMEM_JAX_API __attribute__((visibility("default")))
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** FLATMEM_VERSION of the flatmem.h these handlers were compiled against. */
+FLATMEM_JAX_API int flatmem_jax_header_version(void);
+/** flatmem_version() of the libflatmem actually loaded. */
+FLATMEM_JAX_API int flatmem_jax_library_version(void);
+/** 1 when the *_cuda handlers were compiled in (nvcc was found), else 0. */
+FLATMEM_JAX_API int flatmem_jax_has_cuda(void);
+
+/** Bytes of workspace the *_cpu handler of (loss, backward) needs for q of
+ *  shape (b, dq) and DLPack dtype (q_code, q_bits), k of shape (c, dk) and
+ *  dtype (k_code, k_bits), gradients in the input dtypes. loss is a
+ *  flatmem_contrastive_loss value. Returns a flatmem_status; on failure
+ *  writes "STATUS_NAME: flatmem_last_error()" into message (NUL-terminated,
+ *  truncated to message_size). Thread-safe. */
+FLATMEM_JAX_API int flatmem_jax_workspace_size(int loss, int backward, int q_code, int q_bits,
+                                               int64_t b, int64_t dq, int k_code, int k_bits,
+                                               int64_t c, int64_t dk, size_t *bytes,
+                                               char *message, size_t message_size);
+
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_clip_forward_cpu(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_clip_backward_cpu(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_infonce_forward_cpu(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_infonce_backward_cpu(XLA_FFI_CallFrame *frame);
+
+/* Present only when flatmem_jax_has_cuda() is 1. flatmem 0.1 refuses kDLCUDA
+ * tensors, so these return XLA's UNIMPLEMENTED with flatmem's message. */
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_clip_forward_cuda(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_clip_backward_cuda(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_infonce_forward_cuda(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_infonce_backward_cuda(XLA_FFI_CallFrame *frame);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLATMEM_JAX_H */

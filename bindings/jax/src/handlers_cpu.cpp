@@ -1,0 +1,105 @@
+// XLA FFI handlers of the contrastive loss for XLA:CPU. The workspace is the
+// handler's last result, a u8 buffer sized at trace time by
+// flatmem_jax_workspace_size (exports.cpp), so XLA owns and plans it like any
+// other buffer; XLA:CPU has no scratch allocator for FFI handlers.
+#include "contrastive_call.hpp"
+#include "flatmem_jax.h"
+
+namespace {
+
+using namespace flatmem_jax;
+
+constexpr DLDevice kCpu{kDLCPU, 0};
+using Buffer = ffi::AnyBuffer;
+using Out = ffi::Result<ffi::AnyBuffer>;
+
+class ResultWorkspace final : public WorkspaceSource {
+ public:
+  explicit ResultWorkspace(Buffer buffer) : buffer_(buffer) {}
+  ffi::ErrorOr<Workspace> get(flatmem_contrastive_t *, const DLTensor &, const DLTensor &,
+                              const DLTensor *, const DLTensor *) override {
+    // flatmem checks the size and says WORKSPACE_TOO_SMALL if it is short.
+    return Workspace{buffer_.untyped_data(), buffer_.size_bytes()};
+  }
+
+ private:
+  Buffer buffer_;
+};
+
+ffi::Error clip_forward(Buffer q, Buffer k, Buffer s, Out loss, Out row_lse, Out col_lse,
+                        Out workspace) {
+  ResultWorkspace ws(*workspace);
+  return run_forward(FLATMEM_CONTRASTIVE_SYMMETRIC, kCpu, nullptr,
+                     {q, k, s, std::nullopt, *loss, *row_lse, *col_lse}, ws);
+}
+
+ffi::Error clip_backward(Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer col_lse, Buffer g,
+                         Out dq, Out dk, Out ds, Out workspace) {
+  ResultWorkspace ws(*workspace);
+  return run_backward(FLATMEM_CONTRASTIVE_SYMMETRIC, kCpu, nullptr,
+                      {q, k, s, std::nullopt, row_lse, col_lse, g, *dq, *dk, *ds}, ws);
+}
+
+ffi::Error infonce_forward(Buffer q, Buffer k, Buffer s, Out loss, Out row_lse, Out workspace,
+                           std::optional<Buffer> labels) {
+  ResultWorkspace ws(*workspace);
+  return run_forward(FLATMEM_CONTRASTIVE_INFONCE, kCpu, nullptr,
+                     {q, k, s, labels, *loss, *row_lse, std::nullopt}, ws);
+}
+
+ffi::Error infonce_backward(Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer g, Out dq, Out dk,
+                            Out ds, Out workspace, std::optional<Buffer> labels) {
+  ResultWorkspace ws(*workspace);
+  return run_backward(FLATMEM_CONTRASTIVE_INFONCE, kCpu, nullptr,
+                      {q, k, s, labels, row_lse, std::nullopt, g, *dq, *dk, *ds}, ws);
+}
+
+}  // namespace
+
+// The symbols are declared with FLATMEM_JAX_API in flatmem_jax.h, which keeps
+// them exported under -fvisibility=hidden.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_clip_forward_cpu, clip_forward,
+                              ffi::Ffi::Bind()
+                                  .Arg<Buffer>()   // q
+                                  .Arg<Buffer>()   // k
+                                  .Arg<Buffer>()   // logit_scale
+                                  .Ret<Buffer>()   // loss
+                                  .Ret<Buffer>()   // row_lse
+                                  .Ret<Buffer>()   // col_lse
+                                  .Ret<Buffer>()); // workspace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_clip_backward_cpu, clip_backward,
+                              ffi::Ffi::Bind()
+                                  .Arg<Buffer>()   // q
+                                  .Arg<Buffer>()   // k
+                                  .Arg<Buffer>()   // logit_scale
+                                  .Arg<Buffer>()   // row_lse
+                                  .Arg<Buffer>()   // col_lse
+                                  .Arg<Buffer>()   // dloss
+                                  .Ret<Buffer>()   // dq
+                                  .Ret<Buffer>()   // dk
+                                  .Ret<Buffer>()   // dlogit_scale
+                                  .Ret<Buffer>()); // workspace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_infonce_forward_cpu, infonce_forward,
+                              ffi::Ffi::Bind()
+                                  .Arg<Buffer>()            // q
+                                  .Arg<Buffer>()            // k
+                                  .Arg<Buffer>()            // logit_scale
+                                  .Ret<Buffer>()            // loss
+                                  .Ret<Buffer>()            // row_lse
+                                  .Ret<Buffer>()            // workspace
+                                  .OptionalArg<Buffer>());  // labels
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_infonce_backward_cpu, infonce_backward,
+                              ffi::Ffi::Bind()
+                                  .Arg<Buffer>()            // q
+                                  .Arg<Buffer>()            // k
+                                  .Arg<Buffer>()            // logit_scale
+                                  .Arg<Buffer>()            // row_lse
+                                  .Arg<Buffer>()            // dloss
+                                  .Ret<Buffer>()            // dq
+                                  .Ret<Buffer>()            // dk
+                                  .Ret<Buffer>()            // dlogit_scale
+                                  .Ret<Buffer>()            // workspace
+                                  .OptionalArg<Buffer>());  // labels

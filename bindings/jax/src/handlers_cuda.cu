@@ -1,0 +1,130 @@
+// XLA FFI handlers of the contrastive loss for XLA:GPU (CUDA), compiled by
+// nvcc whenever it is found. They run on XLA's stream and take their
+// workspace from XLA's ScratchAllocator (the device allocator XLA itself
+// uses, ordered on that stream), sized by flatmem's query at run time, so
+// their ffi_call has no workspace result.
+//
+// flatmem 0.1 refuses kDLCUDA tensors with FLATMEM_STATUS_UNSUPPORTED: until
+// its CUDA backend lands, these handlers return that status as XLA's
+// UNIMPLEMENTED error with flatmem's message, and touch no memory.
+#include <cuda_runtime_api.h>
+
+#include "contrastive_call.hpp"
+#include "flatmem_jax.h"
+
+namespace {
+
+using namespace flatmem_jax;
+
+using Buffer = ffi::AnyBuffer;
+using Out = ffi::Result<ffi::AnyBuffer>;
+
+DLDevice cuda_device(int32_t ordinal) { return DLDevice{kDLCUDA, ordinal}; }
+
+class ScratchWorkspace final : public WorkspaceSource {
+ public:
+  explicit ScratchWorkspace(ffi::ScratchAllocator &scratch) : scratch_(scratch) {}
+  ffi::ErrorOr<Workspace> get(flatmem_contrastive_t *handle, const DLTensor &q, const DLTensor &k,
+                              const DLTensor *dq, const DLTensor *dk) override {
+    const bool forward = dq == nullptr && dk == nullptr;
+    std::size_t bytes = 0;
+    const flatmem_status status =
+        forward ? flatmem_contrastive_forward_workspace_size(handle, &q, &k, &bytes)
+                : flatmem_contrastive_backward_workspace_size(handle, &q, &k, dq, dk, &bytes);
+    if (status != FLATMEM_STATUS_SUCCESS)
+      return ffi::Unexpected(flatmem_error(status, forward
+                                                       ? "flatmem_contrastive_forward_workspace_size"
+                                                       : "flatmem_contrastive_backward_workspace_size"));
+    std::optional<void *> data = scratch_.Allocate(bytes, 256);
+    if (!data)
+      return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                                        "flatmem_jax: XLA's scratch allocator could not provide " +
+                                            std::to_string(bytes) + " bytes of workspace"));
+    return Workspace{*data, bytes};
+  }
+
+ private:
+  ffi::ScratchAllocator &scratch_;
+};
+
+ffi::Error clip_forward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
+                        Buffer q, Buffer k, Buffer s, Out loss, Out row_lse, Out col_lse) {
+  ScratchWorkspace ws(scratch);
+  return run_forward(FLATMEM_CONTRASTIVE_SYMMETRIC, cuda_device(ordinal), stream,
+                     {q, k, s, std::nullopt, *loss, *row_lse, *col_lse}, ws);
+}
+
+ffi::Error clip_backward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
+                         Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer col_lse, Buffer g,
+                         Out dq, Out dk, Out ds) {
+  ScratchWorkspace ws(scratch);
+  return run_backward(FLATMEM_CONTRASTIVE_SYMMETRIC, cuda_device(ordinal), stream,
+                      {q, k, s, std::nullopt, row_lse, col_lse, g, *dq, *dk, *ds}, ws);
+}
+
+ffi::Error infonce_forward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
+                           Buffer q, Buffer k, Buffer s, Out loss, Out row_lse,
+                           std::optional<Buffer> labels) {
+  ScratchWorkspace ws(scratch);
+  return run_forward(FLATMEM_CONTRASTIVE_INFONCE, cuda_device(ordinal), stream,
+                     {q, k, s, labels, *loss, *row_lse, std::nullopt}, ws);
+}
+
+ffi::Error infonce_backward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
+                            Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer g, Out dq, Out dk,
+                            Out ds, std::optional<Buffer> labels) {
+  ScratchWorkspace ws(scratch);
+  return run_backward(FLATMEM_CONTRASTIVE_INFONCE, cuda_device(ordinal), stream,
+                      {q, k, s, labels, row_lse, std::nullopt, g, *dq, *dk, *ds}, ws);
+}
+
+auto cuda_binding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .Ctx<ffi::DeviceOrdinal>()
+      .Ctx<ffi::ScratchAllocator>();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_clip_forward_cuda, clip_forward,
+                              cuda_binding()
+                                  .Arg<Buffer>()   // q
+                                  .Arg<Buffer>()   // k
+                                  .Arg<Buffer>()   // logit_scale
+                                  .Ret<Buffer>()   // loss
+                                  .Ret<Buffer>()   // row_lse
+                                  .Ret<Buffer>()); // col_lse
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_clip_backward_cuda, clip_backward,
+                              cuda_binding()
+                                  .Arg<Buffer>()   // q
+                                  .Arg<Buffer>()   // k
+                                  .Arg<Buffer>()   // logit_scale
+                                  .Arg<Buffer>()   // row_lse
+                                  .Arg<Buffer>()   // col_lse
+                                  .Arg<Buffer>()   // dloss
+                                  .Ret<Buffer>()   // dq
+                                  .Ret<Buffer>()   // dk
+                                  .Ret<Buffer>()); // dlogit_scale
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_infonce_forward_cuda, infonce_forward,
+                              cuda_binding()
+                                  .Arg<Buffer>()            // q
+                                  .Arg<Buffer>()            // k
+                                  .Arg<Buffer>()            // logit_scale
+                                  .Ret<Buffer>()            // loss
+                                  .Ret<Buffer>()            // row_lse
+                                  .OptionalArg<Buffer>());  // labels
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_infonce_backward_cuda, infonce_backward,
+                              cuda_binding()
+                                  .Arg<Buffer>()            // q
+                                  .Arg<Buffer>()            // k
+                                  .Arg<Buffer>()            // logit_scale
+                                  .Arg<Buffer>()            // row_lse
+                                  .Arg<Buffer>()            // dloss
+                                  .Ret<Buffer>()            // dq
+                                  .Ret<Buffer>()            // dk
+                                  .Ret<Buffer>()            // dlogit_scale
+                                  .OptionalArg<Buffer>());  // labels
