@@ -1,0 +1,306 @@
+"""flatmem's tiled contrastive loss for JAX, through XLA FFI custom calls.
+
+    import jax, jax.numpy as jnp
+    from flatmem_jax import clip_loss, infonce_loss
+
+    loss = clip_loss(q, k, logit_scale)                    # symmetric CLIP, q and k (b, d)
+    loss = infonce_loss(q, k, logit_scale, labels=None)    # rows -> columns, k (c, d)
+    dq, dk, ds = jax.grad(clip_loss, argnums=(0, 1, 2))(q, k, logit_scale)
+
+Both are ``jax.custom_vjp`` functions over flatmem's C ABI: the forward saves
+only the log-sum-exp vectors (row_lse, and col_lse for CLIP) besides q, k and
+the scale, and the backward recomputes the logit tiles; the b x c logit matrix
+is never stored. They work eagerly and under ``jax.jit``, ``jax.grad`` and
+``jax.vmap``.
+
+Arguments
+    q, k         (b, d) and (c, d), both float32, bfloat16 or float16. The loss
+                 is float32 (products are accumulated in fp32); the gradients
+                 of q and k have their dtype.
+    logit_scale  s > 0 (the scale itself, not its logarithm), one element,
+                 converted to a float32 0-d array; differentiable.
+    labels       InfoNCE only: integer (b,) in [0, c), or None for labels
+                 0..b-1 (then c >= b). Not differentiable.
+
+vmap
+    Every custom call is made with ``vmap_method="sequential"``: under
+    ``jax.vmap`` XLA runs one flatmem call per batch element, in a loop.
+    Results equal the per-element calls exactly (flatmem is deterministic).
+
+Errors
+    Shape and dtype errors that flatmem's workspace query sees (wrong dtypes,
+    mismatched d, c != b for CLIP, ...) raise ``FlatmemError`` when the
+    function is traced. Errors only the computation sees (labels out of range,
+    NaN/Inf in q or k, a non-positive scale) come from XLA when it runs: a
+    ``jax.errors.JaxRuntimeError`` (or a ``ValueError`` when it surfaces while
+    a result is read) whose text holds flatmem's status and message, e.g.
+    "INVALID_ARGUMENT: flatmem_contrastive_forward: FLATMEM_STATUS_INVALID_ARGUMENT:
+    labels: labels[2] = 9 is outside [0, c = 4)".
+
+Platforms
+    CPU, and CUDA when libflatmem_jax.so was built with nvcc (``has_cuda``).
+    flatmem 0.1 has no CUDA backend: on a GPU the calls fail with XLA's
+    UNIMPLEMENTED error carrying flatmem's FLATMEM_STATUS_UNSUPPORTED message.
+
+The handler library
+    libflatmem_jax.so (bindings/jax/CMakeLists.txt) is loaded from the path in
+    the environment variable FLATMEM_JAX_LIBRARY; without it, from this
+    package's folder; then by the dynamic loader's own search. It links the
+    installed libflatmem through its RUNPATH. FLATMEM_JAX_NUM_THREADS (read
+    once, when the first call runs) sets the CPU threads of each flatmem call
+    (default: all online processors).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["clip_loss", "infonce_loss", "FlatmemError", "has_cuda", "library_path"]
+__version__ = "0.1.0"
+
+# flatmem_contrastive_loss values (flatmem.h).
+_SYMMETRIC = 1
+_INFONCE = 2
+# DLPack type codes (dlpack.h): what the workspace query is told q and k are.
+_DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT, _DL_COMPLEX = 0, 1, 2, 4, 5
+
+
+class FlatmemError(ValueError):
+    """flatmem refused the shapes or dtypes of a call while it was traced.
+
+    ``status`` is flatmem's status name (e.g. "FLATMEM_STATUS_INVALID_ARGUMENT");
+    the message is flatmem's, naming the argument and what was expected.
+    """
+
+    def __init__(self, status: str, message: str):
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+# ---------------------------------------------------------------------------
+# Loading libflatmem_jax.so and registering its handlers
+# ---------------------------------------------------------------------------
+
+
+def _library_path():
+    env = os.environ.get("FLATMEM_JAX_LIBRARY")
+    if env:
+        return env
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libflatmem_jax.so")
+    return here if os.path.exists(here) else "libflatmem_jax.so"
+
+
+def _load_library():
+    path = _library_path()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise ImportError(
+            f"flatmem_jax: cannot load the handler library {path!r} ({e}); build it with "
+            "bindings/jax/CMakeLists.txt (scripts/check-jax.sh does) and point "
+            "FLATMEM_JAX_LIBRARY at libflatmem_jax.so") from e
+    header, loaded = lib.flatmem_jax_header_version(), lib.flatmem_jax_library_version()
+    # Same major (the ABI), and a library at least as new as the header compiled against.
+    if loaded // 10000 != header // 10000 or loaded < header:
+        raise ImportError(
+            f"flatmem_jax: {path} was compiled against flatmem {header} but loads "
+            f"libflatmem {loaded}; rebuild it against the installed flatmem")
+    lib.flatmem_jax_workspace_size.restype = ctypes.c_int
+    lib.flatmem_jax_workspace_size.argtypes = [
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+        ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+        ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t]
+    return lib, path
+
+
+def _check_num_threads_setting():
+    # libflatmem_jax reads it when the first call runs; flatmem checks the range.
+    # (the pattern is what the library's strtol accepts as a whole)
+    text = os.environ.get("FLATMEM_JAX_NUM_THREADS", "")
+    if text and not re.fullmatch(r"\s*[+-]?[0-9]+", text):
+        raise ImportError(
+            f"flatmem_jax: FLATMEM_JAX_NUM_THREADS={text!r} is not an integer "
+            "(0 or unset: all online processors)")
+
+
+_check_num_threads_setting()
+if sys.byteorder != "little":  # labels travel as (low, high) int32 word pairs
+    raise ImportError("flatmem_jax: needs a little-endian machine")
+
+_lib, library_path = _load_library()
+has_cuda: bool = bool(_lib.flatmem_jax_has_cuda())
+
+# XLA target name -> exported symbol stem (the symbol adds _cpu / _cuda).
+_TARGETS = {
+    "flatmem_clip_forward": "flatmem_jax_clip_forward",
+    "flatmem_clip_backward": "flatmem_jax_clip_backward",
+    "flatmem_infonce_forward": "flatmem_jax_infonce_forward",
+    "flatmem_infonce_backward": "flatmem_jax_infonce_backward",
+}
+for _name, _symbol in _TARGETS.items():
+    jax.ffi.register_ffi_target(
+        _name, jax.ffi.pycapsule(getattr(_lib, _symbol + "_cpu")), platform="cpu")
+    if has_cuda:
+        jax.ffi.register_ffi_target(
+            _name, jax.ffi.pycapsule(getattr(_lib, _symbol + "_cuda")), platform="CUDA")
+
+
+# ---------------------------------------------------------------------------
+# Trace-time helpers
+# ---------------------------------------------------------------------------
+
+
+def _dlpack_type(dtype) -> tuple[int, int]:
+    dtype = np.dtype(dtype)
+    if dtype == jnp.bfloat16:
+        return _DL_BFLOAT, 16
+    kind = {"f": _DL_FLOAT, "i": _DL_INT, "u": _DL_UINT, "c": _DL_COMPLEX}.get(dtype.kind)
+    if kind is None:
+        raise TypeError(f"flatmem_jax: q and k must be float32, bfloat16 or float16, not {dtype}")
+    return kind, dtype.itemsize * 8
+
+
+@functools.lru_cache(maxsize=256)
+def _workspace_bytes(loss: int, backward: bool, q_dtype, q_shape, k_dtype, k_shape) -> int:
+    """Bytes of workspace the CPU handler needs (flatmem's own query)."""
+    size = ctypes.c_size_t(0)
+    message = ctypes.create_string_buffer(1024)
+    status = _lib.flatmem_jax_workspace_size(
+        loss, int(backward), *_dlpack_type(q_dtype), *q_shape, *_dlpack_type(k_dtype), *k_shape,
+        ctypes.byref(size), message, len(message))
+    if status != 0:
+        name, _, text = message.value.decode(errors="replace").partition(": ")
+        raise FlatmemError(name, text)
+    return size.value
+
+
+def _features(q, k):
+    q, k = jnp.asarray(q), jnp.asarray(k)
+    for name, x in (("q", q), ("k", k)):
+        if x.ndim != 2:
+            raise ValueError(f"flatmem_jax: {name} must be 2-D (rows, d), got shape {x.shape}")
+    return q, k
+
+
+def _scale(logit_scale):
+    s = jnp.asarray(logit_scale, dtype=jnp.float32)
+    if s.size != 1:
+        raise ValueError(f"flatmem_jax: logit_scale must have one element, got shape {s.shape}")
+    return s.reshape(())
+
+
+def _labels_operand(labels):
+    """labels as the handlers take them: int64 (b,) when x64 is on, else the
+    int32 (b, 2) pairs (low word, sign-extended high word) that are the same
+    bytes as an int64 vector on a little-endian machine."""
+    labels = jnp.asarray(labels)
+    if not jnp.issubdtype(labels.dtype, jnp.integer):
+        raise TypeError(f"flatmem_jax: labels must be integers, not {labels.dtype}")
+    if labels.ndim != 1:
+        raise ValueError(f"flatmem_jax: labels must be 1-D (b,), got shape {labels.shape}")
+    if jax.config.jax_enable_x64:
+        return labels.astype(jnp.int64)
+    low = labels.astype(jnp.int32)
+    high = jnp.where(low < 0, -1, 0).astype(jnp.int32)
+    return jnp.stack([low, high], axis=-1)
+
+
+def _call(target: str, results, operands, workspace_bytes: int):
+    """One custom call: on CPU with the workspace as an extra (dropped) result,
+    on CUDA without (the handler takes XLA's scratch memory)."""
+
+    def cpu(*ops):
+        shapes = list(results) + [jax.ShapeDtypeStruct((workspace_bytes,), jnp.uint8)]
+        out = jax.ffi.ffi_call(target, shapes, vmap_method="sequential")(*ops)
+        return tuple(out[:-1])
+
+    def cuda(*ops):
+        return tuple(jax.ffi.ffi_call(target, list(results), vmap_method="sequential")(*ops))
+
+    if not has_cuda:
+        return cpu(*operands)
+    return jax.lax.platform_dependent(*operands, cpu=cpu, cuda=cuda)
+
+
+# ---------------------------------------------------------------------------
+# Forward, backward and the custom VJP
+# ---------------------------------------------------------------------------
+
+_F32 = jnp.float32
+
+
+def _forward(loss, q, k, s, labels):
+    b, c = q.shape[0], k.shape[0]
+    results = [jax.ShapeDtypeStruct((), _F32), jax.ShapeDtypeStruct((b,), _F32)]
+    if loss == _SYMMETRIC:
+        results.append(jax.ShapeDtypeStruct((c,), _F32))
+    target = "flatmem_clip_forward" if loss == _SYMMETRIC else "flatmem_infonce_forward"
+    operands = (q, k, s) if labels is None else (q, k, s, labels)
+    ws = _workspace_bytes(loss, False, q.dtype, q.shape, k.dtype, k.shape)
+    out = _call(target, results, operands, ws)
+    return out[0], out[1], (out[2] if loss == _SYMMETRIC else None)
+
+
+def _backward(loss, q, k, s, labels, row_lse, col_lse, g):
+    results = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
+               jax.ShapeDtypeStruct((), _F32)]
+    g = jnp.asarray(g, _F32).reshape(())
+    if loss == _SYMMETRIC:
+        target, operands = "flatmem_clip_backward", (q, k, s, row_lse, col_lse, g)
+    else:
+        target, operands = "flatmem_infonce_backward", (q, k, s, row_lse, g)
+    if labels is not None:
+        operands += (labels,)
+    ws = _workspace_bytes(loss, True, q.dtype, q.shape, k.dtype, k.shape)
+    dq, dk, ds = _call(target, results, operands, ws)
+    return dq, dk, ds
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _contrastive(loss, q, k, s, labels):
+    return _forward(loss, q, k, s, labels)[0]
+
+
+def _contrastive_fwd(loss, q, k, s, labels):
+    value, row_lse, col_lse = _forward(loss, q, k, s, labels)
+    return value, (q, k, s, labels, row_lse, col_lse)
+
+
+def _contrastive_bwd(loss, residuals, g):
+    q, k, s, labels, row_lse, col_lse = residuals
+    dq, dk, ds = _backward(loss, q, k, s, labels, row_lse, col_lse, g)
+    return dq, dk, ds, None  # labels: integers, no cotangent
+
+
+_contrastive.defvjp(_contrastive_fwd, _contrastive_bwd)
+
+
+def clip_loss(q, k, logit_scale):
+    """Symmetric CLIP loss of row features q (b, d) and column features k (b, d):
+
+        L = 1/2 [ mean_i (LSE_j s<q_i,k_j> - s<q_i,k_i>) + mean_j (LSE_i s<q_i,k_j> - s<q_j,k_j>) ]
+
+    Returns a float32 scalar; differentiable in q, k and logit_scale.
+    """
+    q, k = _features(q, k)
+    return _contrastive(_SYMMETRIC, q, k, _scale(logit_scale), None)
+
+
+def infonce_loss(q, k, logit_scale, labels=None):
+    """InfoNCE loss of rows q (b, d) against columns k (c, d), c >= b allowed:
+
+        L = mean_i (LSE_j s<q_i,k_j> - s<q_i,k_{y_i}>),   y = labels or 0..b-1
+
+    Returns a float32 scalar; differentiable in q, k and logit_scale.
+    """
+    q, k = _features(q, k)
+    labels = None if labels is None else _labels_operand(labels)
+    return _contrastive(_INFONCE, q, k, _scale(logit_scale), labels)
