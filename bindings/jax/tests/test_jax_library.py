@@ -1,0 +1,131 @@
+"""libflatmem_jax.so itself: what it exports, which libflatmem it loads, how the
+custom calls are lowered per platform, concurrent calls, the thread option."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import flatmem_jax
+from test_jax_values import unit_rows
+
+HANDLERS = [f"flatmem_jax_{loss}_{stage}" for loss in ("clip", "infonce")
+            for stage in ("forward", "backward")]
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
+def test_exports_only_flatmem_jax_symbols():
+    out = subprocess.run(["nm", "-D", "--defined-only", flatmem_jax.library_path],
+                         check=True, capture_output=True, text=True).stdout
+    names = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    expected = {f"{h}_cpu" for h in HANDLERS} | {
+        "flatmem_jax_header_version", "flatmem_jax_library_version", "flatmem_jax_has_cuda",
+        "flatmem_jax_workspace_size"}
+    if flatmem_jax.has_cuda:
+        expected |= {f"{h}_cuda" for h in HANDLERS}
+    assert names == expected
+
+
+def test_loads_the_installed_libflatmem():
+    maps = open("/proc/self/maps").read()
+    paths = set(re.findall(r"(/\S*/libflatmem\.so[.\d]*)$", maps, re.M))
+    assert len(paths) == 1, paths
+    prefix = os.environ.get("FLATMEM_JAX_EXPECT_PREFIX")  # set by scripts/check-jax.sh
+    if prefix:
+        assert os.path.realpath(paths.pop()).startswith(os.path.realpath(prefix) + os.sep)
+
+
+def test_versions_agree():
+    lib = flatmem_jax._lib
+    assert lib.flatmem_jax_header_version() == lib.flatmem_jax_library_version() == 100
+
+
+def lowered(f, *args, platform):
+    return jax.jit(f).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
+def test_cpu_lowering_has_a_workspace_result_of_the_queried_size():
+    q = unit_rows(1, 6, 5)
+    text = lowered(flatmem_jax.clip_loss, q, q, 1.0, platform="cpu")
+    size = flatmem_jax._workspace_bytes(1, False, q.dtype, q.shape, q.dtype, q.shape)
+    call = re.search(r"custom_call @flatmem_clip_forward\(.*", text).group(0)
+    assert call.endswith(f"-> (tensor<f32>, tensor<6xf32>, tensor<6xf32>, tensor<{size}xui8>)")
+
+
+@pytest.mark.skipif(not flatmem_jax.has_cuda, reason="libflatmem_jax.so built without nvcc")
+def test_cuda_lowering_uses_the_same_targets_without_workspace_result():
+    q, k = unit_rows(1, 6, 5), unit_rows(2, 8, 5)
+    labels = jnp.arange(6)
+    grad = jax.grad(flatmem_jax.infonce_loss, argnums=(0, 1, 2))
+    text = lowered(grad, q, k, 1.0, labels, platform="cuda")
+    calls = re.findall(r"custom_call @(\w+)\(.*", text)
+    assert sorted(calls) == ["flatmem_infonce_backward", "flatmem_infonce_forward"]
+    assert "ui8" not in text
+
+
+def test_concurrent_calls_from_threads():
+    # XLA may run calls at once; each borrows its own flatmem handle from the pool.
+    q, k = unit_rows(3, 200, 16), unit_rows(4, 200, 16)
+    f = jax.jit(jax.value_and_grad(flatmem_jax.clip_loss, argnums=(0, 1, 2)))
+    want = f(q, k, 9.0)
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(5):
+                results.append(jax.block_until_ready(f(q, k, 9.0)))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(results) == 20
+    for value, grads in results:
+        assert value == want[0]
+        for g, w in zip(grads, want[1]):
+            np.testing.assert_array_equal(g, w)
+
+
+def run_with_threads(setting):
+    code = textwrap.dedent("""
+        import jax, jax.numpy as jnp, numpy as np, flatmem_jax
+        x = np.random.default_rng(0).standard_normal((300, 24)).astype(np.float32)
+        q, k = jnp.asarray(x[:150]), jnp.asarray(x[150:])
+        value, grads = jax.value_and_grad(flatmem_jax.clip_loss, argnums=(0, 1, 2))(q, k, 5.0)
+        print(repr(float(value)), float(grads[2]).hex(), np.asarray(grads[0]).tobytes().hex()[:64])
+    """)
+    env = dict(os.environ, FLATMEM_JAX_NUM_THREADS=setting,
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(flatmem_jax.__file__))]
+                                          + sys.path))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+
+def test_num_threads_setting_does_not_change_results():
+    one, two = run_with_threads("1"), run_with_threads("2")
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    assert one.stdout == two.stdout
+
+
+def test_num_threads_out_of_range_is_flatmems_error():
+    bad = run_with_threads("1000")
+    assert bad.returncode != 0
+    assert ("FlatmemError: FLATMEM_STATUS_INVALID_ARGUMENT: options.num_threads: 1000; expected"
+            in bad.stderr), bad.stderr
+
+
+def test_num_threads_not_an_integer():
+    bad = run_with_threads("lots")
+    assert bad.returncode != 0
+    assert "FLATMEM_JAX_NUM_THREADS='lots' is not an integer" in bad.stderr, bad.stderr

@@ -1,0 +1,28 @@
+"""The README's Python snippet runs as written: the test executes the
+```python blocks of bindings/jax/README.md, so the two cannot drift apart."""
+import pathlib
+import re
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def python_blocks():
+    return re.findall(r"^```python\n(.*?)^```", README.read_text(), re.M | re.S)
+
+
+def test_readme_has_a_python_snippet():
+    assert len(python_blocks()) == 1
+
+
+def test_readme_snippet_runs(capsys):
+    namespace = {"__name__": "readme"}
+    exec(compile(python_blocks()[0], str(README), "exec"), namespace)
+    out = capsys.readouterr().out
+    assert re.search(r"^CLIP loss \d+\.\d{4}, \|dq\| \S+, d/dlog_s -?\d+\.\d{4}$", out, re.M), out
+    assert re.search(r"^InfoNCE \d+\.\d+$", out, re.M), out
+    assert re.search(r"^per-element CLIP losses \[\S+ +\S+\]$", out, re.M), out
+    # The snippet's numbers are what the materialised loss gives.
+    import jax_reference as reference
+    q, k = namespace["q"], namespace["k"]
+    want = reference.clip_loss(q, k, 14.3)
+    assert abs(float(namespace["loss"]) - float(want)) < 1e-4 * (1 + abs(float(want)))
