@@ -188,16 +188,19 @@ static void flatmem_swig_raise_python(void) {
   const char *colon = strstr(message, ": ");
   const char *status_name = flatmem_status_string((flatmem_status)status);
   PyObject *exc = PyObject_CallFunction(cls, "s", message);
+  PyObject *values[3] = {NULL, NULL, NULL};
+  const char *const names[3] = {"status", "status_name", "detail"};
+  int i, ok = exc != NULL;
   flatmem_swig_error.status = 0;
-  if (!exc) return; /* the constructor's own error stands */
-  if (PyObject_SetAttrString(exc, "status", PyLong_FromLong(status)) < 0 ||
-      PyObject_SetAttrString(exc, "status_name", PyUnicode_FromString(status_name)) < 0 ||
-      PyObject_SetAttrString(exc, "detail", PyUnicode_FromString(colon ? colon + 2 : message)) < 0) {
-    Py_DECREF(exc);
-    return;
+  if (ok) {
+    values[0] = PyLong_FromLong(status);
+    values[1] = PyUnicode_FromString(status_name);
+    values[2] = PyUnicode_FromString(colon ? colon + 2 : message);
   }
-  PyErr_SetObject(cls, exc);
-  Py_DECREF(exc);
+  for (i = 0; i < 3; ++i) ok = ok && values[i] && PyObject_SetAttrString(exc, names[i], values[i]) == 0;
+  for (i = 0; i < 3; ++i) Py_XDECREF(values[i]);
+  if (ok) PyErr_SetObject(cls, exc); /* else the error of the failed step stands */
+  Py_XDECREF(exc);
 }
 %}
 
