@@ -3,8 +3,8 @@ reference: losses, gradients, ds against finite differences, 16-bit inputs,
 row strides, DLPack producers and the handle's options."""
 import numpy as np
 import pytest
-from conftest import BFLOAT16, FEATURE_DTYPES, features
-from reference import contrastive_reference, forward_tolerance, gradient_tolerances, lse_tolerance
+from python_support import BFLOAT16, FEATURE_DTYPES, features
+from python_reference import contrastive_reference, forward_tolerance, gradient_tolerances, lse_tolerance
 
 import flatmem
 

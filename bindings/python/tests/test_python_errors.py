@@ -8,7 +8,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import features, raises_flatmem
+from python_support import features, raises_flatmem
 
 import flatmem
 from flatmem import capi

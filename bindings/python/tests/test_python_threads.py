@@ -4,7 +4,7 @@ import threading
 import time
 
 import numpy as np
-from conftest import features
+from python_support import features
 
 import flatmem
 
