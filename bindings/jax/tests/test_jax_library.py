@@ -70,6 +70,21 @@ def test_cuda_lowering_uses_the_same_targets_without_workspace_result():
     assert "ui8" not in text
 
 
+@pytest.mark.skipif(not flatmem_jax.has_cuda, reason="libflatmem_jax.so built without nvcc")
+def test_cuda_handlers_return_flatmems_unsupported_error():
+    # No GPU here: cuda_handler_check.cpp calls the exported CUDA handlers through a
+    # hand-made XLA FFI call frame and a fake runtime (see its header comment).
+    exe = os.path.join(os.path.dirname(os.path.abspath(flatmem_jax.library_path)),
+                       "flatmem_jax_cuda_handler_check")
+    if not os.path.exists(exe):
+        pytest.skip(f"{exe} not built next to the library")
+    run = subprocess.run([exe], capture_output=True, text=True)
+    print(run.stdout)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "PASSED: 0 failure(s)" in run.stdout
+    assert run.stdout.count("-> code 12: ") == 5  # XLA_FFI_Error_Code_UNIMPLEMENTED
+
+
 def test_concurrent_calls_from_threads():
     # XLA may run calls at once; each borrows its own flatmem handle from the pool.
     q, k = unit_rows(3, 200, 16), unit_rows(4, 200, 16)
