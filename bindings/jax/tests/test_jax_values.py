@@ -168,3 +168,12 @@ def test_int64_labels_with_x64():
     with jax.enable_x64(True):
         got = flatmem_jax.infonce_loss(q, k, 3.0, jnp.asarray(labels, jnp.int64))
     assert got == want
+
+
+def test_forward_mode_and_second_order_are_refused():
+    # Documented: reverse mode, first order only (custom_vjp over FFI calls).
+    q = unit_rows(20, 3, 2)
+    with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
+        jax.jvp(lambda q: flatmem_jax.clip_loss(q, q, 1.0), (q,), (q,))
+    with pytest.raises(ValueError, match="cannot be differentiated"):
+        jax.grad(lambda s: jax.grad(flatmem_jax.clip_loss, argnums=2)(q, q, s))(1.0)

@@ -22,6 +22,10 @@ Arguments
     labels       InfoNCE only: integer (b,) in [0, c), or None for labels
                  0..b-1 (then c >= b). Not differentiable.
 
+Differentiation
+    Reverse mode, first order (jax.grad, jax.vjp). Forward mode (jax.jvp,
+    jacfwd, hessian) and gradients of gradients raise JAX's errors.
+
 vmap
     Every custom call is made with ``vmap_method="sequential"``: under
     ``jax.vmap`` XLA runs one flatmem call per batch element, in a loop.
