@@ -21,7 +21,7 @@ bash scripts/check-install.sh build
 step "install into $FLATMEM_PREFIX for the bindings"
 rm -rf "$FLATMEM_PREFIX"
 cmake --install build --prefix "$FLATMEM_PREFIX" >/dev/null
-for binding in python java rust julia; do
+for binding in python java jax rust julia readme; do
   step "bindings: $binding"
   bash "scripts/check-$binding.sh" "$FLATMEM_PREFIX"
 done
