@@ -47,9 +47,11 @@ Platforms
     UNIMPLEMENTED error carrying flatmem's FLATMEM_STATUS_UNSUPPORTED message.
 
 The handler library
-    libflatmem_jax.so (bindings/jax/CMakeLists.txt) is loaded from the path in
-    the environment variable FLATMEM_JAX_LIBRARY; without it, from this
-    package's folder; then by the dynamic loader's own search. It links the
+    libflatmem_jax.so (bindings/jax/CMakeLists.txt; `pip install
+    --no-build-isolation bindings/jax` builds it and puts it in this package)
+    is loaded from the path in the environment variable FLATMEM_JAX_LIBRARY;
+    without it, from this package's folder; then by the dynamic loader's own
+    search. It links the
     installed libflatmem through its RUNPATH. FLATMEM_JAX_NUM_THREADS (read
     once, when the first call runs) sets the CPU threads of each flatmem call
     (default: all online processors).
@@ -108,9 +110,10 @@ def _load_library():
         lib = ctypes.CDLL(path)
     except OSError as e:
         raise ImportError(
-            f"flatmem_jax: cannot load the handler library {path!r} ({e}); build it with "
-            "bindings/jax/CMakeLists.txt (scripts/check-jax.sh does) and point "
-            "FLATMEM_JAX_LIBRARY at libflatmem_jax.so") from e
+            f"flatmem_jax: cannot load the handler library {path!r} ({e}); install the "
+            "package with it (PKG_CONFIG_PATH=PREFIX/lib/pkgconfig pip install "
+            "--no-build-isolation bindings/jax), or build it with bindings/jax/CMakeLists.txt "
+            "and point FLATMEM_JAX_LIBRARY at libflatmem_jax.so") from e
     header, loaded = lib.flatmem_jax_header_version(), lib.flatmem_jax_library_version()
     # Same major (the ABI), and a library at least as new as the header compiled against.
     if loaded // 10000 != header // 10000 or loaded < header:
