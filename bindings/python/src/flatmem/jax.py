@@ -1,0 +1,33 @@
+"""flatmem's tiled contrastive loss for JAX: the functions of the flatmem_jax
+package (bindings/jax, XLA FFI custom calls), under the flatmem name.
+
+    import jax, flatmem.jax
+    loss = flatmem.jax.clip_loss(q, k, logit_scale)                   # symmetric CLIP
+    loss = flatmem.jax.infonce_loss(q, k, logit_scale, labels=None)   # InfoNCE
+    grads = jax.grad(flatmem.jax.clip_loss, argnums=(0, 1, 2))(q, k, logit_scale)
+
+These are flatmem_jax's own objects (see help(flatmem_jax)); flatmem_jax is a
+separate package, built against the same installed libflatmem:
+
+    PKG_CONFIG_PATH=PREFIX/lib/pkgconfig pip install --no-build-isolation bindings/jax
+
+`import flatmem` alone never imports jax; only this module does.
+"""
+try:
+    import flatmem_jax as _flatmem_jax
+except ModuleNotFoundError as _e:
+    if (_e.name or "").split(".")[0] not in ("flatmem_jax", "jax", "jaxlib"):
+        raise
+    raise ImportError(
+        f"flatmem.jax needs the flatmem_jax package (flatmem's JAX binding) and jax, but "
+        f"{_e.name!r} is not installed. Install jax, then flatmem_jax against the installed "
+        "flatmem, from a flatmem checkout:\n"
+        "  PKG_CONFIG_PATH=PREFIX/lib/pkgconfig python -m pip install --no-build-isolation "
+        "bindings/jax\n"
+        "(bash scripts/check-jax.sh PREFIX does this and runs its tests)",
+        name=__name__,
+    ) from _e
+
+from flatmem_jax import FlatmemError, clip_loss, has_cuda, infonce_loss
+
+__all__ = ["clip_loss", "infonce_loss", "FlatmemError", "has_cuda"]
