@@ -42,6 +42,17 @@ def test_loads_the_installed_libflatmem():
         assert os.path.realpath(paths.pop()).startswith(os.path.realpath(prefix) + os.sep)
 
 
+@pytest.mark.skipif(not os.environ.get("FLATMEM_JAX_EXPECT_INSTALLED"),
+                    reason="scripts/check-jax.sh sets FLATMEM_JAX_EXPECT_INSTALLED=1")
+def test_the_installed_package_with_its_own_library():
+    # pip install bindings/jax puts libflatmem_jax.so next to __init__.py; no path settings.
+    assert "FLATMEM_JAX_LIBRARY" not in os.environ
+    package = os.path.dirname(os.path.realpath(flatmem_jax.__file__))
+    source = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", "python"))
+    assert not package.startswith(source + os.sep), package
+    assert os.path.realpath(flatmem_jax.library_path) == os.path.join(package, "libflatmem_jax.so")
+
+
 def test_versions_agree():
     lib = flatmem_jax._lib
     assert lib.flatmem_jax_header_version() == lib.flatmem_jax_library_version() == 100
@@ -74,8 +85,9 @@ def test_cuda_lowering_uses_the_same_targets_without_workspace_result():
 def test_cuda_handlers_return_flatmems_unsupported_error():
     # No GPU here: cuda_handler_check.cpp calls the exported CUDA handlers through a
     # hand-made XLA FFI call frame and a fake runtime (see its header comment).
-    exe = os.path.join(os.path.dirname(os.path.abspath(flatmem_jax.library_path)),
-                       "flatmem_jax_cuda_handler_check")
+    # scripts/check-jax.sh names the program in its CMake build folder; else next to the library.
+    exe = os.environ.get("FLATMEM_JAX_CUDA_HANDLER_CHECK") or os.path.join(
+        os.path.dirname(os.path.abspath(flatmem_jax.library_path)), "flatmem_jax_cuda_handler_check")
     if not os.path.exists(exe):
         pytest.skip(f"{exe} not built next to the library")
     run = subprocess.run([exe], capture_output=True, text=True)

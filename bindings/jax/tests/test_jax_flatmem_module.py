@@ -1,0 +1,80 @@
+"""flatmem.jax: the SWIG package's name for flatmem_jax's functions. Skipped
+only when the SWIG package flatmem (bindings/python) is not installed;
+scripts/check-jax.sh installs it, so these run there."""
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("flatmem", reason="the SWIG package flatmem (bindings/python) is not installed")
+import flatmem.jax  # noqa: E402  (flatmem is installed: a failure here is a test failure)
+
+import flatmem_jax  # noqa: E402
+import jax_reference as reference  # noqa: E402
+from test_jax_values import assert_grad, assert_loss, assert_scale_grad, unit_rows  # noqa: E402
+
+
+def test_reexports_flatmem_jax():
+    assert flatmem.jax.clip_loss is flatmem_jax.clip_loss
+    assert flatmem.jax.infonce_loss is flatmem_jax.infonce_loss
+    assert flatmem.jax.FlatmemError is flatmem_jax.FlatmemError
+    assert flatmem.jax.has_cuda is flatmem_jax.has_cuda
+    assert sorted(flatmem.jax.__all__) == ["FlatmemError", "clip_loss", "has_cuda", "infonce_loss"]
+
+
+def test_clip_loss_under_jit_and_grad_matches_flatmem_jax():
+    b, d, s = 97, 24, 14.3
+    q, k = unit_rows(11, b, d), unit_rows(12, b, d)
+
+    def via(f):
+        return jax.jit(jax.value_and_grad(lambda q, k, log_s: f(q, k, jnp.exp(log_s)),
+                                          argnums=(0, 1, 2)))
+
+    log_s = jnp.log(jnp.float32(s))
+    loss, grads = via(flatmem.jax.clip_loss)(q, k, log_s)
+    want_loss, want_grads = via(flatmem_jax.clip_loss)(q, k, log_s)
+    assert loss == want_loss
+    for got, want in zip(grads, want_grads):
+        np.testing.assert_array_equal(got, want)
+    # and both are the CLIP loss (the materialised one of jax_reference.py)
+    ref_loss, (rq, rk, rs) = reference.clip_value_and_grad(q, k, jnp.float32(s))
+    assert_loss(loss, ref_loss, s, b, b, d)
+    assert_grad(grads[0], rq, s, b, b, d, jnp.float32, "dq")
+    assert_grad(grads[1], rk, s, b, b, d, jnp.float32, "dk")
+    assert_scale_grad(grads[2] / s, rs, s, b, b, d)  # d/dlog_s = s d/ds
+
+
+def test_infonce_loss_under_jit_and_grad_matches_flatmem_jax():
+    q, k = unit_rows(13, 9, 8, jnp.bfloat16), unit_rows(14, 20, 8, jnp.bfloat16)
+    labels = jnp.asarray(np.random.default_rng(15).integers(0, 20, 9))
+    args = (q, k, jnp.float32(7.0), labels)
+    got = jax.jit(jax.value_and_grad(flatmem.jax.infonce_loss, argnums=(0, 1, 2)))(*args)
+    want = jax.jit(jax.value_and_grad(flatmem_jax.infonce_loss, argnums=(0, 1, 2)))(*args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_refusal_is_flatmem_jax_error():
+    with pytest.raises(flatmem.jax.FlatmemError, match="FLATMEM_STATUS_INVALID_ARGUMENT"):
+        flatmem.jax.clip_loss(unit_rows(1, 4, 3), unit_rows(2, 5, 3), 1.0)  # c != b
+
+
+def run_python(code):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+
+
+def test_import_flatmem_does_not_import_jax():
+    run = run_python("import sys, flatmem; print(sorted(m for m in sys.modules "
+                     "if m.split('.')[0] in ('jax', 'jaxlib', 'flatmem_jax')))")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
+
+
+def test_missing_flatmem_jax_says_how_to_install_it():
+    run = run_python("import sys; sys.modules['flatmem_jax'] = None; import flatmem.jax")
+    assert run.returncode != 0
+    assert "ImportError: flatmem.jax needs the flatmem_jax package" in run.stderr, run.stderr
+    assert "pip install --no-build-isolation bindings/jax" in run.stderr, run.stderr
