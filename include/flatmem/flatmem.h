@@ -294,4 +294,7 @@ FLATMEM_API flatmem_status flatmem_contrastive_backward(
 } /* extern "C" */
 #endif
 
+/* Reversible segments and built-in transformer blocks. */
+#include <flatmem/reversible.h>
+
 #endif /* FLATMEM_FLATMEM_H */

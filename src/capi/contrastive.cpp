@@ -1,7 +1,5 @@
 // extern "C" entry points of the contrastive loss: argument checks, then the
 // backend; exceptions become statuses (core/error.hpp).
-#include <new>
-
 #include "contrastive/cpu/forward.hpp"
 #include "contrastive/handle.hpp"
 #include "contrastive/plan.hpp"
@@ -10,24 +8,6 @@
 
 using namespace flatmem;
 using namespace flatmem::contrastive;
-
-void *flatmem_contrastive_s::workspace(void *given, std::size_t given_bytes, std::size_t needed) {
-  if (given != nullptr) {
-    if (given_bytes < needed)
-      fail(FLATMEM_STATUS_WORKSPACE_TOO_SMALL, "workspace: ", given_bytes, " bytes given; ", needed,
-           " bytes needed (ask the *_workspace_size function)");
-    return given;
-  }
-  if (given_bytes != 0) invalid("workspace: NULL with workspace_bytes = ", given_bytes, "; pass 0");
-  if (owned_bytes < needed) {
-    owned.reset();
-    owned_bytes = 0;
-    owned.reset(new (std::nothrow) char[needed]);
-    if (!owned) fail(FLATMEM_STATUS_OUT_OF_MEMORY, "workspace: could not allocate ", needed, " bytes");
-    owned_bytes = needed;
-  }
-  return owned.get();
-}
 
 namespace {
 
@@ -108,7 +88,7 @@ flatmem_status flatmem_contrastive_forward(flatmem_contrastive_t *handle, const 
     const Plan plan = plan_for(handle, in.q, in.k);
     const std::size_t needed =
         cpu::forward_workspace_bytes(plan, in.loss, in.q.dtype, handle->pool.size());
-    void *ws = handle->workspace(workspace, workspace_bytes, needed);
+    void *ws = handle->workspace.resolve(workspace, workspace_bytes, needed);
     cpu::forward(handle->pool, plan, in, out, ws);
   });
 }
@@ -129,7 +109,7 @@ flatmem_status flatmem_contrastive_backward(flatmem_contrastive_t *handle, const
     const std::size_t needed = cpu::backward_workspace_bytes(
         plan, in.q.dtype, args.dq.data ? &args.dq.dtype : nullptr,
         args.dk.data ? &args.dk.dtype : nullptr, handle->pool.size());
-    void *ws = handle->workspace(workspace, workspace_bytes, needed);
+    void *ws = handle->workspace.resolve(workspace, workspace_bytes, needed);
     cpu::backward(handle->pool, plan, in, args, ws);
   });
 }

@@ -5,12 +5,12 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "core/options.hpp"
 #include "core/thread_pool.hpp"
 
 namespace flatmem::contrastive {
 namespace {
 
-constexpr int max_threads = 256;
 constexpr int max_tile = 4096;
 constexpr int default_tile = 512;  // measured at b = 8192, d = 512: 1.21x the 4-GEMM time; 256: 1.31x
 
@@ -42,27 +42,17 @@ void check_finite_vector(const float *v, std::int64_t n, const char *name) {
 }  // namespace
 
 Options resolve_options(const flatmem_contrastive_options *given) {
-  flatmem_contrastive_options o{};
-  if (given != nullptr) {
-    if (given->struct_size < sizeof(size_t))
-      invalid("options: struct_size is ", given->struct_size,
-              "; initialise with FLATMEM_CONTRASTIVE_OPTIONS_INIT or flatmem_contrastive_options_init");
-    std::memcpy(&o, given, std::min(given->struct_size, sizeof o));
-  }
+  const flatmem_contrastive_options o = read_options(
+      given, "FLATMEM_CONTRASTIVE_OPTIONS_INIT or flatmem_contrastive_options_init");
   Options r;
-  // Enum fields are read as their 32-bit storage: a C caller may store any value.
-  std::int32_t loss, nonfinite;
-  std::memcpy(&loss, &o.loss, sizeof loss);
-  std::memcpy(&nonfinite, &o.nonfinite, sizeof nonfinite);
+  const std::int32_t loss = enum_value(o.loss), nonfinite = enum_value(o.nonfinite);
   switch (loss) {
     case FLATMEM_CONTRASTIVE_DEFAULT:
     case FLATMEM_CONTRASTIVE_SYMMETRIC: r.loss = Loss::symmetric; break;
     case FLATMEM_CONTRASTIVE_INFONCE: r.loss = Loss::infonce; break;
     default: invalid("options.loss: ", loss, " is not a flatmem_contrastive_loss");
   }
-  if (o.num_threads < 0 || o.num_threads > max_threads)
-    invalid("options.num_threads: ", o.num_threads, "; expected 0 (all processors) to ", max_threads);
-  r.num_threads = o.num_threads == 0 ? std::min(hardware_threads(), max_threads) : o.num_threads;
+  r.num_threads = resolve_threads(o.num_threads, "options.num_threads");
   for (auto [value, name, slot] : {std::tuple{o.tile_rows, "options.tile_rows", &r.tile_rows},
                                    std::tuple{o.tile_cols, "options.tile_cols", &r.tile_cols}}) {
     if (value < 0 || value > max_tile) invalid(name, ": ", value, "; expected 0 (default ", default_tile, ") to ", max_tile);

@@ -1,0 +1,58 @@
+// The object behind flatmem_reversible_t: the blocks, the resolved options,
+// the CPU chains (all threads for forward / VANILLA / STANDARD; a rebuild
+// chain on its own thread and a gradient chain for OVERLAPPED, made on first
+// use), STANDARD mode's record of the last forward, and AUTO's timings.
+#pragma once
+
+#include <flatmem/flatmem.h>
+
+#include <memory>
+#include <vector>
+
+#include "core/owned_workspace.hpp"
+#include "reversible/auto_mode.hpp"
+#include "reversible/buffers.hpp"
+#include "reversible/cpu/chain.hpp"
+#include "reversible/cpu/lane.hpp"
+#include "reversible/state.hpp"
+
+namespace flatmem::reversible {
+
+// STANDARD mode's stored activations: states S_0 .. S_n (S_k is block k's
+// input) and every block's residuals.
+struct Record {
+  bool valid = false;
+  StateLayout layout;
+  ResidualPlan residual_plan;
+  std::unique_ptr<char[]> memory;
+  std::vector<StatePair> states;      // n + 1
+  std::vector<char *> residuals;      // n slots of residual_plan.slot_bytes
+};
+
+// Splits num_threads between the rebuild chain (a third, at least 1) and the
+// gradient chain (the rest, at least 1).
+int rebuild_threads(int num_threads);
+int gradient_threads(int num_threads);
+
+}  // namespace flatmem::reversible
+
+struct flatmem_reversible_s {
+  flatmem_reversible_s(std::vector<flatmem_reversible_block> b, flatmem_reversible_mode m,
+                       int threads)
+      : blocks(std::move(b)), mode(m), num_threads(threads), main_chain(threads) {}
+
+  std::int32_t size() const { return std::int32_t(blocks.size()); }
+  // The OVERLAPPED chains and the rebuild thread, started on first use.
+  void start_overlap_chains();
+
+  std::vector<flatmem_reversible_block> blocks;
+  flatmem_reversible_mode mode;
+  int num_threads;
+  flatmem::reversible::cpu::Chain main_chain;
+  std::unique_ptr<flatmem::reversible::cpu::Chain> rebuild_chain, gradient_chain;
+  std::unique_ptr<flatmem::reversible::cpu::Lane> rebuild_lane;
+  flatmem::reversible::Record record;
+  flatmem::reversible::AutoChooser chooser;
+  flatmem_reversible_mode last_mode = FLATMEM_REVERSIBLE_AUTO;
+  flatmem::OwnedWorkspace workspace;
+};
