@@ -4,13 +4,7 @@
 #include <limits>
 
 #include "core/fast_exp.hpp"
-
-// Compiled for AVX-512, AVX2 and baseline x86-64; the loader picks one per machine.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(FLATMEM_NO_CLONES)
-#define FLATMEM_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define FLATMEM_SIMD_CLONES
-#endif
+#include "core/simd_clones.hpp"
 
 namespace flatmem::contrastive::cpu {
 namespace {

@@ -4,8 +4,6 @@
 // bits on one machine, run after run.
 #pragma once
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(FLATMEM_NO_CLONES)
-#define FLATMEM_BLOCK_SIMD __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define FLATMEM_BLOCK_SIMD
-#endif
+#include "core/simd_clones.hpp"
+
+#define FLATMEM_BLOCK_SIMD FLATMEM_SIMD_CLONES

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# ThreadSanitizer: a CPU-only Debug build (-O1) in build-tsan/ with every C/C++ target
+# instrumented (FLATMEM_SANITIZE=thread), then the tests of the code that runs callbacks
+# and tiles on several threads: reversible segments (OVERLAPPED's two chains, the rebuild
+# thread, parallel_for) and the thread pool. Any report fails the test (halt_on_error).
+# Usage: bash scripts/test-tsan.sh   (scripts/test.sh runs it; deps must be installed)
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$FLATMEM_ROOT"
+
+flatmem_configure build-tsan -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" \
+  -DFLATMEM_SANITIZE=thread \
+  -DFLATMEM_WITH_CUDA=OFF -DFLATMEM_WITH_NCCL=OFF -DFLATMEM_WITH_UCX=OFF \
+  -DFLATMEM_BUILD_BENCH=OFF
+targets=(test_reversible_values test_reversible_bad_input test_contrastive_determinism)
+[[ -f tests/reversible/test_blocks.cpp ]] && targets+=(test_reversible_blocks)
+flatmem_build build-tsan --target "${targets[@]}"
+
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+cd build-tsan
+ctest --output-on-failure --timeout "${FLATMEM_CTEST_TIMEOUT:-900}" \
+  -R '^(reversible/(values|bitwise|dropout|block_seed|rebuild_error|bad_input|failing_callback|options|blocks)|contrastive/determinism)'
