@@ -47,7 +47,10 @@
  *               events). R_{k-2} waits for B_k, so at most two blocks'
  *               residuals and 3 states are alive. Bitwise identical to VANILLA
  *               (the same calls on the same inputs, in the same order per
- *               chain) as long as the callbacks are deterministic.
+ *               chain) as long as the callbacks are deterministic and their
+ *               results do not depend on context.num_threads (true of the
+ *               built-in blocks). ~4/3 the work of STANDARD, spread over two
+ *               chains.
  *   AUTO        (default) per state shape, times one VANILLA and one
  *               OVERLAPPED backward, then keeps running the faster (re-measured
  *               every 64 backwards of that shape). Values do not depend on the
@@ -239,7 +242,7 @@ FLATMEM_API flatmem_status flatmem_reversible_backward_workspace_size(flatmem_re
  *
  *   x1, x2   the segment input, same shape/dtype (fp32 | fp64)/device
  *   seed, offset   randomness handed to the callbacks (see above)
- *   y1, y2   written; may not overlap x1, x2
+ *   y1, y2   written (at the end: they may alias x1, x2; not each other)
  *
  * Keeps nothing (STANDARD mode: keeps every block's inputs and residuals in
  * handle memory, allocated here, until the next forward or destroy). y1 and

@@ -7,7 +7,10 @@
 #include "core/error.hpp"
 #include "core/options.hpp"
 #include "reversible/callbacks.hpp"
-#include "reversible/cpu/executor.hpp"
+#include "reversible/schedules.hpp"
+#if FLATMEM_HAVE_CUDA_BACKEND
+#include "reversible/cuda/stream_chain.hpp"
+#endif
 #include "reversible/segment.hpp"
 
 using namespace flatmem;
@@ -39,11 +42,44 @@ void check_function(const flatmem_reversible_function &fn, std::int32_t k, const
   if (fn.vjp == nullptr) invalid("blocks[", k, "].", part, ".vjp: NULL");
 }
 
+// Runs body(chain) on the chain of the states' device: the handle's CPU
+// chain, or the caller's CUDA stream.
+template <typename Body>
+void on_chain(flatmem_reversible_t *h, const StateLayout &s, void *stream, Body body) {
+#if FLATMEM_HAVE_CUDA_BACKEND
+  if (s.device.device_type == kDLCUDA) {
+    cuda::StreamChain chain(s.device.device_id, static_cast<cudaStream_t>(stream));
+    body(static_cast<Chain &>(chain));
+    return;
+  }
+#else
+  (void)stream;
+#endif
+  (void)s;
+  body(static_cast<Chain &>(h->main_chain));
+}
+
+// The caller's workspace (checked), or the handle's own on the states'
+// device (CUDA: cudaMalloc, which synchronises, only when it must grow).
+void *resolve_workspace(flatmem_reversible_t *h, Chain &chain, const StateLayout &s, void *given,
+                        std::size_t given_bytes, std::size_t needed) {
+  if (given != nullptr || s.device.device_type == kDLCPU)
+    return h->workspace.resolve(given, given_bytes, needed);
+  if (given_bytes != 0) invalid("workspace: NULL with workspace_bytes = ", given_bytes, "; pass 0");
+  if (h->device_workspace_bytes < needed) {
+    h->device_workspace.reset();
+    h->device_workspace_bytes = 0;
+    h->device_workspace = chain.allocate(needed, "workspace");
+    h->device_workspace_bytes = needed;
+  }
+  return h->device_workspace.get();
+}
+
 // The workspace a backward in `mode` needs (AUTO: the larger of its two).
 std::size_t backward_bytes(const StateLayout &s, const ResidualPlan &r,
                            flatmem_reversible_mode mode) {
   if (mode == FLATMEM_REVERSIBLE_AUTO) mode = FLATMEM_REVERSIBLE_OVERLAPPED;
-  return cpu::backward_workspace_bytes(s, r, mode);
+  return backward_workspace_bytes(s, r, mode);
 }
 
 }  // namespace
@@ -95,7 +131,7 @@ flatmem_status flatmem_reversible_forward_workspace_size(flatmem_reversible_t *h
     check_handle(handle);
     check_out(bytes, "bytes");
     const StateLayout s = check_state(x, "x", DataUse::metadata_only);
-    *bytes = handle->mode == FLATMEM_REVERSIBLE_STANDARD ? 0 : cpu::forward_workspace_bytes(s);
+    *bytes = handle->mode == FLATMEM_REVERSIBLE_STANDARD ? 0 : forward_workspace_bytes(s);
   });
 }
 
@@ -112,7 +148,7 @@ flatmem_status flatmem_reversible_backward_workspace_size(flatmem_reversible_t *
 flatmem_status flatmem_reversible_forward(flatmem_reversible_t *handle, const DLTensor *x1,
                                           const DLTensor *x2, uint64_t seed, uint64_t offset,
                                           DLTensor *y1, DLTensor *y2, void *workspace,
-                                          size_t workspace_bytes, void * /*stream*/) {
+                                          size_t workspace_bytes, void *stream) {
   return guarded([&] {
     check_handle(handle);
     const StateLayout s = check_state(x1, "x1", DataUse::required);
@@ -120,15 +156,19 @@ flatmem_status flatmem_reversible_forward(flatmem_reversible_t *handle, const DL
     check_state_like(y1, "y1", s, "x1", DataUse::required);
     check_state_like(y2, "y2", s, "x1", DataUse::required);
     check_disjoint(y1, "y1", y2, "y2", s.bytes());
-    const cpu::Randomness rng{seed, offset};
-    if (handle->mode == FLATMEM_REVERSIBLE_STANDARD) {
-      handle->workspace.resolve(workspace, workspace_bytes, 0);
-      cpu::record_forward(*handle, s, plan_residuals(handle->blocks, s), data_of(x1), data_of(x2),
-                          rng, data_of(y1), data_of(y2));
-      return;
-    }
-    void *ws = handle->workspace.resolve(workspace, workspace_bytes, cpu::forward_workspace_bytes(s));
-    cpu::forward(*handle, s, data_of(x1), data_of(x2), rng, data_of(y1), data_of(y2), ws);
+    const Randomness rng{seed, offset};
+    on_chain(handle, s, stream, [&](Chain &chain) {
+      if (handle->mode == FLATMEM_REVERSIBLE_STANDARD) {
+        resolve_workspace(handle, chain, s, workspace, workspace_bytes, 0);
+        record_forward(*handle, chain, s, plan_residuals(handle->blocks, s), data_of(x1),
+                       data_of(x2), rng, data_of(y1), data_of(y2));
+        return;
+      }
+      void *ws = resolve_workspace(handle, chain, s, workspace, workspace_bytes,
+                                   forward_workspace_bytes(s));
+      reversible::forward(*handle, chain, s, data_of(x1), data_of(x2), rng, data_of(y1),
+                          data_of(y2), ws);
+    });
   });
 }
 
@@ -137,7 +177,7 @@ flatmem_status flatmem_reversible_backward(flatmem_reversible_t *handle, const D
                                            const DLTensor *dy2, uint64_t seed, uint64_t offset,
                                            DLTensor *dx1, DLTensor *dx2, DLTensor *x1,
                                            DLTensor *x2, void *workspace, size_t workspace_bytes,
-                                           void * /*stream*/) {
+                                           void *stream) {
   return guarded([&] {
     check_handle(handle);
     const StateLayout s = check_state(y1, "y1", DataUse::required);
@@ -166,14 +206,23 @@ flatmem_status flatmem_reversible_backward(flatmem_reversible_t *handle, const D
               "shape and dtype (the forward keeps the activations the backward uses)");
     const ResidualPlan r = mode == FLATMEM_REVERSIBLE_STANDARD ? handle->record.residual_plan
                                                                : plan_residuals(handle->blocks, s);
-    void *ws = handle->workspace.resolve(workspace, workspace_bytes, backward_bytes(s, r, mode));
-    if (mode == FLATMEM_REVERSIBLE_AUTO) mode = handle->chooser.next(s, handle->size());
-    const cpu::BackwardIo io{data_of(y1),  data_of(y2),  data_of(dy1),
+    // AUTO: timed choice on the CPU. On CUDA a backward only enqueues work and
+    // may not wait for the device, so it cannot time itself: OVERLAPPED from 2 blocks.
+    const bool timed_auto = mode == FLATMEM_REVERSIBLE_AUTO && s.device.device_type == kDLCPU;
+    if (mode == FLATMEM_REVERSIBLE_AUTO)
+      mode = timed_auto ? handle->chooser.next(s, handle->size())
+             : handle->size() >= 2 ? FLATMEM_REVERSIBLE_OVERLAPPED
+                                   : FLATMEM_REVERSIBLE_VANILLA;
+    const BackwardIo io{data_of(y1),  data_of(y2),  data_of(dy1),
                              data_of(dy2), data_of(dx1), data_of(dx2),
                              x1 ? data_of(x1) : nullptr, x2 ? data_of(x2) : nullptr};
     const auto start = std::chrono::steady_clock::now();
-    cpu::backward(*handle, mode, s, r, cpu::Randomness{seed, offset}, io, ws);
-    if (handle->mode == FLATMEM_REVERSIBLE_AUTO)
+    on_chain(handle, s, stream, [&](Chain &chain) {
+      void *ws = resolve_workspace(handle, chain, s, workspace, workspace_bytes,
+                                   backward_bytes(s, r, handle->mode));
+      reversible::backward(*handle, chain, mode, s, r, Randomness{seed, offset}, io, ws);
+    });
+    if (timed_auto)
       handle->chooser.record(
           s, mode, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     handle->last_mode = mode;
@@ -196,6 +245,8 @@ flatmem_status flatmem_reversible_rebuild_error(flatmem_reversible_t *handle, co
     check_handle(handle);
     const StateLayout s = check_state(x1, "x1", DataUse::required);
     check_state_like(x2, "x2", s, "x1", DataUse::required);
+    if (s.device.device_type != kDLCPU)
+      fail(FLATMEM_STATUS_UNSUPPORTED, "x1: rebuild_error runs on CPU states only in this version");
     if (errors == nullptr) invalid("errors: tensor is NULL");
     if (errors->device.device_type != kDLCPU || errors->dtype.code != kDLFloat ||
         errors->dtype.bits != 64 || errors->dtype.lanes != 1 || errors->ndim != 1 ||
@@ -206,7 +257,7 @@ flatmem_status flatmem_reversible_rebuild_error(flatmem_reversible_t *handle, co
               " elements (one per block), 8-byte aligned data");
     std::vector<double> result(std::size_t(handle->size()));
     cpu::rebuild_error(*handle, s, plan_residuals(handle->blocks, s), data_of(x1), data_of(x2),
-                       cpu::Randomness{seed, offset}, result.data());
+                       Randomness{seed, offset}, result.data());
     std::memcpy(data_of(errors), result.data(), result.size() * sizeof(double));
   });
 }

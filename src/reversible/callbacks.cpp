@@ -3,38 +3,31 @@
 #include <string>
 
 #include "core/error.hpp"
-#include "reversible/cpu/chain.hpp"
+#include "reversible/chain.hpp"
 
 namespace flatmem::reversible {
 namespace {
 
 thread_local std::string callback_message;
 
-// context.parallel_for: the chain's pool, or the calling thread alone when
-// there is no chain (size queries).
-void parallel_for(const flatmem_reversible_context *context, std::int64_t items,
+// parallel_for without a chain (size queries): the calling thread alone.
+void run_serially(const flatmem_reversible_context *, std::int64_t items,
                   void (*body)(void *, std::int64_t, std::int32_t), void *arg) {
-  if (context == nullptr || body == nullptr || items <= 0) return;
-  auto *chain = static_cast<cpu::Chain *>(context->internal);
-  if (chain == nullptr) {
-    for (std::int64_t i = 0; i < items; ++i) body(arg, i, 0);
-    return;
-  }
-  chain->pool().run(items, [&](std::int64_t item, int thread) { body(arg, item, thread); });
+  if (body == nullptr) return;
+  for (std::int64_t i = 0; i < items; ++i) body(arg, i, 0);
 }
 
-flatmem_reversible_context make_context(const CallSite &site, cpu::Chain *chain) {
+flatmem_reversible_context make_context(const CallSite &site, Chain *chain) {
   flatmem_reversible_context c{};
   c.struct_size = sizeof c;
   c.block = site.block;
   c.part = site.part;
   c.phase = site.phase;
-  c.num_threads = chain ? chain->threads() : 1;
   c.seed = block_seed(site.seed, site.block, site.part);
   c.offset = site.offset;
-  c.stream = nullptr;
-  c.parallel_for = parallel_for;
-  c.internal = chain;
+  c.num_threads = 1;
+  c.parallel_for = run_serially;
+  if (chain != nullptr) chain->describe(c);
   return c;
 }
 
@@ -77,7 +70,7 @@ std::uint64_t block_seed(std::uint64_t seed, std::int32_t block, std::int32_t pa
 
 void set_callback_message(const char *message) { callback_message = message ? message : ""; }
 
-void call_forward(const flatmem_reversible_function &fn, const CallSite &site, cpu::Chain *chain,
+void call_forward(const flatmem_reversible_function &fn, const CallSite &site, Chain *chain,
                   const StateLayout &s, const void *x, void *y, void *residuals) {
   const flatmem_reversible_context context = make_context(site, chain);
   const DLTensor xt = s.tensor(x);
@@ -86,7 +79,7 @@ void call_forward(const flatmem_reversible_function &fn, const CallSite &site, c
   check_callback(fn.forward(fn.user, &context, &xt, &yt, residuals), site, "forward");
 }
 
-void call_vjp(const flatmem_reversible_function &fn, const CallSite &site, cpu::Chain *chain,
+void call_vjp(const flatmem_reversible_function &fn, const CallSite &site, Chain *chain,
               const StateLayout &s, const void *x, const void *residuals, const void *dy,
               void *dx) {
   const flatmem_reversible_context context = make_context(site, chain);

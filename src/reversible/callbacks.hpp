@@ -12,9 +12,7 @@
 
 namespace flatmem::reversible {
 
-namespace cpu {
 class Chain;
-}
 
 // Who is being called, and why.
 struct CallSite {
@@ -29,11 +27,11 @@ struct CallSite {
 std::uint64_t block_seed(std::uint64_t seed, std::int32_t block, std::int32_t part);
 
 // y = fn(x); residuals may be NULL.
-void call_forward(const flatmem_reversible_function &fn, const CallSite &site, cpu::Chain *chain,
+void call_forward(const flatmem_reversible_function &fn, const CallSite &site, Chain *chain,
                   const StateLayout &s, const void *x, void *y, void *residuals);
 
 // dx += J_fn(x)^T dy.
-void call_vjp(const flatmem_reversible_function &fn, const CallSite &site, cpu::Chain *chain,
+void call_vjp(const flatmem_reversible_function &fn, const CallSite &site, Chain *chain,
               const StateLayout &s, const void *x, const void *residuals, const void *dy, void *dx);
 
 // Residual bytes of fn for states of layout s (0 when fn has no residual_size).

@@ -14,7 +14,7 @@ int gradient_threads(int num_threads) {
 void flatmem_reversible_s::start_overlap_chains() {
   using namespace flatmem::reversible;
   if (rebuild_lane) return;
-  rebuild_chain = std::make_unique<cpu::Chain>(rebuild_threads(num_threads));
-  gradient_chain = std::make_unique<cpu::Chain>(gradient_threads(num_threads));
+  rebuild_chain = std::make_unique<cpu::ThreadChain>(rebuild_threads(num_threads));
+  gradient_chain = std::make_unique<cpu::ThreadChain>(gradient_threads(num_threads));
   rebuild_lane = std::make_unique<cpu::Lane>();
 }

@@ -12,7 +12,8 @@
 #include "core/owned_workspace.hpp"
 #include "reversible/auto_mode.hpp"
 #include "reversible/buffers.hpp"
-#include "reversible/cpu/chain.hpp"
+#include "reversible/chain.hpp"
+#include "reversible/cpu/thread_chain.hpp"
 #include "reversible/cpu/lane.hpp"
 #include "reversible/state.hpp"
 
@@ -24,10 +25,16 @@ struct Record {
   bool valid = false;
   StateLayout layout;
   ResidualPlan residual_plan;
-  std::unique_ptr<char[]> memory;
+  ChainBuffer memory{nullptr, nullptr};
   std::vector<StatePair> states;      // n + 1
   std::vector<char *> residuals;      // n slots of residual_plan.slot_bytes
 };
+
+namespace cuda {
+// The OVERLAPPED schedule's second stream and its events (cuda/overlapped.cpp).
+struct OverlapResources;
+}  // namespace cuda
+using CudaOverlapPointer = std::unique_ptr<cuda::OverlapResources, void (*)(cuda::OverlapResources *)>;
 
 // Splits num_threads between the rebuild chain (a third, at least 1) and the
 // gradient chain (the rest, at least 1).
@@ -48,11 +55,15 @@ struct flatmem_reversible_s {
   std::vector<flatmem_reversible_block> blocks;
   flatmem_reversible_mode mode;
   int num_threads;
-  flatmem::reversible::cpu::Chain main_chain;
-  std::unique_ptr<flatmem::reversible::cpu::Chain> rebuild_chain, gradient_chain;
+  flatmem::reversible::cpu::ThreadChain main_chain;
+  std::unique_ptr<flatmem::reversible::cpu::ThreadChain> rebuild_chain, gradient_chain;
   std::unique_ptr<flatmem::reversible::cpu::Lane> rebuild_lane;
   flatmem::reversible::Record record;
   flatmem::reversible::AutoChooser chooser;
   flatmem_reversible_mode last_mode = FLATMEM_REVERSIBLE_AUTO;
   flatmem::OwnedWorkspace workspace;
+  // CUDA: the workspace used when a call passes none, and OVERLAPPED's stream.
+  flatmem::reversible::ChainBuffer device_workspace{nullptr, nullptr};
+  std::size_t device_workspace_bytes = 0;
+  flatmem::reversible::CudaOverlapPointer cuda_overlap{nullptr, nullptr};
 };

@@ -5,6 +5,9 @@
 #include <string>
 
 #include "core/error.hpp"
+#if FLATMEM_HAVE_CUDA_BACKEND
+#include "contrastive/cuda/device.hpp"
+#endif
 
 namespace flatmem::reversible {
 namespace {
@@ -35,11 +38,20 @@ StateLayout check_state(const DLTensor *t, const char *name, DataUse use) {
   if (t == nullptr) invalid(name, ": tensor is NULL");
   StateLayout s;
   s.device = t->device;
-  if (t->device.device_type != kDLCPU)
+#if FLATMEM_HAVE_CUDA_BACKEND
+  const bool supported = t->device.device_type == kDLCPU || t->device.device_type == kDLCUDA;
+#else
+  const bool supported = t->device.device_type == kDLCPU;
+#endif
+  if (!supported)
     fail(t->device.device_type == kDLCUDA ? FLATMEM_STATUS_UNSUPPORTED
                                           : FLATMEM_STATUS_INVALID_ARGUMENT,
          name, ": device type ", int(t->device.device_type),
-         " is not supported; reversible segments run on kDLCPU tensors in this build");
+         " is not supported; reversible segments run on kDLCPU",
+#if FLATMEM_HAVE_CUDA_BACKEND
+         " and kDLCUDA",
+#endif
+         " tensors in this build");
   const DLDataType d = t->dtype;
   if (d.code == kDLFloat && d.bits == 32 && d.lanes == 1) s.real = Real::f32;
   else if (d.code == kDLFloat && d.bits == 64 && d.lanes == 1) s.real = Real::f64;
@@ -75,6 +87,10 @@ StateLayout check_state(const DLTensor *t, const char *name, DataUse use) {
     if (address % s.element_bytes() != 0)
       invalid(name, ": data + byte_offset (", address, ") is not aligned to the ",
               s.element_bytes(), "-byte element size");
+#if FLATMEM_HAVE_CUDA_BACKEND
+    if (t->device.device_type == kDLCUDA)
+      flatmem::contrastive::cuda::check_device_pointer(data_of(t), name, t->device.device_id);
+#endif
   }
   return s;
 }

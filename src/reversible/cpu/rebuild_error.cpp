@@ -7,8 +7,7 @@
 #include <new>
 
 #include "core/error.hpp"
-#include "reversible/cpu/block_steps.hpp"
-#include "reversible/cpu/executor.hpp"
+#include "reversible/schedules.hpp"
 
 namespace flatmem::reversible::cpu {
 namespace {
@@ -44,14 +43,11 @@ void rebuild_error(flatmem_reversible_t &h, const StateLayout &s, const Residual
   };
   WorkspaceCarver measure;
   carve(measure);
-  std::unique_ptr<char[]> memory(new (std::nothrow) char[measure.bytes()]);
-  if (!memory)
-    fail(FLATMEM_STATUS_OUT_OF_MEMORY, "rebuild_error: could not allocate ", measure.bytes(),
-         " bytes for the states of ", n, " blocks");
+  Chain &chain = h.main_chain;
+  const ChainBuffer memory = chain.allocate(measure.bytes(), "rebuild_error's states");
   WorkspaceCarver carver(memory.get());
   carve(carver);
 
-  Chain &chain = h.main_chain;
   chain.copy(s, x1, truth[0].a);
   chain.copy(s, x2, truth[0].b);
   for (std::size_t k = 0; k < n; ++k) {

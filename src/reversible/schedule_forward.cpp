@@ -1,11 +1,8 @@
 // Segment forward (nothing kept) and STANDARD's recording forward.
-#include <new>
-
 #include "core/error.hpp"
-#include "reversible/cpu/block_steps.hpp"
-#include "reversible/cpu/executor.hpp"
+#include "reversible/schedules.hpp"
 
-namespace flatmem::reversible::cpu {
+namespace flatmem::reversible {
 
 std::size_t forward_workspace_bytes(const StateLayout &s) {
   WorkspaceCarver measure;
@@ -13,15 +10,14 @@ std::size_t forward_workspace_bytes(const StateLayout &s) {
   return measure.bytes();
 }
 
-void forward(flatmem_reversible_t &h, const StateLayout &s, const char *x1, const char *x2,
-             Randomness rng, char *y1, char *y2, void *workspace) {
+void forward(flatmem_reversible_t &h, Chain &chain, const StateLayout &s, const char *x1,
+             const char *x2, Randomness rng, char *y1, char *y2, void *workspace) {
   WorkspaceCarver carver(workspace);
   const ForwardBuffers buffers = carve_forward(carver, s);
-  Chain &chain = h.main_chain;
   // S_0 is the caller's input; S_{k+1} goes to slot k mod 2.
   StatePair current{const_cast<char *>(x1), const_cast<char *>(x2)};
   for (std::int32_t k = 0; k < h.size(); ++k) {
-    BlockCall call{&h.blocks[std::size_t(k)], k, &s, rng.seed, rng.offset};
+    const BlockCall call{&h.blocks[std::size_t(k)], k, &s, rng.seed, rng.offset};
     const StatePair next = buffers.slots[std::size_t(k % 2)];
     forward_block(chain, call, FLATMEM_REVERSIBLE_PHASE_FORWARD, current, next);
     current = next;
@@ -30,8 +26,9 @@ void forward(flatmem_reversible_t &h, const StateLayout &s, const char *x1, cons
   chain.copy(s, current.b, y2);
 }
 
-void record_forward(flatmem_reversible_t &h, const StateLayout &s, const ResidualPlan &r,
-                    const char *x1, const char *x2, Randomness rng, char *y1, char *y2) {
+void record_forward(flatmem_reversible_t &h, Chain &chain, const StateLayout &s,
+                    const ResidualPlan &r, const char *x1, const char *x2, Randomness rng,
+                    char *y1, char *y2) {
   Record &record = h.record;
   record.valid = false;
   record.memory.reset();
@@ -47,14 +44,10 @@ void record_forward(flatmem_reversible_t &h, const StateLayout &s, const Residua
   };
   WorkspaceCarver measure;
   carve(measure);
-  record.memory.reset(new (std::nothrow) char[measure.bytes()]);
-  if (!record.memory)
-    fail(FLATMEM_STATUS_OUT_OF_MEMORY, "STANDARD mode: could not allocate ", measure.bytes(),
-         " bytes for the activations of ", n, " blocks");
+  record.memory = chain.allocate(measure.bytes(), "STANDARD mode's activations");
   WorkspaceCarver carver(record.memory.get());
   carve(carver);
 
-  Chain &chain = h.main_chain;
   chain.copy(s, x1, record.states[0].a);
   chain.copy(s, x2, record.states[0].b);
   for (std::size_t k = 0; k < n; ++k) {
@@ -70,4 +63,4 @@ void record_forward(flatmem_reversible_t &h, const StateLayout &s, const Residua
   record.valid = true;
 }
 
-}  // namespace flatmem::reversible::cpu
+}  // namespace flatmem::reversible

@@ -1,8 +1,8 @@
-#include "reversible/cpu/block_steps.hpp"
+#include "reversible/block_steps.hpp"
 
 #include "reversible/callbacks.hpp"
 
-namespace flatmem::reversible::cpu {
+namespace flatmem::reversible {
 namespace {
 
 CallSite site(const BlockCall &call, flatmem_reversible_part part, flatmem_reversible_phase phase) {
@@ -54,4 +54,4 @@ void gradient_block(Chain &chain, const BlockCall &call, const char *y1, const c
            call.residual_f, gradients.a, gradients.b);
 }
 
-}  // namespace flatmem::reversible::cpu
+}  // namespace flatmem::reversible

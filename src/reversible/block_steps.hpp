@@ -8,10 +8,10 @@
 #include <cstdint>
 
 #include "reversible/buffers.hpp"
-#include "reversible/cpu/chain.hpp"
+#include "reversible/chain.hpp"
 #include "reversible/state.hpp"
 
-namespace flatmem::reversible::cpu {
+namespace flatmem::reversible {
 
 struct BlockCall {
   const flatmem_reversible_block *block = nullptr;
@@ -39,4 +39,4 @@ void rebuild_block(Chain &chain, const BlockCall &call, StatePair out, StatePair
 void gradient_block(Chain &chain, const BlockCall &call, const char *y1, const char *x2,
                     StatePair gradients);
 
-}  // namespace flatmem::reversible::cpu
+}  // namespace flatmem::reversible
