@@ -21,9 +21,10 @@ function(_flatmem_resolve opt found what)
   endif()
 endfunction()
 
-# Detects the optional toolchains. This release builds only the CPU backend; the
-# detection result is recorded (and reported) so that the CUDA, NCCL and UCX
-# parts land behind the same switches.
+# Detects the optional toolchains. CUDA, when found, enables the CUDA language
+# for the whole project (the contrastive loss's CUDA backend, its GPU tests and
+# benchmark) for the architectures in FLATMEM_CUDA_ARCHITECTURES; NCCL and UCX
+# are detected and reported only.
 macro(flatmem_detect_optional_backends)
   include(CheckLanguage)
   set(_cuda_found OFF)
@@ -39,6 +40,14 @@ macro(flatmem_detect_optional_backends)
     endif()
   endif()
   _flatmem_resolve(FLATMEM_WITH_CUDA ${_cuda_found} "nvcc")
+  if(FLATMEM_HAVE_CUDA)
+    # sm_90 (Hopper) is the performance target, sm_80 (Ampere) the oldest supported
+    # (mma.sync bf16/tf32). CI builds 90 only (scripts/common.sh) to stay fast.
+    set(FLATMEM_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures of the kernels (CMAKE_CUDA_ARCHITECTURES syntax)")
+    set(CMAKE_CUDA_ARCHITECTURES ${FLATMEM_CUDA_ARCHITECTURES})
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+  endif()
 
   set(_nccl_found OFF)
   if(NOT FLATMEM_WITH_NCCL STREQUAL "OFF")
@@ -62,7 +71,12 @@ endmacro()
 
 function(flatmem_print_summary)
   message(STATUS "flatmem ${PROJECT_VERSION}: CPU backend with ${FLATMEM_BLAS_DESCRIPTION}")
-  message(STATUS "  FLATMEM_WITH_CUDA=${FLATMEM_WITH_CUDA} -> found: ${FLATMEM_HAVE_CUDA} (CUDA backend: not in this release)")
+  if(FLATMEM_HAVE_CUDA)
+    set(_cuda_what "CUDA backend of the contrastive loss for sm ${FLATMEM_CUDA_ARCHITECTURES}")
+  else()
+    set(_cuda_what "no CUDA backend")
+  endif()
+  message(STATUS "  FLATMEM_WITH_CUDA=${FLATMEM_WITH_CUDA} -> found: ${FLATMEM_HAVE_CUDA} (${_cuda_what})")
   message(STATUS "  FLATMEM_WITH_NCCL=${FLATMEM_WITH_NCCL} -> found: ${FLATMEM_HAVE_NCCL} (communicators: not in this release)")
   message(STATUS "  FLATMEM_WITH_UCX=${FLATMEM_WITH_UCX}  -> found: ${FLATMEM_HAVE_UCX} (communicators: not in this release)")
 endfunction()

@@ -23,17 +23,24 @@
  *   must be 1 and row strides may exceed the row length, in elements),
  *   byte_offset, alignment of data + byte_offset to the element size, and
  *   that byte extents fit in 64 bits.
- * - Tensors on kDLCPU run on the CPU backend. Tensors on kDLCUDA are
- *   refused with FLATMEM_STATUS_UNSUPPORTED by this version (the CUDA
- *   backend is not part of this release). All tensors of one call must be
- *   on the same device.
+ * - Tensors on kDLCPU run on the CPU backend. Tensors on kDLCUDA run on the
+ *   CUDA backend when the library was built with it (nvcc found at build
+ *   time); a library built without CUDA refuses them with
+ *   FLATMEM_STATUS_UNSUPPORTED. All tensors of one call, scalars and outputs
+ *   included, must be on the same device (type and id). Functions that are
+ *   CPU-only say so.
+ * - kDLCUDA calls never allocate, never synchronise the device and never
+ *   read device memory on the host: work is enqueued on `stream` and the
+ *   function returns; results are ready when the stream gets there. A
+ *   workspace is required (see the contrastive section, "CUDA tensors").
  * - Workspace: every compute function takes (workspace, workspace_bytes).
  *   Ask the matching *_workspace_size function first. Passing NULL and 0
  *   lets the handle allocate and keep a buffer of its own (grown on demand,
  *   freed by *_destroy). A non-NULL workspace smaller than the query gives
  *   FLATMEM_STATUS_WORKSPACE_TOO_SMALL. Any alignment is accepted (the
  *   query includes 64 bytes of slack for aligning internally).
- * - stream: a cudaStream_t for device tensors; ignored on the CPU.
+ * - stream: a cudaStream_t of the tensors' device for kDLCUDA tensors (NULL
+ *   = the legacy default stream); ignored on the CPU.
  * - Thread rule: a handle is used by one thread at a time; distinct handles
  *   are independent. flatmem_last_error() is per thread. Functions without a
  *   handle are thread-safe.
@@ -118,11 +125,13 @@ typedef enum flatmem_nonfinite_policy {
   /** Default. Inputs are scanned (O((b + c) * d), under 1% of the work)
    *  before anything is computed; a NaN or Inf gives
    *  FLATMEM_STATUS_NON_FINITE naming the tensor, row and column, and no
-   *  output is written. */
+   *  output is written. CPU tensors only: honouring it on kDLCUDA would
+   *  need a host round trip, so kDLCUDA calls under this policy return
+   *  FLATMEM_STATUS_UNSUPPORTED. */
   FLATMEM_NONFINITE_ERROR = 0,
   /** No scan: NaN/Inf propagate into the loss and gradients as IEEE
    *  arithmetic dictates; the backward then also accepts non-finite
-   *  row_lse / col_lse / dloss. */
+   *  row_lse / col_lse / dloss. Required for kDLCUDA tensors. */
   FLATMEM_NONFINITE_PROPAGATE = 1,
   FLATMEM_NONFINITE_MAX = 0x7fffffff
 } flatmem_nonfinite_policy;
@@ -187,6 +196,40 @@ typedef enum flatmem_nonfinite_policy {
  * grid of row and column groups whose accumulation order does not depend on
  * which thread runs it.
  *
+ * CUDA tensors (a library built with CUDA; sm_80 and newer):
+ *  - Same losses, shapes, strides, dtypes, saved state and gradient
+ *    convention as on the CPU. logit_scale, loss, labels, row_lse, col_lse,
+ *    dloss and dlogit_scale are device tensors too; q, k and every pointer are
+ *    checked to be device (or managed) memory of the tensors' device id.
+ *  - The handle must be created with nonfinite = FLATMEM_NONFINITE_PROPAGATE
+ *    (FLATMEM_STATUS_UNSUPPORTED otherwise, see flatmem_nonfinite_policy).
+ *  - Values behind device pointers are not checked on the host: a logit
+ *    scale that is not finite and > 0, or a label outside [0, c), makes the
+ *    loss (and the gradients it touches) NaN instead of an error status.
+ *  - workspace must be a device buffer of at least the queried size (NULL
+ *    is refused with FLATMEM_STATUS_INVALID_ARGUMENT: the CUDA backend never
+ *    allocates). Queries with kDLCUDA tensors return the CUDA needs: forward
+ *    (16 b + 32 c) * 8 bytes at most (partial log-sum-exp states); backward
+ *    2 * SMs * 64 * ceil(d / 64) * 4 bytes (one fp32 accumulator tile per
+ *    resident CTA; SMs = multiprocessors of the device) plus b / 8 bytes.
+ *  - Errors found before the first kernel launch are reported as for the
+ *    CPU, with nothing written. Launch failures give FLATMEM_STATUS_INTERNAL;
+ *    errors while the kernels run surface on the stream, as for any CUDA
+ *    work.
+ *  - Products run on tensor cores: bf16 / fp16 inputs exactly (fp32
+ *    accumulation); fp32 inputs as TF32 by default or in about full fp32
+ *    precision with fp32_precision = FLATMEM_FP32_PRECISION_FULL (each
+ *    operand split into two TF32 parts, three products; about 3x the
+ *    tensor-core time). In the backward the recomputed G enters the second
+ *    product rounded to the input type (TF32 for fp32).
+ *  - Tiles are fixed (64 x 128); tile_rows, tile_cols and num_threads are
+ *    CPU settings. Results are bitwise reproducible from run to run on one
+ *    GPU (fixed work split, fixed-order reductions, no atomics) but are not
+ *    bitwise equal to the CPU backend's.
+ *  - Cost: the forward does 2 b c d FLOPs, the backward 8 b c d (dq and dk
+ *    in two passes, each recomputing its logit tiles: every output row then
+ *    has a single owner and needs no atomics).
+ *
  * Threads (CPU): the handle owns num_threads - 1 worker threads (created by
  * flatmem_contrastive_create, joined by flatmem_contrastive_destroy); the
  * calling thread is the remaining one. flatmem calls its BLAS (sgemm) from
@@ -205,6 +248,20 @@ typedef enum flatmem_contrastive_loss {
   FLATMEM_CONTRASTIVE_LOSS_MAX = 0x7fffffff
 } flatmem_contrastive_loss;
 
+/** How products of fp32 inputs are formed on CUDA tensor cores. The CPU
+ *  backend always multiplies in full fp32 (any value is accepted there). */
+typedef enum flatmem_fp32_precision {
+  /** 0: the default, TF32. */
+  FLATMEM_FP32_PRECISION_DEFAULT = 0,
+  /** TF32 products (10-bit mantissas, fp32 accumulation): each logit errs
+   *  by up to about 2^-10 * s * sum_t |q_it k_jt|. */
+  FLATMEM_FP32_PRECISION_TF32 = 1,
+  /** About full fp32 ("3xTF32": operands split in two TF32 parts, three
+   *  tensor-core products), about 3x the time of TF32. */
+  FLATMEM_FP32_PRECISION_FULL = 2,
+  FLATMEM_FP32_PRECISION_MAX = 0x7fffffff
+} flatmem_fp32_precision;
+
 typedef struct flatmem_contrastive_options {
   /** sizeof(flatmem_contrastive_options) as the caller was compiled. */
   size_t struct_size;
@@ -217,12 +274,18 @@ typedef struct flatmem_contrastive_options {
    *  depend on the tile extents (summation order), not on num_threads. */
   int32_t tile_rows;
   int32_t tile_cols;
-  /** What NaN/Inf in q or k does (0 = FLATMEM_NONFINITE_ERROR). */
+  /** What NaN/Inf in q or k does (0 = FLATMEM_NONFINITE_ERROR; kDLCUDA
+   *  tensors need FLATMEM_NONFINITE_PROPAGATE). */
   flatmem_nonfinite_policy nonfinite;
+  /** A flatmem_fp32_precision value (0 = FLATMEM_FP32_PRECISION_DEFAULT).
+   *  64 bits wide so that it starts past the tail padding of the struct as
+   *  it was before this field (struct_size then tells the two apart). */
+  int64_t fp32_precision;
 } flatmem_contrastive_options;
 
-#define FLATMEM_CONTRASTIVE_OPTIONS_INIT \
-  { sizeof(flatmem_contrastive_options), FLATMEM_CONTRASTIVE_DEFAULT, 0, 0, 0, FLATMEM_NONFINITE_ERROR }
+#define FLATMEM_CONTRASTIVE_OPTIONS_INIT                                                  \
+  { sizeof(flatmem_contrastive_options), FLATMEM_CONTRASTIVE_DEFAULT, 0, 0, 0,            \
+    FLATMEM_NONFINITE_ERROR, FLATMEM_FP32_PRECISION_DEFAULT }
 
 /** Fill *options with the defaults and struct_size (for languages that
  *  cannot expand the macro). Thread-safe. */
@@ -261,7 +324,8 @@ FLATMEM_API flatmem_status flatmem_contrastive_backward_workspace_size(
  *   row_lse      (b,) fp32 (written)               LSE over columns per row
  *   col_lse      (c,) fp32 (written) for SYMMETRIC; must be NULL for INFONCE
  *
- * Allocates only when workspace is NULL (then into the handle's own buffer).
+ * Allocates only when workspace is NULL (then into the handle's own buffer;
+ * CPU tensors only). On kDLCUDA: enqueued on `stream`, returns at once.
  */
 FLATMEM_API flatmem_status flatmem_contrastive_forward(
     flatmem_contrastive_t *handle, const DLTensor *q, const DLTensor *k, const DLTensor *labels,

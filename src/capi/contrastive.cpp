@@ -1,6 +1,10 @@
 // extern "C" entry points of the contrastive loss: argument checks, then the
-// backend; exceptions become statuses (core/error.hpp).
+// backend the tensors' device selects (kDLCPU: cpu/, kDLCUDA: cuda/ when
+// built with it); exceptions become statuses (core/error.hpp).
 #include "contrastive/cpu/forward.hpp"
+#ifdef FLATMEM_HAVE_CUDA_BACKEND
+#include "contrastive/cuda/backend.hpp"
+#endif
 #include "contrastive/handle.hpp"
 #include "contrastive/plan.hpp"
 #include "contrastive/validate.hpp"
@@ -21,6 +25,18 @@ void check_out(const void *p, const char *name) {
 Plan plan_for(const flatmem_contrastive_t *h, const MatrixView &q, const MatrixView &k) {
   return make_plan(q.rows, k.rows, q.cols, h->options);
 }
+
+// Whether a validated call runs on the CUDA backend (validation refuses
+// kDLCUDA tensors in a build without it).
+bool on_cuda(const MatrixView &q) {
+  return cuda_backend_built() && q.device.device_type == kDLCUDA;
+}
+
+#ifdef FLATMEM_HAVE_CUDA_BACKEND
+#define FLATMEM_CUDA_ONLY(statement) statement
+#else
+#define FLATMEM_CUDA_ONLY(statement) invalid("internal: kDLCUDA tensor in a build without CUDA")
+#endif
 
 }  // namespace
 
@@ -54,6 +70,10 @@ flatmem_status flatmem_contrastive_forward_workspace_size(const flatmem_contrast
     check_out(bytes, "bytes");
     MatrixView qv, kv;
     check_features(handle->options, q, k, DataUse::metadata_only, qv, kv);
+    if (on_cuda(qv)) {
+      FLATMEM_CUDA_ONLY(*bytes = cuda::forward_workspace_bytes(qv, kv, handle->options.loss));
+      return;
+    }
     *bytes = cpu::forward_workspace_bytes(plan_for(handle, qv, kv), handle->options.loss, qv.dtype,
                                           handle->pool.size());
   });
@@ -70,6 +90,10 @@ flatmem_status flatmem_contrastive_backward_workspace_size(const flatmem_contras
     check_features(handle->options, q, k, DataUse::metadata_only, qv, kv);
     const MatrixView dqv = check_gradient(dq, "dq", qv, "q", DataUse::metadata_only);
     const MatrixView dkv = check_gradient(dk, "dk", kv, "k", DataUse::metadata_only);
+    if (on_cuda(qv)) {
+      FLATMEM_CUDA_ONLY(*bytes = cuda::backward_workspace_bytes(qv, kv, dq != nullptr, dk != nullptr));
+      return;
+    }
     *bytes = cpu::backward_workspace_bytes(plan_for(handle, qv, kv), qv.dtype,
                                            dq ? &dqv.dtype : nullptr, dk ? &dkv.dtype : nullptr,
                                            handle->pool.size());
@@ -80,11 +104,16 @@ flatmem_status flatmem_contrastive_forward(flatmem_contrastive_t *handle, const 
                                            const DLTensor *k, const DLTensor *labels,
                                            const DLTensor *logit_scale, DLTensor *loss,
                                            DLTensor *row_lse, DLTensor *col_lse, void *workspace,
-                                           size_t workspace_bytes, void * /*stream*/) {
+                                           size_t workspace_bytes, void *stream) {
   return guarded([&] {
+    (void)stream;  // CUDA only
     check_handle(handle);
     const Inputs in = check_inputs(handle->options, q, k, labels, logit_scale);
     const ForwardOutputs out = check_forward_outputs(in, loss, row_lse, col_lse);
+    if (on_cuda(in.q)) {
+      FLATMEM_CUDA_ONLY(cuda::forward(handle->options, in, out, workspace, workspace_bytes, stream));
+      return;
+    }
     const Plan plan = plan_for(handle, in.q, in.k);
     const std::size_t needed =
         cpu::forward_workspace_bytes(plan, in.loss, in.q.dtype, handle->pool.size());
@@ -99,12 +128,17 @@ flatmem_status flatmem_contrastive_backward(flatmem_contrastive_t *handle, const
                                             const DLTensor *col_lse, const DLTensor *dloss,
                                             DLTensor *dq, DLTensor *dk, DLTensor *dlogit_scale,
                                             void *workspace, size_t workspace_bytes,
-                                            void * /*stream*/) {
+                                            void *stream) {
   return guarded([&] {
+    (void)stream;  // CUDA only
     check_handle(handle);
     const Inputs in = check_inputs(handle->options, q, k, labels, logit_scale);
     const BackwardArgs args = check_backward_args(handle->options, in, row_lse, col_lse, dloss, dq,
                                                  dk, dlogit_scale);
+    if (on_cuda(in.q)) {
+      FLATMEM_CUDA_ONLY(cuda::backward(handle->options, in, args, workspace, workspace_bytes, stream));
+      return;
+    }
     const Plan plan = plan_for(handle, in.q, in.k);
     const std::size_t needed = cpu::backward_workspace_bytes(
         plan, in.q.dtype, args.dq.data ? &args.dq.dtype : nullptr,

@@ -1,5 +1,7 @@
-// A validated contrastive-loss call: what the CPU (and later CUDA) drivers
-// receive after src/contrastive/validate.cpp has checked every argument.
+// A validated contrastive-loss call: what the CPU and CUDA drivers receive
+// after src/contrastive/validate.cpp has checked every argument. For tensors
+// on kDLCUDA every pointer is a device pointer and the host reads no value
+// behind it (scale, labels, dloss are read by the kernels).
 #pragma once
 
 #include <flatmem/flatmem.h>
@@ -12,11 +14,15 @@ namespace flatmem::contrastive {
 
 enum class Loss { symmetric, infonce };
 
+// How fp32 products run on tensor cores (CUDA); the CPU is always full fp32.
+enum class Fp32Precision { tf32, full };
+
 struct Options {
   Loss loss = Loss::symmetric;
   int num_threads = 1;
   int tile_rows = 512, tile_cols = 512;
   flatmem_nonfinite_policy nonfinite = FLATMEM_NONFINITE_ERROR;
+  Fp32Precision fp32_precision = Fp32Precision::tf32;
 };
 
 // Inputs shared by forward and backward.
@@ -24,7 +30,8 @@ struct Inputs {
   Loss loss = Loss::symmetric;
   MatrixView q, k;                         // (b, d), (c, d)
   const std::int64_t *labels = nullptr;    // (b,) or nullptr: y_i = i
-  float scale = 1.0f;                      // s
+  float scale = 1.0f;                      // s (CPU tensors only)
+  const float *scale_data = nullptr;       // where s lives (device pointer on CUDA)
   std::int64_t b() const { return q.rows; }
   std::int64_t c() const { return k.rows; }
   std::int64_t d() const { return q.cols; }
@@ -41,7 +48,8 @@ struct ForwardOutputs {
 struct BackwardArgs {
   const float *row_lse = nullptr;
   const float *col_lse = nullptr;  // symmetric only
-  float dloss = 1.0f;
+  float dloss = 1.0f;               // g (CPU tensors only)
+  const float *dloss_data = nullptr;  // where g lives, or nullptr: g = 1
   MatrixView dq, dk;               // data == nullptr: not requested
   float *dscale = nullptr;         // nullptr: not requested
 };

@@ -12,6 +12,9 @@ namespace flatmem::contrastive {
 namespace {
 
 constexpr int max_tile = 4096;
+constexpr Devices any = Devices::cpu_or_cuda;
+
+bool on_cuda(const MatrixView &m) { return m.device.device_type == kDLCUDA; }
 constexpr int default_tile = 512;  // measured at b = 8192, d = 512: 1.21x the 4-GEMM time; 256: 1.31x
 
 float read_element(const MatrixView &m, std::int64_t r, std::int64_t j) {
@@ -61,13 +64,24 @@ Options resolve_options(const flatmem_contrastive_options *given) {
   if (nonfinite != FLATMEM_NONFINITE_ERROR && nonfinite != FLATMEM_NONFINITE_PROPAGATE)
     invalid("options.nonfinite: ", nonfinite, " is not a flatmem_nonfinite_policy");
   r.nonfinite = flatmem_nonfinite_policy(nonfinite);
+  switch (o.fp32_precision) {
+    case FLATMEM_FP32_PRECISION_DEFAULT:
+    case FLATMEM_FP32_PRECISION_TF32: r.fp32_precision = Fp32Precision::tf32; break;
+    case FLATMEM_FP32_PRECISION_FULL: r.fp32_precision = Fp32Precision::full; break;
+    default: invalid("options.fp32_precision: ", o.fp32_precision, " is not a flatmem_fp32_precision");
+  }
   return r;
 }
 
 void check_features(const Options &options, const DLTensor *q, const DLTensor *k, DataUse use,
                     MatrixView &qv, MatrixView &kv) {
-  qv = check_matrix(q, "q", {Dtype::f32, Dtype::bf16, Dtype::f16}, use);
-  kv = check_matrix(k, "k", {Dtype::f32, Dtype::bf16, Dtype::f16}, use);
+  qv = check_matrix(q, "q", {Dtype::f32, Dtype::bf16, Dtype::f16}, use, any);
+  if (on_cuda(qv) && options.nonfinite == FLATMEM_NONFINITE_ERROR)
+    fail(FLATMEM_STATUS_UNSUPPORTED, "q: device is kDLCUDA but options.nonfinite is "
+         "FLATMEM_NONFINITE_ERROR, which needs a host-side scan of device memory (a "
+         "synchronisation flatmem never does); create the handle with FLATMEM_NONFINITE_PROPAGATE "
+         "for CUDA tensors");
+  kv = check_matrix(k, "k", {Dtype::f32, Dtype::bf16, Dtype::f16}, use, any);
   check_same_device(kv.device, "k", qv.device, "q");
   if (kv.dtype != qv.dtype)
     invalid("k: dtype ", dtype_name(kv.dtype), " differs from q's ", dtype_name(qv.dtype));
@@ -82,7 +96,7 @@ void check_features(const Options &options, const DLTensor *q, const DLTensor *k
 MatrixView check_gradient(const DLTensor *t, const char *name, const MatrixView &like,
                           const char *like_name, DataUse use) {
   if (t == nullptr) return {};
-  MatrixView g = check_matrix(t, name, {Dtype::f32, Dtype::bf16, Dtype::f16}, use);
+  MatrixView g = check_matrix(t, name, {Dtype::f32, Dtype::bf16, Dtype::f16}, use, any);
   check_same_device(g.device, name, like.device, like_name);
   if (g.dtype != Dtype::f32 && g.dtype != like.dtype)
     invalid(name, ": dtype ", dtype_name(g.dtype), "; expected float32 or ", like_name, "'s ",
@@ -98,22 +112,27 @@ Inputs check_inputs(const Options &options, const DLTensor *q, const DLTensor *k
   Inputs in;
   in.loss = options.loss;
   check_features(options, q, k, DataUse::required, in.q, in.k);
+  const bool device = on_cuda(in.q);
   if (labels != nullptr) {
     if (options.loss == Loss::symmetric)
       invalid("labels: must be NULL for the symmetric loss (row i is paired with column i)");
-    const VectorView l = check_vector(labels, "labels", Dtype::i64, in.b(), DataUse::required);
+    const VectorView l = check_vector(labels, "labels", Dtype::i64, in.b(), DataUse::required, any);
     check_same_device(l.device, "labels", in.q.device, "q");
     in.labels = l.as<const std::int64_t>();
-    for (std::int64_t i = 0; i < in.b(); ++i)
+    // On CUDA the values stay on the device: the kernels turn an out-of-range
+    // label into a NaN loss instead (flatmem.h, "CUDA tensors").
+    for (std::int64_t i = 0; i < (device ? 0 : in.b()); ++i)
       if (in.labels[i] < 0 || in.labels[i] >= in.c())
         invalid("labels: labels[", i, "] = ", in.labels[i], " is outside [0, c = ", in.c(), ")");
   } else if (in.c() < in.b()) {
     invalid("k: ", in.c(), " rows is fewer than q's b = ", in.b(),
             "; without labels row i's positive is column i, so c >= b is needed");
   }
-  const VectorView s = check_scalar(logit_scale, "logit_scale");
+  const VectorView s = check_scalar(logit_scale, "logit_scale", any);
   check_same_device(s.device, "logit_scale", in.q.device, "q");
-  in.scale = *s.as<const float>();
+  in.scale_data = s.as<const float>();
+  if (device) return in;  // s, like the features, is read on the device only
+  in.scale = *in.scale_data;
   if (!(std::isfinite(in.scale) && in.scale > 0.0f))
     invalid("logit_scale: ", in.scale, "; expected a finite value > 0 (s = exp(learned log-scale))");
   if (options.nonfinite == FLATMEM_NONFINITE_ERROR) {
@@ -126,14 +145,14 @@ Inputs check_inputs(const Options &options, const DLTensor *q, const DLTensor *k
 ForwardOutputs check_forward_outputs(const Inputs &in, DLTensor *loss, DLTensor *row_lse,
                                      DLTensor *col_lse) {
   ForwardOutputs out;
-  const VectorView l = check_scalar(loss, "loss");
+  const VectorView l = check_scalar(loss, "loss", any);
   check_same_device(l.device, "loss", in.q.device, "q");
   out.loss = l.as<float>();
-  const VectorView r = check_vector(row_lse, "row_lse", Dtype::f32, in.b(), DataUse::required);
+  const VectorView r = check_vector(row_lse, "row_lse", Dtype::f32, in.b(), DataUse::required, any);
   check_same_device(r.device, "row_lse", in.q.device, "q");
   out.row_lse = r.as<float>();
   if (in.loss == Loss::symmetric) {
-    const VectorView c = check_vector(col_lse, "col_lse", Dtype::f32, in.c(), DataUse::required);
+    const VectorView c = check_vector(col_lse, "col_lse", Dtype::f32, in.c(), DataUse::required, any);
     check_same_device(c.device, "col_lse", in.q.device, "q");
     out.col_lse = c.as<float>();
   } else if (col_lse != nullptr) {
@@ -146,13 +165,15 @@ BackwardArgs check_backward_args(const Options &options, const Inputs &in, const
                                  const DLTensor *col_lse, const DLTensor *dloss, DLTensor *dq,
                                  DLTensor *dk, DLTensor *dlogit_scale) {
   BackwardArgs a;
+  // (CUDA calls run under FLATMEM_NONFINITE_PROPAGATE only, see check_features:
+  // nothing below reads device memory.)
   const bool refuse_nonfinite = options.nonfinite == FLATMEM_NONFINITE_ERROR;
-  const VectorView r = check_vector(row_lse, "row_lse", Dtype::f32, in.b(), DataUse::required);
+  const VectorView r = check_vector(row_lse, "row_lse", Dtype::f32, in.b(), DataUse::required, any);
   check_same_device(r.device, "row_lse", in.q.device, "q");
   a.row_lse = r.as<const float>();
   if (refuse_nonfinite) check_finite_vector(a.row_lse, in.b(), "row_lse");
   if (in.loss == Loss::symmetric) {
-    const VectorView c = check_vector(col_lse, "col_lse", Dtype::f32, in.c(), DataUse::required);
+    const VectorView c = check_vector(col_lse, "col_lse", Dtype::f32, in.c(), DataUse::required, any);
     check_same_device(c.device, "col_lse", in.q.device, "q");
     a.col_lse = c.as<const float>();
     if (refuse_nonfinite) check_finite_vector(a.col_lse, in.c(), "col_lse");
@@ -160,16 +181,17 @@ BackwardArgs check_backward_args(const Options &options, const Inputs &in, const
     invalid("col_lse: must be NULL for InfoNCE");
   }
   if (dloss != nullptr) {
-    const VectorView g = check_scalar(dloss, "dloss");
+    const VectorView g = check_scalar(dloss, "dloss", any);
     check_same_device(g.device, "dloss", in.q.device, "q");
-    a.dloss = *g.as<const float>();
+    a.dloss_data = g.as<const float>();
+    if (!on_cuda(in.q)) a.dloss = *a.dloss_data;
     if (refuse_nonfinite && !std::isfinite(a.dloss))
       fail(FLATMEM_STATUS_NON_FINITE, "dloss: ", a.dloss, "; expected a finite upstream gradient");
   }
   a.dq = check_gradient(dq, "dq", in.q, "q", DataUse::required);
   a.dk = check_gradient(dk, "dk", in.k, "k", DataUse::required);
   if (dlogit_scale != nullptr) {
-    const VectorView s = check_scalar(dlogit_scale, "dlogit_scale");
+    const VectorView s = check_scalar(dlogit_scale, "dlogit_scale", any);
     check_same_device(s.device, "dlogit_scale", in.q.device, "q");
     a.dscale = s.as<float>();
   }

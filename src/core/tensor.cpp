@@ -50,13 +50,20 @@ std::string allowed_text(std::initializer_list<Dtype> dtypes) {
 
 // Checks pointer, device and dtype common to every tensor; returns the dtype.
 Dtype check_common(const DLTensor *t, const char *name, std::initializer_list<Dtype> dtypes,
-                   DataUse use) {
+                   DataUse use, Devices devices) {
   if (t == nullptr) invalid(name, ": tensor is NULL");
-  if (t->device.device_type != kDLCPU) {
+  const bool cuda_accepted = devices == Devices::cpu_or_cuda && cuda_backend_built();
+  const bool accepted = t->device.device_type == kDLCPU ||
+                        (t->device.device_type == kDLCUDA && cuda_accepted);
+  if (!accepted) {
     fail(t->device.device_type == kDLCUDA ? FLATMEM_STATUS_UNSUPPORTED
                                           : FLATMEM_STATUS_INVALID_ARGUMENT,
          name, ": device is ", device_name(t->device.device_type), " (type ",
-         int(t->device.device_type), "); this build runs on kDLCPU tensors only");
+         int(t->device.device_type), "); ",
+         cuda_accepted ? "expected kDLCPU or kDLCUDA"
+         : devices == Devices::cpu_or_cuda
+             ? "this build runs on kDLCPU tensors only (built without CUDA)"
+             : "this function runs on kDLCPU tensors only");
   }
   Dtype dtype = Dtype::f32;
   bool known = decode_dtype(t->dtype, dtype);
@@ -91,6 +98,14 @@ void check_extent(const DLTensor *t, const char *name, std::int64_t rows, std::i
 
 }  // namespace
 
+bool cuda_backend_built() {
+#ifdef FLATMEM_HAVE_CUDA_BACKEND
+  return true;
+#else
+  return false;
+#endif
+}
+
 void check_same_device(const DLDevice &device, const char *name, const DLDevice &reference,
                        const char *reference_name) {
   if (device.device_type != reference.device_type || device.device_id != reference.device_id)
@@ -100,9 +115,9 @@ void check_same_device(const DLDevice &device, const char *name, const DLDevice 
 }
 
 MatrixView check_matrix(const DLTensor *t, const char *name, std::initializer_list<Dtype> dtypes,
-                        DataUse use) {
+                        DataUse use, Devices devices) {
   MatrixView v;
-  v.dtype = check_common(t, name, dtypes, use);
+  v.dtype = check_common(t, name, dtypes, use, devices);
   if (t->ndim != 2) invalid(name, ": ndim is ", t->ndim, " with shape ", shape_text(t), "; expected 2");
   v.rows = t->shape[0];
   v.cols = t->shape[1];
@@ -125,9 +140,9 @@ MatrixView check_matrix(const DLTensor *t, const char *name, std::initializer_li
 }
 
 VectorView check_vector(const DLTensor *t, const char *name, Dtype dtype, std::int64_t expected_size,
-                        DataUse use) {
+                        DataUse use, Devices devices) {
   VectorView v;
-  v.dtype = check_common(t, name, {dtype}, use);
+  v.dtype = check_common(t, name, {dtype}, use, devices);
   if (t->ndim != 1)
     invalid(name, ": ndim is ", t->ndim, " with shape ", shape_text(t), "; expected 1 with shape (",
             expected_size, ",)");
@@ -142,9 +157,9 @@ VectorView check_vector(const DLTensor *t, const char *name, Dtype dtype, std::i
   return v;
 }
 
-VectorView check_scalar(const DLTensor *t, const char *name) {
+VectorView check_scalar(const DLTensor *t, const char *name, Devices devices) {
   VectorView v;
-  v.dtype = check_common(t, name, {Dtype::f32}, DataUse::required);
+  v.dtype = check_common(t, name, {Dtype::f32}, DataUse::required, devices);
   const bool one_element = t->ndim == 0 || (t->ndim == 1 && t->shape[0] == 1);
   if (!one_element)
     invalid(name, ": shape ", shape_text(t), "; expected one element (ndim 0, or shape (1,))");

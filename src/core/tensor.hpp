@@ -40,16 +40,24 @@ struct VectorView {
 // Whether a check reads data (a compute call) or only metadata (a size query).
 enum class DataUse { required, metadata_only };
 
+// Devices a caller's backend accepts. kDLCUDA passes only with cpu_or_cuda
+// and a library built with its CUDA backend (FLATMEM_HAVE_CUDA_BACKEND);
+// otherwise it is FLATMEM_STATUS_UNSUPPORTED, as before.
+enum class Devices { cpu_only, cpu_or_cuda };
+
+// Whether this library was built with the CUDA backend.
+bool cuda_backend_built();
+
 // A 2-D tensor of one of `dtypes`; inner stride 1, row stride >= cols.
 MatrixView check_matrix(const DLTensor *t, const char *name, std::initializer_list<Dtype> dtypes,
-                        DataUse use);
+                        DataUse use, Devices devices = Devices::cpu_only);
 
 // A contiguous 1-D tensor of `expected_size` elements of `dtype`.
 VectorView check_vector(const DLTensor *t, const char *name, Dtype dtype, std::int64_t expected_size,
-                        DataUse use);
+                        DataUse use, Devices devices = Devices::cpu_only);
 
 // One fp32 element: ndim 0, or ndim 1 with shape (1,).
-VectorView check_scalar(const DLTensor *t, const char *name);
+VectorView check_scalar(const DLTensor *t, const char *name, Devices devices = Devices::cpu_only);
 
 // Fails unless `device` equals `reference` (named `reference_name`).
 void check_same_device(const DLDevice &device, const char *name, const DLDevice &reference,

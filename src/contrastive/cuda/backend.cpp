@@ -1,0 +1,290 @@
+// Host side of the CUDA backend: workspace layout (carved by one function per
+// call, so that the size query and the call agree by construction), pointer
+// checks, and the kernel sequence of each call, all on the caller's stream.
+//
+// forward:  forward_tiles -> forward_finish -> loss_sum
+// backward: [dq pass] -> [dk pass] -> [ds_sum]
+#include "contrastive/cuda/backend.hpp"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "contrastive/cuda/device.hpp"
+#include "contrastive/cuda/kernels.hpp"
+#include "core/error.hpp"
+#include "core/workspace.hpp"
+
+namespace flatmem::contrastive::cuda {
+namespace {
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+Operand operand_for(Dtype dtype, Fp32Precision precision) {
+  switch (dtype) {
+    case Dtype::bf16: return Operand::bf16;
+    case Dtype::f16: return Operand::f16;
+    default: return precision == Fp32Precision::full ? Operand::f32x3 : Operand::tf32;
+  }
+}
+
+OutType out_type_for(Dtype dtype) {
+  return dtype == Dtype::bf16 ? OutType::bf16 : dtype == Dtype::f16 ? OutType::f16 : OutType::f32;
+}
+
+Matrix device_matrix(const MatrixView &m) {
+  Matrix d;
+  d.data = m.data;
+  d.rows = m.rows;
+  d.cols = m.cols;
+  d.ld = m.row_stride;
+  const auto address = reinterpret_cast<std::uintptr_t>(m.data);
+  const std::int64_t pitch_bytes = m.row_stride * std::int64_t(dtype_bytes(m.dtype));
+  d.vector_loads = address % 16 == 0 && (m.rows == 1 || pitch_bytes % 16 == 0);
+  return d;
+}
+
+cudaStream_t stream_of(void *stream) { return static_cast<cudaStream_t>(stream); }
+
+// --- forward -------------------------------------------------------------------
+
+struct ForwardGrid {
+  int row_groups = 1, col_groups = 1, finish_blocks = 1;
+};
+
+ForwardGrid forward_grid(std::int64_t b, std::int64_t c) {
+  ForwardGrid g;
+  g.row_groups = int(std::min<std::int64_t>(max_row_groups, ceil_div(b, tile_rows)));
+  g.col_groups = int(std::min<std::int64_t>(max_col_groups, ceil_div(c, tile_cols)));
+  g.finish_blocks = int(std::min<std::int64_t>(1024, ceil_div(b, 8)));
+  return g;
+}
+
+struct ForwardSpace {
+  MaxSum *row_partial = nullptr, *col_partial = nullptr;
+  double *loss_partial = nullptr;
+};
+
+ForwardSpace carve_forward(WorkspaceCarver &carver, std::int64_t b, std::int64_t c, Loss loss) {
+  const ForwardGrid g = forward_grid(b, c);
+  ForwardSpace s;
+  s.row_partial = carver.take<MaxSum>(std::int64_t(g.col_groups) * b);
+  if (loss == Loss::symmetric) s.col_partial = carver.take<MaxSum>(std::int64_t(g.row_groups) * c);
+  s.loss_partial = carver.take<double>(g.finish_blocks);
+  return s;
+}
+
+template <Operand op>
+cudaError_t launch_tiles(const ForwardTileParams &p, cudaStream_t stream) {
+  return launch_forward_tiles<op>(p, stream);
+}
+
+cudaError_t launch_tiles_for(Operand op, const ForwardTileParams &p, cudaStream_t stream) {
+  switch (op) {
+    case Operand::bf16: return launch_tiles<Operand::bf16>(p, stream);
+    case Operand::f16: return launch_tiles<Operand::f16>(p, stream);
+    case Operand::tf32: return launch_tiles<Operand::tf32>(p, stream);
+    case Operand::f32x3: return launch_tiles<Operand::f32x3>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+// --- backward ------------------------------------------------------------------
+
+constexpr int slots_per_multiprocessor = 2;
+
+int slot_pitch(std::int64_t d) { return int(ceil_div(d, chunk_out) * chunk_out); }
+
+// Persistent CTAs of a pass over `rows` output rows: at most two per SM.
+int pass_grid(std::int64_t rows, int multiprocessors) {
+  return int(std::min<std::int64_t>(ceil_div(rows, tile_rows),
+                                    std::int64_t(slots_per_multiprocessor) * multiprocessors));
+}
+
+struct BackwardSpace {
+  float *slots = nullptr;  // [grid][tile_rows][slot_pitch]
+  double *ds_partial = nullptr;
+};
+
+BackwardSpace carve_backward(WorkspaceCarver &carver, const MatrixView &q, const MatrixView &k,
+                             bool want_dq, bool want_dk, int multiprocessors) {
+  BackwardSpace s;
+  int grid = 0;
+  if (want_dq) grid = std::max(grid, pass_grid(q.rows, multiprocessors));
+  if (want_dk) grid = std::max(grid, pass_grid(k.rows, multiprocessors));
+  if (grid > 0) s.slots = carver.take<float>(std::int64_t(grid) * tile_rows * slot_pitch(q.cols));
+  s.ds_partial = carver.take<double>(std::max(ceil_div(q.rows, tile_rows), ceil_div(k.rows, tile_rows)));
+  return s;
+}
+
+cudaError_t launch_pass_for(Operand op, const PassParams &p, int grid, cudaStream_t stream) {
+  switch (op) {
+    case Operand::bf16: return launch_backward_pass<Operand::bf16>(p, grid, stream);
+    case Operand::f16: return launch_backward_pass<Operand::f16>(p, grid, stream);
+    case Operand::tf32: return launch_backward_pass<Operand::tf32>(p, grid, stream);
+    case Operand::f32x3: return launch_backward_pass<Operand::f32x3>(p, grid, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+void check_workspace(void *workspace, std::size_t given, std::size_t needed, int device) {
+  if (workspace == nullptr)
+    invalid("workspace: NULL with kDLCUDA tensors; the CUDA backend never allocates: pass a device "
+            "buffer of the *_workspace_size bytes (",
+            needed, " here)");
+  if (given < needed)
+    fail(FLATMEM_STATUS_WORKSPACE_TOO_SMALL, "workspace: ", given, " bytes given; ", needed,
+         " bytes needed (ask the *_workspace_size function)");
+  check_device_pointer(workspace, "workspace", device);
+}
+
+}  // namespace
+
+std::size_t forward_workspace_bytes(const MatrixView &q, const MatrixView &k, Loss loss) {
+  WorkspaceCarver measure;
+  carve_forward(measure, q.rows, k.rows, loss);
+  return measure.bytes();
+}
+
+std::size_t backward_workspace_bytes(const MatrixView &q, const MatrixView &k, bool want_dq,
+                                     bool want_dk) {
+  const int device = q.device.device_id;
+  WorkspaceCarver measure;
+  carve_backward(measure, q, k, want_dq, want_dk, multiprocessor_count(device));
+  return measure.bytes();
+}
+
+void forward(const Options &options, const Inputs &in, const ForwardOutputs &out, void *workspace,
+             std::size_t workspace_bytes, void *stream) {
+  const int device = in.q.device.device_id;
+  DeviceGuard guard(device);
+  check_device_pointer(in.q.data, "q", device);
+  check_device_pointer(in.k.data, "k", device);
+  if (in.labels) check_device_pointer(in.labels, "labels", device);
+  check_device_pointer(in.scale_data, "logit_scale", device);
+  check_device_pointer(out.loss, "loss", device);
+  check_device_pointer(out.row_lse, "row_lse", device);
+  if (out.col_lse) check_device_pointer(out.col_lse, "col_lse", device);
+  check_workspace(workspace, workspace_bytes, forward_workspace_bytes(in.q, in.k, in.loss), device);
+
+  WorkspaceCarver carver(workspace);
+  const ForwardSpace space = carve_forward(carver, in.b(), in.c(), in.loss);
+  const ForwardGrid grid = forward_grid(in.b(), in.c());
+  const Operand op = operand_for(in.q.dtype, options.fp32_precision);
+  const bool symmetric = in.loss == Loss::symmetric;
+  cudaStream_t s = stream_of(stream);
+
+  ForwardTileParams tiles;
+  tiles.q = device_matrix(in.q);
+  tiles.k = device_matrix(in.k);
+  tiles.scale = in.scale_data;
+  tiles.symmetric = symmetric;
+  tiles.row_groups = grid.row_groups;
+  tiles.col_groups = grid.col_groups;
+  tiles.row_partial = space.row_partial;
+  tiles.col_partial = space.col_partial;
+  check_launch(launch_tiles_for(op, tiles, s), "launching the forward tile kernel");
+
+  ForwardFinishParams finish;
+  finish.q = tiles.q;
+  finish.k = tiles.k;
+  finish.scale = in.scale_data;
+  finish.labels = in.labels;
+  finish.symmetric = symmetric;
+  finish.tf32_positive = op == Operand::tf32;
+  finish.row_groups = grid.row_groups;
+  finish.col_groups = grid.col_groups;
+  finish.row_partial = space.row_partial;
+  finish.col_partial = space.col_partial;
+  finish.row_lse = out.row_lse;
+  finish.col_lse = out.col_lse;
+  finish.loss_partial = space.loss_partial;
+  check_launch(launch_forward_finish(finish, op, grid.finish_blocks, s),
+               "launching the forward finish kernel");
+
+  LossSumParams sum;
+  sum.partial = space.loss_partial;
+  sum.count = grid.finish_blocks;
+  sum.inv_count = 1.0 / (symmetric ? 2.0 * double(in.b()) : double(in.b()));
+  sum.loss = out.loss;
+  check_launch(launch_loss_sum(sum, s), "launching the loss sum kernel");
+}
+
+void backward(const Options &options, const Inputs &in, const BackwardArgs &args, void *workspace,
+              std::size_t workspace_bytes, void *stream) {
+  const int device = in.q.device.device_id;
+  DeviceGuard guard(device);
+  const bool want_dq = args.dq.data != nullptr, want_dk = args.dk.data != nullptr;
+  check_device_pointer(in.q.data, "q", device);
+  check_device_pointer(in.k.data, "k", device);
+  if (in.labels) check_device_pointer(in.labels, "labels", device);
+  check_device_pointer(in.scale_data, "logit_scale", device);
+  check_device_pointer(args.row_lse, "row_lse", device);
+  if (args.col_lse) check_device_pointer(args.col_lse, "col_lse", device);
+  if (args.dloss_data) check_device_pointer(args.dloss_data, "dloss", device);
+  if (want_dq) check_device_pointer(args.dq.data, "dq", device);
+  if (want_dk) check_device_pointer(args.dk.data, "dk", device);
+  if (args.dscale) check_device_pointer(args.dscale, "dlogit_scale", device);
+  const int multiprocessors = multiprocessor_count(device);
+  WorkspaceCarver measure;
+  carve_backward(measure, in.q, in.k, want_dq, want_dk, multiprocessors);
+  check_workspace(workspace, workspace_bytes, measure.bytes(), device);
+
+  WorkspaceCarver carver(workspace);
+  const BackwardSpace space = carve_backward(carver, in.q, in.k, want_dq, want_dk, multiprocessors);
+  const Operand op = operand_for(in.q.dtype, options.fp32_precision);
+  const bool symmetric = in.loss == Loss::symmetric;
+  cudaStream_t s = stream_of(stream);
+
+  PassParams common;
+  common.scale = in.scale_data;
+  common.dloss = args.dloss_data;
+  common.inv_n = 1.0 / (symmetric ? 2.0 * double(in.b()) : double(in.b()));
+  common.labels = in.labels;
+  common.positive_weight = symmetric ? 2.0f : 1.0f;
+  common.slots = space.slots;
+  common.slot_pitch = slot_pitch(in.d());
+
+  // ds comes from the first pass that runs (a pass without output when only ds is wanted).
+  const bool dq_pass = want_dq || !want_dk;
+  if (dq_pass) {
+    PassParams p = common;
+    p.rows = device_matrix(in.q);
+    p.cols = device_matrix(in.k);
+    p.lse_rows = args.row_lse;
+    p.lse_cols = symmetric ? args.col_lse : nullptr;
+    p.label_side = in.labels ? LabelSide::of_row : LabelSide::identity;
+    if (want_dq) {
+      p.out = args.dq.data;
+      p.out_ld = args.dq.row_stride;
+      p.out_type = out_type_for(args.dq.dtype);
+    }
+    p.ds_partial = args.dscale ? space.ds_partial : nullptr;
+    check_launch(launch_pass_for(op, p, pass_grid(in.b(), multiprocessors), s),
+                 "launching the dq pass");
+  }
+  if (want_dk) {
+    PassParams p = common;
+    p.rows = device_matrix(in.k);
+    p.cols = device_matrix(in.q);
+    p.lse_rows = symmetric ? args.col_lse : nullptr;
+    p.lse_cols = args.row_lse;
+    p.label_side = in.labels ? LabelSide::of_col : LabelSide::identity;
+    p.out = args.dk.data;
+    p.out_ld = args.dk.row_stride;
+    p.out_type = out_type_for(args.dk.dtype);
+    p.ds_partial = args.dscale && !dq_pass ? space.ds_partial : nullptr;
+    check_launch(launch_pass_for(op, p, pass_grid(in.c(), multiprocessors), s),
+                 "launching the dk pass");
+  }
+  if (args.dscale) {
+    DsSumParams sum;
+    sum.partial = space.ds_partial;
+    sum.count = int(ceil_div(dq_pass ? in.b() : in.c(), tile_rows));
+    sum.inv_n = common.inv_n;
+    sum.dloss = args.dloss_data;
+    sum.dscale = args.dscale;
+    check_launch(launch_ds_sum(sum, s), "launching the ds sum kernel");
+  }
+}
+
+}  // namespace flatmem::contrastive::cuda

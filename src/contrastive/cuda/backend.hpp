@@ -1,0 +1,25 @@
+// The CUDA backend of the contrastive loss as the C API sees it: workspace
+// queries and the two calls. Everything is enqueued on the caller's stream in
+// the caller's workspace: no allocation, no synchronisation, no host read of
+// device memory. Errors found before the first launch throw flatmem::Error
+// (nothing written); a failed launch throws FLATMEM_STATUS_INTERNAL.
+#pragma once
+
+#include "contrastive/problem.hpp"
+
+namespace flatmem::contrastive::cuda {
+
+std::size_t forward_workspace_bytes(const MatrixView &q, const MatrixView &k, Loss loss);
+
+// dq / dk: data == nullptr for a size query that does not request them (only
+// their presence matters); the SM count of q's device sizes the accumulators.
+std::size_t backward_workspace_bytes(const MatrixView &q, const MatrixView &k, bool want_dq,
+                                     bool want_dk);
+
+void forward(const Options &options, const Inputs &in, const ForwardOutputs &out,
+             void *workspace, std::size_t workspace_bytes, void *stream);
+
+void backward(const Options &options, const Inputs &in, const BackwardArgs &args,
+              void *workspace, std::size_t workspace_bytes, void *stream);
+
+}  // namespace flatmem::contrastive::cuda

@@ -1,0 +1,63 @@
+#include "contrastive/cuda/device.hpp"
+
+#include "core/error.hpp"
+
+namespace flatmem::contrastive::cuda {
+namespace {
+
+// A failed runtime query leaves a (non-sticky) last error behind in this
+// library's CUDA runtime; clear it so that the next launch check does not
+// report it.
+const char *consume(cudaError_t status) {
+  cudaGetLastError();
+  return cudaGetErrorString(status);
+}
+
+}  // namespace
+
+DeviceGuard::DeviceGuard(int device) {
+  int current = -1;
+  cudaError_t status = cudaGetDevice(&current);
+  if (status != cudaSuccess)
+    fail(FLATMEM_STATUS_UNSUPPORTED, "kDLCUDA tensors: the CUDA runtime cannot be used here (",
+         consume(status), ")");
+  if (current != device) {
+    status = cudaSetDevice(device);
+    if (status != cudaSuccess)
+      invalid("q: device id ", device, " cannot be made current (", consume(status), ")");
+    previous_ = current;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) cudaSetDevice(previous_);
+}
+
+void check_device_pointer(const void *p, const char *name, int device) {
+  cudaPointerAttributes attributes{};
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, p);
+  if (status != cudaSuccess)
+    invalid(name, ": data ", p, " is not a CUDA pointer (", consume(status), ")");
+  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
+    invalid(name, ": data ", p, " is ",
+            attributes.type == cudaMemoryTypeHost ? "pinned host memory" : "host memory",
+            ", not device memory, although the tensor says kDLCUDA");
+  if (attributes.device != device)
+    invalid(name, ": data ", p, " lives on CUDA device ", attributes.device,
+            " but the tensor says device id ", device);
+}
+
+int multiprocessor_count(int device) {
+  int count = 0;
+  const cudaError_t status = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  if (status != cudaSuccess)
+    fail(FLATMEM_STATUS_UNSUPPORTED, "q: CUDA device ", device, " cannot be queried (",
+         consume(status), ")");
+  return count;
+}
+
+void check_launch(cudaError_t status, const char *what) {
+  if (status != cudaSuccess) fail(FLATMEM_STATUS_INTERNAL, what, ": ", consume(status));
+}
+
+}  // namespace flatmem::contrastive::cuda

@@ -1,0 +1,32 @@
+// Host-side CUDA runtime helpers of the backend: the device a call runs on,
+// checks that a pointer really is device memory of that device, and CUDA
+// errors turned into flatmem errors. None of them synchronises.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+namespace flatmem::contrastive::cuda {
+
+// Makes `device` current for the guard's lifetime (restores the caller's).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard &) = delete;
+  DeviceGuard &operator=(const DeviceGuard &) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// Fails (INVALID_ARGUMENT, naming `name`) unless p points to device or
+// managed memory that belongs to `device`.
+void check_device_pointer(const void *p, const char *name, int device);
+
+// Streaming multiprocessors of `device` (a host attribute query).
+int multiprocessor_count(int device);
+
+// Throws FLATMEM_STATUS_INTERNAL "<what>: <CUDA error text>" unless status is cudaSuccess.
+void check_launch(cudaError_t status, const char *what);
+
+}  // namespace flatmem::contrastive::cuda

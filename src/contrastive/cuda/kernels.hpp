@@ -1,0 +1,32 @@
+// Host-side entry points of the CUDA kernels: one launch function per kernel
+// (template on the operand type where the tile GEMM depends on it). Each
+// enqueues on `stream` and returns cudaGetLastError(); none synchronises.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "contrastive/cuda/params.hpp"
+
+namespace flatmem::contrastive::cuda {
+
+// forward_tiles.cu
+template <Operand op>
+int forward_tiles_smem_bytes();
+template <Operand op>
+cudaError_t launch_forward_tiles(const ForwardTileParams &p, cudaStream_t stream);
+
+// forward_finish.cu: `blocks` CTAs write loss_partial[0..blocks).
+cudaError_t launch_forward_finish(const ForwardFinishParams &p, Operand op, int blocks,
+                                  cudaStream_t stream);
+
+// backward_pass.cu: `grid` persistent CTAs, each with its own accumulator slot.
+template <Operand op>
+int backward_pass_smem_bytes();
+template <Operand op>
+cudaError_t launch_backward_pass(const PassParams &p, int grid, cudaStream_t stream);
+
+// final_sums.cu: one CTA each.
+cudaError_t launch_loss_sum(const LossSumParams &p, cudaStream_t stream);
+cudaError_t launch_ds_sum(const DsSumParams &p, cudaStream_t stream);
+
+}  // namespace flatmem::contrastive::cuda
