@@ -76,10 +76,20 @@
  *     (same user pointer) must tolerate that.
  *   context.parallel_for lets a CPU callback use the threads of its chain
  *     (context.num_threads of them, the calling one included).
- *   CUDA: callbacks are called from host threads as above and must enqueue
- *     their work on context.stream and return without synchronising it: the
- *     caller's stream for the forward and the gradient chain, a stream owned
- *     by the handle for the rebuild chain.
+ *   CUDA (states on kDLCUDA, when the library is built with CUDA): every
+ *     callback is called from the calling thread, in enqueue order, and must
+ *     enqueue its work on context.stream and return without synchronising:
+ *     the caller's stream for the forward and the gradient chain, a stream
+ *     owned by the handle (one per device) for the rebuild chain. The two
+ *     streams are joined by events only (no host wait inside a backward);
+ *     at most two blocks' residuals and 3 states are in flight. AUTO runs
+ *     OVERLAPPED from 2 blocks on (a backward cannot time itself without a
+ *     host wait). residuals and workspace are device memory; when no
+ *     workspace is passed the handle allocates one with cudaMalloc (which
+ *     synchronises) the first time and when it must grow. STANDARD's record
+ *     is cudaMalloc'ed by the forward. rebuild_error is CPU-only.
+ *     NOTE: the CUDA executor is compiled in every CUDA build but has not yet
+ *     been run on a GPU.
  *   A callback must not call this handle.
  */
 #ifndef FLATMEM_REVERSIBLE_H
@@ -325,6 +335,22 @@ FLATMEM_API void flatmem_reversible_callback_error(const char *message);
  *              3 fc1_bias (hidden)  4 fc2_weight (hidden, width) 5 fc2_bias (width)
  * Their gradients (same shapes) are ACCUMULATED (+=) by the VJP: zero them
  * before a backward. A block's results do not depend on the thread count.
+ * The built-in blocks draw no randomness (seed and offset are ignored: no
+ * dropout). A block object holds no state during a call, so one object may
+ * serve several blocks of a segment (weight tying; their gradients then add).
+ *
+ * Memory: a block's residuals (what the segment keeps per block between the
+ * rebuild and the VJP), in fp32 elements, with rows = batch * tokens:
+ *   ATTENTION  (5 * width + 2) * rows + batch * heads * tokens^2
+ *   MLP        (width + hidden + 2) * rows
+ * Besides, each call allocates and frees scratch of its own (outside the
+ * segment workspace): a VJP about 4 * width * rows + threads * tokens^2
+ * (ATTENTION) or (2 * hidden + width) * rows (MLP) elements; a forward without
+ * residuals the ATTENTION layout above with one tokens^2 tile per thread, or
+ * one 64-row slab of hidden per thread (MLP).
+ *
+ * CUDA: the built-in blocks run on CPU states only in this version; their
+ * callbacks refuse CUDA tensors.
  */
 
 typedef struct flatmem_block_s flatmem_block_t;
@@ -345,16 +371,18 @@ typedef struct flatmem_block_options {
   flatmem_block_kind kind;
   /** Model width (required, >= 1). */
   int32_t width;
-  /** ATTENTION: heads (0 = 1); width must be a multiple of it. */
+  /** ATTENTION: heads (0 = 1); width must be a multiple of it. Ignored
+   *  for MLP. */
   int32_t heads;
-  /** MLP: hidden width (0 = 4 * width). */
+  /** MLP: hidden width (0 = 4 * width). Ignored for ATTENTION. */
   int32_t hidden;
   /** LayerNorm epsilon (0 = 1e-6). */
   float layer_norm_eps;
 } flatmem_block_options;
 
+/* kind 0 and width 0 are refused: set both after initialising. */
 #define FLATMEM_BLOCK_OPTIONS_INIT \
-  { sizeof(flatmem_block_options), FLATMEM_BLOCK_ATTENTION, 0, 0, 0, 0.0f }
+  { sizeof(flatmem_block_options), (flatmem_block_kind)0, 0, 0, 0, 0.0f }
 
 /** Fill *options with the defaults and struct_size. Thread-safe. */
 FLATMEM_API flatmem_status flatmem_block_options_init(flatmem_block_options *options);
@@ -369,10 +397,12 @@ FLATMEM_API flatmem_status flatmem_block_destroy(flatmem_block_t *block);
 /**
  * Point the block at its parameters and their gradients: arrays of
  * FLATMEM_BLOCK_NUM_PARAMETERS tensors in the order above (grads may be NULL
- * for a forward-only block). Only the DLTensor structs are copied: the memory
- * they point to must stay valid while the block is used. Shapes are checked
- * here. May be called again between segment calls (e.g. JAX gives new
- * buffers every step).
+ * for a forward-only block). Shapes, dtype (fp32), device (CPU), element
+ * alignment and compactness are checked here; gradients must not overlap the
+ * parameters. Only data + byte_offset is kept: the DLTensor structs and their
+ * shape/strides arrays need not outlive this call, but the memory they point
+ * to must stay valid while the block is used. May be called again between
+ * segment calls (e.g. JAX gives new buffers every step).
  */
 FLATMEM_API flatmem_status flatmem_block_set_parameters(flatmem_block_t *block,
                                                         const DLTensor *parameters,
