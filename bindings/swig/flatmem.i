@@ -35,7 +35,11 @@
  * still used by one thread at a time (the C thread rule): the Python package
  * holds a lock per handle.
  *
- * Adding a handle kind (reversible segments, communicators): an empty struct
+ * Reversible segments: Block (flatmem_block_t) and Reversible (a
+ * flatmem_reversible_t plus what the binding keeps for it), with Python
+ * functions as F/G through C trampolines; see "Reversible segments" below.
+ *
+ * Adding a handle kind (communicators): an empty struct
  * for SWIG, %extend it with a constructor calling *_create and a destructor
  * calling *_destroy, %ignore the raw functions, and let every method pass the
  * status of its C call to flatmem_swig_check(). Sizes and other results come
@@ -177,6 +181,43 @@ static int flatmem_swig_make_exceptions(PyObject *module) {
   return 0;
 }
 
+/* A Python exception raised by a reversible segment's Python callback (see
+ * "Reversible segments" below): moved here by the segment method, after its C
+ * call failed, on the calling thread (ownership moves, no refcounting, so the
+ * GIL is not needed for that), and raised by flatmem_swig_raise_python().
+ * `same` is 1 when the library's message is the one made from this exception
+ * (it was the failure that ended the call), 0 when another failure came first
+ * (OVERLAPPED: both chains can fail). */
+typedef struct flatmem_swig_python_exception {
+  PyObject *type, *value, *traceback;
+  int same;
+} flatmem_swig_python_exception;
+static _Thread_local flatmem_swig_python_exception flatmem_swig_callback_exception;
+
+/* Re-raises the callback's own exception, with a note carrying flatmem's
+ * message (which block, F or G, which phase). Returns 0 when it cannot (no
+ * exception pending, another failure ended the call, or Python < 3.11 without
+ * add_note): the caller then raises flatmem's error, chained to it. */
+static int flatmem_swig_reraise_callback_exception(const char *detail) {
+  flatmem_swig_python_exception *e = &flatmem_swig_callback_exception;
+  PyObject *note, *done;
+  if (!e->type || !e->same) return 0;
+  PyErr_NormalizeException(&e->type, &e->value, &e->traceback);
+  if (!e->value || !PyObject_HasAttrString(e->value, "add_note")) return 0;
+  note = PyUnicode_FromFormat("flatmem: %s", detail);
+  done = note ? PyObject_CallMethod(e->value, "add_note", "O", note) : NULL;
+  Py_XDECREF(note);
+  if (!done) {
+    PyErr_Clear();
+    return 0;
+  }
+  Py_DECREF(done);
+  if (e->traceback) PyException_SetTraceback(e->value, e->traceback);
+  PyErr_Restore(e->type, e->value, e->traceback);
+  e->type = e->value = e->traceback = NULL;
+  return 1;
+}
+
 /* Raises the pending failure as flatmem.<Kind>Error and clears it. */
 static void flatmem_swig_raise_python(void) {
   const int status = flatmem_swig_error.status;
@@ -187,11 +228,14 @@ static void flatmem_swig_raise_python(void) {
   const char *message = flatmem_swig_error.message;
   const char *colon = strstr(message, ": ");
   const char *status_name = flatmem_status_string((flatmem_status)status);
-  PyObject *exc = PyObject_CallFunction(cls, "s", message);
+  PyObject *exc;
   PyObject *values[3] = {NULL, NULL, NULL};
   const char *const names[3] = {"status", "status_name", "detail"};
-  int i, ok = exc != NULL;
+  int i, ok;
   flatmem_swig_error.status = 0;
+  if (flatmem_swig_reraise_callback_exception(colon ? colon + 2 : message)) return;
+  exc = PyObject_CallFunction(cls, "s", message);
+  ok = exc != NULL;
   if (ok) {
     values[0] = PyLong_FromLong(status);
     values[1] = PyUnicode_FromString(status_name);
@@ -199,6 +243,20 @@ static void flatmem_swig_raise_python(void) {
   }
   for (i = 0; i < 3; ++i) ok = ok && values[i] && PyObject_SetAttrString(exc, names[i], values[i]) == 0;
   for (i = 0; i < 3; ++i) Py_XDECREF(values[i]);
+  if (ok && flatmem_swig_callback_exception.type) {
+    /* A callback's exception that is not re-raised as it is: flatmem's error
+     * is raised from it (__cause__), so its traceback is not lost. */
+    flatmem_swig_python_exception *e = &flatmem_swig_callback_exception;
+    PyErr_NormalizeException(&e->type, &e->value, &e->traceback);
+    if (e->value) {
+      if (e->traceback) PyException_SetTraceback(e->value, e->traceback);
+      PyException_SetCause(exc, e->value); /* steals the reference */
+      e->value = NULL;
+    }
+  }
+  Py_CLEAR(flatmem_swig_callback_exception.type);
+  Py_CLEAR(flatmem_swig_callback_exception.value);
+  Py_CLEAR(flatmem_swig_callback_exception.traceback);
   if (ok) PyErr_SetObject(cls, exc); /* else the error of the failed step stands */
   Py_XDECREF(exc);
 }
@@ -345,6 +403,43 @@ const char *flatmem_swig_version_mismatch(void);
 %immutable flatmem_contrastive_options::struct_size;
 
 %include <flatmem/flatmem.h>
+
+/* reversible.h: the enums, FLATMEM_BLOCK_NUM_PARAMETERS and block_seed();
+ * the handles are wrapped below (Reversible, Block), the callback structs are
+ * not (the language's own functions are bridged, see "Reversible segments"). */
+%ignore flatmem_reversible_options_init;
+%ignore flatmem_reversible_create;
+%ignore flatmem_reversible_destroy;
+%ignore flatmem_reversible_forward_workspace_size;
+%ignore flatmem_reversible_backward_workspace_size;
+%ignore flatmem_reversible_forward;
+%ignore flatmem_reversible_backward;
+%ignore flatmem_reversible_last_mode;
+%ignore flatmem_reversible_rebuild_error;
+%ignore flatmem_reversible_callback_error;
+%ignore flatmem_block_options_init;
+%ignore flatmem_block_create;
+%ignore flatmem_block_destroy;
+%ignore flatmem_block_set_parameters;
+%ignore flatmem_block_function;
+%ignore flatmem_reversible_context;
+%ignore flatmem_reversible_function;
+%ignore flatmem_reversible_block;
+%ignore flatmem_reversible_options;
+%ignore flatmem_block_options;
+%ignore flatmem_reversible_forward_fn;
+%ignore flatmem_reversible_vjp_fn;
+%ignore flatmem_reversible_residual_size_fn;
+%ignore FLATMEM_REVERSIBLE_MODE_MAX;
+%ignore FLATMEM_REVERSIBLE_PART_MAX;
+%ignore FLATMEM_REVERSIBLE_PHASE_MAX;
+%ignore FLATMEM_BLOCK_KIND_MAX;
+%rename(ReversibleMode) flatmem_reversible_mode;
+%rename(ReversiblePart) flatmem_reversible_part;
+%rename(ReversiblePhase) flatmem_reversible_phase;
+%rename(BlockKind) flatmem_block_kind;
+%rename(Block) flatmem_block_s;
+%include <flatmem/reversible.h>
 
 %rename(status_string) flatmem_status_string_of;
 %inline %{
@@ -717,3 +812,447 @@ struct flatmem_contrastive_s {};
         (void *)(intptr_t)stream));
   }
 }
+
+/* ------------------------------------------------------------------------ */
+/* Block: a built-in block (flatmem_block_t)                                 */
+/* ------------------------------------------------------------------------ */
+/* Block(kind, width, heads, hidden, layer_norm_eps): flatmem_block_create with
+ * those options (0 = the library's default). set_parameters takes the six
+ * parameter Tensors and the six gradient Tensors (all None/null: a
+ * forward-only block), in the order of reversible.h. The block keeps the
+ * data pointers only: the caller keeps the memory (and the Tensors) alive
+ * while the block is used, and destroys segments using a block before it. */
+
+struct flatmem_block_s {};
+%extend flatmem_block_s {
+  flatmem_block_s(int32_t kind, int32_t width, int32_t heads = 0, int32_t hidden = 0,
+                  float layer_norm_eps = 0.0f) {
+    flatmem_block_options options;
+    flatmem_block_t *block = NULL;
+    if (!flatmem_swig_check(flatmem_block_options_init(&options))) return NULL;
+    options.kind = (flatmem_block_kind)kind;
+    options.width = width;
+    options.heads = heads;
+    options.hidden = hidden;
+    options.layer_norm_eps = layer_norm_eps;
+    flatmem_swig_check(flatmem_block_create(&block, &options));
+    return block;
+  }
+  ~flatmem_block_s() { flatmem_block_destroy($self); }
+
+  void set_parameters(const flatmem_swig_tensor *p0, const flatmem_swig_tensor *p1,
+                      const flatmem_swig_tensor *p2, const flatmem_swig_tensor *p3,
+                      const flatmem_swig_tensor *p4, const flatmem_swig_tensor *p5,
+                      const flatmem_swig_tensor *g0 = NULL, const flatmem_swig_tensor *g1 = NULL,
+                      const flatmem_swig_tensor *g2 = NULL, const flatmem_swig_tensor *g3 = NULL,
+                      const flatmem_swig_tensor *g4 = NULL, const flatmem_swig_tensor *g5 = NULL) {
+    const flatmem_swig_tensor *p[FLATMEM_BLOCK_NUM_PARAMETERS] = {p0, p1, p2, p3, p4, p5};
+    const flatmem_swig_tensor *g[FLATMEM_BLOCK_NUM_PARAMETERS] = {g0, g1, g2, g3, g4, g5};
+    DLTensor parameters[FLATMEM_BLOCK_NUM_PARAMETERS], gradients[FLATMEM_BLOCK_NUM_PARAMETERS];
+    int i, grads = 0;
+    for (i = 0; i < FLATMEM_BLOCK_NUM_PARAMETERS; ++i) grads += g[i] != NULL;
+    if (grads != 0 && grads != FLATMEM_BLOCK_NUM_PARAMETERS) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
+                        "gradients: %d of %d given; pass all of them or none", grads,
+                        FLATMEM_BLOCK_NUM_PARAMETERS);
+      return;
+    }
+    for (i = 0; i < FLATMEM_BLOCK_NUM_PARAMETERS; ++i) {
+      if (!p[i]) {
+        flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "parameters[%d]: NULL", i);
+        return;
+      }
+      parameters[i] = p[i]->dl;
+      if (grads) gradients[i] = g[i]->dl;
+    }
+    flatmem_swig_check(flatmem_block_set_parameters($self, parameters, grads ? gradients : NULL));
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Reversible segments (flatmem_reversible_t)                                */
+/* ------------------------------------------------------------------------ */
+/*
+ * Reversible(num_blocks, mode, num_threads) prepares a segment; each F and G
+ * is then given with set_block(k, part, Block) or, in Python,
+ * set_python(k, part) (part: REVERSIBLE_F / REVERSIBLE_G), and create() makes
+ * the flatmem_reversible_t. forward / backward / rebuild_error and the
+ * workspace queries take Tensors as Contrastive's methods do (workspace None:
+ * the handle allocates; stream 0 on the CPU).
+ *
+ * Python functions as F and G (bindings/python/flatmem/reversible.py builds
+ * on this): set_dispatch(callable) gives the segment ONE Python callable that
+ * every Python F/G goes through:
+ *     dispatch(vjp, function, block, part, phase, num_threads, seed, offset,
+ *              shape, bits, x, a, dx)
+ * function = 2 * block + part; x, a and dx are memoryviews of flatmem's
+ * buffers (no copy), valid during the call only: forward (vjp = 0): x read
+ * only, a = y to write, dx None; VJP (vjp = 1): x and a = dy read only, dx
+ * writable (dx += the input gradient). The trampolines take the GIL
+ * (PyGILState_Ensure), since OVERLAPPED calls the rebuild's forwards from a
+ * thread of the library; the segment's methods run without the GIL. An
+ * exception in dispatch ends the segment call: the trampoline keeps it (the
+ * first one of the call), hands "Type: text" to
+ * flatmem_reversible_callback_error and returns INVALID_ARGUMENT; the method
+ * then re-raises that exception itself with a note "flatmem: block k, F
+ * forward (phase): ..." (Python >= 3.11; else flatmem's error, raised from it).
+ * residual_size is NULL: residuals of Python functions live in Python.
+ */
+
+%{
+typedef struct flatmem_swig_reversible flatmem_swig_reversible;
+
+/* The user pointer of a language callback: its segment and F/G index. */
+typedef struct flatmem_swig_slot {
+  flatmem_swig_reversible *segment;
+  int32_t function; /* 2 * block + part */
+} flatmem_swig_slot;
+
+struct flatmem_swig_reversible {
+  flatmem_reversible_t *handle;     /* NULL until create() */
+  int32_t num_blocks;
+  flatmem_reversible_options options;
+  flatmem_reversible_block *blocks; /* the F/G given so far; copied by create() */
+  flatmem_swig_slot *slots;         /* 2 * num_blocks */
+#ifdef SWIGPYTHON
+  PyObject *dispatch;               /* owned; NULL without Python functions */
+  /* The first exception of the running call (written under the GIL). */
+  PyObject *exc_type, *exc_value, *exc_traceback;
+  char exc_message[FLATMEM_SWIG_MESSAGE_BYTES];
+#endif
+};
+
+static int flatmem_swig_reversible_ready(const flatmem_swig_reversible *s) {
+  if (s->handle) return 1;
+  flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Reversible: create() has not succeeded yet");
+  return 0;
+}
+
+static int flatmem_swig_reversible_slot_ok(const flatmem_swig_reversible *s, int32_t block, int32_t part) {
+  if (s->handle) {
+    flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Reversible: the segment is created; its blocks are fixed");
+    return 0;
+  }
+  if (block < 0 || block >= s->num_blocks || (part != FLATMEM_REVERSIBLE_F && part != FLATMEM_REVERSIBLE_G)) {
+    flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
+                      "Reversible: block %d, part %d is out of range (%d blocks, part 0 = F or 1 = G)",
+                      (int)block, (int)part, (int)s->num_blocks);
+    return 0;
+  }
+  return 1;
+}
+
+static flatmem_reversible_function *flatmem_swig_reversible_function(flatmem_swig_reversible *s,
+                                                                     int32_t block, int32_t part) {
+  return part == FLATMEM_REVERSIBLE_F ? &s->blocks[block].f : &s->blocks[block].g;
+}
+
+/* Ends a segment call: records a failed status; Python: hands the
+ * callback's exception (if any) to the thread's pending slot, which
+ * %exception's flatmem_swig_raise_python() raises. Runs without the GIL. */
+static void flatmem_swig_reversible_finish(flatmem_swig_reversible *s, flatmem_status status) {
+  (void)s; /* only Python keeps something in it */
+  flatmem_swig_check(status);
+#ifdef SWIGPYTHON
+  if (s->exc_type) {
+    flatmem_swig_python_exception *e = &flatmem_swig_callback_exception;
+    const char *text = flatmem_swig_error.message;
+    const size_t have = strlen(text), want = strlen(s->exc_message);
+    /* the library's message ends with the one the trampoline gave it */
+    e->same = status != FLATMEM_STATUS_SUCCESS && have >= want &&
+              strcmp(text + have - want, s->exc_message) == 0;
+    e->type = s->exc_type;
+    e->value = s->exc_value;
+    e->traceback = s->exc_traceback;
+    s->exc_type = s->exc_value = s->exc_traceback = NULL;
+    if (status == FLATMEM_STATUS_SUCCESS) /* cannot happen: a raising callback fails the call */
+      flatmem_swig_fail(FLATMEM_STATUS_INTERNAL, "Reversible: a callback raised but the call succeeded");
+  }
+#endif
+}
+%}
+
+#ifdef SWIGPYTHON
+%{
+static const void *flatmem_swig_dl_address(const DLTensor *t) {
+  return (const char *)t->data + t->byte_offset;
+}
+
+static Py_ssize_t flatmem_swig_dl_bytes(const DLTensor *t) {
+  int64_t n = 1;
+  int i;
+  for (i = 0; i < t->ndim; ++i) n *= t->shape[i];
+  return (Py_ssize_t)(n * ((t->dtype.bits * t->dtype.lanes + 7) / 8));
+}
+
+static PyObject *flatmem_swig_memoryview(const DLTensor *t, int writable) {
+  return PyMemoryView_FromMemory((char *)flatmem_swig_dl_address(t), flatmem_swig_dl_bytes(t),
+                                 writable ? PyBUF_WRITE : PyBUF_READ);
+}
+
+static PyObject *flatmem_swig_shape_tuple(const DLTensor *t) {
+  PyObject *shape = PyTuple_New(t->ndim);
+  int i;
+  for (i = 0; shape && i < t->ndim; ++i) {
+    PyObject *extent = PyLong_FromLongLong((long long)t->shape[i]);
+    if (!extent) {
+      Py_CLEAR(shape);
+      break;
+    }
+    PyTuple_SET_ITEM(shape, i, extent);
+  }
+  return shape;
+}
+
+/* Keeps the first exception of a call (the GIL is held) and returns the
+ * status for the library, with "Type: text" as the callback's message. */
+static flatmem_status flatmem_swig_python_failed(flatmem_swig_reversible *s) {
+  PyObject *type, *value, *traceback, *text = NULL;
+  const char *name, *utf8 = NULL;
+  char message[FLATMEM_SWIG_MESSAGE_BYTES];
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  name = type ? ((PyTypeObject *)type)->tp_name : "exception";
+  if (value) text = PyObject_Str(value);
+  if (text) utf8 = PyUnicode_AsUTF8(text);
+  if (!utf8) PyErr_Clear();
+  {
+    const char *dot = strrchr(name, '.');
+    /* at most ~1 KiB, so that flatmem's message ("block k, ...: " + this) is not cut */
+    snprintf(message, 1024, "%s: %s", dot ? dot + 1 : name, utf8 ? utf8 : "(no text)");
+  }
+  Py_XDECREF(text);
+  if (!s->exc_type) {
+    s->exc_type = type;
+    s->exc_value = value;
+    s->exc_traceback = traceback;
+    memcpy(s->exc_message, message, sizeof message);
+  } else {
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+  }
+  flatmem_reversible_callback_error(message);
+  return FLATMEM_STATUS_INVALID_ARGUMENT;
+}
+
+/* The call into Python shared by the two trampolines. a: y (forward, written)
+ * or dy (VJP, read); dx: NULL for a forward. */
+static flatmem_status flatmem_swig_python_call(void *user, const flatmem_reversible_context *c,
+                                               const DLTensor *x, const DLTensor *a, DLTensor *dx) {
+  const flatmem_swig_slot *slot = (const flatmem_swig_slot *)user;
+  flatmem_swig_reversible *s = slot->segment;
+  const int vjp = dx != NULL;
+  flatmem_status status = FLATMEM_STATUS_SUCCESS;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject *shape = flatmem_swig_shape_tuple(x);
+  PyObject *xv = flatmem_swig_memoryview(x, 0);
+  PyObject *av = flatmem_swig_memoryview(a, !vjp);
+  PyObject *dxv = vjp ? flatmem_swig_memoryview(dx, 1) : (Py_INCREF(Py_None), Py_None);
+  PyObject *result = NULL;
+  if (shape && xv && av && dxv)
+    result = PyObject_CallFunction(s->dispatch, "iiiiiiKKOiOOO", vjp, (int)slot->function,
+                                   (int)c->block, (int)c->part, (int)c->phase, (int)c->num_threads,
+                                   (unsigned long long)c->seed, (unsigned long long)c->offset,
+                                   shape, (int)x->dtype.bits, xv, av, dxv);
+  if (!result) status = flatmem_swig_python_failed(s);
+  Py_XDECREF(result);
+  Py_XDECREF(shape);
+  Py_XDECREF(xv);
+  Py_XDECREF(av);
+  Py_XDECREF(dxv);
+  PyGILState_Release(gil);
+  return status;
+}
+
+static flatmem_status flatmem_swig_python_forward(void *user, const flatmem_reversible_context *c,
+                                                  const DLTensor *x, DLTensor *y, void *residuals) {
+  (void)residuals; /* residual_size is NULL: always NULL */
+  return flatmem_swig_python_call(user, c, x, y, NULL);
+}
+
+static flatmem_status flatmem_swig_python_vjp(void *user, const flatmem_reversible_context *c,
+                                              const DLTensor *x, const void *residuals,
+                                              const DLTensor *dy, DLTensor *dx) {
+  (void)residuals;
+  return flatmem_swig_python_call(user, c, x, dy, dx);
+}
+%}
+#endif
+
+%rename(Reversible) flatmem_swig_reversible;
+struct flatmem_swig_reversible {};
+%extend flatmem_swig_reversible {
+  /* A segment of num_blocks blocks, mode (ReversibleMode, 0 = AUTO) and
+   * num_threads (0 = all processors); give every F and G, then create(). */
+  flatmem_swig_reversible(int32_t num_blocks, int32_t mode = 0, int32_t num_threads = 0) {
+    flatmem_swig_reversible *s;
+    int32_t i;
+    if (num_blocks < 1 || num_blocks > 65536) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "num_blocks: %d; expected 1 to 65536",
+                        (int)num_blocks);
+      return NULL;
+    }
+    s = (flatmem_swig_reversible *)calloc(1, sizeof *s);
+    if (s) s->blocks = (flatmem_reversible_block *)calloc((size_t)num_blocks, sizeof *s->blocks);
+    if (s) s->slots = (flatmem_swig_slot *)calloc(2 * (size_t)num_blocks, sizeof *s->slots);
+    if (!s || !s->blocks || !s->slots) {
+      if (s) free(s->blocks);
+      free(s);
+      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "Reversible: out of memory");
+      return NULL;
+    }
+    if (!flatmem_swig_check(flatmem_reversible_options_init(&s->options))) {
+      free(s->slots);
+      free(s->blocks);
+      free(s);
+      return NULL;
+    }
+    s->options.mode = (flatmem_reversible_mode)mode;
+    s->options.num_threads = num_threads;
+    s->num_blocks = num_blocks;
+    for (i = 0; i < 2 * num_blocks; ++i) {
+      s->slots[i].segment = s;
+      s->slots[i].function = i;
+    }
+    return s;
+  }
+  /* flatmem_reversible_destroy (joins the handle's threads), then drops
+   * what the segment kept. */
+  ~flatmem_swig_reversible() {
+    flatmem_reversible_destroy($self->handle);
+#ifdef SWIGPYTHON
+    if ($self->dispatch || $self->exc_type) {
+      PyGILState_STATE gil = PyGILState_Ensure();
+      Py_CLEAR($self->dispatch);
+      Py_CLEAR($self->exc_type);
+      Py_CLEAR($self->exc_value);
+      Py_CLEAR($self->exc_traceback);
+      PyGILState_Release(gil);
+    }
+#endif
+    free($self->slots);
+    free($self->blocks);
+    free($self);
+  }
+
+  /* F (part 0) or G (part 1) of block k is this built-in block. */
+  void set_block(int32_t block, int32_t part, flatmem_block_t *function) {
+    if (!flatmem_swig_reversible_slot_ok($self, block, part)) return;
+    if (!function) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Reversible.set_block: block is NULL");
+      return;
+    }
+    flatmem_swig_check(flatmem_block_function(function, flatmem_swig_reversible_function($self, block, part)));
+  }
+
+  /* flatmem_reversible_create with the blocks given. */
+  void create() {
+    flatmem_reversible_t *handle = NULL;
+    if ($self->handle) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Reversible.create: already created");
+      return;
+    }
+    if (flatmem_swig_check(flatmem_reversible_create(&handle, $self->blocks, $self->num_blocks, &$self->options)))
+      $self->handle = handle;
+  }
+
+  int32_t num_blocks() const { return $self->num_blocks; }
+  int32_t mode() const { return (int32_t)$self->options.mode; }
+  int32_t num_threads() const { return $self->options.num_threads; }
+
+  /* flatmem_reversible_last_mode: the mode the last successful backward ran. */
+  int32_t last_mode() const {
+    flatmem_reversible_mode mode = FLATMEM_REVERSIBLE_AUTO;
+    if (flatmem_swig_reversible_ready($self)) flatmem_swig_check(flatmem_reversible_last_mode($self->handle, &mode));
+    return (int32_t)mode;
+  }
+
+  size_t forward_workspace_size(const flatmem_swig_tensor *x) {
+    size_t bytes = 0;
+    if (flatmem_swig_reversible_ready($self))
+      flatmem_swig_check(flatmem_reversible_forward_workspace_size($self->handle, flatmem_swig_dl(x), &bytes));
+    return bytes;
+  }
+  size_t backward_workspace_size(const flatmem_swig_tensor *x) {
+    size_t bytes = 0;
+    if (flatmem_swig_reversible_ready($self))
+      flatmem_swig_check(flatmem_reversible_backward_workspace_size($self->handle, flatmem_swig_dl(x), &bytes));
+    return bytes;
+  }
+
+  /* flatmem_reversible_forward: writes y1, y2. */
+  void forward(const flatmem_swig_tensor *x1, const flatmem_swig_tensor *x2, uint64_t seed,
+               uint64_t offset, flatmem_swig_tensor *y1, flatmem_swig_tensor *y2,
+               const flatmem_swig_tensor *workspace = NULL, int64_t stream = 0) {
+    size_t workspace_bytes;
+    void *ws = flatmem_swig_workspace(workspace, &workspace_bytes);
+    if (!flatmem_swig_reversible_ready($self)) return;
+    flatmem_swig_reversible_finish($self, flatmem_reversible_forward(
+        $self->handle, flatmem_swig_dl(x1), flatmem_swig_dl(x2), seed, offset, flatmem_swig_dl_out(y1),
+        flatmem_swig_dl_out(y2), ws, workspace_bytes, (void *)(intptr_t)stream));
+  }
+
+  /* flatmem_reversible_backward: writes dx1, dx2 and, when given, the rebuilt x1, x2. */
+  void backward(const flatmem_swig_tensor *y1, const flatmem_swig_tensor *y2,
+                const flatmem_swig_tensor *dy1, const flatmem_swig_tensor *dy2, uint64_t seed,
+                uint64_t offset, flatmem_swig_tensor *dx1, flatmem_swig_tensor *dx2,
+                flatmem_swig_tensor *x1 = NULL, flatmem_swig_tensor *x2 = NULL,
+                const flatmem_swig_tensor *workspace = NULL, int64_t stream = 0) {
+    size_t workspace_bytes;
+    void *ws = flatmem_swig_workspace(workspace, &workspace_bytes);
+    if (!flatmem_swig_reversible_ready($self)) return;
+    flatmem_swig_reversible_finish($self, flatmem_reversible_backward(
+        $self->handle, flatmem_swig_dl(y1), flatmem_swig_dl(y2), flatmem_swig_dl(dy1),
+        flatmem_swig_dl(dy2), seed, offset, flatmem_swig_dl_out(dx1), flatmem_swig_dl_out(dx2),
+        flatmem_swig_dl_out(x1), flatmem_swig_dl_out(x2), ws, workspace_bytes, (void *)(intptr_t)stream));
+  }
+
+  /* flatmem_reversible_rebuild_error: errors is a (num_blocks,) float64 Tensor. */
+  void rebuild_error(const flatmem_swig_tensor *x1, const flatmem_swig_tensor *x2, uint64_t seed,
+                     uint64_t offset, flatmem_swig_tensor *errors, int64_t stream = 0) {
+    if (!flatmem_swig_reversible_ready($self)) return;
+    flatmem_swig_reversible_finish($self, flatmem_reversible_rebuild_error(
+        $self->handle, flatmem_swig_dl(x1), flatmem_swig_dl(x2), seed, offset,
+        flatmem_swig_dl_out(errors), (void *)(intptr_t)stream));
+  }
+}
+
+#ifdef SWIGPYTHON
+/* Python functions as F and G. set_dispatch and set_python touch Python
+ * objects or run before any call: they keep the GIL. */
+%nothread flatmem_swig_reversible::set_dispatch;
+%extend flatmem_swig_reversible {
+  /* The one callable every Python F/G of this segment goes through (see above). */
+  void set_dispatch(PyObject *dispatch) {
+    if ($self->handle) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Reversible.set_dispatch: the segment is created");
+      return;
+    }
+    if (!PyCallable_Check(dispatch)) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Reversible.set_dispatch: not callable");
+      return;
+    }
+    {
+      PyObject *old = $self->dispatch;
+      Py_INCREF(dispatch);
+      $self->dispatch = dispatch;
+      Py_XDECREF(old);
+    }
+  }
+  /* F (part 0) or G (part 1) of block k is a Python function: dispatch(..., function = 2k + part, ...). */
+  void set_python(int32_t block, int32_t part) {
+    flatmem_reversible_function *f;
+    if (!flatmem_swig_reversible_slot_ok($self, block, part)) return;
+    if (!$self->dispatch) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Reversible.set_python: call set_dispatch first");
+      return;
+    }
+    f = flatmem_swig_reversible_function($self, block, part);
+    f->forward = flatmem_swig_python_forward;
+    f->vjp = flatmem_swig_python_vjp;
+    f->residual_size = NULL;
+    f->user = &$self->slots[2 * block + part];
+  }
+}
+#endif

@@ -4,8 +4,13 @@
     loss, backward = flatmem.contrastive_loss(q, k, logit_scale=10.0)   # CLIP loss
     dq, dk, dlogit_scale = backward()
 
+    seg = flatmem.ReversibleSegment([(flatmem.Block("attention", 64, heads=4), mlp)])
+    y1, y2 = seg.forward(x1, x2)                                        # reversible segment
+    dx1, dx2 = seg.backward(y1, y2, dy1, dy2)
+
 flatmem.capi is the SWIG module generated from bindings/swig/flatmem.i (the C
-ABI one to one: Contrastive, ContrastiveOptions, Tensor, version(), ...);
+ABI one to one: Contrastive, ContrastiveOptions, Reversible, Block, Tensor,
+version(), ...);
 importing it checks that the header it was built with matches the loaded
 libflatmem. Failed calls raise flatmem.Error (subclasses per status, e.g.
 InvalidArgumentError, also a ValueError) with flatmem's message.
@@ -21,6 +26,7 @@ from .capi import (
     WorkspaceTooSmallError,
 )
 from .contrastive import Contrastive, ForwardResult, contrastive_loss
+from .reversible import Block, Context, Function, ReversibleSegment
 
 __version__ = "0.1.0"
 
@@ -31,13 +37,17 @@ def library_version():
 
 
 __all__ = [
+    "Block",
+    "Context",
     "Contrastive",
     "Error",
     "ForwardResult",
+    "Function",
     "InternalError",
     "InvalidArgumentError",
     "NonFiniteError",
     "OutOfMemoryError",
+    "ReversibleSegment",
     "UnsupportedError",
     "WorkspaceTooSmallError",
     "capi",
