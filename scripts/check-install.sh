@@ -56,7 +56,10 @@ cc -std=c99 -pedantic -Wall -Wextra -Werror "$FLATMEM_ROOT/examples/clip_loss.c"
 LD_LIBRARY_PATH=$libdir ldd "$tmp/pc_consumer" | grep -qF "$libdir/libflatmem.so.$abi" ||
   fail "pkg-config consumer does not load the installed libflatmem"
 (cd "$tmp" && LD_LIBRARY_PATH=$libdir ./pc_consumer) || fail "pkg-config consumer failed"
-echo "check-install: (a) examples/clip_loss.c built with pkg-config and ran"
+cc -std=c99 -pedantic -Wall -Wextra -Werror "$FLATMEM_ROOT/examples/reversible_transformer.c" \
+   $(pkg-config --cflags --libs flatmem) -o "$tmp/pc_reversible" || fail "examples/reversible_transformer.c does not build"
+(cd "$tmp" && LD_LIBRARY_PATH=$libdir ./pc_reversible >/dev/null) || fail "examples/reversible_transformer failed"
+echo "check-install: (a) examples/clip_loss.c and reversible_transformer.c built with pkg-config and ran"
 
 # (b) CMake consumer: find_package(flatmem 0.1 REQUIRED) + flatmem::flatmem.
 unset PKG_CONFIG_PATH

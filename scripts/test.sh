@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The README's test command: bash scripts/test.sh
 # 1. Debian packages (scripts/install-deps.sh)
-# 2. Release build in build/ (CUDA detected, not yet compiled: FLATMEM_WITH_CUDA=AUTO)
+# 2. Release build in build/ (CUDA kernels compiled for sm_90 when nvcc is found; GPU tests skip without a GPU)
 # 3. the install check (scripts/check-install.sh), then an install into build/prefix that
 #    the bindings' checks (scripts/check-<binding>.sh) build and test against
 # 4. the ASan+UBSan build in build-asan/ and its ctest (scripts/test-sanitize.sh)
-# 5. ctest in build/ -- last, so that its summary is the last thing printed.
+# 5. the ThreadSanitizer build of the threaded tests in build-tsan/ (scripts/test-tsan.sh)
+# 6. ctest in build/ -- last, so that its summary is the last thing printed.
 # Stops at the first failing stage with a non-zero exit status.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -27,6 +28,8 @@ for binding in python java jax rust julia readme; do
 done
 step "ASan+UBSan build and tests (build-asan/)"
 bash scripts/test-sanitize.sh
+step "ThreadSanitizer build and tests (build-tsan/)"
+bash scripts/test-tsan.sh
 step "tests (Release, build/)"
 cd build
 ctest --output-on-failure --timeout "${FLATMEM_CTEST_TIMEOUT:-900}"

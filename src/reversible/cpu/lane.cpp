@@ -1,5 +1,9 @@
 #include "reversible/cpu/lane.hpp"
 
+#include <new>
+
+#include "core/error.hpp"
+
 namespace flatmem::reversible::cpu {
 
 Lane::Lane() : thread_([this] { main(); }) {}
@@ -16,20 +20,22 @@ Lane::~Lane() {
 void Lane::start(std::function<void()> job) {
   std::lock_guard<std::mutex> lock(mutex_);
   job_ = std::move(job);
-  error_ = nullptr;
+  status_ = FLATMEM_STATUS_SUCCESS;
+  message_.clear();
   busy_ = true;
   wake_.notify_all();
 }
 
 void Lane::wait() {
-  std::exception_ptr error;
+  flatmem_status status;
+  std::string message;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [&] { return !busy_; });
-    error = error_;
-    error_ = nullptr;
+    status = status_;
+    message.swap(message_);
   }
-  if (error) std::rethrow_exception(error);
+  if (status != FLATMEM_STATUS_SUCCESS) throw Error(status, message);
 }
 
 void Lane::main() {
@@ -41,15 +47,27 @@ void Lane::main() {
       if (stopping_) return;
       job = std::move(job_);
     }
-    std::exception_ptr error;
+    flatmem_status status = FLATMEM_STATUS_SUCCESS;
+    std::string message;
     try {
       job();
+    } catch (const Error &e) {
+      status = e.status();
+      message = e.what();
+    } catch (const std::bad_alloc &) {
+      status = FLATMEM_STATUS_OUT_OF_MEMORY;
+      message = "out of host memory";
+    } catch (const std::exception &e) {
+      status = FLATMEM_STATUS_INTERNAL;
+      message = std::string("internal error: ") + e.what();
     } catch (...) {
-      error = std::current_exception();
+      status = FLATMEM_STATUS_INTERNAL;
+      message = "internal error: unknown exception";
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      error_ = error;
+      status_ = status;
+      message_.swap(message);
       busy_ = false;
     }
     done_.notify_all();

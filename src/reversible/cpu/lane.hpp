@@ -1,12 +1,17 @@
 // A thread owned by a segment handle that runs one job at a time: the rebuild
 // chain of the overlapped backward. wait() returns when the job finished and
-// rethrows what it threw.
+// throws a flatmem::Error with the status and message of what the job threw.
+// (The failure crosses threads as a status and a string, not as an
+// exception_ptr, whose reference count lives in uninstrumented libstdc++ and
+// makes ThreadSanitizer report a race on the exception object.)
 #pragma once
 
 #include <condition_variable>
-#include <exception>
+#include <flatmem/flatmem.h>
+
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 
 namespace flatmem::reversible::cpu {
@@ -28,7 +33,8 @@ class Lane {
   std::condition_variable wake_, done_;
   std::function<void()> job_;
   bool busy_ = false, stopping_ = false;
-  std::exception_ptr error_;
+  flatmem_status status_ = FLATMEM_STATUS_SUCCESS;
+  std::string message_;
   std::thread thread_;
 };
 
