@@ -1,6 +1,6 @@
 """flatmem.ReversibleSegment, flatmem.Block and Python functions as F/G.
 
-The built-in blocks are checked against reversible_reference.py, an
+The built-in blocks are checked against python_reversible_reference.py, an
 independent float64 NumPy implementation of the same pre-LN attention and MLP
 blocks (itself checked by finite differences below); Python functions against
 a hand-written tanh-linear reference.
@@ -28,7 +28,7 @@ import weakref
 
 import numpy as np
 import pytest
-import reversible_reference as ref
+import python_reversible_reference as ref
 from python_support import raises_flatmem
 
 import flatmem

@@ -2,7 +2,7 @@
 include/flatmem/reversible.h, written from the header's formulas alone:
 pre-LayerNorm multi-head self-attention (F) and pre-LayerNorm GELU MLP (G),
 their hand-written backward passes, and the segment by ordinary backprop
-(every block's input kept: no rebuild). test_reversible.py checks this file
+(every block's input kept: no rebuild). test_python_reversible.py checks this file
 against central finite differences before trusting it."""
 import math
 
