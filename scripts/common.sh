@@ -8,11 +8,17 @@ FLATMEM_JOBS=$(nproc)
 # step "what": a visible marker between the stages of a script's output.
 step() { printf '\n==> %s  [%ds]\n' "$*" "$SECONDS"; }
 
+# CUDA kernels (built whenever nvcc is found) for Hopper only in these scripts: the CI
+# machine has no GPU and compiles every kernel once per architecture; the library's own
+# default is "80;90". Override with FLATMEM_CUDA_ARCHITECTURES=... in the environment.
+FLATMEM_CUDA_ARCHS=${FLATMEM_CUDA_ARCHITECTURES:-90}
+
 # flatmem_configure BUILD_DIR [cmake -D...]: configure the checkout into BUILD_DIR.
 flatmem_configure() {
   local dir=$1
   shift
-  cmake -S "$FLATMEM_ROOT" -B "$dir" --no-warn-unused-cli -DPython3_EXECUTABLE="$FLATMEM_PYTHON" "$@"
+  cmake -S "$FLATMEM_ROOT" -B "$dir" --no-warn-unused-cli -DPython3_EXECUTABLE="$FLATMEM_PYTHON" \
+        -DFLATMEM_CUDA_ARCHITECTURES="$FLATMEM_CUDA_ARCHS" "$@"
 }
 
 # flatmem_build BUILD_DIR [cmake --build args]: build with every core.
