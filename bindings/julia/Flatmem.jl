@@ -49,6 +49,11 @@ const FLATMEM_STATUS_INTERNAL = Cint(6)
 const FLATMEM_NONFINITE_ERROR = Cint(0)
 const FLATMEM_NONFINITE_PROPAGATE = Cint(1)
 
+# flatmem_fp32_precision (CUDA tensor cores; the CPU always multiplies in fp32)
+const FLATMEM_FP32_PRECISION_DEFAULT = Cint(0)
+const FLATMEM_FP32_PRECISION_TF32 = Cint(1)
+const FLATMEM_FP32_PRECISION_FULL = Cint(2)
+
 # flatmem_contrastive_loss
 const FLATMEM_CONTRASTIVE_DEFAULT = Cint(0)
 const FLATMEM_CONTRASTIVE_SYMMETRIC = Cint(1)
@@ -98,6 +103,7 @@ struct ContrastiveOptions
     tile_rows::Int32
     tile_cols::Int32
     nonfinite::Cint
+    fp32_precision::Int64
 end
 
 """Opaque C handle type `flatmem_contrastive_t`; only ever behind a `Ptr`."""
@@ -298,7 +304,8 @@ mutable struct Contrastive
         options[] = ContrastiveOptions(defaults.struct_size,
                                        symmetric ? FLATMEM_CONTRASTIVE_SYMMETRIC : FLATMEM_CONTRASTIVE_INFONCE,
                                        Int32(num_threads), Int32(tile_rows), Int32(tile_cols),
-                                       propagate_nonfinite ? FLATMEM_NONFINITE_PROPAGATE : FLATMEM_NONFINITE_ERROR)
+                                       propagate_nonfinite ? FLATMEM_NONFINITE_PROPAGATE : FLATMEM_NONFINITE_ERROR,
+                                       defaults.fp32_precision)
         out = Ref{Ptr{ContrastiveHandle}}(C_NULL)
         check(ccall((:flatmem_contrastive_create, libflatmem), Cint,
                     (Ref{Ptr{ContrastiveHandle}}, Ref{ContrastiveOptions}), out, options))

@@ -80,7 +80,7 @@ ffi::Error run_forward(flatmem_contrastive_loss loss, DLDevice device, void *str
   DLTensor *col_lse = v.out(io.col_lse, "col_lse");
   if (v.error().failure()) return v.error();
 
-  PooledHandle handle(loss);
+  PooledHandle handle(loss, device.device_type == kDLCUDA);
   if (handle.status() != FLATMEM_STATUS_SUCCESS)
     return flatmem_error(handle.status(), "flatmem_contrastive_create");
   ffi::ErrorOr<Workspace> space = workspace.get(handle.get(), *q, *k, nullptr, nullptr);
@@ -107,7 +107,7 @@ ffi::Error run_backward(flatmem_contrastive_loss loss, DLDevice device, void *st
   DLTensor *dlogit_scale = v.out(io.dlogit_scale, "dlogit_scale");
   if (v.error().failure()) return v.error();
 
-  PooledHandle handle(loss);
+  PooledHandle handle(loss, device.device_type == kDLCUDA);
   if (handle.status() != FLATMEM_STATUS_SUCCESS)
     return flatmem_error(handle.status(), "flatmem_contrastive_create");
   ffi::ErrorOr<Workspace> space = workspace.get(handle.get(), *q, *k, dq, dk);

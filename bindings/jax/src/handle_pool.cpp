@@ -11,7 +11,7 @@ namespace {
 
 struct Pool {
   std::mutex mutex;
-  std::vector<flatmem_contrastive_t *> idle[3];  // indexed by flatmem_contrastive_loss
+  std::vector<flatmem_contrastive_t *> idle[3][2];  // [flatmem_contrastive_loss][cuda]
 };
 
 Pool &pool() {
@@ -36,10 +36,10 @@ int pool_num_threads() {
   return n;
 }
 
-PooledHandle::PooledHandle(flatmem_contrastive_loss loss) : loss_(loss) {
+PooledHandle::PooledHandle(flatmem_contrastive_loss loss, bool cuda) : loss_(loss), cuda_(cuda) {
   {
     std::lock_guard<std::mutex> lock(pool().mutex);
-    auto &idle = pool().idle[loss];
+    auto &idle = pool().idle[loss][cuda];
     if (!idle.empty()) {
       handle_ = idle.back();
       idle.pop_back();
@@ -51,6 +51,7 @@ PooledHandle::PooledHandle(flatmem_contrastive_loss loss) : loss_(loss) {
   if (status_ != FLATMEM_STATUS_SUCCESS) return;
   options.loss = loss;
   options.num_threads = pool_num_threads();
+  if (cuda) options.nonfinite = FLATMEM_NONFINITE_PROPAGATE;
   status_ = flatmem_contrastive_create(&handle_, &options);
 }
 
@@ -58,7 +59,7 @@ PooledHandle::~PooledHandle() {
   if (handle_ == nullptr) return;
   std::lock_guard<std::mutex> lock(pool().mutex);
   try {
-    pool().idle[loss_].push_back(handle_);
+    pool().idle[loss_][cuda_].push_back(handle_);
   } catch (...) {  // no memory to keep it: let it go instead
     flatmem_contrastive_destroy(handle_);
   }

@@ -1,4 +1,8 @@
-// A process-wide pool of flatmem contrastive handles, one list per loss kind.
+// A process-wide pool of flatmem contrastive handles, one list per loss kind
+// and device kind: handles for CUDA buffers are created with
+// FLATMEM_NONFINITE_PROPAGATE (flatmem refuses its default NaN scan on
+// device tensors, which would need a host round trip); CPU handles keep the
+// default scan.
 // flatmem's thread rule is "one thread per handle at a time", and XLA may run
 // two custom calls concurrently, so each call borrows a handle for its
 // duration (PooledHandle) and gives it back; a new handle is created only when
@@ -17,7 +21,7 @@ int pool_num_threads();
 
 class PooledHandle {
  public:
-  explicit PooledHandle(flatmem_contrastive_loss loss);
+  PooledHandle(flatmem_contrastive_loss loss, bool cuda);
   ~PooledHandle();
   PooledHandle(const PooledHandle &) = delete;
   PooledHandle &operator=(const PooledHandle &) = delete;
@@ -29,6 +33,7 @@ class PooledHandle {
 
  private:
   flatmem_contrastive_loss loss_;
+  bool cuda_;
   flatmem_contrastive_t *handle_ = nullptr;
   flatmem_status status_ = FLATMEM_STATUS_SUCCESS;
 };

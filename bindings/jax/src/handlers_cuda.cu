@@ -4,9 +4,11 @@
 // uses, ordered on that stream), sized by flatmem's query at run time, so
 // their ffi_call has no workspace result.
 //
-// flatmem 0.1 refuses kDLCUDA tensors with FLATMEM_STATUS_UNSUPPORTED: until
-// its CUDA backend lands, these handlers return that status as XLA's
-// UNIMPLEMENTED error with flatmem's message, and touch no memory.
+// A flatmem built with its CUDA backend runs the loss on XLA's stream (its
+// pooled CUDA handles use FLATMEM_NONFINITE_PROPAGATE, handle_pool.hpp); a
+// flatmem built without CUDA refuses kDLCUDA tensors with
+// FLATMEM_STATUS_UNSUPPORTED, which these handlers return as XLA's
+// UNIMPLEMENTED error with flatmem's message, touching no memory.
 #include <cuda_runtime_api.h>
 
 #include "contrastive_call.hpp"

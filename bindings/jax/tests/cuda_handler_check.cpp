@@ -1,9 +1,12 @@
 // Runs the exported CUDA handlers of libflatmem_jax.so without a GPU or XLA:
 // a hand-made XLA FFI call frame and a fake XLA_FFI_Api (errors, stream,
 // device ordinal, scratch allocation) drive each handler with host buffers
-// labelled as device memory. flatmem 0.1 refuses kDLCUDA tensors, so every
-// handler must return UNIMPLEMENTED with flatmem's UNSUPPORTED message, leave
-// its results untouched and hold no scratch memory afterwards. The CPU
+// labelled as device memory. Without a usable CUDA device flatmem refuses
+// kDLCUDA tensors (a build without CUDA: always; a build with its CUDA
+// backend: when the CUDA runtime finds no device), so every handler must
+// return UNIMPLEMENTED with flatmem's UNSUPPORTED message, leave its results
+// untouched and hold no scratch memory afterwards. (On a machine with a GPU
+// the host buffers are refused as not being device memory instead.) The CPU
 // forward handler through the same fake frame must succeed, which shows the
 // harness itself is sound.
 //

@@ -108,6 +108,7 @@ impl Options {
             tile_rows: 0,
             tile_cols: 0,
             nonfinite: 0,
+            fp32_precision: 0,
         };
         // SAFETY: a valid, writable options struct of this declaration.
         check(unsafe { sys::flatmem_contrastive_options_init(&mut raw) })?;

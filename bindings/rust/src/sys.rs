@@ -49,6 +49,12 @@ pub const FLATMEM_NONFINITE_ERROR: flatmem_nonfinite_policy = 0;
 pub const FLATMEM_NONFINITE_PROPAGATE: flatmem_nonfinite_policy = 1;
 pub const FLATMEM_NONFINITE_MAX: flatmem_nonfinite_policy = 0x7fffffff;
 
+pub type flatmem_fp32_precision = c_uint;
+pub const FLATMEM_FP32_PRECISION_DEFAULT: flatmem_fp32_precision = 0;
+pub const FLATMEM_FP32_PRECISION_TF32: flatmem_fp32_precision = 1;
+pub const FLATMEM_FP32_PRECISION_FULL: flatmem_fp32_precision = 2;
+pub const FLATMEM_FP32_PRECISION_MAX: flatmem_fp32_precision = 0x7fffffff;
+
 // ---------------------------------------------------------------------------
 // Tiled contrastive loss
 // ---------------------------------------------------------------------------
@@ -75,6 +81,7 @@ pub struct flatmem_contrastive_options {
     pub tile_rows: i32,
     pub tile_cols: i32,
     pub nonfinite: flatmem_nonfinite_policy,
+    pub fp32_precision: i64,
 }
 
 extern "C" {

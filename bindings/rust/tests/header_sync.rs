@@ -585,7 +585,8 @@ fn rust_layouts() -> BTreeMap<String, Layout> {
             num_threads,
             tile_rows,
             tile_cols,
-            nonfinite
+            nonfinite,
+            fp32_precision
         }),
         rust_layout!(sys::DLDevice { device_type, device_id }),
         rust_layout!(sys::DLDataType { code, bits, lanes }),
@@ -1004,8 +1005,9 @@ fn options_init_matches_macro() {
     // FLATMEM_CONTRASTIVE_OPTIONS_INIT as the compiler expands it, against
     // the function the crate calls.
     let out = c_program(
-        "  flatmem_contrastive_options o = FLATMEM_CONTRASTIVE_OPTIONS_INIT;\n  printf(\"%zu %d %d %d %d %d\\n\", \
-         o.struct_size, (int)o.loss, (int)o.num_threads, (int)o.tile_rows, (int)o.tile_cols, (int)o.nonfinite);\n",
+        "  flatmem_contrastive_options o = FLATMEM_CONTRASTIVE_OPTIONS_INIT;\n  printf(\"%zu %d %d %d %d %d %lld\\n\", \
+         o.struct_size, (int)o.loss, (int)o.num_threads, (int)o.tile_rows, (int)o.tile_cols, (int)o.nonfinite, \
+         (long long)o.fp32_precision);\n",
     );
     let mut raw = sys::flatmem_contrastive_options {
         struct_size: 0,
@@ -1014,12 +1016,13 @@ fn options_init_matches_macro() {
         tile_rows: 9,
         tile_cols: 9,
         nonfinite: 9,
+        fp32_precision: 9,
     };
     // SAFETY: a valid options struct.
     assert_eq!(unsafe { sys::flatmem_contrastive_options_init(&mut raw) }, sys::FLATMEM_STATUS_SUCCESS);
     let rust = format!(
-        "{} {} {} {} {} {}",
-        raw.struct_size, raw.loss, raw.num_threads, raw.tile_rows, raw.tile_cols, raw.nonfinite
+        "{} {} {} {} {} {} {}",
+        raw.struct_size, raw.loss, raw.num_threads, raw.tile_rows, raw.tile_cols, raw.nonfinite, raw.fp32_precision
     );
     assert_eq!(out.trim(), rust);
 }

@@ -51,7 +51,7 @@ int multiprocessor_count(int device) {
   int count = 0;
   const cudaError_t status = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
   if (status != cudaSuccess)
-    fail(FLATMEM_STATUS_UNSUPPORTED, "q: CUDA device ", device, " cannot be queried (",
+    fail(FLATMEM_STATUS_UNSUPPORTED, "q: kDLCUDA device ", device, " cannot be queried (",
          consume(status), ")");
   return count;
 }
