@@ -22,7 +22,9 @@ def test_reexports_flatmem_jax():
     assert flatmem.jax.infonce_loss is flatmem_jax.infonce_loss
     assert flatmem.jax.FlatmemError is flatmem_jax.FlatmemError
     assert flatmem.jax.has_cuda is flatmem_jax.has_cuda
-    assert sorted(flatmem.jax.__all__) == ["FlatmemError", "clip_loss", "has_cuda", "infonce_loss"]
+    assert flatmem.jax.reversible_transformer is flatmem_jax.reversible_transformer
+    assert sorted(flatmem.jax.__all__) == ["FlatmemError", "clip_loss", "has_cuda", "infonce_loss",
+                                           "reversible_transformer"]
 
 
 def test_clip_loss_under_jit_and_grad_matches_flatmem_jax():

@@ -27,7 +27,8 @@ def test_exports_only_flatmem_jax_symbols():
     names = {line.split()[-1] for line in out.splitlines() if line.strip()}
     expected = {f"{h}_cpu" for h in HANDLERS} | {
         "flatmem_jax_header_version", "flatmem_jax_library_version", "flatmem_jax_has_cuda",
-        "flatmem_jax_workspace_size"}
+        "flatmem_jax_workspace_size", "flatmem_jax_reversible_workspace_size",
+        "flatmem_jax_reversible_forward_cpu", "flatmem_jax_reversible_backward_cpu"}  # CPU only
     if flatmem_jax.has_cuda:
         expected |= {f"{h}_cuda" for h in HANDLERS}
     assert names == expected

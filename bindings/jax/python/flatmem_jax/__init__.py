@@ -1,11 +1,15 @@
-"""flatmem's tiled contrastive loss for JAX, through XLA FFI custom calls.
+"""flatmem for JAX, through XLA FFI custom calls: the tiled contrastive loss
+and reversible segments of flatmem's built-in transformer blocks.
 
     import jax, jax.numpy as jnp
-    from flatmem_jax import clip_loss, infonce_loss
+    from flatmem_jax import clip_loss, infonce_loss, reversible_transformer
 
     loss = clip_loss(q, k, logit_scale)                    # symmetric CLIP, q and k (b, d)
     loss = infonce_loss(q, k, logit_scale, labels=None)    # rows -> columns, k (c, d)
     dq, dk, ds = jax.grad(clip_loss, argnums=(0, 1, 2))(q, k, logit_scale)
+    y1, y2 = reversible_transformer(x1, x2, params, heads=4)   # see its docstring
+
+(What follows is about the losses; reversible_transformer's docstring covers it.)
 
 Both are ``jax.custom_vjp`` functions over flatmem's C ABI: the forward saves
 only the log-sum-exp vectors (row_lse, and col_lse for CLIP) besides q, k and
@@ -69,7 +73,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["clip_loss", "infonce_loss", "FlatmemError", "has_cuda", "library_path"]
+__all__ = ["clip_loss", "infonce_loss", "reversible_transformer", "FlatmemError", "has_cuda",
+           "library_path"]
 __version__ = "0.1.0"
 
 # flatmem_contrastive_loss values (flatmem.h).
@@ -311,3 +316,195 @@ def infonce_loss(q, k, logit_scale, labels=None):
     q, k = _features(q, k)
     labels = None if labels is None else _labels_operand(labels)
     return _contrastive(_INFONCE, q, k, _scale(logit_scale), labels)
+
+
+# ---------------------------------------------------------------------------
+# Reversible segments of built-in blocks
+# ---------------------------------------------------------------------------
+
+# flatmem_reversible_mode values (reversible.h). STANDARD keeps every block's
+# activations in the flatmem handle between its forward and its backward,
+# which two separate XLA calls cannot share: it is not offered here.
+_REVERSIBLE_MODES = {"auto": 0, "vanilla": 2, "overlapped": 3}
+_ATTENTION_NAMES = ("ln_weight", "ln_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias")
+_MLP_NAMES = ("ln_weight", "ln_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
+
+_lib.flatmem_jax_reversible_workspace_size.restype = ctypes.c_int
+_lib.flatmem_jax_reversible_workspace_size.argtypes = [
+    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float,
+    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
+    ctypes.c_int, ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t]
+for _name, _symbol in {"flatmem_reversible_forward": "flatmem_jax_reversible_forward_cpu",
+                       "flatmem_reversible_backward": "flatmem_jax_reversible_backward_cpu"}.items():
+    jax.ffi.register_ffi_target(_name, jax.ffi.pycapsule(getattr(_lib, _symbol)), platform="cpu")
+
+
+class _ReversibleConfig(tuple):
+    """(heads, hidden, eps, mode, num_threads, seed, offset): static, hashable."""
+
+    heads = property(lambda self: self[0])
+    hidden = property(lambda self: self[1])
+    eps = property(lambda self: self[2])
+    mode = property(lambda self: self[3])
+    num_threads = property(lambda self: self[4])
+    seed = property(lambda self: self[5])
+    offset = property(lambda self: self[6])
+
+    def attributes(self):
+        return dict(mode=np.int32(self.mode), num_threads=np.int32(self.num_threads),
+                    seed=np.uint64(self.seed), offset=np.uint64(self.offset),
+                    heads=np.int32(self.heads), hidden=np.int32(self.hidden),
+                    eps=np.float32(self.eps))
+
+
+@functools.lru_cache(maxsize=256)
+def _reversible_workspace_bytes(config, backward: bool, depth: int, shape) -> int:
+    """Bytes of workspace the CPU handler needs (flatmem's own query, on the
+    cached segment of this configuration)."""
+    size = ctypes.c_size_t(0)
+    message = ctypes.create_string_buffer(1024)
+    dims = (ctypes.c_int64 * len(shape))(*shape)
+    status = _lib.flatmem_jax_reversible_workspace_size(
+        int(backward), depth, shape[-1], config.heads, config.hidden, config.eps, config.mode,
+        config.num_threads, len(shape), dims, _DL_FLOAT, 32, ctypes.byref(size), message,
+        len(message))
+    if status != 0:
+        name, _, text = message.value.decode(errors="replace").partition(": ")
+        raise FlatmemError(name, text)
+    return size.value
+
+
+def _reversible_call(target, config, results, operands, depth, shape, backward):
+    ws = _reversible_workspace_bytes(config, backward, depth, shape)
+    shapes = list(results)
+    shapes.insert(2, jax.ShapeDtypeStruct((ws,), jnp.uint8))  # after (y1, y2) / (dx1, dx2)
+    out = jax.ffi.ffi_call(target, shapes, vmap_method="sequential")(*operands, **config.attributes())
+    return tuple(out[:2]) + tuple(out[3:])
+
+
+def _reversible_forward(config, x1, x2, flat):
+    state = jax.ShapeDtypeStruct(x1.shape, _F32)
+    y1, y2 = _reversible_call("flatmem_reversible_forward", config, [state, state], (x1, x2, *flat),
+                              len(flat) // 12, x1.shape, False)
+    return y1, y2
+
+
+def _reversible_backward(config, y1, y2, dy1, dy2, flat):
+    state = jax.ShapeDtypeStruct(y1.shape, _F32)
+    results = [state, state] + [jax.ShapeDtypeStruct(p.shape, _F32) for p in flat]
+    out = _reversible_call("flatmem_reversible_backward", config, results,
+                           (y1, y2, dy1, dy2, *flat), len(flat) // 12, y1.shape, True)
+    return out[0], out[1], tuple(out[2:])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _reversible(config, x1, x2, flat):
+    return _reversible_forward(config, x1, x2, flat)
+
+
+def _reversible_fwd(config, x1, x2, flat):
+    y1, y2 = _reversible_forward(config, x1, x2, flat)
+    # Only the output (and the parameters, which are inputs anyway): the
+    # backward rebuilds every block's activations from (y1, y2).
+    return (y1, y2), (y1, y2, flat)
+
+
+def _reversible_bwd(config, saved, cotangents):
+    y1, y2, flat = saved
+    dy1, dy2 = (jnp.asarray(c, _F32) for c in cotangents)
+    dx1, dx2, grads = _reversible_backward(config, y1, y2, dy1, dy2, flat)
+    return dx1, dx2, grads
+
+
+_reversible.defvjp(_reversible_fwd, _reversible_bwd)
+
+
+def _flatten_parameters(params, width):
+    """The 12 * depth parameter arrays in handler order, and the MLP hidden
+    width; shapes and dtypes checked here, at trace time."""
+    try:
+        layers = [(list(attention), list(mlp)) for attention, mlp in params]
+    except (TypeError, ValueError):
+        raise ValueError("flatmem_jax: params must be a list of (attention parameters, mlp "
+                         "parameters) pairs, one per block") from None
+    if not layers:
+        raise ValueError("flatmem_jax: params is empty; a segment has at least one block")
+    flat, hidden = [], None
+    for k, (attention, mlp) in enumerate(layers):
+        for part, arrays, names in ((0, attention, _ATTENTION_NAMES), (1, mlp, _MLP_NAMES)):
+            if len(arrays) != 6:
+                raise ValueError(f"flatmem_jax: params[{k}][{part}] has {len(arrays)} arrays; the "
+                                 f"{'attention' if part == 0 else 'mlp'} block takes 6 {names}")
+        if hidden is None:
+            hidden = int(np.shape(mlp[2])[-1]) if np.ndim(mlp[2]) == 2 else 0
+        w, h = width, hidden
+        expected = ([(w,), (w,), (w, 3 * w), (3 * w,), (w, w), (w,)],
+                    [(w,), (w,), (w, h), (h,), (h, w), (w,)])
+        for part, arrays, names in ((0, attention, _ATTENTION_NAMES), (1, mlp, _MLP_NAMES)):
+            for i, a in enumerate(arrays):
+                a = jnp.asarray(a)
+                what = f"params[{k}][{part}][{i}] ({'attention' if part == 0 else 'mlp'} {names[i]})"
+                if a.dtype != _F32:
+                    raise TypeError(f"flatmem_jax: {what}: dtype {a.dtype}; the built-in blocks take float32")
+                if a.shape != expected[part][i]:
+                    raise ValueError(f"flatmem_jax: {what}: shape {a.shape}, expected {expected[part][i]}"
+                                     + (" (hidden is taken from params[0][1][2])" if part == 1 else ""))
+                flat.append(a)
+    return tuple(flat), hidden
+
+
+def reversible_transformer(x1, x2, params, *, heads, mode="auto", seed=0, offset=0, eps=1e-6,
+                           num_threads=0):
+    """A reversible transformer segment of flatmem's built-in blocks:
+
+        for each block k:   y1 = x1 + Attention_k(x2),   y2 = x2 + MLP_k(y1)
+
+    with Attention_k(x) = MHSA(LN(x)) (``heads`` heads) and MLP_k(x) =
+    GELU(LN(x) W1 + b1) W2 + b2 (include/flatmem/reversible.h gives the
+    formulas). Returns (y1, y2), differentiable in x1, x2 and every parameter
+    (``jax.grad``, ``jax.vjp``; under ``jax.jit``; ``jax.vmap`` runs one call
+    per element). The forward saves only (y1, y2) besides the parameters; the
+    backward rebuilds each block's activations from its output, so activation
+    memory does not grow with depth.
+
+    x1, x2     float32 (batch, tokens, width) or (tokens, width), the same shape
+    params     [(attention, mlp), ...], one pair per block: attention = 6 arrays
+               (ln_weight (w,), ln_bias (w,), qkv_weight (w, 3w), qkv_bias (3w,),
+               proj_weight (w, w), proj_bias (w,)), mlp = 6 arrays (ln_weight,
+               ln_bias, fc1_weight (w, h), fc1_bias (h,), fc2_weight (h, w),
+               fc2_bias (w,)); float32; h is the same for every block
+    heads      attention heads (width % heads == 0)
+    mode       "auto" (default), "vanilla" or "overlapped": how the backward
+               runs (results are the same; "standard" keeps activations in
+               flatmem between two XLA calls and is not offered)
+    seed, offset   passed to flatmem (the built-in blocks draw no randomness)
+    eps        LayerNorm epsilon
+    num_threads    CPU threads of each call (0: $FLATMEM_JAX_NUM_THREADS, or all)
+
+    mode, seed, offset, eps, heads and num_threads are static (Python values).
+    CPU only.
+    """
+    x1, x2 = jnp.asarray(x1), jnp.asarray(x2)
+    for name, x in (("x1", x1), ("x2", x2)):
+        if x.dtype != _F32:
+            raise TypeError(f"flatmem_jax: {name}: dtype {x.dtype}; the built-in blocks take float32")
+        if x.ndim not in (2, 3):
+            raise ValueError(f"flatmem_jax: {name} must be (batch, tokens, width) or (tokens, width), "
+                             f"got shape {x.shape}")
+    if x1.shape != x2.shape:
+        raise ValueError(f"flatmem_jax: x2 has shape {x2.shape}, x1 {x1.shape}; they must be the same")
+    if isinstance(mode, str) and mode.lower() == "standard":
+        raise ValueError("flatmem_jax: mode 'standard' is not offered: it keeps every block's "
+                         "activations inside flatmem from the forward call to the backward call, "
+                         "which XLA runs as separate calls; plain JAX autodiff is that baseline")
+    if isinstance(mode, str):
+        try:
+            mode_value = _REVERSIBLE_MODES[mode.lower()]
+        except KeyError:
+            raise ValueError(f"flatmem_jax: mode '{mode}' is not one of {sorted(_REVERSIBLE_MODES)}") from None
+    else:
+        mode_value = int(mode)
+    flat, hidden = _flatten_parameters(params, x1.shape[-1])
+    config = _ReversibleConfig((int(heads), int(hidden), float(eps), mode_value, int(num_threads),
+                                int(seed), int(offset)))
+    return _reversible(config, x1, x2, flat)

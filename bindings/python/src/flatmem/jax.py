@@ -1,10 +1,11 @@
-"""flatmem's tiled contrastive loss for JAX: the functions of the flatmem_jax
+"""flatmem for JAX (the tiled contrastive loss, reversible segments): the functions of the flatmem_jax
 package (bindings/jax, XLA FFI custom calls), under the flatmem name.
 
     import jax, flatmem.jax
     loss = flatmem.jax.clip_loss(q, k, logit_scale)                   # symmetric CLIP
     loss = flatmem.jax.infonce_loss(q, k, logit_scale, labels=None)   # InfoNCE
     grads = jax.grad(flatmem.jax.clip_loss, argnums=(0, 1, 2))(q, k, logit_scale)
+    y1, y2 = flatmem.jax.reversible_transformer(x1, x2, params, heads=4)  # reversible segment
 
 These are flatmem_jax's own objects (see help(flatmem_jax)); flatmem_jax is a
 separate package, built against the same installed libflatmem:
@@ -28,6 +29,6 @@ except ModuleNotFoundError as _e:
         name=__name__,
     ) from _e
 
-from flatmem_jax import FlatmemError, clip_loss, has_cuda, infonce_loss
+from flatmem_jax import FlatmemError, clip_loss, has_cuda, infonce_loss, reversible_transformer
 
-__all__ = ["clip_loss", "infonce_loss", "FlatmemError", "has_cuda"]
+__all__ = ["clip_loss", "infonce_loss", "reversible_transformer", "FlatmemError", "has_cuda"]
