@@ -951,7 +951,7 @@ fn the_check_reads_both_sides() {
         assert_eq!(api.functions["flatmem_version_string"].ret, "*const c_char");
         assert_eq!(api.functions["flatmem_version"].params, vec![]);
         assert_eq!(api.structs["DLTensor"].len(), 7);
-        assert_eq!(api.structs["flatmem_contrastive_options"].len(), 6);
+        assert_eq!(api.structs["flatmem_contrastive_options"].len(), 7);
         assert!(api.opaque.contains("flatmem_contrastive_t"));
     }
     assert!(c.enums["flatmem_status"].iter().any(|(n, v)| n == "FLATMEM_STATUS_NON_FINITE" && *v == Some(5)));
