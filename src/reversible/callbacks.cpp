@@ -35,7 +35,7 @@ const char *part_name(flatmem_reversible_part p) { return p == FLATMEM_REVERSIBL
 
 const char *phase_name(flatmem_reversible_phase p) {
   switch (p) {
-    case FLATMEM_REVERSIBLE_PHASE_FORWARD: return "forward";
+    case FLATMEM_REVERSIBLE_PHASE_FORWARD: return "segment forward";
     case FLATMEM_REVERSIBLE_PHASE_RECORD: return "recording forward";
     case FLATMEM_REVERSIBLE_PHASE_REBUILD: return "rebuild";
     case FLATMEM_REVERSIBLE_PHASE_GRADIENT: return "gradient";
