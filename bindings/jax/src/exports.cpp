@@ -57,7 +57,7 @@ int flatmem_jax_workspace_size(int loss, int backward, int q_code, int q_bits, i
   int64_t k_shape[2] = {c, dk};
   const DLTensor q = shape_only(dlpack_type(q_code, q_bits), q_shape);
   const DLTensor k = shape_only(dlpack_type(k_code, k_bits), k_shape);
-  flatmem_jax::PooledHandle handle(static_cast<flatmem_contrastive_loss>(loss));
+  flatmem_jax::PooledHandle handle(static_cast<flatmem_contrastive_loss>(loss), /*cuda=*/false);
   flatmem_status status = handle.status();
   if (status == FLATMEM_STATUS_SUCCESS)
     status = backward  // dq like q and dk like k: the handlers return gradients in the input dtype
