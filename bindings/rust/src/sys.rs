@@ -1,4 +1,5 @@
-//! Raw declarations of `include/flatmem/flatmem.h`, written by hand.
+//! Raw declarations of `include/flatmem/flatmem.h` (and the `flatmem/reversible.h`
+//! it includes), written by hand.
 //!
 //! Everything keeps its C name. `tests/header_sync.rs` parses the installed
 //! header and this file and fails on any difference: a function missing on
@@ -84,6 +85,145 @@ pub struct flatmem_contrastive_options {
     pub fp32_precision: i64,
 }
 
+// ---------------------------------------------------------------------------
+// Reversible segments (flatmem/reversible.h)
+// ---------------------------------------------------------------------------
+
+/// Opaque handle (`typedef struct flatmem_reversible_s flatmem_reversible_t`).
+#[repr(C)]
+pub struct flatmem_reversible_t {
+    _data: [u8; 0],
+    _marker: PhantomData<(*mut u8, PhantomPinned)>,
+}
+
+pub type flatmem_reversible_mode = c_uint;
+pub const FLATMEM_REVERSIBLE_AUTO: flatmem_reversible_mode = 0;
+pub const FLATMEM_REVERSIBLE_STANDARD: flatmem_reversible_mode = 1;
+pub const FLATMEM_REVERSIBLE_VANILLA: flatmem_reversible_mode = 2;
+pub const FLATMEM_REVERSIBLE_OVERLAPPED: flatmem_reversible_mode = 3;
+pub const FLATMEM_REVERSIBLE_MODE_MAX: flatmem_reversible_mode = 0x7fffffff;
+
+pub type flatmem_reversible_part = c_uint;
+pub const FLATMEM_REVERSIBLE_F: flatmem_reversible_part = 0;
+pub const FLATMEM_REVERSIBLE_G: flatmem_reversible_part = 1;
+pub const FLATMEM_REVERSIBLE_PART_MAX: flatmem_reversible_part = 0x7fffffff;
+
+pub type flatmem_reversible_phase = c_uint;
+pub const FLATMEM_REVERSIBLE_PHASE_FORWARD: flatmem_reversible_phase = 0;
+pub const FLATMEM_REVERSIBLE_PHASE_RECORD: flatmem_reversible_phase = 1;
+pub const FLATMEM_REVERSIBLE_PHASE_REBUILD: flatmem_reversible_phase = 2;
+pub const FLATMEM_REVERSIBLE_PHASE_GRADIENT: flatmem_reversible_phase = 3;
+pub const FLATMEM_REVERSIBLE_PHASE_MAX: flatmem_reversible_phase = 0x7fffffff;
+
+/// What a callback is told about the call it serves (valid during the
+/// callback only). C function pointers are `Option<unsafe extern "C" fn>`:
+/// NULL is `None`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flatmem_reversible_context {
+    pub struct_size: usize,
+    pub block: i32,
+    pub part: i32,
+    pub phase: i32,
+    pub num_threads: i32,
+    pub seed: u64,
+    pub offset: u64,
+    pub stream: *mut c_void,
+    pub parallel_for: Option<
+        unsafe extern "C" fn(
+            context: *const flatmem_reversible_context,
+            items: i64,
+            body: Option<unsafe extern "C" fn(arg: *mut c_void, item: i64, thread: i32)>,
+            arg: *mut c_void,
+        ),
+    >,
+    pub internal: *mut c_void,
+}
+
+pub type flatmem_reversible_forward_fn = Option<
+    unsafe extern "C" fn(
+        user: *mut c_void,
+        context: *const flatmem_reversible_context,
+        x: *const DLTensor,
+        y: *mut DLTensor,
+        residuals: *mut c_void,
+    ) -> flatmem_status,
+>;
+
+pub type flatmem_reversible_vjp_fn = Option<
+    unsafe extern "C" fn(
+        user: *mut c_void,
+        context: *const flatmem_reversible_context,
+        x: *const DLTensor,
+        residuals: *const c_void,
+        dy: *const DLTensor,
+        dx: *mut DLTensor,
+    ) -> flatmem_status,
+>;
+
+pub type flatmem_reversible_residual_size_fn = Option<
+    unsafe extern "C" fn(
+        user: *mut c_void,
+        context: *const flatmem_reversible_context,
+        x: *const DLTensor,
+        bytes: *mut usize,
+    ) -> flatmem_status,
+>;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flatmem_reversible_function {
+    pub forward: flatmem_reversible_forward_fn,
+    pub vjp: flatmem_reversible_vjp_fn,
+    pub residual_size: flatmem_reversible_residual_size_fn,
+    pub user: *mut c_void,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flatmem_reversible_block {
+    pub f: flatmem_reversible_function,
+    pub g: flatmem_reversible_function,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct flatmem_reversible_options {
+    pub struct_size: usize,
+    pub mode: flatmem_reversible_mode,
+    pub num_threads: i32,
+}
+
+// ---------------------------------------------------------------------------
+// Built-in blocks (flatmem/reversible.h)
+// ---------------------------------------------------------------------------
+
+/// Opaque handle (`typedef struct flatmem_block_s flatmem_block_t`).
+#[repr(C)]
+pub struct flatmem_block_t {
+    _data: [u8; 0],
+    _marker: PhantomData<(*mut u8, PhantomPinned)>,
+}
+
+pub type flatmem_block_kind = c_uint;
+pub const FLATMEM_BLOCK_ATTENTION: flatmem_block_kind = 1;
+pub const FLATMEM_BLOCK_MLP: flatmem_block_kind = 2;
+pub const FLATMEM_BLOCK_KIND_MAX: flatmem_block_kind = 0x7fffffff;
+
+/// Number of parameter tensors of every built-in block.
+pub const FLATMEM_BLOCK_NUM_PARAMETERS: c_int = 6;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct flatmem_block_options {
+    pub struct_size: usize,
+    pub kind: flatmem_block_kind,
+    pub width: i32,
+    pub heads: i32,
+    pub hidden: i32,
+    pub layer_norm_eps: f32,
+}
+
 extern "C" {
     pub fn flatmem_version() -> c_int;
 
@@ -147,5 +287,101 @@ extern "C" {
         workspace: *mut c_void,
         workspace_bytes: usize,
         stream: *mut c_void,
+    ) -> flatmem_status;
+
+    // Reversible segments
+
+    pub fn flatmem_reversible_options_init(options: *mut flatmem_reversible_options) -> flatmem_status;
+
+    pub fn flatmem_reversible_block_seed(seed: u64, block: i32, part: i32) -> u64;
+
+    pub fn flatmem_reversible_create(
+        out: *mut *mut flatmem_reversible_t,
+        blocks: *const flatmem_reversible_block,
+        num_blocks: i32,
+        options: *const flatmem_reversible_options,
+    ) -> flatmem_status;
+
+    pub fn flatmem_reversible_destroy(handle: *mut flatmem_reversible_t) -> flatmem_status;
+
+    pub fn flatmem_reversible_forward_workspace_size(
+        handle: *mut flatmem_reversible_t,
+        x: *const DLTensor,
+        bytes: *mut usize,
+    ) -> flatmem_status;
+
+    pub fn flatmem_reversible_backward_workspace_size(
+        handle: *mut flatmem_reversible_t,
+        x: *const DLTensor,
+        bytes: *mut usize,
+    ) -> flatmem_status;
+
+    pub fn flatmem_reversible_forward(
+        handle: *mut flatmem_reversible_t,
+        x1: *const DLTensor,
+        x2: *const DLTensor,
+        seed: u64,
+        offset: u64,
+        y1: *mut DLTensor,
+        y2: *mut DLTensor,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+        stream: *mut c_void,
+    ) -> flatmem_status;
+
+    pub fn flatmem_reversible_backward(
+        handle: *mut flatmem_reversible_t,
+        y1: *const DLTensor,
+        y2: *const DLTensor,
+        dy1: *const DLTensor,
+        dy2: *const DLTensor,
+        seed: u64,
+        offset: u64,
+        dx1: *mut DLTensor,
+        dx2: *mut DLTensor,
+        x1: *mut DLTensor,
+        x2: *mut DLTensor,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+        stream: *mut c_void,
+    ) -> flatmem_status;
+
+    pub fn flatmem_reversible_last_mode(
+        handle: *const flatmem_reversible_t,
+        mode: *mut flatmem_reversible_mode,
+    ) -> flatmem_status;
+
+    pub fn flatmem_reversible_rebuild_error(
+        handle: *mut flatmem_reversible_t,
+        x1: *const DLTensor,
+        x2: *const DLTensor,
+        seed: u64,
+        offset: u64,
+        errors: *mut DLTensor,
+        stream: *mut c_void,
+    ) -> flatmem_status;
+
+    pub fn flatmem_reversible_callback_error(message: *const c_char);
+
+    // Built-in blocks
+
+    pub fn flatmem_block_options_init(options: *mut flatmem_block_options) -> flatmem_status;
+
+    pub fn flatmem_block_create(
+        out: *mut *mut flatmem_block_t,
+        options: *const flatmem_block_options,
+    ) -> flatmem_status;
+
+    pub fn flatmem_block_destroy(block: *mut flatmem_block_t) -> flatmem_status;
+
+    pub fn flatmem_block_set_parameters(
+        block: *mut flatmem_block_t,
+        parameters: *const DLTensor,
+        gradients: *const DLTensor,
+    ) -> flatmem_status;
+
+    pub fn flatmem_block_function(
+        block: *mut flatmem_block_t,
+        function: *mut flatmem_reversible_function,
     ) -> flatmem_status;
 }

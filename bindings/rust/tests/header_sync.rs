@@ -18,6 +18,10 @@
 //!   declares) has the same fields in the same order with the same types,
 //!   and the same offsets, field sizes, size and alignment as the compiler
 //!   lays out;
+//! - every `flatmem_*` function-pointer typedef (the reversible callbacks)
+//!   is a `pub type X = Option<unsafe extern "C" fn(..) -> R>;` with the same
+//!   parameters (names and types) and return type; function-pointer fields
+//!   (`parallel_for`) are compared the same way, nested ones included;
 //! - every integer `FLATMEM_*` / `DLPACK_VERSION` macro has a Rust constant
 //!   of the same value (the `*_OPTIONS_INIT` initialisers are compared with
 //!   what `*_options_init()` fills in instead).
@@ -185,6 +189,8 @@ struct Api {
     enums: BTreeMap<String, Vec<(String, Option<i64>)>>,
     structs: BTreeMap<String, Vec<Decl>>,
     opaque: BTreeSet<String>,
+    /// C only: function-pointer typedefs, name -> canonical `fn(..) -> R`.
+    fn_types: BTreeMap<String, String>,
     /// C only: object-like macros of the headers (`cc -dM`), name -> text.
     macros: BTreeMap<String, String>,
     /// Rust only: `pub type A = T;`
@@ -246,8 +252,49 @@ fn c_type(tokens: &[String]) -> Result<String, String> {
 const C_TYPE_WORDS: [&str; 10] =
     ["void", "char", "short", "int", "long", "float", "double", "signed", "unsigned", "const"];
 
+/// A function-pointer declarator `RET ( * NAME ) ( PARAMS )` as a Decl of
+/// canonical type `fn(p: T, ..) -> R` (parameters named, `()` for void);
+/// None when `tokens` is not one.
+fn c_fn_pointer(tokens: &[String], what: &str) -> Option<Result<Decl, String>> {
+    let open = tokens.iter().position(|t| t == "(")?;
+    if tokens.get(open + 1).map(String::as_str) != Some("*") {
+        return None;
+    }
+    let name = tokens.get(open + 2).filter(|t| is_ident(t))?.clone();
+    if tokens.get(open + 3).map(String::as_str) != Some(")") || tokens.get(open + 4).map(String::as_str) != Some("(") {
+        return Some(Err(format!("{}: unsupported function-pointer declarator `{}`", what, tokens.join(" "))));
+    }
+    let (params, after) = bracketed(tokens, open + 4);
+    if after != tokens.len() {
+        return Some(Err(format!("{}: tokens after the parameter list in `{}`", what, tokens.join(" "))));
+    }
+    let ret = match c_type(&tokens[..open]) {
+        Ok(t) if t == "c_void" => "()".to_string(),
+        Ok(t) => t,
+        Err(e) => return Some(Err(format!("{}: {}", what, e))),
+    };
+    let mut decls = Vec::new();
+    if !(params.len() == 1 && params[0] == "void") {
+        for (n, p) in split_top(&params, ",").iter().enumerate() {
+            match c_decl(p, &format!("{} parameter {}", name, n + 1)) {
+                Ok(d) => decls.push(d),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+    Some(Ok(Decl { name, ty: fn_type(&decls, &ret) }))
+}
+
+/// The canonical spelling of a function-pointer type, shared by both sides.
+fn fn_type(params: &[Decl], ret: &str) -> String {
+    format!("fn({}) -> {}", join(params), ret)
+}
+
 /// A C parameter or field declaration `type name` (the name required).
 fn c_decl(tokens: &[String], what: &str) -> Result<Decl, String> {
+    if let Some(fp) = c_fn_pointer(tokens, what) {
+        return fp;
+    }
     let last = tokens.last().ok_or_else(|| format!("{}: empty declaration", what))?;
     if tokens.len() < 2 || !is_ident(last) || C_TYPE_WORDS.contains(&last.as_str()) {
         return Err(format!("{}: `{}` has no name (or a declarator this check does not know)", what, tokens.join(" ")));
@@ -309,6 +356,14 @@ fn parse_c(text: &str, errors: &mut Vec<String>) -> Api {
             continue;
         }
         if stmt[0] == "typedef" {
+            // typedef RET (*NAME)(PARAMS);
+            match c_fn_pointer(&stmt[1..], "typedef") {
+                Some(Ok(d)) => {
+                    api.fn_types.insert(d.name, d.ty);
+                }
+                Some(Err(e)) => errors.push(format!("C: {}", e)),
+                None => {}
+            }
             continue;
         }
         // A function declaration: RET NAME ( PARAMS )
@@ -363,6 +418,7 @@ fn rust_type(tokens: &[String]) -> Result<String, String> {
             Ok(format!("*{} {}", kind.unwrap(), rust_type(&tokens[2..])?))
         }
         Some("(") if tokens.len() == 2 && tokens[1] == ")" => Ok("()".into()),
+        Some(_) if tokens.iter().any(|t| t == "fn") => rust_fn_pointer(tokens),
         Some(_) => {
             let path: Vec<&str> = tokens.iter().map(String::as_str).filter(|t| *t != "::").collect();
             match path.last() {
@@ -371,6 +427,35 @@ fn rust_type(tokens: &[String]) -> Result<String, String> {
             }
         }
     }
+}
+
+/// `Option<unsafe extern "C" fn(p: T, ..) -> R>` (a C function pointer,
+/// NULL = None) in the canonical `fn(p: T, ..) -> R`. Any other spelling of a
+/// function pointer is refused: it cannot hold the NULL C may pass.
+fn rust_fn_pointer(tokens: &[String]) -> Result<String, String> {
+    let t: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let n = t.len();
+    if n < 8 || t[..6] != ["Option", "<", "unsafe", "extern", "\"C\"", "fn"] || t[6] != "(" || t[n - 1] != ">" {
+        return Err(format!(
+            "function pointer `{}`: write Option<unsafe extern \"C\" fn(name: T, ..) -> R>",
+            tokens.join(" ")
+        ));
+    }
+    // rustfmt leaves a trailing comma after the fn type when it breaks lines
+    let inner = if t[n - 2] == "," { &tokens[..n - 2] } else { &tokens[..n - 1] };
+    let (params, after) = bracketed(inner, 6);
+    let ret = if after == inner.len() {
+        "()".to_string()
+    } else if inner[after] == "->" {
+        rust_type(&inner[after + 1..])?
+    } else {
+        return Err(format!("function pointer `{}`: unexpected `{}`", tokens.join(" "), inner[after]));
+    };
+    let mut decls = Vec::new();
+    for (k, p) in split_top(&params, ",").iter().enumerate() {
+        decls.push(rust_decl(p, &format!("function pointer parameter {}", k + 1))?);
+    }
+    Ok(fn_type(&decls, &ret))
 }
 
 fn rust_decl(tokens: &[String], what: &str) -> Result<Decl, String> {
@@ -588,6 +673,22 @@ fn rust_layouts() -> BTreeMap<String, Layout> {
             nonfinite,
             fp32_precision
         }),
+        rust_layout!(sys::flatmem_reversible_options { struct_size, mode, num_threads }),
+        rust_layout!(sys::flatmem_reversible_context {
+            struct_size,
+            block,
+            part,
+            phase,
+            num_threads,
+            seed,
+            offset,
+            stream,
+            parallel_for,
+            internal
+        }),
+        rust_layout!(sys::flatmem_reversible_function { forward, vjp, residual_size, user }),
+        rust_layout!(sys::flatmem_reversible_block { f, g }),
+        rust_layout!(sys::flatmem_block_options { struct_size, kind, width, heads, hidden, layer_norm_eps }),
         rust_layout!(sys::DLDevice { device_type, device_id }),
         rust_layout!(sys::DLDataType { code, bits, lanes }),
         rust_layout!(sys::DLTensor { data, device, ndim, dtype, shape, strides, byte_offset }),
@@ -768,6 +869,25 @@ fn compare_text(c: &Api, rust: &Api) -> Vec<String> {
     for name in &rust.opaque {
         if !c.opaque.contains(name) {
             errors.push(format!("opaque type {}: declared in Rust, not in the header", name));
+        }
+    }
+
+    // function-pointer typedefs
+    for (name, cty) in c.fn_types.iter().filter(|(n, _)| n.starts_with("flatmem_")) {
+        match rust.aliases.get(name) {
+            None => errors.push(format!(
+                "type {}: a function-pointer typedef in C; declare `pub type {} = Option<unsafe extern \"C\" fn(..)>;`",
+                name, name
+            )),
+            Some(rty) if rty != cty => {
+                errors.push(format!("type {}: `{}` in C, `{}` in Rust", name, cty, rty));
+            }
+            Some(_) => {}
+        }
+    }
+    for (name, rty) in &rust.aliases {
+        if rty.starts_with("fn(") && !c.fn_types.contains_key(name) {
+            errors.push(format!("type {}: a function pointer in Rust, no such typedef in the header", name));
         }
     }
 
@@ -958,20 +1078,35 @@ fn the_check_reads_both_sides() {
     assert_eq!(c.macros["FLATMEM_VERSION_MINOR"], "1");
     assert_eq!(rust.consts["FLATMEM_STATUS_NON_FINITE"], ("flatmem_status".to_string(), Some(5)));
     assert!(needed_types(&c).contains("DLDataType"), "{:?}", needed_types(&c));
+    // function pointers are read on both sides, nested ones included
+    let fwd = "fn(user: *mut c_void, context: *const flatmem_reversible_context, x: *const DLTensor, \
+               y: *mut DLTensor, residuals: *mut c_void) -> flatmem_status";
+    assert_eq!(c.fn_types["flatmem_reversible_forward_fn"], fwd);
+    assert_eq!(rust.aliases["flatmem_reversible_forward_fn"], fwd);
+    for api in [&c, &rust] {
+        let context = &api.structs["flatmem_reversible_context"];
+        let pf = context.iter().find(|d| d.name == "parallel_for").expect("parallel_for");
+        assert!(pf.ty.contains("body: fn(arg: *mut c_void, item: i64, thread: i32) -> ()"), "{}", pf.ty);
+        assert!(api.opaque.contains("flatmem_reversible_t") && api.opaque.contains("flatmem_block_t"));
+    }
 }
 
 #[test]
 fn the_check_catches_differences() {
     // Edit a copy of sys.rs / dlpack.rs the ways a stale binding would
     // differ; each edit must be reported.
-    let cases: [(&str, &str, &str); 10] = [
+    let cases: &[(&str, &str, &str)] = &[
         ("        k: *const DLTensor,\n        bytes", "        k: *mut DLTensor,\n        bytes", "parameter 3"),
         (
             "        q: *const DLTensor,\n        k: *const DLTensor,\n        labels",
             "        k: *const DLTensor,\n        q: *const DLTensor,\n        labels",
             "flatmem_contrastive_forward: parameter 2",
         ),
-        ("        stream: *mut c_void,\n    ) -> flatmem_status;\n}", "    ) -> flatmem_status;\n}", "parameters in C"),
+        (
+            "        stream: *mut c_void,\n    ) -> flatmem_status;\n\n    // Reversible segments",
+            "    ) -> flatmem_status;\n\n    // Reversible segments",
+            "flatmem_contrastive_backward: 14 parameters in C",
+        ),
         ("pub fn flatmem_version() -> c_int;", "pub fn flatmem_version() -> i64;", "returns"),
         ("    pub fn flatmem_last_error() -> *const c_char;", "", "flatmem_last_error: in the header"),
         (
@@ -983,10 +1118,37 @@ fn the_check_catches_differences() {
         ("FLATMEM_STATUS_NON_FINITE: flatmem_status = 5", "FLATMEM_STATUS_NON_FINITE: flatmem_status = 7", "5 in C, 7"),
         ("pub const FLATMEM_VERSION_MINOR: c_int = 1;", "pub const FLATMEM_VERSION_MINOR: c_int = 2;", "1 in C, 2"),
         ("pub const FLATMEM_NONFINITE_PROPAGATE: flatmem_nonfinite_policy = 1;\n", "", "FLATMEM_NONFINITE_PROPAGATE"),
+        // function pointers: a typedef's parameter, a nested one, a missing typedef, a bare fn
+        (
+            "        y: *mut DLTensor,\n        residuals: *mut c_void,",
+            "        y: *mut DLTensor,\n        residuals: *const c_void,",
+            "type flatmem_reversible_forward_fn: `fn(",
+        ),
+        ("item: i64, thread: i32", "item: i64, thread: u32", "struct flatmem_reversible_context: fields"),
+        (
+            "pub type flatmem_reversible_vjp_fn",
+            "pub type renamed_vjp_fn",
+            "type flatmem_reversible_vjp_fn: a function-pointer",
+        ),
+        (
+            "pub residual_size: flatmem_reversible_residual_size_fn,",
+            "pub residual_size: flatmem_reversible_forward_fn,",
+            "struct flatmem_reversible_function: fields",
+        ),
+        (
+            "    pub fn flatmem_reversible_callback_error(message: *const c_char);\n",
+            "",
+            "flatmem_reversible_callback_error",
+        ),
+        (
+            "pub const FLATMEM_BLOCK_NUM_PARAMETERS: c_int = 6;",
+            "pub const FLATMEM_BLOCK_NUM_PARAMETERS: c_int = 5;",
+            "6 in C, 5",
+        ),
     ];
     let c = c_api();
     let source = sys_sources();
-    for (from, to, expect) in cases {
+    for &(from, to, expect) in cases {
         assert!(source.contains(from), "test case no longer applies: {:?}", from);
         let errors = compare_text(&c, &rust_api(&source.replacen(from, to, 1)));
         assert!(
@@ -1023,6 +1185,31 @@ fn options_init_matches_macro() {
     let rust = format!(
         "{} {} {} {} {} {} {}",
         raw.struct_size, raw.loss, raw.num_threads, raw.tile_rows, raw.tile_cols, raw.nonfinite, raw.fp32_precision
+    );
+    assert_eq!(out.trim(), rust);
+}
+
+#[test]
+fn reversible_options_init_matches_macros() {
+    let out = c_program(
+        "  flatmem_reversible_options r = FLATMEM_REVERSIBLE_OPTIONS_INIT;\n  flatmem_block_options b = \
+         FLATMEM_BLOCK_OPTIONS_INIT;\n  printf(\"%zu %d %d | %zu %d %d %d %d %a\\n\", r.struct_size, (int)r.mode, \
+         (int)r.num_threads, b.struct_size, (int)b.kind, (int)b.width, (int)b.heads, (int)b.hidden, \
+         (double)b.layer_norm_eps);\n",
+    );
+    let mut r = sys::flatmem_reversible_options { struct_size: 0, mode: 9, num_threads: 9 };
+    let mut b =
+        sys::flatmem_block_options { struct_size: 0, kind: 9, width: 9, heads: 9, hidden: 9, layer_norm_eps: 9.0 };
+    // SAFETY: valid options structs of these declarations.
+    unsafe {
+        assert_eq!(sys::flatmem_reversible_options_init(&mut r), sys::FLATMEM_STATUS_SUCCESS);
+        assert_eq!(sys::flatmem_block_options_init(&mut b), sys::FLATMEM_STATUS_SUCCESS);
+    }
+    // %a of 0.0 is "0x0p+0"; the library's default eps is exactly the macro's 0.0f.
+    assert_eq!(b.layer_norm_eps, 0.0);
+    let rust = format!(
+        "{} {} {} | {} {} {} {} {} 0x0p+0",
+        r.struct_size, r.mode, r.num_threads, b.struct_size, b.kind, b.width, b.heads, b.hidden
     );
     assert_eq!(out.trim(), rust);
 }
