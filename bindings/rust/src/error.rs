@@ -83,7 +83,10 @@ pub struct Error {
 }
 
 impl Error {
-    pub(crate) fn new(status: Status, message: impl Into<String>) -> Error {
+    /// An error of this status and message (e.g. for a
+    /// [`ReversibleFunction`](crate::ReversibleFunction) to return: the
+    /// segment call then fails with this status and message).
+    pub fn new(status: Status, message: impl Into<String>) -> Error {
         Error { status, message: message.into() }
     }
 

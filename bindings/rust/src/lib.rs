@@ -6,6 +6,8 @@
 //!   against the installed header by `tests/header_sync.rs`), with the
 //!   DLPack structs of [`dlpack`].
 //! - [`contrastive`]: the tiled contrastive loss handle [`Contrastive`].
+//! - [`reversible`]: reversible segments [`Segment`] over built-in transformer
+//!   [`Block`]s or Rust functions ([`ReversibleFunction`], closures).
 //! - [`half`]: fp32 <-> bf16 / fp16 bit patterns.
 //!
 //! Every handle kind follows one pattern: an owned wrapper that creates in
@@ -19,6 +21,7 @@ pub mod dlpack;
 mod error;
 pub mod half;
 mod handle;
+pub mod reversible;
 pub mod sys;
 mod tensor;
 mod version;
@@ -26,5 +29,6 @@ mod version;
 pub use contrastive::{Contrastive, ForwardOutput, Gradients, GradientsMut, Loss, NonFinite, Options, Saved};
 pub use error::{Error, Result, Status};
 pub use handle::live_handles;
+pub use reversible::{Block, BlockOptions, Layer, Parameters, ReversibleFunction, Segment, SegmentOptions};
 pub use tensor::{Dtype, Features, FeaturesMut};
 pub use version::{check_version, version, version_string, Version, HEADER_VERSION};
