@@ -1,13 +1,19 @@
-// Small helpers shared by the benchmark's driver and its variants: clock,
-// feature generation, a two-level parallel for, and an fp32 exp that GCC
-// vectorises (for the naive baseline's element-wise passes).
+// Small helpers shared by the benchmarks: clock, feature generation, a
+// two-level parallel for, an fp32 exp that GCC vectorises (for the naive
+// baseline's element-wise passes), normal fills, and the process's peak
+// resident memory as the kernel measures it.
 #pragma once
+
+#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -93,5 +99,108 @@ inline float exp_nonpositive(float x) {
   std::memcpy(&two_n, &bits, 4);
   return x < -87.0f ? 0.0f : p * two_n;
 }
+
+// x[i] = mean + stddev * N(0, 1), deterministic in (seed, i) whatever the
+// thread count (a splitmix64 stream per block of 4096 elements, Box-Muller).
+inline void fill_normal(float *x, std::int64_t n, float mean, float stddev, std::uint64_t seed) {
+  constexpr std::int64_t chunk = 4096;
+  const std::int64_t chunks = (n + chunk - 1) / chunk;
+  parallel_for(chunks, [&](std::int64_t begin, std::int64_t end, int) {
+    for (std::int64_t c = begin; c < end; ++c) {
+      std::uint64_t state = (seed * 0xD1B54A32D192ED03ull) ^ (std::uint64_t(c) * 0x9E3779B97F4A7C15ull);
+      auto uniform = [&] {  // splitmix64 -> (0, 1)
+        std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        return (double(z >> 11) + 0.5) / 9007199254740992.0;
+      };
+      for (std::int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) {
+        const double r = std::sqrt(-2.0 * std::log(uniform()));
+        x[i] = float(mean + stddev * r * std::cos(6.283185307179586 * uniform()));
+      }
+    }
+  });
+}
+
+inline std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+// ---- peak resident memory of this process (Linux >= 4.0) ----------------------
+//
+// The kernel keeps the high-water mark of the resident set (VmHWM); writing
+// "5" to /proc/self/clear_refs resets it to the current RSS. So: reset, note
+// VmRSS, run something, read VmHWM: the difference is what that something
+// added at its peak. For freed buffers to leave the resident set between
+// measurements, call malloc_for_peak_measurement() first (glibc serves every
+// allocation of 1 MiB and more with mmap, unmapped on free); PeakRss::start()
+// also trims the heap.
+//
+// That policy makes every large malloc/free pair an mmap/munmap, so code that
+// allocates per call pays fresh page faults on every call. For timings,
+// malloc_for_timing() puts glibc where its own dynamic thresholds settle after
+// a few calls (large buffers reused from the heap, up to glibc's 32 MiB cap).
+
+// kB of a /proc/self/status field ("VmHWM", "VmRSS"); -1 if unreadable.
+inline std::int64_t proc_status_kb(const char *field) {
+  std::ifstream in("/proc/self/status");
+  const std::string key = std::string(field) + ":";
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(key, 0) == 0) {
+      std::istringstream s(line.substr(key.size()));
+      std::int64_t kb = -1;
+      s >> kb;
+      return kb;
+    }
+  return -1;
+}
+
+inline void trim_freed_memory() { malloc_trim(0); }
+
+inline void malloc_for_peak_measurement() {
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  mallopt(M_TRIM_THRESHOLD, 128 * 1024);  // glibc's default
+  trim_freed_memory();
+}
+
+// mmap_threshold: allocations at least this large get their own mapping
+// (glibc accepts at most 32 MiB on 64-bit); freed heap tops below twice it stay.
+inline void malloc_for_timing(std::size_t mmap_threshold = std::size_t(32) << 20) {
+  mallopt(M_MMAP_THRESHOLD, int(mmap_threshold));
+  mallopt(M_TRIM_THRESHOLD, int(2 * mmap_threshold));
+}
+
+// Resets VmHWM to the current RSS; false if the kernel refuses.
+inline bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return bool(out);
+}
+
+// One peak measurement: start() trims, resets the mark and notes the RSS;
+// bytes() is how far the RSS rose above it since (NAN if unmeasurable).
+class PeakRss {
+ public:
+  void start() {
+    trim_freed_memory();
+    ok_ = reset_peak_rss();
+    before_kb_ = proc_status_kb("VmRSS");
+    ok_ = ok_ && before_kb_ >= 0;
+  }
+  double bytes() const {
+    const std::int64_t hwm = proc_status_kb("VmHWM");
+    return ok_ && hwm >= 0 ? 1024.0 * double(hwm - before_kb_) : NAN;
+  }
+  double baseline_bytes() const { return ok_ ? 1024.0 * double(before_kb_) : NAN; }
+
+ private:
+  bool ok_ = false;
+  std::int64_t before_kb_ = 0;
+};
 
 }  // namespace bench
