@@ -19,7 +19,9 @@ module Flatmem
 using Libdl
 
 export Contrastive, FlatmemError, BF16, contrastive_loss, forward_workspace_size,
-       backward_workspace_size, library_version, version_string
+       backward_workspace_size, library_version, version_string,
+       Block, Segment, set_parameters!, zero_gradients!, parameter_sizes, forward!, backward!,
+       last_mode, rebuild_error, block_seed
 
 """The shared library every ccall uses: `ENV["FLATMEM_LIBRARY"]` or `"libflatmem"`."""
 const libflatmem = get(ENV, "FLATMEM_LIBRARY", "libflatmem")
@@ -497,6 +499,476 @@ end
 function contrastive_loss(q::AbstractMatrix, k::AbstractMatrix, logit_scale::Real;
                           labels::Union{Nothing,AbstractVector{<:Integer}}=nothing, symmetric::Bool=true)
     return contrastive_loss(Contrastive(; symmetric=symmetric), q, k, logit_scale; labels=labels)
+end
+
+# ---------------------------------------------------------------------------
+# Reversible segments of built-in blocks (flatmem/reversible.h)
+# ---------------------------------------------------------------------------
+#
+# Layout. As for features, a Julia array is handed to C with its size
+# reversed: a state of Julia size (width, tokens, batch) is the row-major
+# (batch, tokens, width) state of the C API, and a parameter the header gives
+# as (rows, cols) is a Julia (cols, rows) matrix, i.e. the (out, in) matrix W
+# that maps a column x to W * x. States and parameters must be dense `Array`s
+# (no copy is made: the C block keeps pointers to the parameters).
+#
+# Only built-in blocks are exposed as F and G, not Julia functions:
+# flatmem-check: not wrapped: flatmem_reversible_callback_error: it is for F/G callbacks written in the binding's language, and Julia functions are not exposed as F/G: OVERLAPPED (and AUTO) backwards call the rebuild's forward callbacks on a thread the library owns, which Julia cannot enter through a @cfunction before 1.9 (foreign-thread adoption), and no Julia runtime exists here to test the @cfunction path; the built-in blocks' callbacks are C
+
+# flatmem_reversible_mode
+const FLATMEM_REVERSIBLE_AUTO = Cint(0)
+const FLATMEM_REVERSIBLE_STANDARD = Cint(1)
+const FLATMEM_REVERSIBLE_VANILLA = Cint(2)
+const FLATMEM_REVERSIBLE_OVERLAPPED = Cint(3)
+
+# flatmem_reversible_part
+const FLATMEM_REVERSIBLE_F = Cint(0)
+const FLATMEM_REVERSIBLE_G = Cint(1)
+
+# flatmem_reversible_phase
+const FLATMEM_REVERSIBLE_PHASE_FORWARD = Cint(0)
+const FLATMEM_REVERSIBLE_PHASE_RECORD = Cint(1)
+const FLATMEM_REVERSIBLE_PHASE_REBUILD = Cint(2)
+const FLATMEM_REVERSIBLE_PHASE_GRADIENT = Cint(3)
+
+# flatmem_block_kind
+const FLATMEM_BLOCK_ATTENTION = Cint(1)
+const FLATMEM_BLOCK_MLP = Cint(2)
+
+const FLATMEM_BLOCK_NUM_PARAMETERS = 6
+
+"""`flatmem_reversible_options`; fill it with `flatmem_reversible_options_init`."""
+struct ReversibleOptions
+    struct_size::Csize_t
+    mode::Cint
+    num_threads::Int32
+end
+
+"""`flatmem_reversible_context`, what a callback is told (mirrored for completeness; no Julia callbacks)."""
+struct ReversibleContext
+    struct_size::Csize_t
+    block::Int32
+    part::Int32
+    phase::Int32
+    num_threads::Int32
+    seed::UInt64
+    offset::UInt64
+    stream::Ptr{Cvoid}
+    parallel_for::Ptr{Cvoid}
+    internal::Ptr{Cvoid}
+end
+
+"""`flatmem_reversible_function`: C function pointers (forward, vjp, residual_size) and their user pointer."""
+struct ReversibleFunction
+    forward::Ptr{Cvoid}
+    vjp::Ptr{Cvoid}
+    residual_size::Ptr{Cvoid}
+    user::Ptr{Cvoid}
+end
+
+"""`flatmem_reversible_block`: block k's F and G."""
+struct ReversibleBlock
+    f::ReversibleFunction
+    g::ReversibleFunction
+end
+
+"""`flatmem_block_options`; fill it with `flatmem_block_options_init`."""
+struct BlockOptions
+    struct_size::Csize_t
+    kind::Cint
+    width::Int32
+    heads::Int32
+    hidden::Int32
+    layer_norm_eps::Float32
+end
+
+"""Opaque C handle type `flatmem_reversible_t`; only ever behind a `Ptr`."""
+mutable struct ReversibleHandle end
+
+"""Opaque C handle type `flatmem_block_t`; only ever behind a `Ptr`."""
+mutable struct BlockHandle end
+
+state_dtype(::Type{T}) where {T} = throw(ArgumentError("reversible states are Float32 or Float64 arrays, not $T"))
+state_dtype(::Type{Float32}) = DLDataType(kDLFloat, 32, 1)
+state_dtype(::Type{Float64}) = DLDataType(kDLFloat, 64, 1)
+
+# A dense Julia array as a compact C tensor of the reversed size.
+function array_tensor(A::Array{T}) where {T}
+    shape = Int64[reverse(size(A))...]
+    dl = DLTensor(Ptr{Cvoid}(pointer(A)), CPU, Cint(ndims(A)), state_dtype(T), pointer(shape), Ptr{Int64}(C_NULL), UInt64(0))
+    return Tensor(Ref(dl), shape, Int64[], A)
+end
+
+"""
+    block_seed(seed, block, part) -> UInt64
+
+The seed that block `block` (0-based, as the C API counts), part `:F` or `:G`
+receives for a call `seed` (`flatmem_reversible_block_seed`).
+"""
+function block_seed(seed::Integer, block::Integer, part::Symbol)
+    p = part === :F ? FLATMEM_REVERSIBLE_F : part === :G ? FLATMEM_REVERSIBLE_G :
+        throw(ArgumentError("part must be :F or :G, not :$part"))
+    return ccall((:flatmem_reversible_block_seed, libflatmem), UInt64, (UInt64, Int32, Int32),
+                 UInt64(seed), Int32(block), Int32(p))
+end
+
+"""
+    Block(kind, width; heads=0, hidden=0, layer_norm_eps=0)
+
+A built-in block (`flatmem_block_t`): `kind` is `:attention` (F(x) = MHSA(LN(x)),
+`heads` heads, 0 = 1) or `:mlp` (G(x) = GELU(LN(x) W1 + b1) W2 + b2, `hidden`
+units, 0 = 4 width); zeros are the library's defaults. Give it its parameters
+with `set_parameters!` before a segment uses it. `close(b)` frees it (refused
+while an open `Segment` uses it); otherwise a finalizer does, after every
+segment using it is gone.
+"""
+mutable struct Block
+    ptr::Ptr{BlockHandle}
+    kind::Symbol
+    width::Int
+    heads::Int
+    hidden::Int
+    parameters::Vector{Array{Float32}}   # what the C block points at: kept alive here
+    gradients::Vector{Array{Float32}}
+    users::Int                           # open segments calling this block
+    finalized::Bool                      # unreachable: destroyed when users reaches 0
+
+    function Block(kind::Symbol, width::Integer; heads::Integer=0, hidden::Integer=0, layer_norm_eps::Real=0)
+        kind in (:attention, :mlp) || throw(ArgumentError("kind must be :attention or :mlp, not :$kind"))
+        options = Ref{BlockOptions}()
+        check(ccall((:flatmem_block_options_init, libflatmem), Cint, (Ref{BlockOptions},), options))
+        defaults = options[]
+        options[] = BlockOptions(defaults.struct_size, kind === :attention ? FLATMEM_BLOCK_ATTENTION : FLATMEM_BLOCK_MLP,
+                                 Int32(width), Int32(heads), Int32(hidden), Float32(layer_norm_eps))
+        out = Ref{Ptr{BlockHandle}}(C_NULL)
+        check(ccall((:flatmem_block_create, libflatmem), Cint, (Ref{Ptr{BlockHandle}}, Ref{BlockOptions}), out, options))
+        b = new(out[], kind, Int(width), Int(heads), Int(hidden), Array{Float32}[], Array{Float32}[], 0, false)
+        finalizer(finalize_block, b)
+        return b
+    end
+end
+
+Base.unsafe_convert(::Type{Ptr{BlockHandle}}, b::Block) = b.ptr
+Base.isopen(b::Block) = b.ptr != C_NULL
+
+function Base.show(io::IO, b::Block)
+    print(io, "Flatmem.Block(:", b.kind, ", ", b.width, isopen(b) ? ")" : ", closed)")
+end
+
+function destroy(b::Block)
+    handle = b.ptr
+    b.ptr = Ptr{BlockHandle}(C_NULL)
+    handle == C_NULL && return FLATMEM_STATUS_SUCCESS
+    return ccall((:flatmem_block_destroy, libflatmem), Cint, (Ptr{BlockHandle},), handle)
+end
+
+# A segment may still call the block: then the last segment to go destroys it.
+function finalize_block(b::Block)
+    b.finalized = true
+    b.users == 0 && destroy(b)
+    return nothing
+end
+
+function Base.close(b::Block)
+    b.users == 0 || throw(ArgumentError("this Flatmem.Block is used by $(b.users) open segment(s): close them first"))
+    return check(destroy(b))
+end
+
+function ensure_open(b::Block)
+    isopen(b) || throw(ArgumentError("this Flatmem.Block is closed"))
+    return b
+end
+
+"""
+    parameter_sizes(b::Block) -> Vector{Tuple}
+
+The Julia sizes of the six parameters, in the header's order (the C shapes
+reversed): attention `ln_weight (w,)`, `ln_bias (w,)`, `qkv_weight (3w, w)`,
+`qkv_bias (3w,)`, `proj_weight (w, w)`, `proj_bias (w,)`; MLP `ln_weight
+(w,)`, `ln_bias (w,)`, `fc1_weight (h, w)`, `fc1_bias (h,)`, `fc2_weight (w,
+h)`, `fc2_bias (w,)`.
+"""
+function parameter_sizes(b::Block)
+    w = b.width
+    if b.kind === :attention
+        return [(w,), (w,), (3w, w), (3w,), (w, w), (w,)]
+    end
+    h = b.hidden == 0 ? 4w : b.hidden
+    return [(w,), (w,), (h, w), (h,), (w, h), (w,)]
+end
+
+function parameter_array(b::Block, A, name::String, want::Tuple)
+    A isa Array{Float32} || throw(ArgumentError(
+        "$name must be a dense Array{Float32} (the block keeps a pointer to it, no copy is made); got $(typeof(A))"))
+    size(A) == want || throw(ArgumentError("$name has size $(size(A)); expected $want"))
+    return A
+end
+
+"""
+    set_parameters!(b::Block, parameters, gradients=nothing)
+
+Points the block at its six parameters and (for a backward) six gradient
+accumulators, dense `Array{Float32}`s of `parameter_sizes(b)`
+(`flatmem_block_set_parameters`). No copy: the block keeps the arrays (and so
+keeps them alive) and the library reads them in every segment call; every
+backward ADDS into the gradients (`zero_gradients!` first). May be called again
+between segment calls.
+"""
+function set_parameters!(b::Block, parameters::AbstractVector, gradients::Union{Nothing,AbstractVector}=nothing)
+    ensure_open(b)
+    sizes = parameter_sizes(b)
+    n = FLATMEM_BLOCK_NUM_PARAMETERS
+    length(parameters) == n || throw(ArgumentError("parameters: $(length(parameters)) arrays; expected $n"))
+    gradients === nothing || length(gradients) == n || throw(ArgumentError("gradients: $(length(gradients)) arrays; expected $n"))
+    ps = Array{Float32}[parameter_array(b, parameters[i], "parameters[$i]", sizes[i]) for i in 1:n]
+    gs = gradients === nothing ? Array{Float32}[] :
+         Array{Float32}[parameter_array(b, gradients[i], "gradients[$i]", sizes[i]) for i in 1:n]
+    p_holders = [array_tensor(p) for p in ps]
+    g_holders = [array_tensor(g) for g in gs]
+    p_dl = DLTensor[t.dl[] for t in p_holders]
+    g_dl = DLTensor[t.dl[] for t in g_holders]
+    status = GC.@preserve p_holders g_holders p_dl g_dl begin
+        ccall((:flatmem_block_set_parameters, libflatmem), Cint, (Ptr{BlockHandle}, Ptr{DLTensor}, Ptr{DLTensor}),
+              b, p_dl, isempty(g_dl) ? Ptr{DLTensor}(C_NULL) : pointer(g_dl))
+    end
+    check(status)
+    b.parameters = ps
+    b.gradients = gs
+    return b
+end
+
+"""`zero_gradients!(b)`: fill the block's gradient accumulators with zeros."""
+zero_gradients!(b::Block) = (foreach(g -> fill!(g, 0.0f0), b.gradients); b)
+
+# The block's callbacks (flatmem_block_function), for a ReversibleBlock.
+function block_function(b::Block)
+    ensure_open(b)
+    fn = Ref{ReversibleFunction}()
+    check(ccall((:flatmem_block_function, libflatmem), Cint, (Ptr{BlockHandle}, Ref{ReversibleFunction}), b, fn))
+    return fn[]
+end
+
+const MODES = (auto=FLATMEM_REVERSIBLE_AUTO, standard=FLATMEM_REVERSIBLE_STANDARD,
+               vanilla=FLATMEM_REVERSIBLE_VANILLA, overlapped=FLATMEM_REVERSIBLE_OVERLAPPED)
+
+"""
+    Segment(layers; mode=:auto, num_threads=0)
+
+A reversible segment (`flatmem_reversible_t`) of `length(layers)` blocks, each
+layer a `(F::Block, G::Block)` tuple (typically `(Block(:attention, w), Block(:mlp, w))`);
+block k maps `(X1, X2)` to `Y1 = X1 + F(X2)`, `Y2 = X2 + G(Y1)`. `mode` is
+`:auto`, `:standard`, `:vanilla` or `:overlapped` (see reversible.h);
+`num_threads` 0 = all processors. The segment keeps its blocks (and they their
+parameters) alive; `close(s)` frees it now, otherwise a finalizer does. One
+task at a time.
+"""
+mutable struct Segment
+    ptr::Ptr{ReversibleHandle}
+    blocks::Vector{Block}   # F of block 1, G of block 1, F of block 2, ...
+    mode::Symbol
+
+    function Segment(layers::AbstractVector; mode::Symbol=:auto, num_threads::Integer=0)
+        haskey(MODES, mode) || throw(ArgumentError("mode must be one of $(keys(MODES)), not :$mode"))
+        isempty(layers) && throw(ArgumentError("a segment needs at least one (F, G) layer"))
+        blocks = Block[]
+        for (i, layer) in enumerate(layers)
+            layer isa Tuple{Block,Block} || throw(ArgumentError("layers[$i] must be an (F::Block, G::Block) tuple"))
+            push!(blocks, ensure_open(layer[1]), ensure_open(layer[2]))
+        end
+        raw = ReversibleBlock[ReversibleBlock(block_function(blocks[2i - 1]), block_function(blocks[2i])) for i in 1:length(layers)]
+        options = Ref{ReversibleOptions}()
+        check(ccall((:flatmem_reversible_options_init, libflatmem), Cint, (Ref{ReversibleOptions},), options))
+        defaults = options[]
+        options[] = ReversibleOptions(defaults.struct_size, MODES[mode], Int32(num_threads))
+        out = Ref{Ptr{ReversibleHandle}}(C_NULL)
+        status = GC.@preserve raw begin
+            ccall((:flatmem_reversible_create, libflatmem), Cint,
+                  (Ref{Ptr{ReversibleHandle}}, Ptr{ReversibleBlock}, Int32, Ref{ReversibleOptions}),
+                  out, raw, Int32(length(raw)), options)
+        end
+        check(status)
+        foreach(b -> b.users += 1, blocks)
+        s = new(out[], blocks, mode)
+        finalizer(destroy_quietly, s)
+        return s
+    end
+end
+
+Base.unsafe_convert(::Type{Ptr{ReversibleHandle}}, s::Segment) = s.ptr
+Base.isopen(s::Segment) = s.ptr != C_NULL
+Base.length(s::Segment) = length(s.blocks) ÷ 2
+
+function Base.show(io::IO, s::Segment)
+    print(io, "Flatmem.Segment(", length(s), " blocks, :", s.mode, isopen(s) ? ")" : ", closed)")
+end
+
+# flatmem_reversible_destroy (joins its thread), then releases the blocks.
+function destroy(s::Segment)
+    handle = s.ptr
+    s.ptr = Ptr{ReversibleHandle}(C_NULL)
+    handle == C_NULL && return FLATMEM_STATUS_SUCCESS
+    status = ccall((:flatmem_reversible_destroy, libflatmem), Cint, (Ptr{ReversibleHandle},), handle)
+    for b in s.blocks
+        b.users -= 1
+        b.users == 0 && b.finalized && destroy(b)
+    end
+    return status
+end
+
+destroy_quietly(s::Segment) = (destroy(s); nothing)
+
+"""`close(s)`: destroy the segment now (its blocks stay usable). Idempotent."""
+Base.close(s::Segment) = check(destroy(s))
+
+function ensure_open(s::Segment)
+    isopen(s) || throw(ArgumentError("this Flatmem.Segment is closed"))
+    return s
+end
+
+# A state argument: a dense Float32/Float64 Array like `like` (same size and type).
+function state_tensor(A::AbstractArray, name::String, like::Union{Nothing,AbstractArray}=nothing)
+    A isa Array || throw(ArgumentError("$name must be a dense Array (no copy is made); got $(typeof(A))"))
+    if like !== nothing && (size(A) != size(like) || eltype(A) !== eltype(like))
+        throw(ArgumentError("$name is $(summary(A)); expected $(summary(like)) like x1 / y1"))
+    end
+    return array_tensor(A)
+end
+
+"""
+    forward!(s::Segment, y1, y2, x1, x2; seed=0, offset=0) -> (y1, y2)
+
+Segment forward into `y1`, `y2` (dense arrays of x1's size and element type,
+Float32 for built-in blocks). `seed`/`offset` are handed to the blocks (pass the
+same to the backward).
+"""
+function forward!(s::Segment, y1::AbstractArray, y2::AbstractArray, x1::AbstractArray, x2::AbstractArray;
+                  seed::Integer=0, offset::Integer=0)
+    ensure_open(s)
+    x1_t = state_tensor(x1, "x1")
+    x2_t = state_tensor(x2, "x2", x1)
+    y1_t = state_tensor(y1, "y1", x1)
+    y2_t = state_tensor(y2, "y2", x1)
+    status = GC.@preserve x1_t x2_t y1_t y2_t begin
+        ccall((:flatmem_reversible_forward, libflatmem), Cint,
+              (Ptr{ReversibleHandle}, Ptr{DLTensor}, Ptr{DLTensor}, UInt64, UInt64, Ptr{DLTensor}, Ptr{DLTensor},
+               Ptr{Cvoid}, Csize_t, Ptr{Cvoid}),
+              s, tensor_ptr(x1_t), tensor_ptr(x2_t), UInt64(seed), UInt64(offset), tensor_ptr(y1_t),
+              tensor_ptr(y2_t), C_NULL, 0, C_NULL)
+    end
+    check(status)
+    return y1, y2
+end
+
+"""`forward(s, x1, x2; seed=0, offset=0) -> (y1, y2)`: `forward!` into new arrays."""
+forward(s::Segment, x1::AbstractArray, x2::AbstractArray; kw...) = forward!(s, similar(x1), similar(x2), x1, x2; kw...)
+
+"""
+    backward!(s::Segment, dx1, dx2, y1, y2, dy1, dy2; seed=0, offset=0, x1=nothing, x2=nothing)
+
+Segment backward from the forward's output `(y1, y2)` and the upstream
+gradients `(dy1, dy2)`: writes `dx1`, `dx2`, and the rebuilt input into `x1`,
+`x2` when given (both or neither). The blocks ADD their parameter gradients
+into their gradient arrays. Returns `(dx1, dx2)`.
+"""
+function backward!(s::Segment, dx1::AbstractArray, dx2::AbstractArray, y1::AbstractArray, y2::AbstractArray,
+                   dy1::AbstractArray, dy2::AbstractArray; seed::Integer=0, offset::Integer=0,
+                   x1::Union{Nothing,AbstractArray}=nothing, x2::Union{Nothing,AbstractArray}=nothing)
+    ensure_open(s)
+    (x1 === nothing) == (x2 === nothing) || throw(ArgumentError("pass both rebuilt-input outputs x1 and x2, or neither"))
+    y1_t = state_tensor(y1, "y1")
+    y2_t = state_tensor(y2, "y2", y1)
+    dy1_t = state_tensor(dy1, "dy1", y1)
+    dy2_t = state_tensor(dy2, "dy2", y1)
+    dx1_t = state_tensor(dx1, "dx1", y1)
+    dx2_t = state_tensor(dx2, "dx2", y1)
+    x1_t = x1 === nothing ? nothing : state_tensor(x1, "x1", y1)
+    x2_t = x2 === nothing ? nothing : state_tensor(x2, "x2", y1)
+    status = GC.@preserve y1_t y2_t dy1_t dy2_t dx1_t dx2_t x1_t x2_t begin
+        ccall((:flatmem_reversible_backward, libflatmem), Cint,
+              (Ptr{ReversibleHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, UInt64, UInt64,
+               Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}, Csize_t, Ptr{Cvoid}),
+              s, tensor_ptr(y1_t), tensor_ptr(y2_t), tensor_ptr(dy1_t), tensor_ptr(dy2_t), UInt64(seed),
+              UInt64(offset), tensor_ptr(dx1_t), tensor_ptr(dx2_t), tensor_ptr(x1_t), tensor_ptr(x2_t),
+              C_NULL, 0, C_NULL)
+    end
+    check(status)
+    return dx1, dx2
+end
+
+"""
+    backward(s, y1, y2, dy1, dy2; seed=0, offset=0, rebuild=false)
+
+`backward!` into new arrays: `(dx1, dx2)`, or `(dx1, dx2, x1, x2)` with the
+rebuilt input when `rebuild=true`.
+"""
+function backward(s::Segment, y1::AbstractArray, y2::AbstractArray, dy1::AbstractArray, dy2::AbstractArray;
+                  seed::Integer=0, offset::Integer=0, rebuild::Bool=false)
+    dx1, dx2 = similar(y1), similar(y2)
+    if rebuild
+        x1, x2 = similar(y1), similar(y2)
+        backward!(s, dx1, dx2, y1, y2, dy1, dy2; seed=seed, offset=offset, x1=x1, x2=x2)
+        return dx1, dx2, x1, x2
+    end
+    return backward!(s, dx1, dx2, y1, y2, dy1, dy2; seed=seed, offset=offset)
+end
+
+"""`last_mode(s) -> Symbol`: the mode the last successful backward ran (`:auto` before any)."""
+function last_mode(s::Segment)
+    ensure_open(s)
+    mode = Ref{Cint}(FLATMEM_REVERSIBLE_AUTO)
+    check(ccall((:flatmem_reversible_last_mode, libflatmem), Cint, (Ptr{ReversibleHandle}, Ref{Cint}), s, mode))
+    for (name, value) in pairs(MODES)
+        value == mode[] && return name
+    end
+    throw(FlatmemError(FLATMEM_STATUS_INTERNAL, status_string(FLATMEM_STATUS_INTERNAL), "unknown mode $(mode[])"))
+end
+
+"""
+    rebuild_error(s, x1, x2; seed=0, offset=0) -> Vector{Float64}
+
+For each block, max |rebuilt - true| / max |true| over both streams of its
+input after a forward from `(x1, x2)` and a rebuild (a diagnostic; allocates
+O(blocks) states).
+"""
+function rebuild_error(s::Segment, x1::AbstractArray, x2::AbstractArray; seed::Integer=0, offset::Integer=0)
+    ensure_open(s)
+    errors = zeros(Float64, length(s))
+    x1_t = state_tensor(x1, "x1")
+    x2_t = state_tensor(x2, "x2", x1)
+    errors_t = array_tensor(errors)
+    status = GC.@preserve x1_t x2_t errors_t begin
+        ccall((:flatmem_reversible_rebuild_error, libflatmem), Cint,
+              (Ptr{ReversibleHandle}, Ptr{DLTensor}, Ptr{DLTensor}, UInt64, UInt64, Ptr{DLTensor}, Ptr{Cvoid}),
+              s, tensor_ptr(x1_t), tensor_ptr(x2_t), UInt64(seed), UInt64(offset), tensor_ptr(errors_t), C_NULL)
+    end
+    check(status)
+    return errors
+end
+
+"""`forward_workspace_size(s::Segment, x) -> Int`: workspace bytes of a forward on states like `x` (informational)."""
+function forward_workspace_size(s::Segment, x::AbstractArray)
+    ensure_open(s)
+    x_t = state_tensor(x, "x")
+    bytes = Ref{Csize_t}(0)
+    status = GC.@preserve x_t begin
+        ccall((:flatmem_reversible_forward_workspace_size, libflatmem), Cint,
+              (Ptr{ReversibleHandle}, Ptr{DLTensor}, Ref{Csize_t}), s, tensor_ptr(x_t), bytes)
+    end
+    check(status)
+    return Int(bytes[])
+end
+
+"""`backward_workspace_size(s::Segment, x) -> Int`: workspace bytes of a backward on states like `x` (the mode's)."""
+function backward_workspace_size(s::Segment, x::AbstractArray)
+    ensure_open(s)
+    x_t = state_tensor(x, "x")
+    bytes = Ref{Csize_t}(0)
+    status = GC.@preserve x_t begin
+        ccall((:flatmem_reversible_backward_workspace_size, libflatmem), Cint,
+              (Ptr{ReversibleHandle}, Ptr{DLTensor}, Ref{Csize_t}), s, tensor_ptr(x_t), bytes)
+    end
+    check(status)
+    return Int(bytes[])
 end
 
 end # module Flatmem

@@ -13,7 +13,8 @@ Julia sources and fails unless:
      comment `# flatmem-check: not wrapped: NAME: reason`;
   3. the Julia struct mirrors (STRUCT_MIRRORS) have the C fields in the C
      order, with the same names and compatible types, and are immutable
-     (isbits, so their layout is C's); opaque handle types exist, fieldless;
+     (isbits, so their layout is C's; C function pointers, typedef'd or not, are
+     Ptr{Cvoid}); opaque handle types exist, fieldless;
   4. every `const` named like a header constant (FLATMEM_*, kDL*) has the
      header's value; every flatmem enum value (but the *_MAX sentinels) and
      the FLATMEM_VERSION* macros are defined; no FLATMEM_*/kDL* const is
@@ -55,11 +56,18 @@ STRUCT_MIRRORS = {
     "DLDataType": "DLDataType",
     "DLTensor": "DLTensor",
     "flatmem_contrastive_options": "ContrastiveOptions",
+    "flatmem_reversible_options": "ReversibleOptions",
+    "flatmem_reversible_context": "ReversibleContext",
+    "flatmem_reversible_function": "ReversibleFunction",
+    "flatmem_reversible_block": "ReversibleBlock",
+    "flatmem_block_options": "BlockOptions",
 }
 
 # C opaque handle typedef -> the fieldless Julia type used as its pointee.
 OPAQUE_HANDLES = {
     "flatmem_contrastive_t": "ContrastiveHandle",
+    "flatmem_reversible_t": "ReversibleHandle",
+    "flatmem_block_t": "BlockHandle",
 }
 
 # C scalar type -> accepted Julia spellings (C enums: ENUM_SPELLINGS).
@@ -143,6 +151,7 @@ class CHeader:
     constant_origin: dict = field(default_factory=dict)  # constant -> header file
     structs: dict = field(default_factory=dict)  # typedef name -> [(field, CType)]
     opaque: dict = field(default_factory=dict)  # typedef name -> struct tag
+    funcptrs: dict = field(default_factory=dict)  # function-pointer typedef name -> its declaration
     files: list = field(default_factory=list)
 
 
@@ -382,13 +391,14 @@ def parse_c_declarator(decl, where):
     return name, CType(" ".join(type_words), stars, const)
 
 
-def parse_header(path, include_dirs, defined=None, header=None, text=None, seen=None):
+def parse_header(path, include_dirs, defined=None, header=None, text=None, seen=None, macros=None):
     """Parse `path` (and, recursively, its includes named with a folder: dlpack/dlpack.h,
-    flatmem/x.h; plain system headers such as stdint.h are not read)."""
+    flatmem/x.h; plain system headers such as stdint.h are not read). Macros are shared
+    with the includes, as a compiler sees them (FLATMEM_API of flatmem.h in reversible.h)."""
     header = header if header is not None else CHeader()
     defined = defined if defined is not None else set()
     seen = seen if seen is not None else set()
-    macros = {}
+    macros = macros if macros is not None else {}
     includes = []
     if text is None:
         with open(path, encoding="utf-8") as f:
@@ -403,7 +413,7 @@ def parse_header(path, include_dirs, defined=None, header=None, text=None, seen=
             candidate = os.path.join(d, inc)
             if os.path.isfile(candidate):
                 if os.path.realpath(candidate) not in seen:
-                    parse_header(candidate, include_dirs, defined, header, None, seen)
+                    parse_header(candidate, include_dirs, defined, header, None, seen, macros)
                 break
         else:
             raise SystemExit(f"check_ccalls: {where}: cannot find <{inc}> in {include_dirs}")
@@ -413,6 +423,8 @@ def parse_header(path, include_dirs, defined=None, header=None, text=None, seen=
             code = re.sub(rf"\b{re.escape(name)}\b", " ", code)
     # Integer macros.
     for name, body in macros.items():
+        if name in header.constants:
+            continue  # an include's macro, recorded with its own file
         value = c_int_value(body, header.constants)
         if value is not None:
             header.constants[name] = value
@@ -465,8 +477,12 @@ def parse_header(path, include_dirs, defined=None, header=None, text=None, seen=
         if m:
             header.opaque[m.group(3)] = m.group(2)
             continue
+        m = re.match(r"typedef\s+[^(]+\(\s*\*\s*(\w+)\s*\)\s*\(.*\)$", s)
+        if m:  # typedef RET (*NAME)(PARAMS): a C function pointer (the reversible callbacks)
+            header.funcptrs[m.group(1)] = s
+            continue
         if s.startswith("typedef"):
-            continue  # scalar or function pointer typedefs: none in the ABI today
+            continue  # scalar typedefs: none in the ABI today
         m = re.match(r"(.+?)\b([A-Za-z_]\w*)\s*\((.*)\)$", s)
         if m and "=" not in s:
             ret_text, name, params_text = m.groups()
@@ -509,6 +525,8 @@ def julia_spellings(header, ctype, context):
 def base_spellings(header, base):
     if base in SCALARS:
         return set(SCALARS[base]), None
+    if base in header.funcptrs:  # a function pointer: an address (a @cfunction's, or C's)
+        return {"Ptr{Cvoid}"}, None
     if base in header.enums:
         return set(ENUM_SPELLINGS), None
     if base in header.opaque:
@@ -1197,6 +1215,17 @@ def self_test_cases(header, js):
         ("__init__ removed", "init", replace_in_julia(r"\bfunction __init__\(\)", "function init_disabled()", "rename __init__")),
         ("header grows a function", "not-wrapped", header_append("FLATMEM_API flatmem_status flatmem_selftest_new_function(int x);")),
         ("header enum value changes", "constant-value", header_enum_value()),
+        # Reversible segments and built-in blocks.
+        ("block handle passed as a segment handle", "arg-type",
+         append("ccall((:flatmem_block_destroy, libflatmem), Cint, (Ptr{ReversibleHandle},), b)")),
+        ("enum out-parameter as Ref{UInt64}", "arg-type",
+         append("ccall((:flatmem_reversible_last_mode, libflatmem), Cint, (Ptr{ReversibleHandle}, Ref{UInt64}), s, m)")),
+        ("uint64 seed passed as Int32", "arg-type",
+         append("ccall((:flatmem_reversible_block_seed, libflatmem), UInt64, (Int32, Int32, Int32), s, k, p)")),
+        ("function-pointer field retyped", "struct-mirror", edit_struct("ReversibleFunction", "retype")),
+        ("nested struct mirror fields swapped", "struct-mirror", edit_struct("ReversibleBlock", "swap")),
+        ("context mirror field dropped", "struct-mirror", edit_struct("ReversibleContext", "drop-last")),
+        ("block options field retyped", "struct-mirror", edit_struct("BlockOptions", "retype")),
     ]  # fmt: skip
 
 
