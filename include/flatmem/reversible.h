@@ -51,9 +51,10 @@
  *               results do not depend on context.num_threads (true of the
  *               built-in blocks). ~4/3 the work of STANDARD, spread over two
  *               chains.
- *   AUTO        (default) per state shape, times one VANILLA and one
- *               OVERLAPPED backward, then keeps running the faster (re-measured
- *               every 64 backwards of that shape). Values do not depend on the
+ *   AUTO        (default) per state shape (CPU), times two VANILLA and two
+ *               OVERLAPPED backwards (alternating), then runs OVERLAPPED if its
+ *               best beat VANILLA's by more than 3%, else VANILLA, for the rest
+ *               of a round of 64 backwards of that shape; then probes again. Values do not depend on the
  *               choice (see OVERLAPPED). flatmem_reversible_last_mode() says
  *               which ran.
  *

@@ -31,7 +31,8 @@ void AutoChooser::record(const StateLayout &s, flatmem_reversible_mode ran, doub
     const int slot = ran == FLATMEM_REVERSIBLE_OVERLAPPED ? 1 : 0;
     e.best[slot] = phase < 2 ? seconds : std::min(e.best[slot], seconds);
     if (phase == probes - 1)
-      e.choice = e.best[1] < e.best[0] ? FLATMEM_REVERSIBLE_OVERLAPPED : FLATMEM_REVERSIBLE_VANILLA;
+      e.choice = e.best[1] < margin * e.best[0] ? FLATMEM_REVERSIBLE_OVERLAPPED
+                                                : FLATMEM_REVERSIBLE_VANILLA;
   }
   ++e.calls;
 }

@@ -31,7 +31,6 @@ void record_forward(flatmem_reversible_t &h, Chain &chain, const StateLayout &s,
                     char *y1, char *y2) {
   Record &record = h.record;
   record.valid = false;
-  record.memory.reset();
   const auto n = std::size_t(h.size());
   auto carve = [&](WorkspaceCarver &w) {
     record.states.resize(n + 1);
@@ -44,7 +43,15 @@ void record_forward(flatmem_reversible_t &h, Chain &chain, const StateLayout &s,
   };
   WorkspaceCarver measure;
   carve(measure);
-  record.memory = chain.allocate(measure.bytes(), "STANDARD mode's activations");
+  // Kept across forwards: a training loop's steady state allocates nothing.
+  if (record.memory_bytes < measure.bytes() || record.memory_device.device_type != s.device.device_type ||
+      record.memory_device.device_id != s.device.device_id) {
+    record.memory.reset();
+    record.memory_bytes = 0;
+    record.memory = chain.allocate(measure.bytes(), "STANDARD mode's activations");
+    record.memory_bytes = measure.bytes();
+    record.memory_device = s.device;
+  }
   WorkspaceCarver carver(record.memory.get());
   carve(carver);
 

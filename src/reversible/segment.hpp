@@ -26,6 +26,8 @@ struct Record {
   StateLayout layout;
   ResidualPlan residual_plan;
   ChainBuffer memory{nullptr, nullptr};
+  std::size_t memory_bytes = 0;
+  DLDevice memory_device{kDLCPU, 0};
   std::vector<StatePair> states;      // n + 1
   std::vector<char *> residuals;      // n slots of residual_plan.slot_bytes
 };
