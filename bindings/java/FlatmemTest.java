@@ -2,12 +2,22 @@
 // (package flatmem) computes the symmetric CLIP loss of tiny features and its
 // logit-scale gradient, compared with the naive formulas evaluated here in
 // double precision, and a failing status arrives as a Java exception carrying
-// flatmem's message. Built and run by scripts/check-java.sh; exits 1 on failure.
+// flatmem's message; a reversible segment of built-in attention + MLP blocks
+// rebuilds its input in the backward, and OVERLAPPED gives VANILLA's bits.
+// Built and run by scripts/check-java.sh; exits 1 on failure.
+import flatmem.Block;
+import flatmem.BlockKind;
 import flatmem.Contrastive;
 import flatmem.ContrastiveLoss;
 import flatmem.ContrastiveOptions;
 import flatmem.Flatmem;
+import flatmem.Reversible;
+import flatmem.ReversibleMode;
+import flatmem.ReversiblePart;
 import flatmem.Tensor;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
 
 public final class FlatmemTest {
   private static int failures = 0;
@@ -72,6 +82,153 @@ public final class FlatmemTest {
     }
   }
 
+  /** Deterministic values offset + scale * [-1, 1) into every element of t. */
+  private static Tensor fill(Tensor t, long seed, double scale, double offset) {
+    long s = seed * 0x9E3779B97F4A7C15L + 1;
+    for (long i = 0; i < t.numel(); ++i) {
+      s = s * 6364136223846793005L + 1442695040888963407L;
+      double u = (s >>> 11) / (double) (1L << 53);
+      t.set(i, offset + scale * (2 * u - 1));
+    }
+    return t;
+  }
+
+  private static double[] values(Tensor... tensors) {
+    int n = 0;
+    for (Tensor t : tensors) n += (int) t.numel();
+    double[] out = new double[n];
+    int at = 0;
+    for (Tensor t : tensors)
+      for (long i = 0; i < t.numel(); ++i) out[at++] = t.get(i);
+    return out;
+  }
+
+  private static boolean sameBits(double[] a, double[] b) {
+    if (a.length != b.length) return false;
+    for (int i = 0; i < a.length; ++i)
+      if (Double.doubleToRawLongBits(a[i]) != Double.doubleToRawLongBits(b[i])) return false;
+    return true;
+  }
+
+  /**
+   * Two reversible blocks (F = built-in pre-LN attention, G = built-in MLP,
+   * the same two Block objects in both: weight tying) on a (2, 5, 8) fp32
+   * state: VANILLA's backward rebuilds the input, OVERLAPPED's gives the same
+   * bits (dx, rebuilt input, parameter gradients).
+   */
+  private static void reversibleSegment() {
+    final int width = 8, heads = 2, hidden = 16;
+    final long[] state = {2, 5, width};
+    final long[][] attentionShapes = {{width}, {width}, {width, 3 * width}, {3 * width}, {width, width}, {width}};
+    final long[][] mlpShapes = {{width}, {width}, {width, hidden}, {hidden}, {hidden, width}, {width}};
+    List<AutoCloseable> owned = new ArrayList<>();
+    try {
+      Tensor[] ap = new Tensor[6], ag = new Tensor[6], mp = new Tensor[6], mg = new Tensor[6];
+      for (int k = 0; k < 6; ++k) {
+        // LayerNorm weights near 1, biases and matrices small.
+        double scale = k == 0 ? 0.1 : k % 2 == 0 ? 0.35 : 0.05, offset = k == 0 ? 1.0 : 0.0;
+        ap[k] = fill(Tensor.allocated(Flatmem.kDLFloat, 32, attentionShapes[k]), 10 + k, scale, offset);
+        mp[k] = fill(Tensor.allocated(Flatmem.kDLFloat, 32, mlpShapes[k]), 20 + k, scale, offset);
+        ag[k] = Tensor.allocated(Flatmem.kDLFloat, 32, attentionShapes[k]);
+        mg[k] = Tensor.allocated(Flatmem.kDLFloat, 32, mlpShapes[k]);
+        owned.addAll(Arrays.asList(ap[k], mp[k], ag[k], mg[k]));
+      }
+      Block attention = new Block(BlockKind.BLOCK_ATTENTION, width, heads, 0);
+      Block mlp = new Block(BlockKind.BLOCK_MLP, width, 0, hidden);
+      owned.add(attention);
+      owned.add(mlp);
+      attention.set_parameters(ap, ag);
+      mlp.set_parameters(mp, mg);
+
+      Tensor x1 = fill(Tensor.allocated(Flatmem.kDLFloat, 32, state), 1, 1.0, 0.0);
+      Tensor x2 = fill(Tensor.allocated(Flatmem.kDLFloat, 32, state), 2, 1.0, 0.0);
+      Tensor dy1 = fill(Tensor.allocated(Flatmem.kDLFloat, 32, state), 3, 0.5, 0.0);
+      Tensor dy2 = fill(Tensor.allocated(Flatmem.kDLFloat, 32, state), 4, 0.5, 0.0);
+      owned.addAll(Arrays.asList(x1, x2, dy1, dy2));
+
+      double[][] results = new double[2][];
+      ReversibleMode[] modes = {ReversibleMode.REVERSIBLE_VANILLA, ReversibleMode.REVERSIBLE_OVERLAPPED};
+      for (int m = 0; m < 2; ++m) {
+        for (Tensor g : ag) for (long i = 0; i < g.numel(); ++i) g.set(i, 0.0);  // gradients accumulate
+        for (Tensor g : mg) for (long i = 0; i < g.numel(); ++i) g.set(i, 0.0);
+        try (Reversible segment = new Reversible(2, modes[m], 3);
+             Tensor y1 = Tensor.allocated(Flatmem.kDLFloat, 32, state);
+             Tensor y2 = Tensor.allocated(Flatmem.kDLFloat, 32, state);
+             Tensor dx1 = Tensor.allocated(Flatmem.kDLFloat, 32, state);
+             Tensor dx2 = Tensor.allocated(Flatmem.kDLFloat, 32, state);
+             Tensor r1 = Tensor.allocated(Flatmem.kDLFloat, 32, state);
+             Tensor r2 = Tensor.allocated(Flatmem.kDLFloat, 32, state)) {
+          for (int k = 0; k < 2; ++k) {
+            segment.set_block(k, ReversiblePart.REVERSIBLE_F, attention);
+            segment.set_block(k, ReversiblePart.REVERSIBLE_G, mlp);
+          }
+          segment.create();
+          segment.forward(x1, x2, 7, 0, y1, y2);
+          segment.backward(y1, y2, dy1, dy2, 7, 0, dx1, dx2, r1, r2);
+          check(segment.lastMode() == modes[m], modes[m] + ": last_mode " + segment.lastMode());
+
+          double[] x = values(x1, x2), rebuilt = values(r1, r2), dx = values(dx1, dx2), dy = values(dy1, dy2);
+          double worst = 0, scale = 0, moved = 0;
+          boolean finite = true;
+          for (int i = 0; i < x.length; ++i) {
+            worst = Math.max(worst, Math.abs(rebuilt[i] - x[i]));
+            scale = Math.max(scale, Math.abs(x[i]));
+            moved = Math.max(moved, Math.abs(dx[i] - dy[i]));
+            finite &= Double.isFinite(dx[i]);
+          }
+          check(worst <= 1e-4 * scale, modes[m] + ": rebuilt input = input (max |diff| " + worst + ")");
+          check(finite && moved > 1e-3, modes[m] + ": dx finite and not just dy (max |dx - dy| " + moved + ")");
+          double[] grads = values(concat(ag, mg));
+          boolean someGradient = false;
+          for (double g : grads) {
+            finite &= Double.isFinite(g);
+            someGradient |= g != 0.0;
+          }
+          check(finite && someGradient, modes[m] + ": parameter gradients finite and non-zero");
+          results[m] = concatValues(dx, rebuilt, grads);
+
+          if (m == 1) {
+            Tensor wide = Tensor.allocated(Flatmem.kDLFloat, 32, 2, 5, width + 1);
+            Tensor out1 = Tensor.allocated(Flatmem.kDLFloat, 32, 2, 5, width + 1);
+            Tensor out2 = Tensor.allocated(Flatmem.kDLFloat, 32, 2, 5, width + 1);
+            owned.addAll(Arrays.asList(wide, out1, out2));
+            expectFailure("a state of the wrong width names the block",
+                          () -> segment.forward(wide, wide, 0, 0, out1, out2),
+                          IllegalArgumentException.class, "FLATMEM_STATUS_INVALID_ARGUMENT", "block 0, F");
+          }
+        }
+      }
+      check(sameBits(results[0], results[1]),
+            "OVERLAPPED == VANILLA bitwise (dx, rebuilt input, parameter gradients; " + results[0].length + " values)");
+    } finally {
+      for (int i = owned.size() - 1; i >= 0; --i) {
+        try {
+          owned.get(i).close();
+        } catch (Exception e) {
+          check(false, "close: " + e);
+        }
+      }
+    }
+  }
+
+  private static Tensor[] concat(Tensor[] a, Tensor[] b) {
+    Tensor[] out = Arrays.copyOf(a, a.length + b.length);
+    System.arraycopy(b, 0, out, a.length, b.length);
+    return out;
+  }
+
+  private static double[] concatValues(double[]... parts) {
+    int n = 0;
+    for (double[] p : parts) n += p.length;
+    double[] out = new double[n];
+    int at = 0;
+    for (double[] p : parts) {
+      System.arraycopy(p, 0, out, at, p.length);
+      at += p.length;
+    }
+    return out;
+  }
+
   public static void main(String[] args) {
     System.out.println("flatmem " + Flatmem.version_string() + ": header FLATMEM_VERSION "
                        + Flatmem.VERSION + ", library flatmem_version() " + Flatmem.version());
@@ -129,6 +286,8 @@ public final class FlatmemTest {
       expectFailure("a bad Tensor dimension is refused", () -> Q.set_shape(7, 1),
                     IllegalArgumentException.class, "dimension 7 is out of range");
     }
+
+    reversibleSegment();
 
     System.out.println(failures == 0 ? "FlatmemTest: OK" : "FlatmemTest: " + failures + " FAILED");
     System.exit(failures == 0 ? 0 : 1);

@@ -365,6 +365,75 @@ static int flatmem_swig_error_code(int status) {
     return t;
   }
 %}
+/* Reversible segments, Java side: Block and Reversible are AutoCloseable; the
+ * raw set_parameters / set_block become private *_raw methods behind Java
+ * ones that keep the Tensors a Block points at, and the Blocks a segment
+ * calls, reachable from their user (the C side keeps only pointers, and the
+ * proxies' finalizers free the memory otherwise); seed and offset are Java
+ * longs (the uint64 bits). */
+%apply int64_t { uint64_t seed, uint64_t offset };
+%rename(set_parameters_raw) flatmem_block_s::set_parameters;
+%javamethodmodifiers flatmem_block_s::set_parameters "private";
+%rename(set_block_raw) flatmem_swig_reversible::set_block;
+%javamethodmodifiers flatmem_swig_reversible::set_block "private";
+%typemap(javainterfaces) struct flatmem_block_s "AutoCloseable"
+%typemap(javacode) struct flatmem_block_s %{
+  private Tensor[] kept = new Tensor[0];
+
+  @Override public void close() { delete(); }
+
+  /** A block of this kind with the library's defaults for what is 0. */
+  public Block(BlockKind kind, int width, int heads, int hidden) {
+    this(kind.swigValue(), width, heads, hidden, 0.0f);
+  }
+
+  /** flatmem_block_set_parameters: six parameter Tensors and six gradient
+   *  Tensors (gradients null: a forward-only block). The block keeps them
+   *  (reachable) until the next call or until it is closed. */
+  public void set_parameters(Tensor[] parameters, Tensor[] gradients) {
+    if (parameters == null || parameters.length != 6 || (gradients != null && gradients.length != 6))
+      throw new IllegalArgumentException("set_parameters: 6 parameter Tensors and 6 (or no) gradient Tensors");
+    Tensor[] g = gradients != null ? gradients : new Tensor[6];
+    set_parameters_raw(parameters[0], parameters[1], parameters[2], parameters[3], parameters[4],
+                       parameters[5], g[0], g[1], g[2], g[3], g[4], g[5]);
+    Tensor[] both = new Tensor[12];
+    System.arraycopy(parameters, 0, both, 0, 6);
+    System.arraycopy(g, 0, both, 6, 6);
+    kept = both;
+  }
+%}
+%typemap(javainterfaces) struct flatmem_swig_reversible "AutoCloseable"
+%typemap(javacode) struct flatmem_swig_reversible %{
+  private final java.util.ArrayList<Block> blocks = new java.util.ArrayList<Block>();
+
+  @Override public void close() { delete(); }
+
+  public Reversible(int num_blocks, ReversibleMode mode, int num_threads) {
+    this(num_blocks, mode.swigValue(), num_threads);
+  }
+
+  /** F (part REVERSIBLE_F) or G of block k is this built-in block, which the
+   *  segment keeps reachable (close the segment before the block). */
+  public void set_block(int block, ReversiblePart part, Block function) {
+    set_block_raw(block, part.swigValue(), function);
+    blocks.add(function);
+  }
+
+  /** The mode the last successful backward ran. */
+  public ReversibleMode lastMode() { return ReversibleMode.swigToEnum(last_mode()); }
+
+  /** forward() with the handle's own workspace, on the CPU. */
+  public void forward(Tensor x1, Tensor x2, long seed, long offset, Tensor y1, Tensor y2) {
+    forward(x1, x2, seed, offset, y1, y2, null, 0);
+  }
+
+  /** backward() with the handle's own workspace, on the CPU; x1, x2 (the
+   *  rebuilt input) may be null. */
+  public void backward(Tensor y1, Tensor y2, Tensor dy1, Tensor dy2, long seed, long offset,
+                       Tensor dx1, Tensor dx2, Tensor x1, Tensor x2) {
+    backward(y1, y2, dy1, dy2, seed, offset, dx1, dx2, x1, x2, null, 0);
+  }
+%}
 #endif
 
 /* The mismatch text ("" when fine), for the Java static initializer and tests. */
