@@ -9,6 +9,8 @@ step "dependencies"
 bash scripts/install-deps.sh
 step "configure and build (Release, build/)"
 flatmem_configure build -DCMAKE_BUILD_TYPE=Release
-flatmem_build build --target demo_large_batch
+flatmem_build build --target demo_large_batch reversible_transformer
 step "demo: build/examples/demo_large_batch"
-exec build/examples/demo_large_batch "$@"
+build/examples/demo_large_batch "$@"
+step "demo: build/examples/reversible_transformer"
+build/examples/reversible_transformer
