@@ -19,6 +19,15 @@
 
 namespace bench {
 
+// "a,b,,c" -> {"a", "b", "c"}: the comma-separated lists of the bench options.
+inline std::vector<std::string> split(const std::string &s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
 inline double now_seconds() {
   using clock = std::chrono::steady_clock;
   return std::chrono::duration<double>(clock::now().time_since_epoch()).count();

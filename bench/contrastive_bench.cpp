@@ -230,14 +230,6 @@ int worker_main(int argc, char **argv) {
 
 // ---- the driver ------------------------------------------------------------------
 
-std::vector<std::string> split(const std::string &s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 void usage() {
   std::printf(
       "usage: contrastive_bench [--sizes B1,B2,...] [--dim D] [--quick] [--csv PATH]\n"
@@ -271,7 +263,7 @@ Options parse(int argc, char **argv) {
       o.rounds = 1;
     } else if (a == "--sizes") {
       o.sizes.clear();
-      for (const auto &s : split(value())) o.sizes.push_back(std::stoll(s));
+      for (const auto &s : bench::split(value())) o.sizes.push_back(std::stoll(s));
     } else if (a == "--dim") o.d = std::stoll(value());
     else if (a == "--scale") o.scale = std::stof(value());
     else if (a == "--min-time") o.min_time = std::stod(value());
@@ -282,7 +274,7 @@ Options parse(int argc, char **argv) {
     else if (a == "--tilegemm-max-batch") o.tilegemm_max_batch = std::stoll(value());
     else if (a == "--rounds") o.rounds = std::stoi(value());
     else if (a == "--large-rounds") o.large_rounds = std::stoi(value());
-    else if (a == "--variants") o.variants = split(value());
+    else if (a == "--variants") o.variants = bench::split(value());
     else if (a == "--csv") o.csv = value();
     else throw std::runtime_error("unknown argument '" + a + "' (see --help)");
   }

@@ -98,14 +98,6 @@ const char *mode_name(flatmem_reversible_mode m) {
   }
 }
 
-std::vector<std::string> split(const std::string &s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 void usage() {
   std::printf(
       "usage: reversible_bench [--depths 12,24] [--batches 1,2,4,8] [--rounds N] [--warmup N]\n"
@@ -139,11 +131,11 @@ Options parse(int argc, char **argv) {
     } else if (a == "--quick") quick = true;
     else if (a == "--depths") {
       o.depths.clear();
-      for (const auto &s : split(value())) o.depths.push_back(std::stoi(s));
+      for (const auto &s : bench::split(value())) o.depths.push_back(std::stoi(s));
       set_depths = true;
     } else if (a == "--batches") {
       o.batches.clear();
-      for (const auto &s : split(value())) o.batches.push_back(std::stoll(s));
+      for (const auto &s : bench::split(value())) o.batches.push_back(std::stoll(s));
       set_batches = true;
     } else if (a == "--tokens") o.tokens = std::stoll(value()), set_tokens = true;
     else if (a == "--width") o.width = std::stoi(value());

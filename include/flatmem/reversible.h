@@ -1,7 +1,7 @@
 /*
  * flatmem/reversible.h -- reversible segments with overlapped recompute.
  *
- * Included by <flatmem/flatmem.h>; include that one. Plain C99. The
+ * Included by <flatmem/flatmem.h> (either header may be included). Plain C99. The
  * conventions stated at the top of flatmem.h (statuses, last error, DLPack
  * checks, workspace, stream, options structs) hold here too.
  *
@@ -96,9 +96,9 @@
 #ifndef FLATMEM_REVERSIBLE_H
 #define FLATMEM_REVERSIBLE_H
 
-#ifndef FLATMEM_FLATMEM_H
-#error "include <flatmem/flatmem.h>, not <flatmem/reversible.h>"
-#endif
+/* Self-contained: flatmem.h (statuses, FLATMEM_API, DLPack) first. When
+ * flatmem.h is the one included, it includes this file at its end. */
+#include <flatmem/flatmem.h>
 
 #ifdef __cplusplus
 extern "C" {
