@@ -2,6 +2,7 @@
 // handler's last result, a u8 buffer sized at trace time by
 // flatmem_jax_workspace_size (exports.cpp), so XLA owns and plans it like any
 // other buffer; XLA:CPU has no scratch allocator for FFI handlers.
+#include "contrastive_bindings.hpp"
 #include "contrastive_call.hpp"
 #include "flatmem_jax.h"
 
@@ -57,49 +58,13 @@ ffi::Error infonce_backward(Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer
 }  // namespace
 
 // The symbols are declared with FLATMEM_JAX_API in flatmem_jax.h, which keeps
-// them exported under -fvisibility=hidden.
+// them exported under -fvisibility=hidden. Lists: contrastive_bindings.hpp,
+// with the workspace result.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_clip_forward_cpu, clip_forward,
-                              ffi::Ffi::Bind()
-                                  .Arg<Buffer>()   // q
-                                  .Arg<Buffer>()   // k
-                                  .Arg<Buffer>()   // logit_scale
-                                  .Ret<Buffer>()   // loss
-                                  .Ret<Buffer>()   // row_lse
-                                  .Ret<Buffer>()   // col_lse
-                                  .Ret<Buffer>()); // workspace
-
+                              clip_forward_binding<true>(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_clip_backward_cpu, clip_backward,
-                              ffi::Ffi::Bind()
-                                  .Arg<Buffer>()   // q
-                                  .Arg<Buffer>()   // k
-                                  .Arg<Buffer>()   // logit_scale
-                                  .Arg<Buffer>()   // row_lse
-                                  .Arg<Buffer>()   // col_lse
-                                  .Arg<Buffer>()   // dloss
-                                  .Ret<Buffer>()   // dq
-                                  .Ret<Buffer>()   // dk
-                                  .Ret<Buffer>()   // dlogit_scale
-                                  .Ret<Buffer>()); // workspace
-
+                              clip_backward_binding<true>(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_infonce_forward_cpu, infonce_forward,
-                              ffi::Ffi::Bind()
-                                  .Arg<Buffer>()            // q
-                                  .Arg<Buffer>()            // k
-                                  .Arg<Buffer>()            // logit_scale
-                                  .Ret<Buffer>()            // loss
-                                  .Ret<Buffer>()            // row_lse
-                                  .Ret<Buffer>()            // workspace
-                                  .OptionalArg<Buffer>());  // labels
-
+                              infonce_forward_binding<true>(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_infonce_backward_cpu, infonce_backward,
-                              ffi::Ffi::Bind()
-                                  .Arg<Buffer>()            // q
-                                  .Arg<Buffer>()            // k
-                                  .Arg<Buffer>()            // logit_scale
-                                  .Arg<Buffer>()            // row_lse
-                                  .Arg<Buffer>()            // dloss
-                                  .Ret<Buffer>()            // dq
-                                  .Ret<Buffer>()            // dk
-                                  .Ret<Buffer>()            // dlogit_scale
-                                  .Ret<Buffer>()            // workspace
-                                  .OptionalArg<Buffer>());  // labels
+                              infonce_backward_binding<true>(ffi::Ffi::Bind()));

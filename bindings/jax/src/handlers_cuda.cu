@@ -11,6 +11,7 @@
 // UNIMPLEMENTED error with flatmem's message, touching no memory.
 #include <cuda_runtime_api.h>
 
+#include "contrastive_bindings.hpp"
 #include "contrastive_call.hpp"
 #include "flatmem_jax.h"
 
@@ -89,44 +90,12 @@ auto cuda_binding() {
 
 }  // namespace
 
+// Lists: contrastive_bindings.hpp, behind the CUDA contexts.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_clip_forward_cuda, clip_forward,
-                              cuda_binding()
-                                  .Arg<Buffer>()   // q
-                                  .Arg<Buffer>()   // k
-                                  .Arg<Buffer>()   // logit_scale
-                                  .Ret<Buffer>()   // loss
-                                  .Ret<Buffer>()   // row_lse
-                                  .Ret<Buffer>()); // col_lse
-
+                              clip_forward_binding<false>(cuda_binding()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_clip_backward_cuda, clip_backward,
-                              cuda_binding()
-                                  .Arg<Buffer>()   // q
-                                  .Arg<Buffer>()   // k
-                                  .Arg<Buffer>()   // logit_scale
-                                  .Arg<Buffer>()   // row_lse
-                                  .Arg<Buffer>()   // col_lse
-                                  .Arg<Buffer>()   // dloss
-                                  .Ret<Buffer>()   // dq
-                                  .Ret<Buffer>()   // dk
-                                  .Ret<Buffer>()); // dlogit_scale
-
+                              clip_backward_binding<false>(cuda_binding()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_infonce_forward_cuda, infonce_forward,
-                              cuda_binding()
-                                  .Arg<Buffer>()            // q
-                                  .Arg<Buffer>()            // k
-                                  .Arg<Buffer>()            // logit_scale
-                                  .Ret<Buffer>()            // loss
-                                  .Ret<Buffer>()            // row_lse
-                                  .OptionalArg<Buffer>());  // labels
-
+                              infonce_forward_binding<false>(cuda_binding()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_infonce_backward_cuda, infonce_backward,
-                              cuda_binding()
-                                  .Arg<Buffer>()            // q
-                                  .Arg<Buffer>()            // k
-                                  .Arg<Buffer>()            // logit_scale
-                                  .Arg<Buffer>()            // row_lse
-                                  .Arg<Buffer>()            // dloss
-                                  .Ret<Buffer>()            // dq
-                                  .Ret<Buffer>()            // dk
-                                  .Ret<Buffer>()            // dlogit_scale
-                                  .OptionalArg<Buffer>());  // labels
+                              infonce_backward_binding<false>(cuda_binding()));

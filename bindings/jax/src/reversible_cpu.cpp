@@ -225,6 +225,15 @@ ffi::Error set_layer_parameters(Segment &s, int k, const ViewOf &get_param, cons
   return ffi::Error::Success();
 }
 
+// Views of the parameter buffers (the handlers' remaining arguments), by index.
+ViewOf parameter_views(ffi::RemainingArgs &params) {
+  return [&params](int index) -> ffi::ErrorOr<DLTensor> {
+    ffi::ErrorOr<Buffer> b = params.get<Buffer>(static_cast<size_t>(index));
+    if (!b) return ffi::Unexpected(b.error());
+    return dlpack_view(*b, kCpu, "parameter");
+  };
+}
+
 ffi::Error reversible_forward(Buffer x1, Buffer x2, ffi::RemainingArgs params, Out y1, Out y2,
                               Out workspace, int32_t mode, int32_t num_threads, uint64_t seed,
                               uint64_t offset, int32_t heads, int32_t hidden, float eps) {
@@ -237,11 +246,7 @@ ffi::Error reversible_forward(Buffer x1, Buffer x2, ffi::RemainingArgs params, O
 
   Borrowed segment(*config);
   if (segment.get() == nullptr) return as_error(segment.failure());
-  const ViewOf param = [&](int index) -> ffi::ErrorOr<DLTensor> {
-    ffi::ErrorOr<Buffer> b = params.get<Buffer>(static_cast<size_t>(index));
-    if (!b) return ffi::Unexpected(b.error());
-    return dlpack_view(*b, kCpu, "parameter");
-  };
+  const ViewOf param = parameter_views(params);
   for (int k = 0; k < config->depth; ++k) {
     ffi::Error e = set_layer_parameters(*segment.get(), k, param, nullptr);
     if (e.failure()) return e;
@@ -272,11 +277,7 @@ ffi::Error reversible_backward(Buffer y1, Buffer y2, Buffer dy1, Buffer dy2,
 
   Borrowed segment(*config);
   if (segment.get() == nullptr) return as_error(segment.failure());
-  const ViewOf param = [&](int index) -> ffi::ErrorOr<DLTensor> {
-    ffi::ErrorOr<Buffer> b = params.get<Buffer>(static_cast<size_t>(index));
-    if (!b) return ffi::Unexpected(b.error());
-    return dlpack_view(*b, kCpu, "parameter");
-  };
+  const ViewOf param = parameter_views(params);
   // The blocks ACCUMULATE parameter gradients: XLA's result buffers start zeroed here.
   const ViewOf grad = [&](int index) -> ffi::ErrorOr<DLTensor> {
     ffi::ErrorOr<Out> b = grads.get<Buffer>(static_cast<size_t>(index));

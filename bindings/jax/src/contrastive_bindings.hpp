@@ -1,0 +1,73 @@
+// The argument and result lists of the contrastive-loss handlers, shared by
+// the CPU and the CUDA handlers. Each platform starts from its own binder
+// (CUDA: stream, device ordinal and scratch allocator contexts); the CPU
+// handlers have one more result, the workspace, because XLA:CPU offers FFI
+// handlers no scratch allocator (Workspace = true).
+//
+//   clip forward      q, k, logit_scale -> loss, row_lse, col_lse [, workspace]
+//   clip backward     q, k, logit_scale, row_lse, col_lse, dloss
+//                       -> dq, dk, dlogit_scale [, workspace]
+//   infonce forward   q, k, logit_scale -> loss, row_lse [, workspace], labels?
+//   infonce backward  q, k, logit_scale, row_lse, dloss
+//                       -> dq, dk, dlogit_scale [, workspace], labels?
+//
+// xla::ffi::Binding can only be extended (its move constructor is private),
+// so every step below calls a member on an rvalue and hands the new binder on
+// by reference.
+#pragma once
+
+#include <utility>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace flatmem_jax {
+
+namespace binding_detail {
+
+using B = xla::ffi::AnyBuffer;
+
+// N buffer arguments appended.
+template <int N, typename Binder>
+auto args(Binder &&b) {
+  if constexpr (N == 1)
+    return std::move(b).template Arg<B>();
+  else
+    return args<N - 1>(std::move(b).template Arg<B>());
+}
+
+// N buffer results appended.
+template <int N, typename Binder>
+auto rets(Binder &&b) {
+  if constexpr (N == 1)
+    return std::move(b).template Ret<B>();
+  else
+    return rets<N - 1>(std::move(b).template Ret<B>());
+}
+
+}  // namespace binding_detail
+
+template <bool Workspace, typename Binder>
+auto clip_forward_binding(Binder &&b) {
+  using namespace binding_detail;
+  return rets<3 + Workspace>(args<3>(std::move(b)));
+}
+
+template <bool Workspace, typename Binder>
+auto clip_backward_binding(Binder &&b) {
+  using namespace binding_detail;
+  return rets<3 + Workspace>(args<6>(std::move(b)));
+}
+
+template <bool Workspace, typename Binder>
+auto infonce_forward_binding(Binder &&b) {
+  using namespace binding_detail;
+  return rets<2 + Workspace>(args<3>(std::move(b))).template OptionalArg<B>();
+}
+
+template <bool Workspace, typename Binder>
+auto infonce_backward_binding(Binder &&b) {
+  using namespace binding_detail;
+  return rets<3 + Workspace>(args<5>(std::move(b))).template OptionalArg<B>();
+}
+
+}  // namespace flatmem_jax
