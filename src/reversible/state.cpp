@@ -6,7 +6,7 @@
 
 #include "core/error.hpp"
 #if FLATMEM_HAVE_CUDA_BACKEND
-#include "contrastive/cuda/device.hpp"
+#include "core/cuda/device.hpp"
 #endif
 
 namespace flatmem::reversible {
@@ -89,7 +89,7 @@ StateLayout check_state(const DLTensor *t, const char *name, DataUse use) {
               s.element_bytes(), "-byte element size");
 #if FLATMEM_HAVE_CUDA_BACKEND
     if (t->device.device_type == kDLCUDA)
-      flatmem::contrastive::cuda::check_device_pointer(data_of(t), name, t->device.device_id);
+      flatmem::cuda::check_device_pointer(data_of(t), name, t->device.device_id);
 #endif
   }
   return s;

@@ -9,12 +9,18 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "contrastive/cuda/device.hpp"
 #include "contrastive/cuda/kernels.hpp"
+#include "core/cuda/device.hpp"
 #include "core/error.hpp"
 #include "core/workspace.hpp"
 
 namespace flatmem::contrastive::cuda {
+
+using flatmem::cuda::check_device_pointer;
+using flatmem::cuda::check_launch;
+using flatmem::cuda::DeviceGuard;
+using flatmem::cuda::multiprocessor_count;
+
 namespace {
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }

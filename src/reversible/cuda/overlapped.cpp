@@ -18,15 +18,15 @@
 // stream passes the end every buffer of the workspace is free again.
 #include <array>
 
-#include "contrastive/cuda/device.hpp"
+#include "core/cuda/device.hpp"
 #include "core/error.hpp"
 #include "reversible/cuda/stream_chain.hpp"
 #include "reversible/schedules.hpp"
 
 namespace flatmem::reversible::cuda {
 
-using flatmem::contrastive::cuda::check_launch;
-using flatmem::contrastive::cuda::DeviceGuard;
+using flatmem::cuda::check_launch;
+using flatmem::cuda::DeviceGuard;
 
 constexpr int ring = 4;
 

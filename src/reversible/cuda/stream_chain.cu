@@ -2,14 +2,14 @@
 
 #include <algorithm>
 
-#include "contrastive/cuda/device.hpp"
+#include "core/cuda/device.hpp"
 #include "core/error.hpp"
 
 namespace flatmem::reversible::cuda {
 namespace {
 
-using flatmem::contrastive::cuda::check_launch;
-using flatmem::contrastive::cuda::DeviceGuard;
+using flatmem::cuda::check_launch;
+using flatmem::cuda::DeviceGuard;
 
 // y = a + sign * y, grid-stride.
 template <typename T>

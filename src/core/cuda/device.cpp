@@ -1,8 +1,8 @@
-#include "contrastive/cuda/device.hpp"
+#include "core/cuda/device.hpp"
 
 #include "core/error.hpp"
 
-namespace flatmem::contrastive::cuda {
+namespace flatmem::cuda {
 namespace {
 
 // A failed runtime query leaves a (non-sticky) last error behind in this
@@ -15,7 +15,7 @@ const char *consume(cudaError_t status) {
 
 }  // namespace
 
-DeviceGuard::DeviceGuard(int device) {
+DeviceGuard::DeviceGuard(int device, const char *name) {
   int current = -1;
   cudaError_t status = cudaGetDevice(&current);
   if (status != cudaSuccess)
@@ -24,7 +24,7 @@ DeviceGuard::DeviceGuard(int device) {
   if (current != device) {
     status = cudaSetDevice(device);
     if (status != cudaSuccess)
-      invalid("q: device id ", device, " cannot be made current (", consume(status), ")");
+      invalid(name, ": device id ", device, " cannot be made current (", consume(status), ")");
     previous_ = current;
   }
 }
@@ -60,4 +60,4 @@ void check_launch(cudaError_t status, const char *what) {
   if (status != cudaSuccess) fail(FLATMEM_STATUS_INTERNAL, what, ": ", consume(status));
 }
 
-}  // namespace flatmem::contrastive::cuda
+}  // namespace flatmem::cuda

@@ -1,16 +1,20 @@
-// Host-side CUDA runtime helpers of the backend: the device a call runs on,
-// checks that a pointer really is device memory of that device, and CUDA
-// errors turned into flatmem errors. None of them synchronises.
+// Host-side CUDA runtime helpers shared by the CUDA code of the library (the
+// contrastive backend, the reversible executor, the NCCL device transport):
+// the device a call runs on, checks that a pointer really is device memory of
+// that device, and CUDA errors turned into flatmem errors. None of them
+// synchronises.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-namespace flatmem::contrastive::cuda {
+namespace flatmem::cuda {
 
 // Makes `device` current for the guard's lifetime (restores the caller's).
+// `name` is the argument the device id came from, for the message when it
+// cannot be made current.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device);
+  explicit DeviceGuard(int device, const char *name = "q");
   ~DeviceGuard();
   DeviceGuard(const DeviceGuard &) = delete;
   DeviceGuard &operator=(const DeviceGuard &) = delete;
@@ -29,4 +33,4 @@ int multiprocessor_count(int device);
 // Throws FLATMEM_STATUS_INTERNAL "<what>: <CUDA error text>" unless status is cudaSuccess.
 void check_launch(cudaError_t status, const char *what);
 
-}  // namespace flatmem::contrastive::cuda
+}  // namespace flatmem::cuda
