@@ -16,6 +16,7 @@ packages=(
   libasan8 libubsan1          # ASan/UBSan runtimes for build-asan/ (g++ normally pulls them in)
   python3 python3-numpy python3-matplotlib   # bench plots and Python-side checks (use /usr/bin/python3)
   python3-venv python3-dev    # the bindings' venv (scripts/python-env.sh) and the SWIG extension's headers
+  libucx-dev                  # the communicators: UCX bootstrap + host transport (ucx.pc)
   swig                        # bindings/swig/flatmem.i -> Python and Java
   openjdk-17-jdk-headless     # the Java SWIG module and its test (javac, JNI headers)
 )

@@ -106,6 +106,17 @@ typedef enum flatmem_status {
   FLATMEM_STATUS_NON_FINITE = 5,
   /** A bug in flatmem: please report it with the message. */
   FLATMEM_STATUS_INTERNAL = 6,
+  /** A communicator wait passed its deadline: a peer is dead, wedged, slow
+   *  or never arrived. The message names the operation, the peer and the
+   *  step. The communicator is poisoned afterwards. */
+  FLATMEM_STATUS_TIMEOUT = 7,
+  /** A peer of a communicator failed: its connection reset, it aborted, it
+   *  could not be reached, or it rejected this rank (e.g. another session's
+   *  id). The message names the peer. The communicator is poisoned. */
+  FLATMEM_STATUS_PEER_FAILURE = 8,
+  /** The communicator failed earlier (its first error is repeated in the
+   *  message): every call fails fast; release it with flatmem_comm_abort. */
+  FLATMEM_STATUS_COMM_POISONED = 9,
   FLATMEM_STATUS_MAX = 0x7fffffff
 } flatmem_status;
 
@@ -135,6 +146,9 @@ typedef enum flatmem_nonfinite_policy {
   FLATMEM_NONFINITE_PROPAGATE = 1,
   FLATMEM_NONFINITE_MAX = 0x7fffffff
 } flatmem_nonfinite_policy;
+
+/** A communicator (see <flatmem/comm.h>, included at the end of this file). */
+typedef struct flatmem_comm_s flatmem_comm_t;
 
 /* ======================================================================== */
 /* Tiled contrastive loss                                                   */
@@ -360,5 +374,7 @@ FLATMEM_API flatmem_status flatmem_contrastive_backward(
 
 /* Reversible segments and built-in transformer blocks. */
 #include <flatmem/reversible.h>
+/* Communicators over UCX (host) and NCCL (device). */
+#include <flatmem/comm.h>
 
 #endif /* FLATMEM_FLATMEM_H */

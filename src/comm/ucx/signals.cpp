@@ -1,0 +1,19 @@
+// UCX installs handlers for SIGSEGV, SIGBUS, SIGILL and SIGFPE when it is
+// loaded (UCX_ERROR_SIGNALS). A library must not take over its host process's
+// crash handling (Python's faulthandler, a sanitizer, a framework's own), so
+// unless the user asked for them through UCX_ERROR_SIGNALS, the handlers that
+// were there before UCX loaded are put back when libflatmem loads.
+#include <signal.h>
+#include <ucs/debug/debug.h>
+
+#include <cstdlib>
+#include <initializer_list>
+
+namespace {
+
+__attribute__((constructor)) void restore_signal_handlers() {
+  if (std::getenv("UCX_ERROR_SIGNALS") != nullptr) return;
+  for (int signum : {SIGSEGV, SIGBUS, SIGILL, SIGFPE}) ucs_debug_disable_signal(signum);
+}
+
+}  // namespace
