@@ -423,6 +423,15 @@ std::unique_ptr<DeviceTransport> create_device_transport(Communicator &host, int
   try {
     api = &nccl::api();
     mine.nccl_version = api->version;
+    int count = 0;
+    const cudaError_t counted = cudaGetDeviceCount(&count);
+    cudaGetLastError();
+    if (counted != cudaSuccess)
+      fail(FLATMEM_STATUS_UNSUPPORTED, what, ": the CUDA runtime finds no usable device (",
+           cudaGetErrorString(counted), ")");
+    if (cuda_device >= count)
+      invalid(what, ": cuda_device ", cuda_device, " does not exist (this process sees ", count,
+              count == 1 ? " CUDA device)" : " CUDA devices)");
     flatmem::cuda::DeviceGuard guard(cuda_device, "init_device: cuda_device");
     const cudaError_t context = cudaFree(nullptr);  // the device's primary context, made now
     cudaGetLastError();
