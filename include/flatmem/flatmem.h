@@ -244,6 +244,81 @@ typedef struct flatmem_comm_s flatmem_comm_t;
  *    in two passes, each recomputing its logit tiles: every output row then
  *    has a single owner and needs no atomics).
  *
+ * Ring across ranks (options.comm != NULL; CPU tensors, host transport):
+ *  The loss of one global batch spread over the world_size ranks of a
+ *  flatmem_comm_t (<flatmem/comm.h>). Rank r passes ITS rows q_r (b_r x d)
+ *  and ITS columns k_r (c_r x d); nobody holds the whole batch.
+ *  - Global indices: row i of rank r is global row R_r + i, column j of rank
+ *    r is global column C_r + j, where R_r = b_0 + ... + b_{r-1} and
+ *    C_r = c_0 + ... + c_{r-1} (prefix sums in rank order). B = sum_r b_r,
+ *    C = sum_r c_r. The loss is that of the concatenated batch
+ *    q = [q_0; q_1; ...] (B x d), k = [k_0; k_1; ...] (C x d).
+ *  - INFONCE: labels (b_r,) int64 are GLOBAL column indices in [0, C): a
+ *    positive may live on any rank. Without labels row g's positive is
+ *    column g (needs R_r + b_r <= C on every rank). b_r and c_r may differ
+ *    from rank to rank.
+ *  - SYMMETRIC: b_r = c_r on every rank (row g pairs with column g; the
+ *    ranks may hold different counts).
+ *  - loss: L of the global batch (the mean over the B rows; symmetric
+ *    1/2 (mean row terms + mean column terms)), identical bits on every
+ *    rank. row_lse (b_r,) and col_lse (c_r,) are the GLOBAL log-sum-exps of
+ *    this rank's rows (over all C columns) and of its own columns (over all
+ *    B rows): pass them back to the backward unchanged.
+ *  - Backward: dq = g dL/dq_r (this rank's rows), dk = g dL/dk_r (this
+ *    rank's columns), dlogit_scale = g dL/ds, identical on every rank, where
+ *    L is the GLOBAL mean above. These are the exact gradients of L: nothing
+ *    is summed over ranks. (The Inf-CL reference returns the sum over ranks
+ *    of ds, N times this.) A data-parallel wrapper that AVERAGES parameter
+ *    gradients over its N ranks (as DDP does) would divide the already
+ *    global dq, dk and ds by N: pass dloss = N (or sum the parameter
+ *    gradients over ranks instead of averaging them). One that sums them
+ *    passes dloss = 1; do not sum ds over ranks, each rank already has it.
+ *  - Every rank must pass the same loss, d, dtype, logit scale (bitwise),
+ *    nonfinite policy and, in the backward, the same dloss and dk-or-NULL.
+ *    Each call starts with one small all-gather of these (and of each
+ *    rank's shapes and the outcome of its own argument checks); a mismatch
+ *    is FLATMEM_STATUS_INVALID_ARGUMENT on every rank naming the ranks and
+ *    values ("logit_scale: rank 0 has 10, rank 2 has 20"); a rank whose
+ *    arguments are refused fails with its own message and the others with
+ *    its status naming it. Under FLATMEM_NONFINITE_ERROR a NaN/Inf on one
+ *    rank fails every rank (FLATMEM_STATUS_NON_FINITE; that rank names the
+ *    tensor, row and column, the others "rank 1 found a non-finite
+ *    input").
+ *  - Calls are collective: every rank calls forward (or backward) in the
+ *    same order. The communicator must outlive the handle and is used by
+ *    one thread at a time (the handle's calls are its users). Errors of the
+ *    transport (TIMEOUT, PEER_FAILURE, COMM_POISONED) are the call's status,
+ *    the message naming the step ("contrastive forward ring, step 2 of 4:
+ *    column block from rank 1: ..."); any failure inside the ring poisons
+ *    the communicator. Outputs are written only after every message has
+ *    arrived: on error nothing the caller owns is written.
+ *  - Workspace: workspace must be NULL and workspace_bytes 0 (else
+ *    INVALID_ARGUMENT): the transit buffers depend on the other ranks'
+ *    shapes, which a rank learns only inside the call, so the handle
+ *    allocates them and keeps them (grown on demand, freed by destroy). The
+ *    workspace_size queries return 0 for such a handle. Handle memory, rank
+ *    r: 2 column blocks of max_s c_s x d in the input dtype, the row states
+ *    (12 b_r bytes), thread scratch as in one process; symmetric forward 3
+ *    column states (12 max_s c_s bytes each); backward dq in fp32 (4 b_r d)
+ *    and, with dk, 3 fp32 blocks of max_s c_s x d (a fresh one and two
+ *    partials in transit).
+ *  - How: at step t = 0 .. n-1 rank r holds the column block of rank
+ *    (r - t) mod n. It posts the send of that block to r + 1 and the
+ *    receive of the next from r - 1, then computes (its rows) x (the block)
+ *    while they travel (the communicator's progress thread moves them). The
+ *    forward's column (max, sum) states travel with their blocks and reach
+ *    their owner after the last step; in the backward the partial dk of a
+ *    block travels one step behind it and ends at its owner. Blocks travel
+ *    in the input dtype (bf16 features: half the bytes of fp32). The loss
+ *    and ds are one all-reduce of a double each. Per step and rank the
+ *    forward sends c d (input bytes) + 12 c bytes (symmetric) and the
+ *    backward c d (input bytes) + 4 c + 4 c d (dk) bytes, c = the block's
+ *    columns; compute per rank is 1/n of the single-process loss.
+ *  - Determinism: bitwise reproducible for fixed ranks, shapes and options
+ *    (every merge and sum runs in a fixed order). With one rank it gives
+ *    the single-process results bit for bit; with more ranks the order of
+ *    the sums differs, so results agree with one process to rounding.
+ *
  * Threads (CPU): the handle owns num_threads - 1 worker threads (created by
  * flatmem_contrastive_create, joined by flatmem_contrastive_destroy); the
  * calling thread is the remaining one. flatmem calls its BLAS (sgemm) from
@@ -295,11 +370,15 @@ typedef struct flatmem_contrastive_options {
    *  64 bits wide so that it starts past the tail padding of the struct as
    *  it was before this field (struct_size then tells the two apart). */
   int64_t fp32_precision;
+  /** NULL: a single process (the loss of this call's q and k). Otherwise the
+   *  communicator whose ranks share one global batch (see "Ring across
+   *  ranks" above); it must outlive the handle. */
+  flatmem_comm_t *comm;
 } flatmem_contrastive_options;
 
 #define FLATMEM_CONTRASTIVE_OPTIONS_INIT                                                  \
   { sizeof(flatmem_contrastive_options), FLATMEM_CONTRASTIVE_DEFAULT, 0, 0, 0,            \
-    FLATMEM_NONFINITE_ERROR, FLATMEM_FP32_PRECISION_DEFAULT }
+    FLATMEM_NONFINITE_ERROR, FLATMEM_FP32_PRECISION_DEFAULT, NULL }
 
 /** Fill *options with the defaults and struct_size (for languages that
  *  cannot expand the macro). Thread-safe. */
@@ -316,7 +395,8 @@ FLATMEM_API flatmem_status flatmem_contrastive_destroy(flatmem_contrastive_t *ha
 
 /** Bytes of workspace flatmem_contrastive_forward needs for these shapes and
  *  dtypes. Reads only device, dtype, ndim and shape of q and k (their data may
- *  be NULL). Does not allocate. */
+ *  be NULL). Does not allocate. 0 for a handle with a communicator (the ring
+ *  takes no workspace). */
 FLATMEM_API flatmem_status flatmem_contrastive_forward_workspace_size(
     const flatmem_contrastive_t *handle, const DLTensor *q, const DLTensor *k, size_t *bytes);
 
@@ -326,6 +406,7 @@ FLATMEM_API flatmem_status flatmem_contrastive_forward_workspace_size(
 FLATMEM_API flatmem_status flatmem_contrastive_backward_workspace_size(
     const flatmem_contrastive_t *handle, const DLTensor *q, const DLTensor *k, const DLTensor *dq,
     const DLTensor *dk, size_t *bytes);
+/* (The backward query too returns 0 for a handle with a communicator.) */
 
 /**
  * Forward pass: the mean loss and the saved log-sum-exp vectors.
@@ -367,6 +448,31 @@ FLATMEM_API flatmem_status flatmem_contrastive_backward(
     const DLTensor *logit_scale, const DLTensor *row_lse, const DLTensor *col_lse,
     const DLTensor *dloss, DLTensor *dq, DLTensor *dk, DLTensor *dlogit_scale, void *workspace,
     size_t workspace_bytes, void *stream);
+
+#ifdef FLATMEM_EXPERIMENTAL
+/** What the last ring call of a handle measured on this rank (experimental:
+ *  for benchmarks; the fields may change). */
+typedef struct flatmem_contrastive_ring_stats {
+  size_t struct_size;
+  /** Ring payload this rank sent (column blocks, column states or col_lse,
+   *  partial dk); the metadata all-gather and the one-double all-reduces
+   *  are not counted. */
+  uint64_t bytes_sent;
+  uint64_t messages_sent;
+  /** Seconds this rank was blocked waiting for ring messages: the transfer
+   *  time compute did not hide. */
+  double wait_seconds;
+  /** Seconds of the whole call. */
+  double seconds;
+  int32_t steps;
+} flatmem_contrastive_ring_stats;
+
+/** backward = 0: the last ring forward; 1: the last ring backward. A handle
+ *  without a communicator reports zeros. */
+FLATMEM_API flatmem_status flatmem_contrastive_ring_stats_get(const flatmem_contrastive_t *handle,
+                                                              int32_t backward,
+                                                              flatmem_contrastive_ring_stats *stats);
+#endif
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -1,14 +1,19 @@
 // extern "C" entry points of the contrastive loss: argument checks, then the
 // backend the tensors' device selects (kDLCPU: cpu/, kDLCUDA: cuda/ when
 // built with it); exceptions become statuses (core/error.hpp).
+#define FLATMEM_EXPERIMENTAL 1  // defines flatmem_contrastive_ring_stats_get
 #include "contrastive/cpu/forward.hpp"
 #ifdef FLATMEM_HAVE_CUDA_BACKEND
 #include "contrastive/cuda/backend.hpp"
 #endif
 #include "contrastive/handle.hpp"
 #include "contrastive/plan.hpp"
+#include "contrastive/ring/ring.hpp"
 #include "contrastive/validate.hpp"
 #include "core/error.hpp"
+
+#include <algorithm>
+#include <cstring>
 
 using namespace flatmem;
 using namespace flatmem::contrastive;
@@ -70,6 +75,10 @@ flatmem_status flatmem_contrastive_forward_workspace_size(const flatmem_contrast
     check_out(bytes, "bytes");
     MatrixView qv, kv;
     check_features(handle->options, q, k, DataUse::metadata_only, qv, kv);
+    if (handle->options.comm) {  // the ring uses the handle's own buffers
+      *bytes = 0;
+      return;
+    }
     if (on_cuda(qv)) {
       FLATMEM_CUDA_ONLY(*bytes = cuda::forward_workspace_bytes(qv, kv, handle->options.loss));
       return;
@@ -90,6 +99,10 @@ flatmem_status flatmem_contrastive_backward_workspace_size(const flatmem_contras
     check_features(handle->options, q, k, DataUse::metadata_only, qv, kv);
     const MatrixView dqv = check_gradient(dq, "dq", qv, "q", DataUse::metadata_only);
     const MatrixView dkv = check_gradient(dk, "dk", kv, "k", DataUse::metadata_only);
+    if (handle->options.comm) {  // the ring uses the handle's own buffers
+      *bytes = 0;
+      return;
+    }
     if (on_cuda(qv)) {
       FLATMEM_CUDA_ONLY(*bytes = cuda::backward_workspace_bytes(qv, kv, dq != nullptr, dk != nullptr));
       return;
@@ -108,6 +121,9 @@ flatmem_status flatmem_contrastive_forward(flatmem_contrastive_t *handle, const 
   return guarded([&] {
     (void)stream;  // CUDA only
     check_handle(handle);
+    if (handle->options.comm)
+      return ring::forward(*handle, q, k, labels, logit_scale, loss, row_lse, col_lse, workspace,
+                           workspace_bytes);
     const Inputs in = check_inputs(handle->options, q, k, labels, logit_scale);
     const ForwardOutputs out = check_forward_outputs(in, loss, row_lse, col_lse);
     if (on_cuda(in.q)) {
@@ -132,6 +148,9 @@ flatmem_status flatmem_contrastive_backward(flatmem_contrastive_t *handle, const
   return guarded([&] {
     (void)stream;  // CUDA only
     check_handle(handle);
+    if (handle->options.comm)
+      return ring::backward(*handle, q, k, labels, logit_scale, row_lse, col_lse, dloss, dq, dk,
+                            dlogit_scale, workspace, workspace_bytes);
     const Inputs in = check_inputs(handle->options, q, k, labels, logit_scale);
     const BackwardArgs args = check_backward_args(handle->options, in, row_lse, col_lse, dloss, dq,
                                                  dk, dlogit_scale);
@@ -145,6 +164,23 @@ flatmem_status flatmem_contrastive_backward(flatmem_contrastive_t *handle, const
         args.dk.data ? &args.dk.dtype : nullptr, handle->pool.size());
     void *ws = handle->workspace.resolve(workspace, workspace_bytes, needed);
     cpu::backward(handle->pool, plan, in, args, ws);
+  });
+}
+
+flatmem_status flatmem_contrastive_ring_stats_get(const flatmem_contrastive_t *handle,
+                                                  int32_t backward,
+                                                  flatmem_contrastive_ring_stats *stats) {
+  return guarded([&] {
+    check_handle(handle);
+    check_out(stats, "stats");
+    if (stats->struct_size < sizeof(size_t))
+      invalid("stats: struct_size is ", stats->struct_size, "; set it to sizeof(*stats)");
+    const ring::Stats &s = backward ? handle->ring_backward_stats : handle->ring_forward_stats;
+    flatmem_contrastive_ring_stats full{sizeof(full), s.bytes_sent, s.messages_sent,
+                                        s.wait_seconds, s.seconds, s.steps};
+    const std::size_t given = stats->struct_size;
+    std::memcpy(stats, &full, std::min(given, sizeof full));
+    stats->struct_size = given;
   });
 }
 

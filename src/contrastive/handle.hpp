@@ -1,8 +1,10 @@
 // The object behind flatmem_contrastive_t: resolved options, the worker
-// threads, and the buffer used when a call passes no workspace.
+// threads, the buffer used when a call passes no workspace (always, for the
+// ring), and what the last ring calls measured.
 #pragma once
 
 #include "contrastive/problem.hpp"
+#include "contrastive/ring/stats.hpp"
 #include "core/blas.hpp"
 #include "core/owned_workspace.hpp"
 #include "core/thread_pool.hpp"
@@ -16,4 +18,5 @@ struct flatmem_contrastive_s {
   flatmem::contrastive::Options options;
   flatmem::ThreadPool pool;
   flatmem::OwnedWorkspace workspace;
+  flatmem::contrastive::ring::Stats ring_forward_stats, ring_backward_stats;
 };

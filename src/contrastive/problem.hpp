@@ -23,6 +23,7 @@ struct Options {
   int tile_rows = 512, tile_cols = 512;
   flatmem_nonfinite_policy nonfinite = FLATMEM_NONFINITE_ERROR;
   Fp32Precision fp32_precision = Fp32Precision::tf32;
+  flatmem_comm_t *comm = nullptr;  // non-null: the ring across its ranks (src/contrastive/ring/)
 };
 
 // Inputs shared by forward and backward.
@@ -30,13 +31,19 @@ struct Inputs {
   Loss loss = Loss::symmetric;
   MatrixView q, k;                         // (b, d), (c, d)
   const std::int64_t *labels = nullptr;    // (b,) or nullptr: y_i = i
+  // Global index of q's row 0 and of k's column 0: the rank offsets of the
+  // ring, 0 in a single process. Labels are global column indices.
+  std::int64_t row_offset = 0, col_offset = 0;
   float scale = 1.0f;                      // s (CPU tensors only)
   const float *scale_data = nullptr;       // where s lives (device pointer on CUDA)
   std::int64_t b() const { return q.rows; }
   std::int64_t c() const { return k.rows; }
   std::int64_t d() const { return q.cols; }
-  // Positive column of row i.
-  std::int64_t positive(std::int64_t i) const { return labels ? labels[i] : i; }
+  // Positive column of row i, counted from k's column 0: outside [0, c) when
+  // it lies in another rank's block of the ring.
+  std::int64_t positive(std::int64_t i) const {
+    return (labels ? labels[i] : row_offset + i) - col_offset;
+  }
 };
 
 struct ForwardOutputs {

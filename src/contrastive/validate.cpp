@@ -70,6 +70,7 @@ Options resolve_options(const flatmem_contrastive_options *given) {
     case FLATMEM_FP32_PRECISION_FULL: r.fp32_precision = Fp32Precision::full; break;
     default: invalid("options.fp32_precision: ", o.fp32_precision, " is not a flatmem_fp32_precision");
   }
+  r.comm = o.comm;
   return r;
 }
 
@@ -107,12 +108,18 @@ MatrixView check_gradient(const DLTensor *t, const char *name, const MatrixView 
   return g;
 }
 
+void check_features_finite(const Inputs &in) {
+  check_finite(in.q, "q");
+  check_finite(in.k, "k");
+}
+
 Inputs check_inputs(const Options &options, const DLTensor *q, const DLTensor *k,
-                    const DLTensor *labels, const DLTensor *logit_scale) {
+                    const DLTensor *labels, const DLTensor *logit_scale, Scope scope) {
   Inputs in;
   in.loss = options.loss;
   check_features(options, q, k, DataUse::required, in.q, in.k);
   const bool device = on_cuda(in.q);
+  const bool single = scope == Scope::single_process;
   if (labels != nullptr) {
     if (options.loss == Loss::symmetric)
       invalid("labels: must be NULL for the symmetric loss (row i is paired with column i)");
@@ -121,10 +128,10 @@ Inputs check_inputs(const Options &options, const DLTensor *q, const DLTensor *k
     in.labels = l.as<const std::int64_t>();
     // On CUDA the values stay on the device: the kernels turn an out-of-range
     // label into a NaN loss instead (flatmem.h, "CUDA tensors").
-    for (std::int64_t i = 0; i < (device ? 0 : in.b()); ++i)
+    for (std::int64_t i = 0; i < (device || !single ? 0 : in.b()); ++i)
       if (in.labels[i] < 0 || in.labels[i] >= in.c())
         invalid("labels: labels[", i, "] = ", in.labels[i], " is outside [0, c = ", in.c(), ")");
-  } else if (in.c() < in.b()) {
+  } else if (single && in.c() < in.b()) {
     invalid("k: ", in.c(), " rows is fewer than q's b = ", in.b(),
             "; without labels row i's positive is column i, so c >= b is needed");
   }
@@ -135,10 +142,7 @@ Inputs check_inputs(const Options &options, const DLTensor *q, const DLTensor *k
   in.scale = *in.scale_data;
   if (!(std::isfinite(in.scale) && in.scale > 0.0f))
     invalid("logit_scale: ", in.scale, "; expected a finite value > 0 (s = exp(learned log-scale))");
-  if (options.nonfinite == FLATMEM_NONFINITE_ERROR) {
-    check_finite(in.q, "q");
-    check_finite(in.k, "k");
-  }
+  if (single && options.nonfinite == FLATMEM_NONFINITE_ERROR) check_features_finite(in);
   return in;
 }
 

@@ -20,8 +20,17 @@ void check_features(const Options &options, const DLTensor *q, const DLTensor *k
 MatrixView check_gradient(const DLTensor *t, const char *name, const MatrixView &like,
                           const char *like_name, DataUse use);
 
+// single_process also checks the label values against c (or c >= b without
+// labels) and, under FLATMEM_NONFINITE_ERROR, that q and k are finite. The
+// ring checks those against the global batch, together with every rank
+// (src/contrastive/ring/agreement.hpp).
+enum class Scope { single_process, ring };
 Inputs check_inputs(const Options &options, const DLTensor *q, const DLTensor *k,
-                    const DLTensor *labels, const DLTensor *logit_scale);
+                    const DLTensor *labels, const DLTensor *logit_scale,
+                    Scope scope = Scope::single_process);
+
+// Throws FLATMEM_STATUS_NON_FINITE naming the first NaN / Inf of q or k.
+void check_features_finite(const Inputs &in);
 
 ForwardOutputs check_forward_outputs(const Inputs &in, DLTensor *loss, DLTensor *row_lse,
                                      DLTensor *col_lse);

@@ -4,6 +4,7 @@
 // 8 b^2 d FLOPs for the symmetric loss. dL/ds = sum_ij G_ij <q_i, k_j>.
 #include <algorithm>
 
+#include "contrastive/cpu/blocks.hpp"
 #include "contrastive/cpu/forward.hpp"
 #include "contrastive/cpu/tile_math.hpp"
 #include "contrastive/cpu/tile_walk.hpp"
@@ -13,36 +14,69 @@ namespace {
 
 // The fp32 matrix gradients accumulate into: the output itself when it is
 // fp32, else the workspace accumulator (ld = d).
-struct Accumulator {
-  float *data = nullptr;
-  std::int64_t ld = 0;
-  float *row(std::int64_t r) const { return data + r * ld; }
-};
-
 Accumulator accumulator_for(const MatrixView &out, float *workspace_acc) {
   if (out.data == nullptr) return {};
   if (out.dtype == Dtype::f32) return {out.row<float>(0), out.row_stride};
   return {workspace_acc, out.cols};
 }
 
-void zero(const Accumulator &a, std::int64_t rows, std::int64_t cols) {
-  for (std::int64_t r = 0; r < rows; ++r) std::fill(a.row(r), a.row(r) + cols, 0.0f);
+const Dtype *dtype_if_requested(const MatrixView &m) { return m.data ? &m.dtype : nullptr; }
+
+}  // namespace
+
+void Accumulator::zero(std::int64_t rows, std::int64_t cols) const {
+  for (std::int64_t r = 0; r < rows; ++r) std::fill(row(r), row(r) + cols, 0.0f);
 }
 
-// Rounds the fp32 accumulator into a 16-bit output, once.
-void store_rounded(const Accumulator &a, const MatrixView &out) {
-  if (out.data == nullptr || out.dtype == Dtype::f32) return;
+void store_gradient(const Accumulator &a, const MatrixView &out) {
+  if (out.data == nullptr) return;
   for (std::int64_t r = 0; r < out.rows; ++r) {
-    auto *dst = out.row<std::uint16_t>(r);
     const float *src = a.row(r);
+    if (out.dtype == Dtype::f32) {
+      if (out.row<float>(r) != src) std::copy(src, src + out.cols, out.row<float>(r));
+      continue;
+    }
+    auto *dst = out.row<std::uint16_t>(r);
     for (std::int64_t j = 0; j < out.cols; ++j)
       dst[j] = out.dtype == Dtype::bf16 ? f32_to_bf16(src[j]) : f32_to_f16(src[j]);
   }
 }
 
-const Dtype *dtype_if_requested(const MatrixView &m) { return m.data ? &m.dtype : nullptr; }
+GradientCoefficients gradient_coefficients(Loss loss, float dloss, std::int64_t global_rows) {
+  // InfoNCE: G = (P - Y) / B.  Symmetric: G = (P + Q - 2 I) / (2B). Times g = dloss.
+  const bool symmetric = loss == Loss::symmetric;
+  const double b = double(global_rows);
+  GradientCoefficients c;
+  c.row = float(dloss / (symmetric ? 2.0 * b : b));
+  c.col = symmetric ? c.row : 0.0f;
+  c.positive = float(dloss / b);
+  return c;
+}
 
-}  // namespace
+void gradient_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const float *row_lse,
+                    const float *col_lse, const GradientCoefficients &coef,
+                    const Accumulator &dq, const Accumulator &dk,
+                    const std::vector<ThreadScratch> &scratch, double *group_ds) {
+  walk_tiles(pool, plan, in, scratch,
+             [&](std::int64_t row_group, Range rows, Range cols, const Fp32Rows &q,
+                 const Fp32Rows &k, const ThreadScratch &s) {
+               tile_logits(q, k, rows.size(), cols.size(), plan.d, s.tile);
+               for (std::int64_t i = rows.begin; i < rows.end; ++i) {
+                 const std::int64_t y = in.positive(i);
+                 s.positives[i - rows.begin] = (y >= cols.begin && y < cols.end) ? y - cols.begin : -1;
+               }
+               group_ds[row_group] += gradient_tile(
+                   s.tile, rows.size(), cols.size(), in.scale, row_lse + rows.begin,
+                   col_lse ? col_lse + cols.begin : nullptr, coef.row, coef.col, s.positives,
+                   coef.positive);
+               if (dq.data)
+                 accumulate_rows_times(s.tile, k, rows.size(), cols.size(), plan.d,
+                                       dq.row(rows.begin), dq.ld);
+               if (dk.data)
+                 accumulate_cols_times(s.tile, q, rows.size(), cols.size(), plan.d,
+                                       dk.row(cols.begin), dk.ld);
+             });
+}
 
 std::size_t backward_workspace_bytes(const Plan &plan, Dtype input, const Dtype *dq_dtype,
                                      const Dtype *dk_dtype, int threads) {
@@ -58,44 +92,18 @@ void backward(ThreadPool &pool, const Plan &plan, const Inputs &in, const Backwa
                                              dtype_if_requested(args.dk), pool.size());
   const Accumulator dq = accumulator_for(args.dq, buf.dq_acc);
   const Accumulator dk = accumulator_for(args.dk, buf.dk_acc);
-  if (dq.data) zero(dq, plan.b, plan.d);
-  if (dk.data) zero(dk, plan.c, plan.d);
+  if (dq.data) dq.zero(plan.b, plan.d);
+  if (dk.data) dk.zero(plan.c, plan.d);
   std::fill(buf.group_ds, buf.group_ds + plan.groups, 0.0);
 
-  // InfoNCE: G = (P - Y) / b.  Symmetric: G = (P + Q - 2 I) / (2b). Times g = dloss.
   const bool symmetric = in.loss == Loss::symmetric;
-  const double b = double(plan.b);
-  const float row_coef = float(args.dloss / (symmetric ? 2.0 * b : b));
-  const float col_coef = symmetric ? row_coef : 0.0f;
-  const float positive_coef = float(args.dloss / b);
+  gradient_block(pool, plan, in, args.row_lse, symmetric ? args.col_lse : nullptr,
+                 gradient_coefficients(in.loss, args.dloss, plan.b), dq, dk, buf.threads,
+                 buf.group_ds);
 
-  walk_tiles(pool, plan, in, buf.threads,
-             [&](std::int64_t row_group, Range rows, Range cols, const Fp32Rows &q,
-                 const Fp32Rows &k, const ThreadScratch &s) {
-               tile_logits(q, k, rows.size(), cols.size(), plan.d, s.tile);
-               for (std::int64_t i = rows.begin; i < rows.end; ++i) {
-                 const std::int64_t y = in.positive(i);
-                 s.positives[i - rows.begin] = (y >= cols.begin && y < cols.end) ? y - cols.begin : -1;
-               }
-               buf.group_ds[row_group] += gradient_tile(
-                   s.tile, rows.size(), cols.size(), in.scale, args.row_lse + rows.begin,
-                   symmetric ? args.col_lse + cols.begin : nullptr, row_coef, col_coef,
-                   s.positives, positive_coef);
-               if (dq.data)
-                 accumulate_rows_times(s.tile, k, rows.size(), cols.size(), plan.d,
-                                       dq.row(rows.begin), dq.ld);
-               if (dk.data)
-                 accumulate_cols_times(s.tile, q, rows.size(), cols.size(), plan.d,
-                                       dk.row(cols.begin), dk.ld);
-             });
-
-  store_rounded(dq, args.dq);
-  store_rounded(dk, args.dk);
-  if (args.dscale) {
-    double ds = 0.0;
-    for (std::int64_t g = 0; g < plan.groups; ++g) ds += buf.group_ds[g];
-    *args.dscale = float(ds);
-  }
+  store_gradient(dq, args.dq);
+  store_gradient(dk, args.dk);
+  if (args.dscale) *args.dscale = float(sum_in_order(buf.group_ds, plan.groups));
 }
 
 }  // namespace flatmem::contrastive::cpu

@@ -1,10 +1,9 @@
 #include "contrastive/cpu/buffers.hpp"
 
 namespace flatmem::contrastive::cpu {
-namespace {
 
-std::vector<ThreadScratch> carve_threads(WorkspaceCarver &carver, const Plan &plan, Dtype input,
-                                         int threads) {
+std::vector<ThreadScratch> carve_thread_scratch(WorkspaceCarver &carver, const Plan &plan,
+                                                Dtype input, int threads) {
   const bool widen = input != Dtype::f32;
   std::vector<ThreadScratch> out(static_cast<std::size_t>(threads));
   for (auto &t : out) {
@@ -17,8 +16,6 @@ std::vector<ThreadScratch> carve_threads(WorkspaceCarver &carver, const Plan &pl
   return out;
 }
 
-}  // namespace
-
 ForwardBuffers carve_forward(WorkspaceCarver &carver, const Plan &plan, Loss loss, Dtype input,
                              int threads) {
   ForwardBuffers f;
@@ -29,7 +26,7 @@ ForwardBuffers carve_forward(WorkspaceCarver &carver, const Plan &plan, Loss los
     f.col_sum = carver.take<double>(plan.c);
   }
   f.group_loss = carver.take<double>(plan.groups);
-  f.threads = carve_threads(carver, plan, input, threads);
+  f.threads = carve_thread_scratch(carver, plan, input, threads);
   return f;
 }
 
@@ -39,7 +36,7 @@ BackwardBuffers carve_backward(WorkspaceCarver &carver, const Plan &plan, Dtype 
   bwd.group_ds = carver.take<double>(plan.groups);
   if (dq_dtype && *dq_dtype != Dtype::f32) bwd.dq_acc = carver.take<float>(plan.b * plan.d);
   if (dk_dtype && *dk_dtype != Dtype::f32) bwd.dk_acc = carver.take<float>(plan.c * plan.d);
-  bwd.threads = carve_threads(carver, plan, input, threads);
+  bwd.threads = carve_thread_scratch(carver, plan, input, threads);
   return bwd;
 }
 

@@ -35,6 +35,10 @@ struct BackwardBuffers {
   std::vector<ThreadScratch> threads;
 };
 
+// One ThreadScratch per thread, sized for `plan`'s tiles.
+std::vector<ThreadScratch> carve_thread_scratch(WorkspaceCarver &carver, const Plan &plan,
+                                                Dtype input, int threads);
+
 ForwardBuffers carve_forward(WorkspaceCarver &carver, const Plan &plan, Loss loss, Dtype input,
                              int threads);
 

@@ -25,6 +25,11 @@ inline void merge(float &running_max, double &running_sum, float block_max, doub
 
 }  // namespace
 
+void merge_states(float *running_max, double *running_sum, const float *block_max,
+                  const double *block_sum, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) merge(running_max[i], running_sum[i], block_max[i], block_sum[i]);
+}
+
 FLATMEM_SIMD_CLONES
 void fold_rows(const float *raw, std::int64_t rows, std::int64_t cols, float scale, float *row_max,
                double *row_sum) {

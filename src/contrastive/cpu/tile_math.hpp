@@ -20,6 +20,12 @@ void fold_rows(const float *raw, std::int64_t rows, std::int64_t cols, float sca
 void fold_cols(const float *raw, std::int64_t rows, std::int64_t cols, float scale, float *col_max,
                double *col_sum, float *scratch);
 
+// Merges n (max, sum) states into running ones, element by element, with the
+// same rule the folds use (both sums rescaled to the larger max; NaN
+// propagates): the ring combines the column states of different ranks so.
+void merge_states(float *running_max, double *running_sum, const float *block_max,
+                  const double *block_sum, std::int64_t n);
+
 // Backward of one tile. On entry raw holds <q_i, k_j>; on return it holds
 // s * G_ij with
 //   G_ij = row_coef * exp(x_ij - row_lse_i) + col_coef * exp(x_ij - col_lse_j)

@@ -1,0 +1,75 @@
+// The CPU loss as block primitives: one (rows q, columns k) pair at a time.
+// A single process runs each once over the whole problem (forward.cpp,
+// backward.cpp); the ring (src/contrastive/ring/) runs them once per column
+// block that passes through the rank, with Inputs::row_offset / col_offset
+// placing the block in the global batch.
+#pragma once
+
+#include <vector>
+
+#include "contrastive/cpu/buffers.hpp"
+#include "contrastive/plan.hpp"
+#include "contrastive/problem.hpp"
+#include "core/thread_pool.hpp"
+
+namespace flatmem::contrastive::cpu {
+
+// Running log-sum-exp states of n rows or columns: LSE = max + log(sum).
+struct LseStates {
+  float *max = nullptr;
+  double *sum = nullptr;
+  void reset(std::int64_t n) const;  // max = -inf, sum = 0 (empty)
+};
+
+// Folds every logit tile of in.q x in.k into `rows` (b states, running across
+// blocks) and, when cols.max is set, into `cols` (c states).
+void fold_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const LseStates &rows,
+                const LseStates &cols, const std::vector<ThreadScratch> &scratch);
+
+// group_sum[g] += s <q_i, k_{y_i}> over the rows i of row group g whose
+// positive column lies in in.k (in double).
+void add_positive_logits(ThreadPool &pool, const Plan &plan, const Inputs &in, double *group_sum);
+
+// Sum of values[0 .. n) in order, in double.
+double sum_in_order(const double *values, std::int64_t n);
+
+// lse_i = max_i + log(sum_i); returns sum_i lse_i in double.
+double finish_lse(const LseStates &states, std::int64_t n, float *lse);
+
+// Sum over rows (and columns) of l_i times the loss's normaliser:
+// InfoNCE sum_i lse_i - x_{i,y_i}; symmetric sum lse - 2 sum x_ii. The loss is
+// this over `global_rows` (InfoNCE) or 2 * global_rows (symmetric).
+double loss_numerator(Loss loss, double lse_total, double positive_total);
+float mean_loss(Loss loss, double numerator, std::int64_t global_rows);
+
+// The fp32 matrix a gradient accumulates into (row r at data + r * ld).
+struct Accumulator {
+  float *data = nullptr;
+  std::int64_t ld = 0;
+  float *row(std::int64_t r) const { return data + r * ld; }
+  void zero(std::int64_t rows, std::int64_t cols) const;
+};
+
+// G = row * P + col * Q - positive * Y (see gradient_tile), for the mean
+// over `global_rows` rows times dloss:
+//   InfoNCE   row = positive = g / B, col = 0;
+//   symmetric row = col = g / (2B), positive = g / B.
+struct GradientCoefficients {
+  float row = 0.0f, col = 0.0f, positive = 0.0f;
+};
+GradientCoefficients gradient_coefficients(Loss loss, float dloss, std::int64_t global_rows);
+
+// Recomputes every logit tile of in.q x in.k, turns it into s*G with the
+// global row_lse (q's rows) and col_lse (k's columns, symmetric; else
+// nullptr), adds s G K into dq and (s G)^T Q into dk (either may be absent),
+// and adds each tile's share of dL/ds into group_ds[row group].
+void gradient_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const float *row_lse,
+                    const float *col_lse, const GradientCoefficients &coef,
+                    const Accumulator &dq, const Accumulator &dk,
+                    const std::vector<ThreadScratch> &scratch, double *group_ds);
+
+// Writes an fp32 accumulator into a gradient output: a copy for fp32 outputs
+// that are not the accumulator itself, a rounding for 16-bit ones.
+void store_gradient(const Accumulator &a, const MatrixView &out);
+
+}  // namespace flatmem::contrastive::cpu
