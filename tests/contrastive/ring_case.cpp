@@ -78,15 +78,23 @@ GlobalBatch make_batch(const RingCase &rc) {
   return b;
 }
 
+RankInputs slice(const RingCase &rc, const GlobalBatch &batch, int rank) {
+  const std::int64_t b = rc.rows[std::size_t(rank)], row0 = batch.row_offset[std::size_t(rank)];
+  RankInputs in;
+  in.q = rows_of(batch.q, row0, b);
+  in.k = rows_of(batch.k, batch.col_offset[std::size_t(rank)], rc.columns(rank));
+  in.has_labels = rc.labels;
+  if (rc.labels) {
+    in.labels = HostTensor::vector(Dtype::i64, b);
+    for (std::int64_t i = 0; i < b; ++i) in.labels.set(i, batch.labels.get(row0 + i));
+  }
+  return in;
+}
+
 RankResult run_rank(flatmem_comm_t *comm, const RingCase &rc, const GlobalBatch &batch, int rank) {
   const std::int64_t b = rc.rows[std::size_t(rank)], c = rc.columns(rank), d = rc.d;
-  const HostTensor q = rows_of(batch.q, batch.row_offset[std::size_t(rank)], b);
-  const HostTensor k = rows_of(batch.k, batch.col_offset[std::size_t(rank)], c);
-  HostTensor labels;
-  if (rc.labels) {
-    labels = HostTensor::vector(Dtype::i64, b);
-    for (std::int64_t i = 0; i < b; ++i) labels.set(i, batch.labels.get(batch.row_offset[std::size_t(rank)] + i));
-  }
+  const RankInputs in = slice(rc, batch, rank);
+  const HostTensor &q = in.q, &k = in.k;
   flatmem_contrastive_options o = make_options(rc.loss, rc.threads, rc.tile, rc.tile);
   o.comm = comm;
   Handle h = create_handle(o);
@@ -95,7 +103,7 @@ RankResult run_rank(flatmem_comm_t *comm, const RingCase &rc, const GlobalBatch 
   res.row_lse = nan_vector(Dtype::f32, b);
   if (rc.symmetric()) res.col_lse = nan_vector(Dtype::f32, c);
   DLTensor *col_lse = rc.symmetric() ? res.col_lse.dl() : nullptr;
-  const DLTensor *label_dl = rc.labels ? labels.dl() : nullptr;
+  const DLTensor *label_dl = in.labels_dl();
   res.status = flatmem_contrastive_forward(h.get(), q.dl(), k.dl(), label_dl, batch.scale.dl(),
                                            res.loss.dl(), res.row_lse.dl(), col_lse, nullptr, 0, nullptr);
   if (res.status != FLATMEM_STATUS_SUCCESS) {

@@ -55,6 +55,14 @@ struct GlobalBatch {
 };
 GlobalBatch make_batch(const RingCase &rc);
 
+// Rank r's slice of the batch: its rows of q (and labels), its columns of k.
+struct RankInputs {
+  HostTensor q, k, labels;
+  bool has_labels = false;
+  const DLTensor *labels_dl() const { return has_labels ? labels.dl() : nullptr; }
+};
+RankInputs slice(const RingCase &rc, const GlobalBatch &batch, int rank);
+
 // A rank's outputs (status != SUCCESS: error holds flatmem_last_error()).
 struct RankResult {
   flatmem_status status = FLATMEM_STATUS_SUCCESS;
