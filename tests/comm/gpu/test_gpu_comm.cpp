@@ -73,7 +73,7 @@ void CUDART_CB sleep_on_stream(void *ms) {
 
 }  // namespace
 
-TEST_CASE("comm/gpu/init_device: a world of 1; a second call is INVALID_ARGUMENT") {
+TEST_CASE("comm/gpu/init_device: a world of 1, a second call is INVALID_ARGUMENT") {
   OneRank r;
   CHECK(flatmem_comm_health(r.comm) == FLATMEM_STATUS_SUCCESS);
   CHECK(flatmem_comm_init_device(r.comm, 0, timeout_ms) == FLATMEM_STATUS_INVALID_ARGUMENT);
