@@ -1,6 +1,9 @@
 #include "support/ranks.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,11 +45,13 @@ bool read_all(int fd, void *data, std::size_t n, int ms) {
 }
 
 [[noreturn]] void child(int rank, int world, const Scenario &scenario, const std::vector<int> &id_pipes,
-                        int report_fd) {
+                        int report_fd, const MakeId &make_id) {
   RankSetup setup{rank, world, {}};
   std::string report;
   if (rank == 0) {
-    if (flatmem_comm_unique_id_create("127.0.0.1:0", &setup.id) != FLATMEM_STATUS_SUCCESS) {
+    if (make_id) {
+      report = make_id(&setup.id);
+    } else if (flatmem_comm_unique_id_create("127.0.0.1:0", &setup.id) != FLATMEM_STATUS_SUCCESS) {
       report = std::string("flatmem_comm_unique_id_create: ") + flatmem_last_error();
     }
     for (int r = 1; r < world; ++r) write_all(id_pipes[std::size_t(2 * r + 1)], &setup.id, sizeof setup.id);
@@ -64,11 +69,22 @@ bool read_all(int fd, void *data, std::size_t n, int ms) {
 void use_loopback_ucx(const std::string &ucx_tls) {
   ::setenv("UCX_TLS", ucx_tls.c_str(), 1);
   ::setenv("UCX_NET_DEVICES", "lo", 1);
-  ::setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof a;
+  ::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a);
+  ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &length);
+  ::close(fd);
+  return ntohs(a.sin_port);
 }
 
 std::vector<RankOutcome> run_ranks(int world, const Scenario &scenario, std::chrono::seconds limit,
-                                   const std::string &ucx_tls) {
+                                   const std::string &ucx_tls, const MakeId &make_id) {
   std::vector<int> id_pipes(static_cast<std::size_t>(2 * world), -1);
   for (int r = 1; r < world; ++r) {
     if (::pipe(&id_pipes[std::size_t(2 * r)]) != 0) std::abort();
@@ -83,7 +99,7 @@ std::vector<RankOutcome> run_ranks(int world, const Scenario &scenario, std::chr
     if (pid == 0) {
       ::close(report[0]);
       use_loopback_ucx(ucx_tls);
-      child(r, world, scenario, id_pipes, report[1]);
+      child(r, world, scenario, id_pipes, report[1], make_id);
     }
     ::close(report[1]);
     pids[std::size_t(r)] = pid;

@@ -30,10 +30,18 @@ struct RankSetup {
 
 using Scenario = std::function<std::string(const RankSetup &)>;
 
+// What rank 0 runs to make the id it hands to the others (default:
+// flatmem_comm_unique_id_create("127.0.0.1:0")); "" or an error text.
+using MakeId = std::function<std::string(flatmem_comm_unique_id *id)>;
+
 // UCX_TLS for the children: "tcp,self" (default) or e.g. "tcp,self,posix".
 std::vector<RankOutcome> run_ranks(int world, const Scenario &scenario,
                                    std::chrono::seconds limit = std::chrono::seconds(60),
-                                   const std::string &ucx_tls = "tcp,self");
+                                   const std::string &ucx_tls = "tcp,self",
+                                   const MakeId &make_id = nullptr);
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int free_port();
 
 // Creates the communicator of a RankSetup (options: timeout / connect timeout in ms, 0 = default).
 flatmem_status create_comm(const RankSetup &setup, flatmem_comm_t **comm, long timeout_ms = 0,

@@ -47,6 +47,11 @@ Engine::Engine() : notice_buffer_(notice_bytes) {
 
 Engine::~Engine() {
   shutdown();
+  if (goodbye_request_) {
+    ucp_request_cancel(worker_, goodbye_request_);
+    progress_until([&] { return goodbye_request_ == nullptr; },
+                   Clock::now() + std::chrono::milliseconds(200));
+  }
   if (notice_request_) {
     ucp_request_cancel(worker_, notice_request_);
     progress_until([&] { return ucp_request_check_status(notice_request_) != UCS_INPROGRESS; },
@@ -276,7 +281,9 @@ void Engine::start(int rank, std::vector<ucp_ep_h> endpoints,
   infos_ = std::move(infos);
   extra_endpoints_ = std::move(extra_endpoints);
   extra_infos_ = std::move(extra_infos);
+  departed_.assign(endpoints_.size(), 0);
   post_abort_receive();
+  post_goodbye_receive();
   {
     std::lock_guard lock(mutex_);
     started_ = true;
@@ -295,6 +302,63 @@ void Engine::post_abort_receive() {
   if (!UCS_PTR_IS_ERR(request)) notice_request_ = request;
 }
 
+void Engine::post_goodbye_receive() {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  p.cb.recv = on_goodbye;
+  p.user_data = this;
+  void *request = ucp_tag_recv_nbx(worker_, &goodbye_buffer_, sizeof goodbye_buffer_,
+                                   make_tag(Kind::goodbye, 0, 0), kind_bits, &p);
+  goodbye_request_ = UCS_PTR_IS_ERR(request) ? nullptr : request;
+}
+
+void Engine::on_goodbye(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                        void *user) {
+  auto *engine = static_cast<Engine *>(user);
+  ucp_request_free(request);
+  engine->goodbye_request_ = nullptr;
+  if (status != UCS_OK) return;  // cancelled at the end
+  const int peer = tag_source(info->sender_tag);
+  {
+    std::lock_guard lock(engine->mutex_);
+    if (peer >= 0 && std::size_t(peer) < engine->departed_.size()) engine->departed_[std::size_t(peer)] = 1;
+  }
+  engine->post_goodbye_receive();
+}
+
+bool Engine::departed(int peer) const {
+  std::lock_guard lock(mutex_);
+  return peer >= 0 && std::size_t(peer) < departed_.size() && departed_[std::size_t(peer)];
+}
+
+void Engine::say_goodbye() {
+  // Flush first: everything this rank sent has reached its peer before the
+  // goodbye does, so a peer can still receive it after this rank is gone.
+  ucp_request_param_t flush{};
+  void *flushed = ucp_worker_flush_nbx(worker_, &flush);
+  if (flushed != nullptr && !UCS_PTR_IS_ERR(flushed)) {
+    progress_until([&] { return ucp_request_check_status(flushed) != UCS_INPROGRESS; },
+                   Clock::now() + std::chrono::milliseconds(2000));
+    ucp_request_free(flushed);
+  }
+  const std::uint64_t word = 0;
+  std::vector<void *> sent;
+  for (std::size_t peer = 0; peer < endpoints_.size(); ++peer) {
+    if (int(peer) == rank_ || endpoints_[peer] == nullptr || departed(int(peer))) continue;
+    ucp_request_param_t p{};
+    void *r = ucp_tag_send_nbx(endpoints_[peer], &word, sizeof word, make_tag(Kind::goodbye, rank_, 0), &p);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) sent.push_back(r);
+  }
+  progress_until(
+      [&] {
+        return std::all_of(sent.begin(), sent.end(),
+                           [](void *r) { return ucp_request_check_status(r) != UCS_INPROGRESS; });
+      },
+      Clock::now() + std::chrono::milliseconds(1000));
+  for (void *r : sent) ucp_request_free(r);
+}
+
 void Engine::on_abort_notice(void *, ucs_status_t status, const ucp_tag_recv_info_t *info,
                              void *user) {
   if (status != UCS_OK && status != UCS_ERR_MESSAGE_TRUNCATED) return;  // cancelled at the end
@@ -310,7 +374,7 @@ void Engine::on_endpoint_error(void *arg, ucp_ep_h, ucs_status_t status) {
   auto *info = static_cast<EndpointInfo *>(arg);
   info->failure = status;
   Engine *engine = info->engine;
-  if (!engine->started_ || info->peer < 0) return;
+  if (!engine->started_ || info->peer < 0 || engine->departed(info->peer)) return;
   engine->poison(FLATMEM_STATUS_PEER_FAILURE,
                  "the connection to rank " + std::to_string(info->peer) +
                      " failed: " + ucs_text(status) + " (the rank died or closed its communicator)",
@@ -368,6 +432,7 @@ void Engine::progress_loop() {
   // Orderly end: let the peers receive what was sent (bounded), then close;
   // receives nobody waited for are cancelled before the worker goes away.
   const bool healthy = health(nullptr) == FLATMEM_STATUS_SUCCESS;
+  if (healthy) say_goodbye();
   close_all(healthy ? 0u : unsigned(UCP_EP_CLOSE_FLAG_FORCE), std::chrono::milliseconds(2000));
   cancel_receives();
 }

@@ -97,6 +97,9 @@ class Engine {
   Waited wait(const UcxTransfer &t, Clock::time_point deadline);
   bool test(const UcxTransfer &t);
 
+  // Whether `peer` destroyed its communicator (said goodbye). Any thread.
+  bool departed(int peer) const;
+
   // First reason wins. notify: send abort notices to the peers.
   void poison(flatmem_status status, const std::string &message, bool notify);
   flatmem_status health(std::string *message) const;
@@ -114,6 +117,8 @@ class Engine {
   void teardown();  // worker thread: notices, cancel, force close
   void cancel_receives();
   void post_abort_receive();
+  void post_goodbye_receive();
+  void say_goodbye();  // worker thread, healthy shutdown: flush, then tell every peer
   void queue(std::function<void()> command);
   void close_all(unsigned flags, std::chrono::milliseconds bound);
 
@@ -121,6 +126,8 @@ class Engine {
   static void on_recv(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info, void *user);
   static void on_abort_notice(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
                               void *user);
+  static void on_goodbye(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                         void *user);
   static void on_endpoint_error(void *arg, ucp_ep_h ep, ucs_status_t status);
 
   ucp_context_h context_ = nullptr;
@@ -141,7 +148,11 @@ class Engine {
   // The standing receive of abort notices from any rank.
   std::vector<char> notice_buffer_;
   void *notice_request_ = nullptr;
-  std::string notice_text_;  // what this rank tells the peers when it poisons
+  // Peers that destroyed their communicator in an orderly way: their
+  // connections closing is not a failure (worker thread only).
+  std::vector<char> departed_;
+  std::uint64_t goodbye_buffer_ = 0;
+  void *goodbye_request_ = nullptr;
 };
 
 }  // namespace flatmem::comm::ucx

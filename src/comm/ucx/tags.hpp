@@ -13,7 +13,7 @@
 
 namespace flatmem::comm::ucx {
 
-enum class Kind : std::uint64_t { user = 1, internal = 2, abort_notice = 3, bootstrap = 4 };
+enum class Kind : std::uint64_t { user = 1, internal = 2, abort_notice = 3, bootstrap = 4, goodbye = 5 };
 
 // Bootstrap message types (the value field of Kind::bootstrap).
 enum class Boot : std::uint64_t { hello = 1, roster = 2, reject = 3, ready = 4 };

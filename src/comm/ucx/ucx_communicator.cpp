@@ -73,7 +73,9 @@ void UcxCommunicator::wait(const TransferPtr &transfer, Milliseconds timeout,
       const std::string message = what + ": " + t.describe() + ": timed out after " +
                                   std::to_string(timeout.count()) + " ms (rank " +
                                   std::to_string(t.peer) +
-                                  " dead, wedged, or not making the matching call)";
+                                  (engine_->departed(t.peer)
+                                       ? " destroyed its communicator)"
+                                       : " dead, wedged, or not making the matching call)");
       engine_->poison(FLATMEM_STATUS_TIMEOUT, "rank " + std::to_string(rank_) + ": " + message, true);
       engine_->drain(drain_bound);
       fail(FLATMEM_STATUS_TIMEOUT, message);
