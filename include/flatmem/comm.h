@@ -49,7 +49,10 @@
  *
  * UCX reads its own environment (UCX_TLS, UCX_NET_DEVICES, ...). The
  * bootstrap listener needs the tcp transport; for one host
- * UCX_TLS=tcp,self,posix (or sm) adds shared memory for the data.
+ * UCX_TLS=tcp,self,posix (or sm) adds shared memory for the data. Loading
+ * libflatmem puts back the crash-signal handlers UCX installs on load (set
+ * UCX_ERROR_SIGNALS to keep UCX's) and sets UCX's log level to "fatal"
+ * (set UCX_LOG_LEVEL to choose): flatmem reports failures as statuses.
  *
  * ------------------------------------------------------------------------
  * Failure: timeouts, poisoning, abort
@@ -132,10 +135,12 @@ FLATMEM_API flatmem_status flatmem_comm_options_init(flatmem_comm_options *optio
  * Rank 0: open a UCX listener and describe it in *id.
  *
  *   address  where to listen and what the other ranks dial: "host:port",
- *            "host", ":port"; NULL or "" = the environment's
- *            FLATMEM_COMM_ADDRESS, else this host's name as resolved, else
- *            127.0.0.1; port 0 = any free port. The listener binds to that
- *            address.
+ *            "host", "[ipv6]:port" or ":port"; NULL or "" = the environment's
+ *            FLATMEM_COMM_ADDRESS. With a host, the listener binds to it and
+ *            the id names it. Without one, the listener binds to all
+ *            interfaces and the id names the first up, non-loopback IPv4
+ *            address of this machine (127.0.0.1 if there is none). Port 0 =
+ *            any free port.
  *
  * The listener lives until the flatmem_comm_create of rank 0 that uses the
  * id returns (it adopts it), or until the process exits. A port already in
@@ -181,14 +186,20 @@ FLATMEM_API flatmem_status flatmem_comm_create_from_env(flatmem_comm_t **out,
 FLATMEM_API flatmem_status flatmem_comm_create_local(flatmem_comm_t **comms, int32_t world_size,
                                                      const flatmem_comm_options *options);
 
-/** Release the handle: cancels outstanding requests (they become invalid),
- *  disconnects from the peers without waiting for them, stops the progress
- *  thread. Not collective. NULL is a no-op. */
+/** Release the handle. Not collective, but orderly: what this rank sent is
+ *  flushed to its peers, then each peer is told this rank left (so its
+ *  connection closing does not count as a failure there: a receive from a
+ *  departed rank can still get what it sent, else it times out naming the
+ *  departure). Outstanding requests are cancelled (do not wait on them
+ *  afterwards); the progress thread stops. With a device transport, NCCL is
+ *  finalised (at most the init_device timeout), else aborted. NULL is a
+ *  no-op. */
 FLATMEM_API flatmem_status flatmem_comm_destroy(flatmem_comm_t *comm);
 
 /** Tell the peers this rank gives up (they fail with PEER_FAILURE naming it),
- *  then release the handle as flatmem_comm_destroy does. Use it after an
- *  error, or to make the other ranks stop waiting. NULL is a no-op. */
+ *  abort NCCL at once if a device transport exists, then release the handle.
+ *  Use it after an error, or to make the other ranks stop waiting. NULL is a
+ *  no-op. */
 FLATMEM_API flatmem_status flatmem_comm_abort(flatmem_comm_t *comm);
 
 /** This rank and the number of ranks. Work on poisoned handles too. */
@@ -209,8 +220,11 @@ FLATMEM_API flatmem_status flatmem_comm_health(const flatmem_comm_t *comm);
  *   tag      any 32-bit value; sends and receives match on (peer, tag)
  *   request  receives the request; complete it with flatmem_comm_wait
  *   stream   kDLCUDA buffers: the cudaStream_t the NCCL transfer is enqueued
- *            on (the request is then complete once enqueued; see
- *            flatmem_comm_group_start); ignored for host buffers
+ *            on; the request is then complete once enqueued (wait for the
+ *            data with flatmem_comm_synchronize; pair sends and receives in
+ *            flatmem_comm_group_start / _end as NCCL requires). A buffer that
+ *            is not device or managed memory of the communicator's device is
+ *            INVALID_ARGUMENT. Ignored for host buffers.
  *
  * Returns at once. Host transfers progress in the background.
  */
@@ -268,10 +282,19 @@ FLATMEM_API flatmem_status flatmem_comm_barrier(flatmem_comm_t *comm, int64_t ti
  * Device transport (collective): create the NCCL communicator of these ranks
  * on CUDA device cuda_device (this rank's GPU), its unique id broadcast from
  * rank 0 over the host transport, initialised non-blocking and polled until
- * timeout_ms (0 = the handle's default); on timeout or error the NCCL
- * communicator is aborted and the handle poisoned. UNSUPPORTED when the
- * library was built without NCCL. Calling it twice is INVALID_ARGUMENT.
- * Ranks must use distinct GPUs (NCCL cannot host two ranks on one GPU).
+ * timeout_ms (0 = the handle's default). UNSUPPORTED when the library was
+ * built without NCCL. Calling it twice is INVALID_ARGUMENT. Ranks must use
+ * distinct GPUs (NCCL cannot host two ranks on one GPU).
+ *
+ * NCCL (2.19 or newer) is opened at run time: $FLATMEM_NCCL_LIBRARY if set,
+ * else libnccl.so.2 from the loader's path, else the NCCL found when flatmem
+ * was built; libflatmem itself never needs libnccl or a GPU driver to load.
+ * Each rank first checks locally that NCCL loads and cuda_device exists; if
+ * that fails on any rank, every rank returns that rank's status
+ * (UNSUPPORTED: no NCCL or no usable CUDA driver; INVALID_ARGUMENT: no such
+ * device) and the handle stays healthy, so the call may be retried. Later
+ * failures (NCCL initialisation errors, timeout_ms passed) abort NCCL and
+ * poison the handle (TIMEOUT / PEER_FAILURE).
  */
 FLATMEM_API flatmem_status flatmem_comm_init_device(flatmem_comm_t *comm, int32_t cuda_device,
                                                     int64_t timeout_ms);
@@ -279,11 +302,14 @@ FLATMEM_API flatmem_status flatmem_comm_init_device(flatmem_comm_t *comm, int32_
 /** Group device sends and receives that must progress together (as
  *  ncclGroupStart / ncclGroupEnd): between the two, kDLCUDA isend / irecv
  *  are collected and issued by group_end. Host messages are not affected.
- *  UNSUPPORTED without NCCL. */
+ *  Call both from the same thread (NCCL groups are per thread); groups nest;
+ *  group_end without group_start is INVALID_ARGUMENT. UNSUPPORTED without
+ *  NCCL. */
 FLATMEM_API flatmem_status flatmem_comm_group_start(flatmem_comm_t *comm);
 FLATMEM_API flatmem_status flatmem_comm_group_end(flatmem_comm_t *comm, int64_t timeout_ms);
 
 /** Wait on the host until `stream` has finished its work, at most timeout_ms,
+ *  (INVALID_ARGUMENT inside an open group),
  *  checking the NCCL communicator for asynchronous errors meanwhile; on a
  *  timeout or an NCCL error the NCCL communicator is aborted (so the stream
  *  drains) and the handle poisoned. The way to put a deadline on device

@@ -147,6 +147,7 @@ flatmem_status flatmem_comm_abort(flatmem_comm_t *comm) {
   return guarded([&] {
     if (comm == nullptr) return;
     std::unique_ptr<flatmem_comm_s> owned(comm);
+    if (owned->impl && owned->impl->device()) owned->impl->device()->abort();
     if (owned->impl && owned->impl->health(nullptr) == FLATMEM_STATUS_SUCCESS)
       owned->impl->poison(FLATMEM_STATUS_PEER_FAILURE, "flatmem_comm_abort was called");
   });

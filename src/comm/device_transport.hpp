@@ -42,6 +42,9 @@ class DeviceTransport {
                               void *stream, Milliseconds timeout) = 0;
   // Host wait for `stream`, polling ncclCommGetAsyncError, at most `timeout`.
   virtual void synchronize(void *stream, Milliseconds timeout) = 0;
+  // Ends open groups and aborts the NCCL communicator now (flatmem_comm_abort):
+  // destruction then does not wait for a finalisation. Idempotent.
+  virtual void abort() noexcept = 0;
 };
 
 // Whether this library was built with NCCL.

@@ -52,6 +52,9 @@ TEST_CASE("core/status/values-are-explicit") {
   CHECK(int(FLATMEM_STATUS_WORKSPACE_TOO_SMALL) == 4);
   CHECK(int(FLATMEM_STATUS_NON_FINITE) == 5);
   CHECK(int(FLATMEM_STATUS_INTERNAL) == 6);
+  CHECK(int(FLATMEM_STATUS_TIMEOUT) == 7);
+  CHECK(int(FLATMEM_STATUS_PEER_FAILURE) == 8);
+  CHECK(int(FLATMEM_STATUS_COMM_POISONED) == 9);
   CHECK(sizeof(flatmem_status) == 4);
 }
 
@@ -67,6 +70,9 @@ TEST_CASE("core/status/string-for-every-status") {
       {FLATMEM_STATUS_WORKSPACE_TOO_SMALL, "FLATMEM_STATUS_WORKSPACE_TOO_SMALL"},
       {FLATMEM_STATUS_NON_FINITE, "FLATMEM_STATUS_NON_FINITE"},
       {FLATMEM_STATUS_INTERNAL, "FLATMEM_STATUS_INTERNAL"},
+      {FLATMEM_STATUS_TIMEOUT, "FLATMEM_STATUS_TIMEOUT"},
+      {FLATMEM_STATUS_PEER_FAILURE, "FLATMEM_STATUS_PEER_FAILURE"},
+      {FLATMEM_STATUS_COMM_POISONED, "FLATMEM_STATUS_COMM_POISONED"},
   };
   for (const auto &k : known) {
     CAPTURE(k.name);
@@ -76,7 +82,7 @@ TEST_CASE("core/status/string-for-every-status") {
 }
 
 TEST_CASE("core/status/string-for-unknown-values") {
-  for (int value : {7, 8, 100, -1, 0x7ffffffe, int(FLATMEM_STATUS_MAX)}) {
+  for (int value : {10, 11, 100, -1, 0x7ffffffe, int(FLATMEM_STATUS_MAX)}) {
     CAPTURE(value);
     const char *name = flatmem_status_string(static_cast<flatmem_status>(value));
     REQUIRE(name != nullptr);

@@ -64,7 +64,7 @@ class NcclTransport final : public DeviceTransport {
   // Ends the open groups and aborts the NCCL communicator now, without
   // waiting for anything and without touching the host communicator; later
   // calls fail with COMM_POISONED. For flatmem_comm_abort. Idempotent.
-  void abort() noexcept;
+  void abort() noexcept override;
 
  private:
   // What the group opened by the outermost group_start collected, for the

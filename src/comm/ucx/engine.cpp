@@ -375,10 +375,26 @@ void Engine::on_endpoint_error(void *arg, ucp_ep_h, ucs_status_t status) {
   info->failure = status;
   Engine *engine = info->engine;
   if (!engine->started_ || info->peer < 0 || engine->departed(info->peer)) return;
-  engine->poison(FLATMEM_STATUS_PEER_FAILURE,
-                 "the connection to rank " + std::to_string(info->peer) +
-                     " failed: " + ucs_text(status) + " (the rank died or closed its communicator)",
-                 true);
+  engine->suspects_.push_back({info->peer, status, Clock::now()});
+}
+
+// How long a failed connection waits for its peer's goodbye.
+constexpr auto goodbye_grace = std::chrono::milliseconds(300);
+
+void Engine::judge_suspects() {
+  for (auto it = suspects_.begin(); it != suspects_.end();) {
+    if (departed(it->peer)) {
+      it = suspects_.erase(it);
+    } else if (Clock::now() - it->since >= goodbye_grace) {
+      poison(FLATMEM_STATUS_PEER_FAILURE,
+             "the connection to rank " + std::to_string(it->peer) + " failed: " + ucs_text(it->status) +
+                 " (the rank died, or its process ended without destroying its communicator)",
+             true);
+      it = suspects_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void Engine::queue(std::function<void()> command) {
@@ -414,11 +430,12 @@ void Engine::progress_loop() {
     if (stop) break;
     while (ucp_worker_progress(worker_) != 0) {
     }
+    judge_suspects();
     if (fd >= 0 && ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
     {
       std::lock_guard lock(mutex_);
       if (!commands_.empty() || teardown_pending_ || stopping_) continue;
-      busy = !in_flight_.empty();
+      busy = !in_flight_.empty() || !suspects_.empty();
     }
     if (fd >= 0) {
       // Woken by UCX events and by queue() (ucp_worker_signal); the timeout

@@ -151,6 +151,16 @@ class Engine {
   // Peers that destroyed their communicator in an orderly way: their
   // connections closing is not a failure (worker thread only).
   std::vector<char> departed_;
+  // A peer's connection failed at `since`: poisoned unless its goodbye
+  // arrives within the grace period (goodbye and the connection closing
+  // travel on different connections, in either order). Worker thread only.
+  struct Suspect {
+    int peer;
+    ucs_status_t status;
+    Clock::time_point since;
+  };
+  std::vector<Suspect> suspects_;
+  void judge_suspects();
   std::uint64_t goodbye_buffer_ = 0;
   void *goodbye_request_ = nullptr;
 };
