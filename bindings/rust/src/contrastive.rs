@@ -109,6 +109,7 @@ impl Options {
             tile_cols: 0,
             nonfinite: 0,
             fp32_precision: 0,
+            comm: std::ptr::null_mut(),
         };
         // SAFETY: a valid, writable options struct of this declaration.
         check(unsafe { sys::flatmem_contrastive_options_init(&mut raw) })?;

@@ -21,6 +21,18 @@ pub enum Status {
     NonFinite,
     /// `FLATMEM_STATUS_INTERNAL`: a bug in flatmem.
     Internal,
+    /// `FLATMEM_STATUS_TIMEOUT`: a communicator wait passed its deadline (a
+    /// peer is dead, wedged, slow or never arrived); the message names the
+    /// operation, the peer and the step. The communicator is poisoned.
+    Timeout,
+    /// `FLATMEM_STATUS_PEER_FAILURE`: a peer of a communicator failed (its
+    /// connection reset, it aborted, a transport error); the message names
+    /// the peer. The communicator is poisoned.
+    PeerFailure,
+    /// `FLATMEM_STATUS_COMM_POISONED`: the communicator failed earlier (the
+    /// message repeats its first error); every call fails fast. Release it
+    /// with `flatmem_comm_abort`.
+    CommPoisoned,
     /// A status this binding does not know.
     Unknown(u32),
 }
@@ -36,6 +48,9 @@ impl Status {
             sys::FLATMEM_STATUS_WORKSPACE_TOO_SMALL => Status::WorkspaceTooSmall,
             sys::FLATMEM_STATUS_NON_FINITE => Status::NonFinite,
             sys::FLATMEM_STATUS_INTERNAL => Status::Internal,
+            sys::FLATMEM_STATUS_TIMEOUT => Status::Timeout,
+            sys::FLATMEM_STATUS_PEER_FAILURE => Status::PeerFailure,
+            sys::FLATMEM_STATUS_COMM_POISONED => Status::CommPoisoned,
             other => Status::Unknown(other as u32),
         }
     }
@@ -50,6 +65,9 @@ impl Status {
             Status::WorkspaceTooSmall => sys::FLATMEM_STATUS_WORKSPACE_TOO_SMALL,
             Status::NonFinite => sys::FLATMEM_STATUS_NON_FINITE,
             Status::Internal => sys::FLATMEM_STATUS_INTERNAL,
+            Status::Timeout => sys::FLATMEM_STATUS_TIMEOUT,
+            Status::PeerFailure => sys::FLATMEM_STATUS_PEER_FAILURE,
+            Status::CommPoisoned => sys::FLATMEM_STATUS_COMM_POISONED,
             Status::Unknown(code) => code as sys::flatmem_status,
         }
     }

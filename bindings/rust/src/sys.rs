@@ -1,5 +1,7 @@
 //! Raw declarations of `include/flatmem/flatmem.h` (and the `flatmem/reversible.h`
-//! it includes), written by hand.
+//! and `flatmem/comm.h` it includes), written by hand. What the header keeps
+//! behind `FLATMEM_EXPERIMENTAL` (`flatmem_contrastive_ring_stats_get`) is not
+//! declared here.
 //!
 //! Everything keeps its C name. `tests/header_sync.rs` parses the installed
 //! header and this file and fails on any difference: a function missing on
@@ -17,7 +19,7 @@
 #![allow(non_camel_case_types, non_upper_case_globals)]
 
 use std::marker::{PhantomData, PhantomPinned};
-use std::os::raw::{c_char, c_int, c_uint, c_void};
+use std::os::raw::{c_char, c_int, c_uchar, c_uint, c_void};
 
 pub use crate::dlpack::*;
 
@@ -43,6 +45,9 @@ pub const FLATMEM_STATUS_OUT_OF_MEMORY: flatmem_status = 3;
 pub const FLATMEM_STATUS_WORKSPACE_TOO_SMALL: flatmem_status = 4;
 pub const FLATMEM_STATUS_NON_FINITE: flatmem_status = 5;
 pub const FLATMEM_STATUS_INTERNAL: flatmem_status = 6;
+pub const FLATMEM_STATUS_TIMEOUT: flatmem_status = 7;
+pub const FLATMEM_STATUS_PEER_FAILURE: flatmem_status = 8;
+pub const FLATMEM_STATUS_COMM_POISONED: flatmem_status = 9;
 pub const FLATMEM_STATUS_MAX: flatmem_status = 0x7fffffff;
 
 pub type flatmem_nonfinite_policy = c_uint;
@@ -55,6 +60,14 @@ pub const FLATMEM_FP32_PRECISION_DEFAULT: flatmem_fp32_precision = 0;
 pub const FLATMEM_FP32_PRECISION_TF32: flatmem_fp32_precision = 1;
 pub const FLATMEM_FP32_PRECISION_FULL: flatmem_fp32_precision = 2;
 pub const FLATMEM_FP32_PRECISION_MAX: flatmem_fp32_precision = 0x7fffffff;
+
+/// Opaque communicator (`typedef struct flatmem_comm_s flatmem_comm_t`;
+/// its functions are declared under "Communicators" below).
+#[repr(C)]
+pub struct flatmem_comm_t {
+    _data: [u8; 0],
+    _marker: PhantomData<(*mut u8, PhantomPinned)>,
+}
 
 // ---------------------------------------------------------------------------
 // Tiled contrastive loss
@@ -83,6 +96,8 @@ pub struct flatmem_contrastive_options {
     pub tile_cols: i32,
     pub nonfinite: flatmem_nonfinite_policy,
     pub fp32_precision: i64,
+    /// NULL: this process alone; else the ring across the communicator's ranks.
+    pub comm: *mut flatmem_comm_t,
 }
 
 // ---------------------------------------------------------------------------
@@ -222,6 +237,35 @@ pub struct flatmem_block_options {
     pub heads: i32,
     pub hidden: i32,
     pub layer_norm_eps: f32,
+}
+
+// ---------------------------------------------------------------------------
+// Communicators (flatmem/comm.h)
+// ---------------------------------------------------------------------------
+
+/// Bytes of a unique id.
+pub const FLATMEM_COMM_UNIQUE_ID_BYTES: usize = 128;
+
+/// What rank 0 makes and every rank passes to `flatmem_comm_create`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct flatmem_comm_unique_id {
+    pub internal: [c_uchar; FLATMEM_COMM_UNIQUE_ID_BYTES],
+}
+
+/// Opaque outstanding request (`typedef struct flatmem_comm_request_s flatmem_comm_request_t`).
+#[repr(C)]
+pub struct flatmem_comm_request_t {
+    _data: [u8; 0],
+    _marker: PhantomData<(*mut u8, PhantomPinned)>,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct flatmem_comm_options {
+    pub struct_size: usize,
+    pub timeout_ms: i64,
+    pub connect_timeout_ms: i64,
 }
 
 extern "C" {
@@ -384,4 +428,95 @@ extern "C" {
         block: *mut flatmem_block_t,
         function: *mut flatmem_reversible_function,
     ) -> flatmem_status;
+
+    // Communicators
+
+    pub fn flatmem_comm_options_init(options: *mut flatmem_comm_options) -> flatmem_status;
+
+    pub fn flatmem_comm_unique_id_create(address: *const c_char, id: *mut flatmem_comm_unique_id) -> flatmem_status;
+
+    pub fn flatmem_comm_create(
+        out: *mut *mut flatmem_comm_t,
+        rank: i32,
+        world_size: i32,
+        id: *const flatmem_comm_unique_id,
+        options: *const flatmem_comm_options,
+    ) -> flatmem_status;
+
+    pub fn flatmem_comm_create_from_env(
+        out: *mut *mut flatmem_comm_t,
+        options: *const flatmem_comm_options,
+    ) -> flatmem_status;
+
+    pub fn flatmem_comm_create_local(
+        comms: *mut *mut flatmem_comm_t,
+        world_size: i32,
+        options: *const flatmem_comm_options,
+    ) -> flatmem_status;
+
+    pub fn flatmem_comm_destroy(comm: *mut flatmem_comm_t) -> flatmem_status;
+
+    pub fn flatmem_comm_abort(comm: *mut flatmem_comm_t) -> flatmem_status;
+
+    pub fn flatmem_comm_rank(comm: *const flatmem_comm_t, rank: *mut i32) -> flatmem_status;
+
+    pub fn flatmem_comm_world_size(comm: *const flatmem_comm_t, world_size: *mut i32) -> flatmem_status;
+
+    pub fn flatmem_comm_health(comm: *const flatmem_comm_t) -> flatmem_status;
+
+    pub fn flatmem_comm_isend(
+        comm: *mut flatmem_comm_t,
+        buffer: *const DLTensor,
+        peer: i32,
+        tag: u32,
+        request: *mut *mut flatmem_comm_request_t,
+        stream: *mut c_void,
+    ) -> flatmem_status;
+
+    pub fn flatmem_comm_irecv(
+        comm: *mut flatmem_comm_t,
+        buffer: *mut DLTensor,
+        peer: i32,
+        tag: u32,
+        request: *mut *mut flatmem_comm_request_t,
+        stream: *mut c_void,
+    ) -> flatmem_status;
+
+    pub fn flatmem_comm_wait(
+        comm: *mut flatmem_comm_t,
+        request: *mut flatmem_comm_request_t,
+        timeout_ms: i64,
+    ) -> flatmem_status;
+
+    pub fn flatmem_comm_test(
+        comm: *mut flatmem_comm_t,
+        request: *mut flatmem_comm_request_t,
+        done: *mut i32,
+    ) -> flatmem_status;
+
+    pub fn flatmem_comm_ring_shift(
+        comm: *mut flatmem_comm_t,
+        send: *const DLTensor,
+        recv: *mut DLTensor,
+        timeout_ms: i64,
+        stream: *mut c_void,
+    ) -> flatmem_status;
+
+    pub fn flatmem_comm_all_reduce(
+        comm: *mut flatmem_comm_t,
+        send: *const DLTensor,
+        recv: *mut DLTensor,
+        timeout_ms: i64,
+        stream: *mut c_void,
+    ) -> flatmem_status;
+
+    pub fn flatmem_comm_barrier(comm: *mut flatmem_comm_t, timeout_ms: i64) -> flatmem_status;
+
+    pub fn flatmem_comm_init_device(comm: *mut flatmem_comm_t, cuda_device: i32, timeout_ms: i64) -> flatmem_status;
+
+    pub fn flatmem_comm_group_start(comm: *mut flatmem_comm_t) -> flatmem_status;
+
+    pub fn flatmem_comm_group_end(comm: *mut flatmem_comm_t, timeout_ms: i64) -> flatmem_status;
+
+    pub fn flatmem_comm_synchronize(comm: *mut flatmem_comm_t, stream: *mut c_void, timeout_ms: i64) -> flatmem_status;
 }

@@ -252,3 +252,27 @@ fn error_text_is_per_call() {
     assert_ne!(second.message(), text);
     assert!(!text.is_empty());
 }
+
+#[test]
+fn every_status_round_trips_with_the_library_name() {
+    use flatmem::sys;
+    let known = [
+        (Status::InvalidArgument, sys::FLATMEM_STATUS_INVALID_ARGUMENT, "FLATMEM_STATUS_INVALID_ARGUMENT"),
+        (Status::Unsupported, sys::FLATMEM_STATUS_UNSUPPORTED, "FLATMEM_STATUS_UNSUPPORTED"),
+        (Status::OutOfMemory, sys::FLATMEM_STATUS_OUT_OF_MEMORY, "FLATMEM_STATUS_OUT_OF_MEMORY"),
+        (Status::WorkspaceTooSmall, sys::FLATMEM_STATUS_WORKSPACE_TOO_SMALL, "FLATMEM_STATUS_WORKSPACE_TOO_SMALL"),
+        (Status::NonFinite, sys::FLATMEM_STATUS_NON_FINITE, "FLATMEM_STATUS_NON_FINITE"),
+        (Status::Internal, sys::FLATMEM_STATUS_INTERNAL, "FLATMEM_STATUS_INTERNAL"),
+        (Status::Timeout, sys::FLATMEM_STATUS_TIMEOUT, "FLATMEM_STATUS_TIMEOUT"),
+        (Status::PeerFailure, sys::FLATMEM_STATUS_PEER_FAILURE, "FLATMEM_STATUS_PEER_FAILURE"),
+        (Status::CommPoisoned, sys::FLATMEM_STATUS_COMM_POISONED, "FLATMEM_STATUS_COMM_POISONED"),
+    ];
+    for (status, raw, name) in known {
+        assert_eq!(Status::from_raw(raw), status);
+        assert_eq!(status.raw(), raw);
+        assert_eq!(status.name(), name);
+    }
+    let unknown = Status::from_raw(sys::FLATMEM_STATUS_COMM_POISONED + 1);
+    assert_eq!(unknown, Status::Unknown(10));
+    assert_eq!(unknown.name(), "FLATMEM_STATUS_UNKNOWN");
+}

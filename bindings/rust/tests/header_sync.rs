@@ -2,7 +2,9 @@
 //!
 //! The header is the one build.rs found with pkg-config
 //! (`$FLATMEM_INCLUDE_DIR/flatmem/flatmem.h`, overridable at run time with
-//! the same variable). The C compiler (`$CC`, default `cc`) preprocesses it
+//! the same variable), with the `flatmem/reversible.h` and `flatmem/comm.h`
+//! it includes (`FLATMEM_EXPERIMENTAL` is not defined: what it guards is not
+//! mirrored). The C compiler (`$CC`, default `cc`) preprocesses it
 //! (so FLATMEM_API, the include guard and the `extern "C"` wrapper are gone
 //! and `<dlpack/dlpack.h>` is in), then this test parses the declarations
 //! and src/sys.rs + src/dlpack.rs, and checks:
@@ -17,7 +19,8 @@
 //! - every struct (flatmem's options and the DLPack structs the crate
 //!   declares) has the same fields in the same order with the same types,
 //!   and the same offsets, field sizes, size and alignment as the compiler
-//!   lays out;
+//!   lays out (array fields, `T name[N]`, are `[T; N]` in Rust, N a literal
+//!   or a constant of sys.rs);
 //! - every `flatmem_*` function-pointer typedef (the reversible callbacks)
 //!   is a `pub type X = Option<unsafe extern "C" fn(..) -> R>;` with the same
 //!   parameters (names and types) and return type; function-pointer fields
@@ -295,6 +298,18 @@ fn c_decl(tokens: &[String], what: &str) -> Result<Decl, String> {
     if let Some(fp) = c_fn_pointer(tokens, what) {
         return fp;
     }
+    if tokens.last().map(String::as_str) == Some("]") {
+        // An array: T NAME [ N ] -> `[T; N]` (N is a literal once preprocessed).
+        let open = tokens.iter().rposition(|t| t == "[").unwrap_or(0);
+        let length = tokens[open + 1..tokens.len() - 1].concat();
+        return match parse_int(&length) {
+            Some(n) if open >= 2 => {
+                let element = c_decl(&tokens[..open], what)?;
+                Ok(Decl { name: element.name, ty: format!("[{}; {}]", element.ty, n) })
+            }
+            _ => Err(format!("{}: array `{}`: cannot read its length", what, tokens.join(" "))),
+        };
+    }
     let last = tokens.last().ok_or_else(|| format!("{}: empty declaration", what))?;
     if tokens.len() < 2 || !is_ident(last) || C_TYPE_WORDS.contains(&last.as_str()) {
         return Err(format!("{}: `{}` has no name (or a declarator this check does not know)", what, tokens.join(" ")));
@@ -418,6 +433,16 @@ fn rust_type(tokens: &[String]) -> Result<String, String> {
             Ok(format!("*{} {}", kind.unwrap(), rust_type(&tokens[2..])?))
         }
         Some("(") if tokens.len() == 2 && tokens[1] == ")" => Ok("()".into()),
+        Some("[") if tokens.last().map(String::as_str) == Some("]") => {
+            // `[T; N]`: N as written (a literal or a constant; rust_api resolves constants)
+            let inner = &tokens[1..tokens.len() - 1];
+            match split_top(inner, ";").as_slice() {
+                [element, length] if !length.is_empty() => {
+                    Ok(format!("[{}; {}]", rust_type(element)?, length.concat()))
+                }
+                _ => Err(format!("bad array `{}`", tokens.join(" "))),
+            }
+        }
         Some(_) if tokens.iter().any(|t| t == "fn") => rust_fn_pointer(tokens),
         Some(_) => {
             let path: Vec<&str> = tokens.iter().map(String::as_str).filter(|t| *t != "::").collect();
@@ -671,7 +696,8 @@ fn rust_layouts() -> BTreeMap<String, Layout> {
             tile_rows,
             tile_cols,
             nonfinite,
-            fp32_precision
+            fp32_precision,
+            comm
         }),
         rust_layout!(sys::flatmem_reversible_options { struct_size, mode, num_threads }),
         rust_layout!(sys::flatmem_reversible_context {
@@ -689,6 +715,8 @@ fn rust_layouts() -> BTreeMap<String, Layout> {
         rust_layout!(sys::flatmem_reversible_function { forward, vjp, residual_size, user }),
         rust_layout!(sys::flatmem_reversible_block { f, g }),
         rust_layout!(sys::flatmem_block_options { struct_size, kind, width, heads, hidden, layer_norm_eps }),
+        rust_layout!(sys::flatmem_comm_unique_id { internal }),
+        rust_layout!(sys::flatmem_comm_options { struct_size, timeout_ms, connect_timeout_ms }),
         rust_layout!(sys::DLDevice { device_type, device_id }),
         rust_layout!(sys::DLDataType { code, bits, lanes }),
         rust_layout!(sys::DLTensor { data, device, ndim, dtype, shape, strides, byte_offset }),
@@ -758,8 +786,32 @@ fn rust_api(source: &str) -> Api {
     let mut errors = Vec::new();
     let mut api = Api::default();
     parse_rust(source, &mut api, &mut errors);
+    // Array lengths written as constants (`[c_uchar; FLATMEM_COMM_UNIQUE_ID_BYTES]`) by value.
+    let consts = api.consts.clone();
+    for field in api.structs.values_mut().flatten() {
+        field.ty = resolve_lengths(&field.ty, &consts);
+    }
     assert!(errors.is_empty(), "cannot read sys.rs / dlpack.rs:\n  {}", errors.join("\n  "));
     api
+}
+
+/// `[T; NAME]` -> `[T; value of the Rust const NAME]` (left as it is when
+/// NAME has no literal value: the comparison then reports the difference).
+fn resolve_lengths(ty: &str, consts: &BTreeMap<String, (String, Option<i64>)>) -> String {
+    let mut out = String::new();
+    let mut rest = ty;
+    while let Some(at) = rest.find("; ") {
+        out.push_str(&rest[..at + 2]);
+        rest = &rest[at + 2..];
+        let end = rest.find(']').unwrap_or(rest.len());
+        match consts.get(&rest[..end]) {
+            Some((_, Some(value))) => out.push_str(&value.to_string()),
+            _ => out.push_str(&rest[..end]),
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Macros the crate mirrors as constants: integer macros of flatmem, and
@@ -769,9 +821,13 @@ fn mirrored_macro(name: &str, value: &str) -> bool {
     (name.starts_with("FLATMEM_") || name == "DLPACK_VERSION") && !value.is_empty() && !name.ends_with("_OPTIONS_INIT")
 }
 
-/// The base type name of a canonical type (`*const *mut T` -> `T`).
+/// The base type name of a canonical type (`*const *mut T` -> `T`,
+/// `[T; N]` -> `T`).
 fn base_type(ty: &str) -> &str {
-    ty.rsplit(' ').next().unwrap()
+    match ty.strip_prefix('[') {
+        Some(array) => base_type(array.split(';').next().unwrap()),
+        None => ty.rsplit(' ').next().unwrap(),
+    }
 }
 
 /// The C type names the Rust side must declare: flatmem's own, and every
@@ -1071,9 +1127,19 @@ fn the_check_reads_both_sides() {
         assert_eq!(api.functions["flatmem_version_string"].ret, "*const c_char");
         assert_eq!(api.functions["flatmem_version"].params, vec![]);
         assert_eq!(api.structs["DLTensor"].len(), 7);
-        assert_eq!(api.structs["flatmem_contrastive_options"].len(), 7);
+        assert_eq!(api.structs["flatmem_contrastive_options"].len(), 8);
         assert!(api.opaque.contains("flatmem_contrastive_t"));
+        // comm.h (included by flatmem.h): functions, opaque types, the array field
+        assert_eq!(
+            join(&api.functions["flatmem_comm_create_local"].params),
+            "comms: *mut *mut flatmem_comm_t, world_size: i32, options: *const flatmem_comm_options"
+        );
+        assert!(api.opaque.contains("flatmem_comm_t") && api.opaque.contains("flatmem_comm_request_t"));
+        assert_eq!(join(&api.structs["flatmem_comm_unique_id"]), "internal: [c_uchar; 128]");
+        assert!(!api.functions.contains_key("flatmem_contrastive_ring_stats_get"), "experimental");
     }
+    assert!(c.enums["flatmem_status"].iter().any(|(n, v)| n == "FLATMEM_STATUS_COMM_POISONED" && *v == Some(9)));
+    assert_eq!(c.macros["FLATMEM_COMM_UNIQUE_ID_BYTES"], "128");
     assert!(c.enums["flatmem_status"].iter().any(|(n, v)| n == "FLATMEM_STATUS_NON_FINITE" && *v == Some(5)));
     assert_eq!(c.macros["FLATMEM_VERSION_MINOR"], "1");
     assert_eq!(rust.consts["FLATMEM_STATUS_NON_FINITE"], ("flatmem_status".to_string(), Some(5)));
@@ -1145,6 +1211,19 @@ fn the_check_catches_differences() {
             "pub const FLATMEM_BLOCK_NUM_PARAMETERS: c_int = 5;",
             "6 in C, 5",
         ),
+        // comm.h: a new status, the options' comm field, an array length, a function
+        ("pub const FLATMEM_STATUS_TIMEOUT: flatmem_status = 7;\n", "", "FLATMEM_STATUS_TIMEOUT"),
+        ("    pub comm: *mut flatmem_comm_t,\n", "", "struct flatmem_contrastive_options: fields"),
+        (
+            "pub internal: [c_uchar; FLATMEM_COMM_UNIQUE_ID_BYTES],",
+            "pub internal: [c_uchar; 64],",
+            "struct flatmem_comm_unique_id: fields",
+        ),
+        (
+            "    pub fn flatmem_comm_health(comm: *const flatmem_comm_t) -> flatmem_status;\n",
+            "",
+            "flatmem_comm_health: in the header",
+        ),
     ];
     let c = c_api();
     let source = sys_sources();
@@ -1167,9 +1246,9 @@ fn options_init_matches_macro() {
     // FLATMEM_CONTRASTIVE_OPTIONS_INIT as the compiler expands it, against
     // the function the crate calls.
     let out = c_program(
-        "  flatmem_contrastive_options o = FLATMEM_CONTRASTIVE_OPTIONS_INIT;\n  printf(\"%zu %d %d %d %d %d %lld\\n\", \
+        "  flatmem_contrastive_options o = FLATMEM_CONTRASTIVE_OPTIONS_INIT;\n  printf(\"%zu %d %d %d %d %d %lld %d\\n\", \
          o.struct_size, (int)o.loss, (int)o.num_threads, (int)o.tile_rows, (int)o.tile_cols, (int)o.nonfinite, \
-         (long long)o.fp32_precision);\n",
+         (long long)o.fp32_precision, o.comm == NULL);\n",
     );
     let mut raw = sys::flatmem_contrastive_options {
         struct_size: 0,
@@ -1179,14 +1258,37 @@ fn options_init_matches_macro() {
         tile_cols: 9,
         nonfinite: 9,
         fp32_precision: 9,
+        comm: std::ptr::NonNull::dangling().as_ptr(),
     };
     // SAFETY: a valid options struct.
     assert_eq!(unsafe { sys::flatmem_contrastive_options_init(&mut raw) }, sys::FLATMEM_STATUS_SUCCESS);
     let rust = format!(
-        "{} {} {} {} {} {} {}",
-        raw.struct_size, raw.loss, raw.num_threads, raw.tile_rows, raw.tile_cols, raw.nonfinite, raw.fp32_precision
+        "{} {} {} {} {} {} {} {}",
+        raw.struct_size,
+        raw.loss,
+        raw.num_threads,
+        raw.tile_rows,
+        raw.tile_cols,
+        raw.nonfinite,
+        raw.fp32_precision,
+        raw.comm.is_null() as i32
     );
     assert_eq!(out.trim(), rust);
+    // The crate's own options start from the same defaults, without a communicator.
+    let built = flatmem::Options::new().to_raw().unwrap();
+    assert!(built.comm.is_null());
+}
+
+#[test]
+fn comm_options_init_matches_macro() {
+    let out = c_program(
+        "  flatmem_comm_options o = FLATMEM_COMM_OPTIONS_INIT;\n  printf(\"%zu %lld %lld\\n\", o.struct_size, \
+         (long long)o.timeout_ms, (long long)o.connect_timeout_ms);\n",
+    );
+    let mut raw = sys::flatmem_comm_options { struct_size: 0, timeout_ms: 9, connect_timeout_ms: 9 };
+    // SAFETY: a valid options struct of this declaration.
+    assert_eq!(unsafe { sys::flatmem_comm_options_init(&mut raw) }, sys::FLATMEM_STATUS_SUCCESS);
+    assert_eq!(out.trim(), format!("{} {} {}", raw.struct_size, raw.timeout_ms, raw.connect_timeout_ms));
 }
 
 #[test]
