@@ -14,6 +14,7 @@ import flatmem.Flatmem;
 import flatmem.Reversible;
 import flatmem.ReversibleMode;
 import flatmem.ReversiblePart;
+import flatmem.Status;
 import flatmem.Tensor;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -234,6 +235,15 @@ public final class FlatmemTest {
                        + Flatmem.VERSION + ", library flatmem_version() " + Flatmem.version());
     check(Flatmem.VERSION == Flatmem.version() && Flatmem.version_mismatch().isEmpty(),
           "header and library versions agree");
+    // Every status of the header is a Status constant the library names (the
+    // communicator statuses included; failures other than the ones mapped to
+    // IllegalArgumentException / OutOfMemoryError are RuntimeException).
+    for (Status status : Status.values())
+      check(Flatmem.status_string(status.swigValue()).equals("FLATMEM_" + status.name()),
+            status + ": status_string " + Flatmem.status_string(status.swigValue()));
+    check(Status.STATUS_TIMEOUT.swigValue() == 7 && Status.STATUS_PEER_FAILURE.swigValue() == 8
+              && Status.STATUS_COMM_POISONED.swigValue() == 9,
+          "communicator statuses 7, 8, 9");
 
     final int b = 3, d = 4;
     final double scale = 2.5;

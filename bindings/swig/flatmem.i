@@ -143,7 +143,7 @@ typedef struct flatmem_swig_exception_kind {
 } flatmem_swig_exception_kind;
 
 static PyObject *flatmem_swig_error_base = NULL;
-static PyObject *flatmem_swig_error_classes[FLATMEM_STATUS_INTERNAL + 1];
+static PyObject *flatmem_swig_error_classes[FLATMEM_STATUS_COMM_POISONED + 1];
 
 static int flatmem_swig_make_exceptions(PyObject *module) {
   const flatmem_swig_exception_kind kinds[] = {
@@ -153,6 +153,9 @@ static int flatmem_swig_make_exceptions(PyObject *module) {
       {FLATMEM_STATUS_WORKSPACE_TOO_SMALL, "WorkspaceTooSmallError", &PyExc_ValueError},
       {FLATMEM_STATUS_NON_FINITE, "NonFiniteError", &PyExc_FloatingPointError},
       {FLATMEM_STATUS_INTERNAL, "InternalError", NULL},
+      {FLATMEM_STATUS_TIMEOUT, "CommTimeoutError", &PyExc_TimeoutError},
+      {FLATMEM_STATUS_PEER_FAILURE, "PeerFailureError", &PyExc_ConnectionError},
+      {FLATMEM_STATUS_COMM_POISONED, "CommPoisonedError", NULL},
   };
   char qualified[128];
   size_t i;
@@ -221,7 +224,7 @@ static int flatmem_swig_reraise_callback_exception(const char *detail) {
 /* Raises the pending failure as flatmem.<Kind>Error and clears it. */
 static void flatmem_swig_raise_python(void) {
   const int status = flatmem_swig_error.status;
-  PyObject *cls = (status > 0 && status <= FLATMEM_STATUS_INTERNAL &&
+  PyObject *cls = (status > 0 && status <= FLATMEM_STATUS_COMM_POISONED &&
                    flatmem_swig_error_classes[status])
                       ? flatmem_swig_error_classes[status]
                       : flatmem_swig_error_base;
@@ -287,6 +290,9 @@ OutOfMemoryError = _capi.OutOfMemoryError
 WorkspaceTooSmallError = _capi.WorkspaceTooSmallError
 NonFiniteError = _capi.NonFiniteError
 InternalError = _capi.InternalError
+CommTimeoutError = _capi.CommTimeoutError
+PeerFailureError = _capi.PeerFailureError
+CommPoisonedError = _capi.CommPoisonedError
 %}
 
 #else /* every other language: exception.i */
@@ -299,6 +305,8 @@ static int flatmem_swig_error_code(int status) {
     case FLATMEM_STATUS_WORKSPACE_TOO_SMALL:
     case FLATMEM_STATUS_NON_FINITE: return SWIG_ValueError;
     case FLATMEM_STATUS_OUT_OF_MEMORY: return SWIG_MemoryError;
+    /* UNSUPPORTED, INTERNAL and the communicator statuses (TIMEOUT,
+     * PEER_FAILURE, COMM_POISONED): the message names the status. */
     default: return SWIG_RuntimeError;
   }
 }
@@ -461,6 +469,10 @@ const char *flatmem_swig_version_mismatch(void);
 %ignore FLATMEM_STATUS_MAX;
 %ignore FLATMEM_NONFINITE_MAX;
 %ignore FLATMEM_CONTRASTIVE_LOSS_MAX;
+/* Communicators (<flatmem/comm.h>, which this interface does not %include)
+ * are not wrapped yet: the options' comm stays NULL, as
+ * flatmem_contrastive_options_init sets it (a handle of this process alone). */
+%ignore flatmem_contrastive_options::comm;
 
 %rename(Status) flatmem_status;
 %rename(NonfinitePolicy) flatmem_nonfinite_policy;

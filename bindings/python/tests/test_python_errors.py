@@ -206,3 +206,34 @@ def test_import_refuses_a_library_of_another_version(tmp_path):
             f"(FLATMEM_VERSION {capi.VERSION})") in done.stderr
     assert "the loaded libflatmem is 9.9.9 (flatmem_version() = 90909)" in done.stderr
     assert "rebuild the binding against the installed library" in done.stderr
+
+
+@pytest.mark.parametrize("name, status, builtin", [
+    ("InvalidArgumentError", "INVALID_ARGUMENT", ValueError),
+    ("UnsupportedError", "UNSUPPORTED", NotImplementedError),
+    ("OutOfMemoryError", "OUT_OF_MEMORY", MemoryError),
+    ("WorkspaceTooSmallError", "WORKSPACE_TOO_SMALL", ValueError),
+    ("NonFiniteError", "NON_FINITE", FloatingPointError),
+    ("InternalError", "INTERNAL", None),
+    ("CommTimeoutError", "TIMEOUT", TimeoutError),
+    ("PeerFailureError", "PEER_FAILURE", ConnectionError),
+    ("CommPoisonedError", "COMM_POISONED", None),
+])
+def test_every_status_has_its_exception_class(name, status, builtin):
+    """Each failing status of the header has a flatmem.Error subclass (also the
+    closest built-in exception), exported by flatmem and flatmem.capi."""
+    cls = getattr(flatmem, name)
+    assert cls is getattr(capi, name) and name in flatmem.__all__
+    assert issubclass(cls, flatmem.Error) and issubclass(cls, RuntimeError)
+    if builtin is not None:
+        assert issubclass(cls, builtin)
+    code = getattr(capi, "STATUS_" + status)
+    assert capi.status_string(code) == "FLATMEM_STATUS_" + status
+    assert cls.__module__ == "flatmem" and cls.__name__ == name
+
+
+def test_statuses_are_those_of_the_header():
+    assert (capi.STATUS_TIMEOUT, capi.STATUS_PEER_FAILURE, capi.STATUS_COMM_POISONED) == (7, 8, 9)
+    assert capi.status_string(capi.STATUS_COMM_POISONED + 1) == "FLATMEM_STATUS_UNKNOWN"
+    # communicators are not wrapped: the options carry no comm attribute
+    assert not hasattr(capi.ContrastiveOptions(), "comm")

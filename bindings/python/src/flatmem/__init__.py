@@ -17,11 +17,14 @@ InvalidArgumentError, also a ValueError) with flatmem's message.
 """
 from . import capi
 from .capi import (
+    CommPoisonedError,
+    CommTimeoutError,
     Error,
     InternalError,
     InvalidArgumentError,
     NonFiniteError,
     OutOfMemoryError,
+    PeerFailureError,
     UnsupportedError,
     WorkspaceTooSmallError,
 )
@@ -38,6 +41,8 @@ def library_version():
 
 __all__ = [
     "Block",
+    "CommPoisonedError",
+    "CommTimeoutError",
     "Context",
     "Contrastive",
     "Error",
@@ -47,6 +52,7 @@ __all__ = [
     "InvalidArgumentError",
     "NonFiniteError",
     "OutOfMemoryError",
+    "PeerFailureError",
     "ReversibleSegment",
     "UnsupportedError",
     "WorkspaceTooSmallError",
