@@ -94,6 +94,41 @@ void check_pair(const Message &send, const Message &recv, bool same_dtype) {
     invalid("recv: dtype differs from send's");
 }
 
+enum class Direction { send, recv };
+
+// flatmem_comm_isend / _irecv: host transfers through the communicator,
+// device ones enqueued through NCCL (complete once enqueued).
+void post(flatmem_comm_t *comm, const DLTensor *buffer, std::int32_t peer, std::uint32_t tag,
+          flatmem_comm_request_t **request, void *stream, Direction direction) {
+  Communicator &c = get(comm);
+  const Message m = check_message(buffer, "buffer");
+  check_peer(c, peer);
+  check_out(request, "request");
+  c.check_healthy();
+  const bool sending = direction == Direction::send;
+  auto r = std::make_unique<flatmem_comm_request_s>();
+  r->what = op(sending ? "flatmem_comm_isend" : "flatmem_comm_irecv", peer, tag);
+  if (is_device(m)) {
+    DeviceTransport &device = device_for(c, m, "buffer");
+    if (sending) device.send(m.data, m.bytes, peer, stream, c.default_timeout());
+    else device.recv(m.data, m.bytes, peer, stream, c.default_timeout());
+  } else {
+    r->transfer = sending ? c.send(peer, m.data, m.bytes, Space::user, tag)
+                          : c.recv(peer, m.data, m.bytes, Space::user, tag);
+  }
+  *request = r.release();
+}
+
+// The device transport for the group / synchronize calls, or the reason there is none.
+DeviceTransport &device_transport(Communicator &c, const char *function) {
+  if (!device_transport_built())
+    fail(FLATMEM_STATUS_UNSUPPORTED, function, ": this flatmem was built without NCCL (FLATMEM_WITH_NCCL)");
+  if (c.device() == nullptr)
+    invalid(function, ": no device transport on this communicator (call flatmem_comm_init_device first)");
+  c.check_healthy();
+  return *c.device();
+}
+
 }  // namespace
 
 extern "C" {
@@ -179,38 +214,12 @@ flatmem_status flatmem_comm_health(const flatmem_comm_t *comm) {
 
 flatmem_status flatmem_comm_isend(flatmem_comm_t *comm, const DLTensor *buffer, int32_t peer,
                                   uint32_t tag, flatmem_comm_request_t **request, void *stream) {
-  return guarded([&] {
-    Communicator &c = get(comm);
-    const Message m = check_message(buffer, "buffer");
-    check_peer(c, peer);
-    check_out(request, "request");
-    c.check_healthy();
-    auto r = std::make_unique<flatmem_comm_request_s>();
-    r->what = op("flatmem_comm_isend", peer, tag);
-    if (is_device(m))
-      device_for(c, m, "buffer").send(m.data, m.bytes, peer, stream, c.default_timeout());
-    else
-      r->transfer = c.send(peer, m.data, m.bytes, Space::user, tag);
-    *request = r.release();
-  });
+  return guarded([&] { post(comm, buffer, peer, tag, request, stream, Direction::send); });
 }
 
 flatmem_status flatmem_comm_irecv(flatmem_comm_t *comm, DLTensor *buffer, int32_t peer,
                                   uint32_t tag, flatmem_comm_request_t **request, void *stream) {
-  return guarded([&] {
-    Communicator &c = get(comm);
-    const Message m = check_message(buffer, "buffer");
-    check_peer(c, peer);
-    check_out(request, "request");
-    c.check_healthy();
-    auto r = std::make_unique<flatmem_comm_request_s>();
-    r->what = op("flatmem_comm_irecv", peer, tag);
-    if (is_device(m))
-      device_for(c, m, "buffer").recv(m.data, m.bytes, peer, stream, c.default_timeout());
-    else
-      r->transfer = c.recv(peer, m.data, m.bytes, Space::user, tag);
-    *request = r.release();
-  });
+  return guarded([&] { post(comm, buffer, peer, tag, request, stream, Direction::recv); });
 }
 
 flatmem_status flatmem_comm_wait(flatmem_comm_t *comm, flatmem_comm_request_t *request,
@@ -292,35 +301,22 @@ flatmem_status flatmem_comm_init_device(flatmem_comm_t *comm, int32_t cuda_devic
 }
 
 flatmem_status flatmem_comm_group_start(flatmem_comm_t *comm) {
-  return guarded([&] {
-    Communicator &c = get(comm);
-    if (!device_transport_built() || c.device() == nullptr)
-      fail(device_transport_built() ? FLATMEM_STATUS_INVALID_ARGUMENT : FLATMEM_STATUS_UNSUPPORTED,
-           "flatmem_comm_group_start: no device transport (flatmem_comm_init_device; NCCL builds only)");
-    c.check_healthy();
-    c.device()->group_start();
-  });
+  return guarded([&] { device_transport(get(comm), "flatmem_comm_group_start").group_start(); });
 }
 
 flatmem_status flatmem_comm_group_end(flatmem_comm_t *comm, int64_t timeout_ms) {
   return guarded([&] {
     Communicator &c = get(comm);
-    if (!device_transport_built() || c.device() == nullptr)
-      fail(device_transport_built() ? FLATMEM_STATUS_INVALID_ARGUMENT : FLATMEM_STATUS_UNSUPPORTED,
-           "flatmem_comm_group_end: no device transport (flatmem_comm_init_device; NCCL builds only)");
-    c.check_healthy();
-    c.device()->group_end(timeout_of(c, timeout_ms));
+    const Milliseconds timeout = timeout_of(c, timeout_ms);
+    device_transport(c, "flatmem_comm_group_end").group_end(timeout);
   });
 }
 
 flatmem_status flatmem_comm_synchronize(flatmem_comm_t *comm, void *stream, int64_t timeout_ms) {
   return guarded([&] {
     Communicator &c = get(comm);
-    if (!device_transport_built() || c.device() == nullptr)
-      fail(device_transport_built() ? FLATMEM_STATUS_INVALID_ARGUMENT : FLATMEM_STATUS_UNSUPPORTED,
-           "flatmem_comm_synchronize: no device transport (flatmem_comm_init_device; NCCL builds only)");
-    c.check_healthy();
-    c.device()->synchronize(stream, timeout_of(c, timeout_ms));
+    const Milliseconds timeout = timeout_of(c, timeout_ms);
+    device_transport(c, "flatmem_comm_synchronize").synchronize(stream, timeout);
   });
 }
 

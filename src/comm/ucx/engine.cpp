@@ -173,12 +173,7 @@ bool Engine::progress_until(const std::function<bool()> &done, Clock::time_point
 
 UcxTransferPtr Engine::post_send(ucp_ep_h ep, int peer, const void *data, std::size_t bytes,
                                  std::uint64_t tag) {
-  auto t = std::make_shared<UcxTransfer>();
-  t->engine = this;
-  t->is_send = true;
-  t->peer = peer;
-  t->bytes = bytes;
-  t->tag = tag;
+  auto t = make_transfer(true, peer, bytes, tag);
   t->ep = ep;
   t->send_data = data;
   submit(t);
@@ -187,15 +182,20 @@ UcxTransferPtr Engine::post_send(ucp_ep_h ep, int peer, const void *data, std::s
 
 UcxTransferPtr Engine::post_recv(int peer, void *data, std::size_t bytes, std::uint64_t tag,
                                  std::uint64_t mask) {
-  auto t = std::make_shared<UcxTransfer>();
-  t->engine = this;
-  t->is_send = false;
-  t->peer = peer;
-  t->bytes = bytes;
-  t->tag = tag;
+  auto t = make_transfer(false, peer, bytes, tag);
   t->mask = mask;
   t->recv_data = data;
   submit(t);
+  return t;
+}
+
+UcxTransferPtr Engine::make_transfer(bool is_send, int peer, std::size_t bytes, std::uint64_t tag) {
+  auto t = std::make_shared<UcxTransfer>();
+  t->engine = this;
+  t->is_send = is_send;
+  t->peer = peer;
+  t->bytes = bytes;
+  t->tag = tag;
   return t;
 }
 

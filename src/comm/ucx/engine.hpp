@@ -109,6 +109,7 @@ class Engine {
   void shutdown();
 
  private:
+  UcxTransferPtr make_transfer(bool is_send, int peer, std::size_t bytes, std::uint64_t tag);
   void submit(const UcxTransferPtr &t);  // registers, then issues or queues
   void issue(const UcxTransferPtr &t);
   void complete(UcxTransfer *t, ucs_status_t status, std::size_t received);
