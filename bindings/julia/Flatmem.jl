@@ -46,6 +46,10 @@ const FLATMEM_STATUS_OUT_OF_MEMORY = Cint(3)
 const FLATMEM_STATUS_WORKSPACE_TOO_SMALL = Cint(4)
 const FLATMEM_STATUS_NON_FINITE = Cint(5)
 const FLATMEM_STATUS_INTERNAL = Cint(6)
+# communicator failures (flatmem/comm.h; communicators are not wrapped here, see the end of this file)
+const FLATMEM_STATUS_TIMEOUT = Cint(7)
+const FLATMEM_STATUS_PEER_FAILURE = Cint(8)
+const FLATMEM_STATUS_COMM_POISONED = Cint(9)
 
 # flatmem_nonfinite_policy
 const FLATMEM_NONFINITE_ERROR = Cint(0)
@@ -97,6 +101,10 @@ struct DLTensor
     byte_offset::UInt64
 end
 
+"""Opaque C handle type `flatmem_comm_t` (a communicator, flatmem/comm.h); only ever behind a
+`Ptr`. Communicators are not wrapped yet: `ContrastiveOptions.comm` is always null here."""
+mutable struct CommHandle end
+
 """`flatmem_contrastive_options`; fill it with `flatmem_contrastive_options_init`."""
 struct ContrastiveOptions
     struct_size::Csize_t
@@ -106,6 +114,7 @@ struct ContrastiveOptions
     tile_cols::Int32
     nonfinite::Cint
     fp32_precision::Int64
+    comm::Ptr{CommHandle}  # flatmem_comm_t *: always null here (communicators are not wrapped)
 end
 
 """Opaque C handle type `flatmem_contrastive_t`; only ever behind a `Ptr`."""
@@ -307,7 +316,7 @@ mutable struct Contrastive
                                        symmetric ? FLATMEM_CONTRASTIVE_SYMMETRIC : FLATMEM_CONTRASTIVE_INFONCE,
                                        Int32(num_threads), Int32(tile_rows), Int32(tile_cols),
                                        propagate_nonfinite ? FLATMEM_NONFINITE_PROPAGATE : FLATMEM_NONFINITE_ERROR,
-                                       defaults.fp32_precision)
+                                       defaults.fp32_precision, Ptr{CommHandle}(C_NULL))
         out = Ref{Ptr{ContrastiveHandle}}(C_NULL)
         check(ccall((:flatmem_contrastive_create, libflatmem), Cint,
                     (Ref{Ptr{ContrastiveHandle}}, Ref{ContrastiveOptions}), out, options))
@@ -970,5 +979,34 @@ function backward_workspace_size(s::Segment, x::AbstractArray)
     check(status)
     return Int(bytes[])
 end
+
+# ---------------------------------------------------------------------------
+# Communicators (flatmem/comm.h)
+# ---------------------------------------------------------------------------
+#
+# Not wrapped yet: ContrastiveOptions.comm stays C_NULL (a handle of this
+# process alone). Their failure statuses (FLATMEM_STATUS_TIMEOUT,
+# _PEER_FAILURE, _COMM_POISONED) are defined above and arrive as FlatmemError.
+# flatmem-check: not wrapped: flatmem_comm_options_init: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_unique_id_create: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_create: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_create_from_env: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_create_local: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_destroy: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_abort: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_rank: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_world_size: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_health: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_isend: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_irecv: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_wait: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_test: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_ring_shift: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_all_reduce: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_barrier: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_init_device: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_group_start: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_group_end: communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_comm_synchronize: communicators are not wrapped in this binding yet
 
 end # module Flatmem

@@ -68,6 +68,7 @@ OPAQUE_HANDLES = {
     "flatmem_contrastive_t": "ContrastiveHandle",
     "flatmem_reversible_t": "ReversibleHandle",
     "flatmem_block_t": "BlockHandle",
+    "flatmem_comm_t": "CommHandle",
 }
 
 # C scalar type -> accepted Julia spellings (C enums: ENUM_SPELLINGS).
@@ -1211,7 +1212,7 @@ def self_test_cases(header, js):
         ("enum value off by one", "constant-value", edit_const("FLATMEM_STATUS_NON_FINITE", "Cint(6)")),
         ("version minor changed", "constant-value", edit_const("FLATMEM_VERSION_MINOR", "2")),
         ("DLPack code wrong", "constant-value", edit_const("kDLBfloat", "UInt8(3)")),
-        ("constant unknown to the header", "constant-unknown", append("const FLATMEM_STATUS_TIMEOUT = Cint(7)")),
+        ("constant unknown to the header", "constant-unknown", append("const FLATMEM_STATUS_SELFTEST_UNKNOWN = Cint(99)")),
         ("__init__ removed", "init", replace_in_julia(r"\bfunction __init__\(\)", "function init_disabled()", "rename __init__")),
         ("header grows a function", "not-wrapped", header_append("FLATMEM_API flatmem_status flatmem_selftest_new_function(int x);")),
         ("header enum value changes", "constant-value", header_enum_value()),
