@@ -252,31 +252,27 @@ void NcclTransport::end_group(const std::string &what, Clock::time_point deadlin
 
 void NcclTransport::send(const void *data, std::size_t bytes, int peer, void *stream,
                          Milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  const std::string what = "device send to rank " + std::to_string(peer) + " (" + plural(bytes, "byte", "bytes") + ")";
-  check_peer(peer, "peer");
-  check_buffer(data, bytes, "buffer");
-  check_usable(what);
-  DeviceGuard guard(device_, "communicator device");
-  const ncclResult_t r = api_.Send(data, bytes, ncclUint8, peer, comm_, static_cast<cudaStream_t>(stream));
-  if (group_depth_ > 0) {
-    ++group_.sends;
-    group_.bytes += bytes;
-  }
-  complete(r, what, deadline, timeout);
+  point_to_point(true, const_cast<void *>(data), bytes, peer, stream, timeout);
 }
 
 void NcclTransport::recv(void *data, std::size_t bytes, int peer, void *stream, Milliseconds timeout) {
+  point_to_point(false, data, bytes, peer, stream, timeout);
+}
+
+void NcclTransport::point_to_point(bool sending, void *data, std::size_t bytes, int peer, void *stream,
+                                   Milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
-  const std::string what =
-      "device receive from rank " + std::to_string(peer) + " (" + plural(bytes, "byte", "bytes") + ")";
+  const std::string what = std::string(sending ? "device send to rank " : "device receive from rank ") +
+                           std::to_string(peer) + " (" + plural(bytes, "byte", "bytes") + ")";
   check_peer(peer, "peer");
   check_buffer(data, bytes, "buffer");
   check_usable(what);
   DeviceGuard guard(device_, "communicator device");
-  const ncclResult_t r = api_.Recv(data, bytes, ncclUint8, peer, comm_, static_cast<cudaStream_t>(stream));
+  const auto s = static_cast<cudaStream_t>(stream);
+  const ncclResult_t r = sending ? api_.Send(data, bytes, ncclUint8, peer, comm_, s)
+                                 : api_.Recv(data, bytes, ncclUint8, peer, comm_, s);
   if (group_depth_ > 0) {
-    ++group_.receives;
+    ++(sending ? group_.sends : group_.receives);
     group_.bytes += bytes;
   }
   complete(r, what, deadline, timeout);

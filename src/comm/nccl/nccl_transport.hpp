@@ -92,6 +92,9 @@ class NcclTransport final : public DeviceTransport {
   void check_buffer(const void *p, std::size_t bytes, const char *name) const;
   void check_peer(int peer, const char *name) const;
   void begin_group();
+  // ncclSend (sending) or ncclRecv of `bytes` bytes, counted in the open group.
+  void point_to_point(bool sending, void *data, std::size_t bytes, int peer, void *stream,
+                      Milliseconds timeout);
   void end_group(const std::string &what, Clock::time_point deadline, Milliseconds timeout);
   std::string on_device() const;  // " on CUDA device N"
 
