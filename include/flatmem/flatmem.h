@@ -482,5 +482,7 @@ FLATMEM_API flatmem_status flatmem_contrastive_ring_stats_get(const flatmem_cont
 #include <flatmem/reversible.h>
 /* Communicators over UCX (host) and NCCL (device). */
 #include <flatmem/comm.h>
+/* Cyclic data parallelism over a communicator. */
+#include <flatmem/cyclic.h>
 
 #endif /* FLATMEM_FLATMEM_H */

@@ -29,14 +29,6 @@ void add_elements(void *into, const void *from, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) a[i] = a[i] + b[i];
 }
 
-void add_into(SumType type, void *into, const void *from, std::size_t count) {
-  switch (type) {
-    case SumType::f32: return add_elements<float>(into, from, count);
-    case SumType::f64: return add_elements<double>(into, from, count);
-    case SumType::i32: return add_elements<std::int32_t>(into, from, count);
-    case SumType::i64: return add_elements<std::int64_t>(into, from, count);
-  }
-}
 
 // "<what> (#seq), step s of n: "
 std::string step_label(const std::string &what, std::uint64_t sequence, int step, int steps) {
@@ -47,6 +39,15 @@ std::string step_label(const std::string &what, std::uint64_t sequence, int step
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
 }  // namespace
+
+void add_into(SumType type, void *into, const void *from, std::size_t count) {
+  switch (type) {
+    case SumType::f32: return add_elements<float>(into, from, count);
+    case SumType::f64: return add_elements<double>(into, from, count);
+    case SumType::i32: return add_elements<std::int32_t>(into, from, count);
+    case SumType::i64: return add_elements<std::int64_t>(into, from, count);
+  }
+}
 
 void Communicator::wait_all(std::initializer_list<TransferPtr> transfers, Milliseconds timeout,
                             const std::string &what) {
@@ -122,6 +123,16 @@ void Communicator::all_reduce_sum(const void *send_data, void *recv_data, std::s
                                   SumType type, Milliseconds timeout, const std::string &what) {
   check_healthy();
   const std::uint64_t sequence = next_sequence();
+  all_reduce_sum_tagged(send_data, recv_data, count, type, timeout,
+                        what + " (#" + std::to_string(sequence) + ")", Space::internal,
+                        internal_tag(sequence, 0));
+}
+
+void Communicator::all_reduce_sum_tagged(const void *send_data, void *recv_data, std::size_t count,
+                                         SumType type, Milliseconds timeout,
+                                         const std::string &what, Space space,
+                                         std::uint64_t tag_base) {
+  check_healthy();
   const std::size_t element = sum_type_bytes(type);
   if (send_data != recv_data && count) std::memmove(recv_data, send_data, count * element);
   const int n = size(), r = rank();
@@ -132,29 +143,31 @@ void Communicator::all_reduce_sum(const void *send_data, void *recv_data, std::s
   const auto chunk_count = [&](int c) { return chunk_begin(c + 1) - chunk_begin(c); };
   std::vector<char> incoming((count / std::size_t(n) + 1) * element);
   const int steps = 2 * (n - 1);
+  const auto label = [&](int step) {
+    return what + ", step " + std::to_string(step + 1) + " of " + std::to_string(steps);
+  };
 
   // Reduce-scatter: chunk c starts at rank c and gains one rank per step, in
   // ring order, so its sum is formed in the same order on every run; after
   // n - 1 steps rank r holds the total of chunk r + 1.
   for (int s = 0; s + 1 < n; ++s) {
     const int out_chunk = mod(r - s, n), in_chunk = mod(r - s - 1, n);
-    const std::uint64_t tag = internal_tag(sequence, std::uint32_t(s));
-    TransferPtr in = recv(mod(r - 1, n), incoming.data(), chunk_count(in_chunk) * element,
-                          Space::internal, tag);
+    const std::uint64_t tag = tag_base + std::uint64_t(s);
+    TransferPtr in = recv(mod(r - 1, n), incoming.data(), chunk_count(in_chunk) * element, space, tag);
     TransferPtr out = send(mod(r + 1, n), data + chunk_begin(out_chunk) * element,
-                           chunk_count(out_chunk) * element, Space::internal, tag);
-    wait_all({in, out}, timeout, step_label(what, sequence, s, steps));
+                           chunk_count(out_chunk) * element, space, tag);
+    wait_all({in, out}, timeout, label(s));
     add_into(type, data + chunk_begin(in_chunk) * element, incoming.data(), chunk_count(in_chunk));
   }
   // All-gather of the totals: everyone ends with the same bits.
   for (int s = 0; s + 1 < n; ++s) {
     const int out_chunk = mod(r + 1 - s, n), in_chunk = mod(r - s, n);
-    const std::uint64_t tag = internal_tag(sequence, std::uint32_t(n + s));
+    const std::uint64_t tag = tag_base + std::uint64_t(n + s);
     TransferPtr in = recv(mod(r - 1, n), data + chunk_begin(in_chunk) * element,
-                          chunk_count(in_chunk) * element, Space::internal, tag);
+                          chunk_count(in_chunk) * element, space, tag);
     TransferPtr out = send(mod(r + 1, n), data + chunk_begin(out_chunk) * element,
-                           chunk_count(out_chunk) * element, Space::internal, tag);
-    wait_all({in, out}, timeout, step_label(what, sequence, n - 1 + s, steps));
+                           chunk_count(out_chunk) * element, space, tag);
+    wait_all({in, out}, timeout, label(n - 1 + s));
   }
 }
 

@@ -22,8 +22,10 @@ namespace flatmem::comm {
 
 using Milliseconds = std::chrono::milliseconds;
 
-// Which tag space a message belongs to.
-enum class Space : std::uint8_t { user = 1, internal = 2 };
+// Which tag space a message belongs to: the user's, the library's collectives
+// and ring loss (next_sequence tags), the cyclic runtime's chains (its own
+// tags, so they may run beside collectives from another thread).
+enum class Space : std::uint8_t { user = 1, internal = 2, cyclic = 3 };
 
 // A posted send or receive, completed by Communicator::wait. Each transport
 // derives its own (ucx::UcxTransfer, LocalTransfer) and static_casts back;
@@ -36,6 +38,8 @@ using TransferPtr = std::shared_ptr<Transfer>;
 
 // Element types the host all-reduce sums.
 enum class SumType { f32, f64, i32, i64 };
+// into[i] = into[i] + from[i], i < count (src/comm/collectives.cpp).
+void add_into(SumType type, void *into, const void *from, std::size_t count);
 
 class DeviceTransport;  // NCCL, src/comm/nccl/ (absent without NCCL)
 
@@ -99,6 +103,12 @@ class Communicator {
   // fixed order, so every rank gets the same bits.
   void all_reduce_sum(const void *send, void *recv, std::size_t count, SumType type,
                       Milliseconds timeout, const std::string &what);
+  // The same ring with the caller's tags: step k of the ring (0 .. 2(size-1)-1)
+  // uses tag_base + k in `space`. No next_sequence(): safe beside collectives
+  // run by another thread when the spaces or bases differ. `what` is used as is.
+  void all_reduce_sum_tagged(const void *send, void *recv, std::size_t count, SumType type,
+                             Milliseconds timeout, const std::string &what, Space space,
+                             std::uint64_t tag_base);
   // all[r * bytes ...] = rank r's `mine` (bytes each); all has size() * bytes.
   void all_gather(const void *mine, void *all, std::size_t bytes, Milliseconds timeout,
                   const std::string &what);

@@ -16,6 +16,8 @@ std::string tag_text(Space space, std::uint64_t tag) {
   std::ostringstream s;
   if (space == Space::internal)
     s << "internal tag 0x" << std::hex << tag;
+  else if (space == Space::cyclic)
+    s << "cyclic tag 0x" << std::hex << tag;
   else
     s << "tag " << tag;
   return s.str();

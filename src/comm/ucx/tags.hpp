@@ -1,6 +1,7 @@
 // How flatmem lays out UCX's 64-bit tags, and UCX statuses as text.
 //
-//   bits 63..60  kind (user message, library-internal, abort notice, bootstrap)
+//   bits 63..60  kind (user message, library-internal, cyclic chains, abort
+//                notice, bootstrap, goodbye)
 //   bits 59..40  source rank (so receives can name the sender)
 //   bits 39..0   value: the user's 32-bit tag, an internal (sequence, slot)
 //                tag, or a bootstrap message type
@@ -13,7 +14,9 @@
 
 namespace flatmem::comm::ucx {
 
-enum class Kind : std::uint64_t { user = 1, internal = 2, abort_notice = 3, bootstrap = 4, goodbye = 5 };
+enum class Kind : std::uint64_t {
+  user = 1, internal = 2, abort_notice = 3, bootstrap = 4, goodbye = 5, cyclic = 6
+};
 
 // Bootstrap message types (the value field of Kind::bootstrap).
 enum class Boot : std::uint64_t { hello = 1, roster = 2, reject = 3, ready = 4 };

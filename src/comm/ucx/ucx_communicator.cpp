@@ -39,7 +39,10 @@ void UcxCommunicator::poison(flatmem_status status, const std::string &message) 
 }
 
 std::uint64_t UcxCommunicator::wire_tag(Space space, int source, std::uint64_t tag) const {
-  return make_tag(space == Space::user ? Kind::user : Kind::internal, source, tag);
+  const Kind kind = space == Space::user     ? Kind::user
+                    : space == Space::cyclic ? Kind::cyclic
+                                             : Kind::internal;
+  return make_tag(kind, source, tag);
 }
 
 TransferPtr UcxCommunicator::send(int peer, const void *data, std::size_t bytes, Space space,

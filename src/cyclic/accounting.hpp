@@ -1,0 +1,42 @@
+// Per-time-step statistics of one rank (flatmem_cyclic_stats): the schedule's
+// activation accounting and the measured bytes sent, in a ring of the most
+// recent `history` time steps, plus totals since create. Not thread-safe:
+// the runtime guards it with its mutex.
+#pragma once
+
+#include <flatmem/cyclic.h>
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+namespace flatmem::cyclic {
+
+class Accounting {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // activation_bytes: L entries (bytes of stage j's activations).
+  Accounting(std::vector<std::int64_t> activation_bytes, std::int64_t history);
+
+  // A new time step begins now (closes the previous one).
+  void begin(const flatmem_cyclic_action &action, Clock::time_point now);
+  // Gradient bytes posted for sending during the current time step.
+  void sent(std::int64_t bytes);
+  void waited(double seconds);
+
+  // Copies kept records with time_step in [first, first + count).
+  std::int64_t copy(std::int64_t first, std::int64_t count, flatmem_cyclic_time_step_stats *out) const;
+  flatmem_cyclic_summary summary(Clock::time_point now) const;
+
+ private:
+  flatmem_cyclic_time_step_stats &current() { return ring_[std::size_t(begun_ - 1) % ring_.size()]; }
+
+  std::vector<std::int64_t> held_bytes_;  // [k] = bytes of stages 0 .. k-1
+  std::vector<flatmem_cyclic_time_step_stats> ring_;
+  std::int64_t begun_ = 0;  // records ever begun
+  Clock::time_point current_start_{}, first_start_{};
+  flatmem_cyclic_summary totals_{};
+};
+
+}  // namespace flatmem::cyclic

@@ -1,0 +1,184 @@
+// The two threads of a cyclic handle: the reduce chain (and SYNC's ring
+// all-reduce) and the delivery chain. See runtime.hpp.
+#include <chrono>
+
+#include "core/error.hpp"
+#include "cyclic/runtime.hpp"
+#include "cyclic/tags.hpp"
+
+namespace flatmem::cyclic {
+namespace {
+
+// The chains wait without a deadline of their own (see runtime.hpp); a day
+// is "forever" for the transports' deadline arithmetic.
+constexpr comm::Milliseconds no_deadline = std::chrono::hours(24);
+
+std::string label(const char *chain, const Gradient &g) {
+  return std::string("cyclic ") + chain + ", stage " + std::to_string(g.stage) + ", step " +
+         std::to_string(g.step);
+}
+
+template <typename T>
+void scale(char *data, std::size_t count, T factor) {
+  T *v = reinterpret_cast<T *>(data);
+  for (std::size_t i = 0; i < count; ++i) v[i] *= factor;
+}
+
+// data *= 1/world, the factor rounded to the element type.
+void to_average(Gradient &g, int world) {
+  if (g.type == comm::SumType::f32)
+    scale(g.data, g.count, float(1.0 / world));
+  else
+    scale(g.data, g.count, 1.0 / world);
+}
+
+}  // namespace
+
+void Runtime::sent(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  accounting_.sent(std::int64_t(bytes));
+}
+
+void Runtime::wait_link(const comm::TransferPtr &t, const std::string &what) {
+  try {
+    comm_.wait_all({t}, no_deadline, what);
+  } catch (const Error &e) {
+    // wait_all poisoned the communicator; say which link failed.
+    throw Error(e.status(), what + ": " + e.what());
+  }
+}
+
+void Runtime::reduce_link(Gradient &g) {
+  const std::string what = label("reduce chain", g);
+  if (rank_ > 0) {
+    if (scratch_.size() < g.bytes) scratch_.resize(g.bytes);
+    const std::string from = "the partial sum from rank " + std::to_string(rank_ - 1);
+    {
+      std::lock_guard lock(mutex_);
+      g.stuck_on = from;
+    }
+    wait_link(comm_.recv(rank_ - 1, scratch_.data(), g.bytes, comm::Space::cyclic,
+                         link_tag(id_, Link::partial, g.step, g.stage)),
+              what + ": receive " + from);
+    comm::add_into(g.type, g.data, scratch_.data(), g.count);
+  }
+  if (rank_ + 1 < world_) {
+    {
+      std::lock_guard lock(mutex_);
+      g.stuck_on = "rank " + std::to_string(rank_ + 1) + " to take the partial sum";
+    }
+    comm::TransferPtr t = comm_.send(rank_ + 1, g.data, g.bytes, comm::Space::cyclic,
+                                     link_tag(id_, Link::partial, g.step, g.stage));
+    sent(g.bytes);
+    wait_link(t, what + ": send the partial sum to rank " + std::to_string(rank_ + 1));
+  } else {
+    to_average(g, world_);
+  }
+  std::lock_guard lock(mutex_);
+  g.reduced = true;
+  if (rank_ + 1 < world_) g.stuck_on = "the average from rank " + std::to_string(rank_ + 1);
+  changed_.notify_all();
+}
+
+void Runtime::all_reduce_step(const std::vector<GradientPtr> &stages) {
+  // Highest stage first, as the backward handed them over.
+  for (const GradientPtr &g : stages) {
+    {
+      std::lock_guard lock(mutex_);
+      g->stuck_on = "the ring all-reduce of the step (neighbours " + std::to_string((rank_ + world_ - 1) % world_) + " and " + std::to_string((rank_ + 1) % world_) + ")";
+    }
+    const std::string what = label("all-reduce", *g);
+    try {
+      comm_.all_reduce_sum_tagged(g->data, g->data, g->count, g->type, no_deadline, what,
+                                  comm::Space::cyclic,
+                                  link_tag(id_, Link::all_reduce, g->step, g->stage));
+    } catch (const Error &e) {
+      throw Error(e.status(), what + ": " + e.what());
+    }
+    // A ring step sends about 1/N of the buffer each time, 2(N-1) times.
+    if (world_ > 1) sent(2 * std::size_t(world_ - 1) * g->bytes / std::size_t(world_));
+    to_average(*g, world_);
+    std::lock_guard lock(mutex_);
+    g->reduced = g->done = true;
+    changed_.notify_all();
+  }
+}
+
+void Runtime::deliver_link(Gradient &g) {
+  const std::string what = label("delivery chain", g);
+  if (rank_ + 1 < world_) {
+    wait_link(comm_.recv(rank_ + 1, g.data, g.bytes, comm::Space::cyclic,
+                         link_tag(id_, Link::average, g.step, g.stage)),
+              what + ": receive the average from rank " + std::to_string(rank_ + 1));
+  }
+  if (rank_ > 0) {
+    {
+      std::lock_guard lock(mutex_);
+      g.stuck_on = "rank " + std::to_string(rank_ - 1) + " to take the average";
+    }
+    comm::TransferPtr t = comm_.send(rank_ - 1, g.data, g.bytes, comm::Space::cyclic,
+                                     link_tag(id_, Link::average, g.step, g.stage));
+    sent(g.bytes);
+    wait_link(t, what + ": send the average to rank " + std::to_string(rank_ - 1));
+  }
+  std::lock_guard lock(mutex_);
+  g.done = true;
+  changed_.notify_all();
+}
+
+void Runtime::reducer_loop() {
+  for (;;) {
+    GradientPtr job;
+    std::vector<GradientPtr> step;
+    {
+      std::unique_lock lock(mutex_);
+      changed_.wait(lock, [&] {
+        return stopping_ || failure_ != FLATMEM_STATUS_SUCCESS || !reduce_queue_.empty() ||
+               !sync_queue_.empty();
+      });
+      if (stopping_ || failure_ != FLATMEM_STATUS_SUCCESS) return;
+      if (!reduce_queue_.empty()) {
+        job = reduce_queue_.front();
+        reduce_queue_.pop_front();
+      } else {
+        step = std::move(sync_queue_.front());
+        sync_queue_.pop_front();
+      }
+    }
+    try {
+      if (job)
+        reduce_link(*job);
+      else
+        all_reduce_step(step);
+    } catch (const Error &e) {
+      std::lock_guard lock(mutex_);
+      record_failure(e.status(), e.what());
+      return;
+    }
+  }
+}
+
+void Runtime::deliverer_loop() {
+  for (;;) {
+    GradientPtr job;
+    {
+      std::unique_lock lock(mutex_);
+      changed_.wait(lock, [&] {
+        return stopping_ || failure_ != FLATMEM_STATUS_SUCCESS ||
+               (!deliver_queue_.empty() && deliver_queue_.front()->reduced);
+      });
+      if (stopping_ || failure_ != FLATMEM_STATUS_SUCCESS) return;
+      job = deliver_queue_.front();
+      deliver_queue_.pop_front();
+    }
+    try {
+      deliver_link(*job);
+    } catch (const Error &e) {
+      std::lock_guard lock(mutex_);
+      record_failure(e.status(), e.what());
+      return;
+    }
+  }
+}
+
+}  // namespace flatmem::cyclic

@@ -1,0 +1,125 @@
+// The object behind flatmem_cyclic_t: the caller's clock over the schedule,
+// the gradients in flight, and two threads that run the point-to-point
+// chains (see flatmem/cyclic.h for the protocol).
+//
+//   caller thread   next(): advance, pace (start token), wait for updates;
+//                   reduce(): validate, hand a gradient to the chains.
+//   reducer thread  per gradient, in hand-over order: receive the partial sum
+//                   from rank - 1, add, send to rank + 1 (rank N-1: scale to
+//                   the average). SYNC: a ring all-reduce of the step's
+//                   stages once stage 0 is handed over.
+//   deliverer       per gradient, same order: once reduced, receive the
+//                   average from rank + 1 into the buffer, pass it to rank - 1.
+//
+// Each thread talks to one neighbour in one direction in a fixed order, the
+// same on every rank, so messages match by order; tags (src/cyclic/tags.hpp)
+// carry the stage and step as a check. The threads wait without deadline
+// (a peer's death still fails them at once); deadlines belong to the caller,
+// whose next() names what the chain is stuck on when it gives up.
+#pragma once
+
+#include <flatmem/cyclic.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "cyclic/accounting.hpp"
+#include "cyclic/schedule.hpp"
+
+namespace flatmem::cyclic {
+
+struct Settings {
+  Schedule schedule;
+  std::vector<std::int64_t> activation_bytes;  // L entries
+  comm::Milliseconds timeout{60000};
+  bool scan_nonfinite = true;
+  std::int64_t history = 65536;
+};
+
+// A handed-over gradient buffer and how far its reduction got.
+struct Gradient {
+  std::int32_t stage = 0;
+  std::int64_t step = 0;
+  char *data = nullptr;
+  std::size_t count = 0, bytes = 0;
+  comm::SumType type = comm::SumType::f32;
+  // Guarded by Runtime::mutex_.
+  bool reduced = false;  // this rank's part of the reduce chain is finished
+  bool done = false;     // the average is in data (and passed on)
+  std::string stuck_on = "its turn in the reduce chain";  // for timeout messages
+};
+using GradientPtr = std::shared_ptr<Gradient>;
+
+class Runtime {
+ public:
+  // Collective: checks that every rank passes the same schedule.
+  Runtime(comm::Communicator &comm, Settings settings);
+  ~Runtime();  // see flatmem_cyclic_destroy
+
+  const Schedule &schedule() const { return settings_.schedule; }
+  flatmem_cyclic_action next();
+  void reduce(std::int32_t stage, const DLTensor *gradient);
+  std::int64_t stats(std::int64_t first, std::int64_t count, flatmem_cyclic_time_step_stats *out) const;
+  flatmem_cyclic_summary summary() const;
+
+ private:
+  // Throws the recorded failure: its own status once, COMM_POISONED after.
+  void throw_if_failed(std::unique_lock<std::mutex> &lock);
+  // Records the first failure and wakes everyone (lock held).
+  void record_failure(flatmem_status status, const std::string &message);
+  void start_token(std::int64_t time_step);
+  void wait_for_update(std::int32_t stage, std::int64_t step);
+  GradientPtr take(std::int32_t stage, std::int64_t step);
+  void check_not_in_flight(const Gradient &g) const;  // lock held
+
+  // The threads (src/cyclic/chains.cpp).
+  void reducer_loop();
+  void deliverer_loop();
+  void reduce_link(Gradient &g);
+  void all_reduce_step(const std::vector<GradientPtr> &stages);
+  void deliver_link(Gradient &g);
+  // Waits for t without a deadline; any failure poisons the communicator
+  // and is thrown with `what` in front.
+  void wait_link(const comm::TransferPtr &t, const std::string &what);
+  void sent(std::size_t bytes);
+
+  comm::Communicator &comm_;
+  Settings settings_;
+  std::int32_t rank_ = 0, world_ = 1;
+  std::uint32_t id_ = 0;  // tells this handle's messages from an earlier one's
+
+  // Caller's side (one thread).
+  std::int64_t time_step_ = -1;
+  flatmem_cyclic_action current_{};
+  bool handed_over_ = false;
+  comm::TransferPtr token_out_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<GradientPtr> in_flight_;        // handed over, update not yet returned
+  std::deque<GradientPtr> reduce_queue_;      // cyclic: chain jobs
+  std::deque<std::vector<GradientPtr>> sync_queue_;  // SYNC: whole steps
+  std::deque<GradientPtr> deliver_queue_;
+  bool stopping_ = false;
+  flatmem_status failure_ = FLATMEM_STATUS_SUCCESS;
+  std::string failure_message_;
+  bool failure_reported_ = false;
+  Accounting accounting_;
+  std::vector<char> scratch_;  // reducer thread only
+
+  std::thread reducer_, deliverer_;
+};
+
+}  // namespace flatmem::cyclic
+
+// The C handle.
+struct flatmem_cyclic_s {
+  std::unique_ptr<flatmem::cyclic::Runtime> impl;
+};

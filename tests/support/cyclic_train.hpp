@@ -1,0 +1,67 @@
+// Training a StageMlp with cyclic data parallelism: the per-rank loop over a
+// flatmem_cyclic_t (what a framework would write), and two single-process
+// references -- a simulation of the update rules (the chain's summation
+// order, the schedule's delays worked out here from their definition) and
+// plain SGD on the concatenated batch of all ranks.
+//
+// Data: rank r trains in step s on rows (s * world + r) * rows .. + rows - 1
+// of task_batch, so the N micro-batches of a step make one global batch.
+#pragma once
+
+#include <flatmem/flatmem.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "support/stage_mlp.hpp"
+
+namespace test {
+
+struct TrainSetup {
+  std::vector<int> widths{6, 8, 7, 5};  // L = widths.size() - 1 stages
+  int rows = 4;                         // micro-batch of one rank
+  std::int64_t steps = 6;
+  flatmem_cyclic_rule rule = FLATMEM_CYCLIC_DELAY1;
+  double lr = 0.1;
+  std::uint64_t seed = 7;
+  int stages() const { return int(widths.size()) - 1; }
+};
+
+template <typename T>
+struct RankRun {
+  StageMlp<T> model;
+  std::vector<double> losses;  // per step, on this rank's micro-batch
+};
+
+// Called after each action of the loop (benchmarks time and sample here).
+using ActionHook = std::function<void(const flatmem_cyclic_action &)>;
+
+// One rank's training through `handle` (created over a communicator of
+// `world` ranks with setup's stages, steps and rule). Returns "" or what failed
+// (the failing call, its status and message).
+template <typename T>
+std::string train_rank(flatmem_cyclic_t *handle, const TrainSetup &setup, int rank, int world,
+                       RankRun<T> &run, const ActionHook &hook = nullptr);
+
+// The update rules of flatmem/cyclic.h in one process: every rank's model after
+// the whole schedule, with bitwise the runtime's arithmetic for DELAY1 and
+// NEWEST (SYNC sums in chain order here, the runtime in ring order).
+template <typename T>
+std::vector<RankRun<T>> simulate(const TrainSetup &setup, int world);
+
+// Plain SGD on the concatenated batch (world * rows rows per step).
+template <typename T>
+StageMlp<T> train_concatenated(const TrainSetup &setup, int world);
+
+// The flatmem_cyclic_options for a setup (activation bytes per stage: rows *
+// widths[j + 1] * sizeof(T), the stage's output).
+struct CyclicOptions {
+  flatmem_cyclic_options options;
+  std::vector<std::int64_t> activation_bytes;
+};
+CyclicOptions cyclic_options(const TrainSetup &setup, std::size_t element_bytes,
+                             std::int64_t timeout_ms = 0);
+
+}  // namespace test
