@@ -39,13 +39,24 @@ void Runtime::sent(std::size_t bytes) {
   accounting_.sent(std::int64_t(bytes));
 }
 
+void Runtime::waiting(Gradient &g, std::string &doing, const std::string &what) {
+  std::lock_guard lock(mutex_);
+  g.stuck_on = what;
+  doing = "stage " + std::to_string(g.stage) + ", step " + std::to_string(g.step) + ", waiting for " + what;
+}
+
+std::string Runtime::stuck_on(const Gradient &g) const {
+  if (!g.stuck_on.empty()) return g.stuck_on;
+  if (!g.reduced)
+    return "its turn in the reduce chain" +
+           (reducer_doing_.empty() ? std::string() : ", which is at " + reducer_doing_);
+  return "its turn in the delivery chain" +
+         (deliverer_doing_.empty() ? std::string() : ", which is at " + deliverer_doing_);
+}
+
 void Runtime::wait_link(const comm::TransferPtr &t, const std::string &what) {
-  try {
-    comm_.wait_all({t}, no_deadline, what);
-  } catch (const Error &e) {
-    // wait_all poisoned the communicator; say which link failed.
-    throw Error(e.status(), what + ": " + e.what());
-  }
+  // Poisons the communicator on any failure; the message starts with `what`.
+  comm_.wait_all({t}, no_deadline, what);
 }
 
 void Runtime::reduce_link(Gradient &g) {
@@ -53,20 +64,14 @@ void Runtime::reduce_link(Gradient &g) {
   if (rank_ > 0) {
     if (scratch_.size() < g.bytes) scratch_.resize(g.bytes);
     const std::string from = "the partial sum from rank " + std::to_string(rank_ - 1);
-    {
-      std::lock_guard lock(mutex_);
-      g.stuck_on = from;
-    }
+    waiting(g, reducer_doing_, from);
     wait_link(comm_.recv(rank_ - 1, scratch_.data(), g.bytes, comm::Space::cyclic,
                          link_tag(id_, Link::partial, g.step, g.stage)),
               what + ": receive " + from);
     comm::add_into(g.type, g.data, scratch_.data(), g.count);
   }
   if (rank_ + 1 < world_) {
-    {
-      std::lock_guard lock(mutex_);
-      g.stuck_on = "rank " + std::to_string(rank_ + 1) + " to take the partial sum";
-    }
+    waiting(g, reducer_doing_, "rank " + std::to_string(rank_ + 1) + " to take the partial sum");
     comm::TransferPtr t = comm_.send(rank_ + 1, g.data, g.bytes, comm::Space::cyclic,
                                      link_tag(id_, Link::partial, g.step, g.stage));
     sent(g.bytes);
@@ -76,30 +81,28 @@ void Runtime::reduce_link(Gradient &g) {
   }
   std::lock_guard lock(mutex_);
   g.reduced = true;
-  if (rank_ + 1 < world_) g.stuck_on = "the average from rank " + std::to_string(rank_ + 1);
+  g.stuck_on.clear();
+  reducer_doing_.clear();
   changed_.notify_all();
 }
 
 void Runtime::all_reduce_step(const std::vector<GradientPtr> &stages) {
   // Highest stage first, as the backward handed them over.
   for (const GradientPtr &g : stages) {
-    {
-      std::lock_guard lock(mutex_);
-      g->stuck_on = "the ring all-reduce of the step (neighbours " + std::to_string((rank_ + world_ - 1) % world_) + " and " + std::to_string((rank_ + 1) % world_) + ")";
-    }
+    waiting(*g, reducer_doing_,
+            "the ring all-reduce of the step (neighbours: ranks " +
+                std::to_string((rank_ + world_ - 1) % world_) + " and " +
+                std::to_string((rank_ + 1) % world_) + ")");
     const std::string what = label("all-reduce", *g);
-    try {
-      comm_.all_reduce_sum_tagged(g->data, g->data, g->count, g->type, no_deadline, what,
-                                  comm::Space::cyclic,
-                                  link_tag(id_, Link::all_reduce, g->step, g->stage));
-    } catch (const Error &e) {
-      throw Error(e.status(), what + ": " + e.what());
-    }
+    comm_.all_reduce_sum_tagged(g->data, g->data, g->count, g->type, no_deadline, what,
+                                comm::Space::cyclic,
+                                link_tag(id_, Link::all_reduce, g->step, g->stage));
     // A ring step sends about 1/N of the buffer each time, 2(N-1) times.
     if (world_ > 1) sent(2 * std::size_t(world_ - 1) * g->bytes / std::size_t(world_));
     to_average(*g, world_);
     std::lock_guard lock(mutex_);
     g->reduced = g->done = true;
+    reducer_doing_.clear();
     changed_.notify_all();
   }
 }
@@ -107,15 +110,13 @@ void Runtime::all_reduce_step(const std::vector<GradientPtr> &stages) {
 void Runtime::deliver_link(Gradient &g) {
   const std::string what = label("delivery chain", g);
   if (rank_ + 1 < world_) {
+    waiting(g, deliverer_doing_, "the average from rank " + std::to_string(rank_ + 1));
     wait_link(comm_.recv(rank_ + 1, g.data, g.bytes, comm::Space::cyclic,
                          link_tag(id_, Link::average, g.step, g.stage)),
               what + ": receive the average from rank " + std::to_string(rank_ + 1));
   }
   if (rank_ > 0) {
-    {
-      std::lock_guard lock(mutex_);
-      g.stuck_on = "rank " + std::to_string(rank_ - 1) + " to take the average";
-    }
+    waiting(g, deliverer_doing_, "rank " + std::to_string(rank_ - 1) + " to take the average");
     comm::TransferPtr t = comm_.send(rank_ - 1, g.data, g.bytes, comm::Space::cyclic,
                                      link_tag(id_, Link::average, g.step, g.stage));
     sent(g.bytes);
@@ -123,6 +124,7 @@ void Runtime::deliver_link(Gradient &g) {
   }
   std::lock_guard lock(mutex_);
   g.done = true;
+  deliverer_doing_.clear();
   changed_.notify_all();
 }
 

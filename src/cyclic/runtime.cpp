@@ -180,7 +180,7 @@ void Runtime::wait_for_update(std::int32_t stage, std::int64_t step) {
     std::ostringstream m;
     m << "cyclic: rank " << rank_ << ": the averaged gradient of " << where(stage, step)
       << " did not arrive within " << settings_.timeout.count() << " ms (the chain waits for "
-      << g->stuck_on << ")";
+      << stuck_on(*g) << ")";
     const std::string message = m.str();
     record_failure(FLATMEM_STATUS_TIMEOUT, message);
     failure_reported_ = true;

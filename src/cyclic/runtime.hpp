@@ -53,7 +53,7 @@ struct Gradient {
   // Guarded by Runtime::mutex_.
   bool reduced = false;  // this rank's part of the reduce chain is finished
   bool done = false;     // the average is in data (and passed on)
-  std::string stuck_on = "its turn in the reduce chain";  // for timeout messages
+  std::string stuck_on;  // what its chain waits for now ("" = not started)
 };
 using GradientPtr = std::shared_ptr<Gradient>;
 
@@ -86,9 +86,13 @@ class Runtime {
   void all_reduce_step(const std::vector<GradientPtr> &stages);
   void deliver_link(Gradient &g);
   // Waits for t without a deadline; any failure poisons the communicator
-  // and is thrown with `what` in front.
+  // and is thrown with a message that starts with `what`.
   void wait_link(const comm::TransferPtr &t, const std::string &what);
   void sent(std::size_t bytes);
+  // Records what a thread waits for now (for timeout messages).
+  void waiting(Gradient &g, std::string &doing, const std::string &what);
+  // What the chain of g waits for (lock held).
+  std::string stuck_on(const Gradient &g) const;
 
   comm::Communicator &comm_;
   Settings settings_;
@@ -113,6 +117,7 @@ class Runtime {
   bool failure_reported_ = false;
   Accounting accounting_;
   std::vector<char> scratch_;  // reducer thread only
+  std::string reducer_doing_, deliverer_doing_;  // guarded by mutex_
 
   std::thread reducer_, deliverer_;
 };
