@@ -8,6 +8,10 @@
 //! - [`contrastive`]: the tiled contrastive loss handle [`Contrastive`].
 //! - [`reversible`]: reversible segments [`Segment`] over built-in transformer
 //!   [`Block`]s or Rust functions ([`ReversibleFunction`], closures).
+//! - [`cyclic`]: the cyclic data-parallel schedule of `flatmem/cyclic.h` as
+//!   pure queries ([`cyclic::Schedule`]: offsets, update delays, length, the
+//!   action of any rank at any time step); the runtime itself needs a
+//!   communicator and is only in [`sys`].
 //! - [`half`]: fp32 <-> bf16 / fp16 bit patterns.
 //!
 //! Every handle kind follows one pattern: an owned wrapper that creates in
@@ -17,6 +21,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod contrastive;
+pub mod cyclic;
 pub mod dlpack;
 mod error;
 pub mod half;

@@ -1,5 +1,5 @@
-//! Raw declarations of `include/flatmem/flatmem.h` (and the `flatmem/reversible.h`
-//! and `flatmem/comm.h` it includes), written by hand. What the header keeps
+//! Raw declarations of `include/flatmem/flatmem.h` (and the `flatmem/reversible.h`,
+//! `flatmem/comm.h` and `flatmem/cyclic.h` it includes), written by hand. What the header keeps
 //! behind `FLATMEM_EXPERIMENTAL` (`flatmem_contrastive_ring_stats_get`) is not
 //! declared here.
 //!
@@ -268,6 +268,108 @@ pub struct flatmem_comm_options {
     pub connect_timeout_ms: i64,
 }
 
+// ---------------------------------------------------------------------------
+// Cyclic data parallelism (flatmem/cyclic.h)
+// ---------------------------------------------------------------------------
+
+pub type flatmem_cyclic_rule = c_uint;
+pub const FLATMEM_CYCLIC_DELAY1: flatmem_cyclic_rule = 0;
+pub const FLATMEM_CYCLIC_NEWEST: flatmem_cyclic_rule = 1;
+pub const FLATMEM_CYCLIC_SYNC: flatmem_cyclic_rule = 2;
+pub const FLATMEM_CYCLIC_RULE_MAX: flatmem_cyclic_rule = 0x7fffffff;
+
+/// The shape of a schedule: what `flatmem_cyclic_schedule_*` compute from.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct flatmem_cyclic_schedule {
+    pub struct_size: usize,
+    pub world_size: i32,
+    pub stages: i32,
+    pub steps: i64,
+    pub rule: flatmem_cyclic_rule,
+}
+
+/// `FLATMEM_CYCLIC_SCHEDULE_INIT` (there is no `*_init` function for a
+/// schedule): struct_size, then zeros and `FLATMEM_CYCLIC_DELAY1`.
+/// `tests/header_sync.rs` compares it with the macro as the compiler expands it.
+pub const FLATMEM_CYCLIC_SCHEDULE_INIT: flatmem_cyclic_schedule = flatmem_cyclic_schedule {
+    struct_size: std::mem::size_of::<flatmem_cyclic_schedule>(),
+    world_size: 0,
+    stages: 0,
+    steps: 0,
+    rule: FLATMEM_CYCLIC_DELAY1,
+};
+
+pub type flatmem_cyclic_action_kind = c_uint;
+pub const FLATMEM_CYCLIC_IDLE: flatmem_cyclic_action_kind = 0;
+pub const FLATMEM_CYCLIC_FORWARD: flatmem_cyclic_action_kind = 1;
+pub const FLATMEM_CYCLIC_BACKWARD: flatmem_cyclic_action_kind = 2;
+pub const FLATMEM_CYCLIC_DONE: flatmem_cyclic_action_kind = 3;
+pub const FLATMEM_CYCLIC_ACTION_KIND_MAX: flatmem_cyclic_action_kind = 0x7fffffff;
+
+/// What one rank does in one time step (-1: no stage / step / update / phase).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct flatmem_cyclic_action {
+    pub time_step: i64,
+    pub kind: flatmem_cyclic_action_kind,
+    pub stage: i32,
+    pub step: i64,
+    pub update_stage: i32,
+    pub update_step: i64,
+    pub activations_held: i32,
+    pub phase: i32,
+}
+
+/// Opaque cyclic runtime (`typedef struct flatmem_cyclic_s flatmem_cyclic_t`).
+#[repr(C)]
+pub struct flatmem_cyclic_t {
+    _data: [u8; 0],
+    _marker: PhantomData<(*mut u8, PhantomPinned)>,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct flatmem_cyclic_options {
+    pub struct_size: usize,
+    pub stages: i32,
+    pub steps: i64,
+    pub rule: flatmem_cyclic_rule,
+    /// NULL, or `stages` entries (copied at create).
+    pub activation_bytes: *const i64,
+    pub timeout_ms: i64,
+    pub nonfinite: flatmem_nonfinite_policy,
+    pub history: i64,
+}
+
+/// What happened in one time step of this rank.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct flatmem_cyclic_time_step_stats {
+    pub time_step: i64,
+    pub kind: flatmem_cyclic_action_kind,
+    pub stage: i32,
+    pub step: i64,
+    pub activations_held: i32,
+    pub activation_bytes: i64,
+    pub bytes_sent: i64,
+    pub seconds: f64,
+    pub wait_seconds: f64,
+}
+
+/// Totals since create.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct flatmem_cyclic_summary {
+    pub time_steps: i64,
+    pub bytes_sent: i64,
+    pub messages_sent: i64,
+    pub max_bytes_sent_per_time_step: i64,
+    pub peak_activation_bytes: i64,
+    pub wait_seconds: f64,
+    pub seconds: f64,
+}
+
 extern "C" {
     pub fn flatmem_version() -> c_int;
 
@@ -519,4 +621,63 @@ extern "C" {
     pub fn flatmem_comm_group_end(comm: *mut flatmem_comm_t, timeout_ms: i64) -> flatmem_status;
 
     pub fn flatmem_comm_synchronize(comm: *mut flatmem_comm_t, stream: *mut c_void, timeout_ms: i64) -> flatmem_status;
+
+    // Cyclic data parallelism: the schedule (pure) and the runtime
+
+    pub fn flatmem_cyclic_schedule_offset(
+        schedule: *const flatmem_cyclic_schedule,
+        rank: i32,
+        offset: *mut i64,
+    ) -> flatmem_status;
+
+    pub fn flatmem_cyclic_schedule_delay(
+        schedule: *const flatmem_cyclic_schedule,
+        rank: i32,
+        stage: i32,
+        delay: *mut i32,
+    ) -> flatmem_status;
+
+    pub fn flatmem_cyclic_schedule_length(
+        schedule: *const flatmem_cyclic_schedule,
+        time_steps: *mut i64,
+    ) -> flatmem_status;
+
+    pub fn flatmem_cyclic_schedule_action(
+        schedule: *const flatmem_cyclic_schedule,
+        rank: i32,
+        time_step: i64,
+        action: *mut flatmem_cyclic_action,
+    ) -> flatmem_status;
+
+    pub fn flatmem_cyclic_options_init(options: *mut flatmem_cyclic_options) -> flatmem_status;
+
+    pub fn flatmem_cyclic_create(
+        out: *mut *mut flatmem_cyclic_t,
+        comm: *mut flatmem_comm_t,
+        options: *const flatmem_cyclic_options,
+    ) -> flatmem_status;
+
+    pub fn flatmem_cyclic_destroy(handle: *mut flatmem_cyclic_t) -> flatmem_status;
+
+    pub fn flatmem_cyclic_get_schedule(
+        handle: *const flatmem_cyclic_t,
+        schedule: *mut flatmem_cyclic_schedule,
+    ) -> flatmem_status;
+
+    pub fn flatmem_cyclic_next(handle: *mut flatmem_cyclic_t, action: *mut flatmem_cyclic_action) -> flatmem_status;
+
+    pub fn flatmem_cyclic_reduce(handle: *mut flatmem_cyclic_t, stage: i32, gradient: *mut DLTensor) -> flatmem_status;
+
+    pub fn flatmem_cyclic_stats(
+        handle: *const flatmem_cyclic_t,
+        first: i64,
+        count: i64,
+        stats: *mut flatmem_cyclic_time_step_stats,
+        written: *mut i64,
+    ) -> flatmem_status;
+
+    pub fn flatmem_cyclic_summary_get(
+        handle: *const flatmem_cyclic_t,
+        summary: *mut flatmem_cyclic_summary,
+    ) -> flatmem_status;
 }

@@ -2,9 +2,9 @@
 //!
 //! The header is the one build.rs found with pkg-config
 //! (`$FLATMEM_INCLUDE_DIR/flatmem/flatmem.h`, overridable at run time with
-//! the same variable), with the `flatmem/reversible.h` and `flatmem/comm.h`
-//! it includes (`FLATMEM_EXPERIMENTAL` is not defined: what it guards is not
-//! mirrored). The C compiler (`$CC`, default `cc`) preprocesses it
+//! the same variable), with the `flatmem/reversible.h`, `flatmem/comm.h` and
+//! `flatmem/cyclic.h` it includes (`FLATMEM_EXPERIMENTAL` is not defined:
+//! what it guards is not mirrored). The C compiler (`$CC`, default `cc`) preprocesses it
 //! (so FLATMEM_API, the include guard and the `extern "C"` wrapper are gone
 //! and `<dlpack/dlpack.h>` is in), then this test parses the declarations
 //! and src/sys.rs + src/dlpack.rs, and checks:
@@ -26,8 +26,13 @@
 //!   parameters (names and types) and return type; function-pointer fields
 //!   (`parallel_for`) are compared the same way, nested ones included;
 //! - every integer `FLATMEM_*` / `DLPACK_VERSION` macro has a Rust constant
-//!   of the same value (the `*_OPTIONS_INIT` initialisers are compared with
-//!   what `*_options_init()` fills in instead).
+//!   of the same value;
+//! - every `FLATMEM_*_INIT` initialiser macro (`{ ... }`) is covered: a
+//!   `*_OPTIONS_INIT` has its `*_options_init()` function, which the
+//!   `*_init_matches_macro` tests compare with the macro's expansion; any
+//!   other (`FLATMEM_CYCLIC_SCHEDULE_INIT`, which has no function) is a
+//!   `pub const` of its struct type in sys.rs, compared field by field with
+//!   the expansion, and a struct-typed const in sys.rs must be such a macro.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -717,6 +722,47 @@ fn rust_layouts() -> BTreeMap<String, Layout> {
         rust_layout!(sys::flatmem_block_options { struct_size, kind, width, heads, hidden, layer_norm_eps }),
         rust_layout!(sys::flatmem_comm_unique_id { internal }),
         rust_layout!(sys::flatmem_comm_options { struct_size, timeout_ms, connect_timeout_ms }),
+        rust_layout!(sys::flatmem_cyclic_schedule { struct_size, world_size, stages, steps, rule }),
+        rust_layout!(sys::flatmem_cyclic_action {
+            time_step,
+            kind,
+            stage,
+            step,
+            update_stage,
+            update_step,
+            activations_held,
+            phase
+        }),
+        rust_layout!(sys::flatmem_cyclic_options {
+            struct_size,
+            stages,
+            steps,
+            rule,
+            activation_bytes,
+            timeout_ms,
+            nonfinite,
+            history
+        }),
+        rust_layout!(sys::flatmem_cyclic_time_step_stats {
+            time_step,
+            kind,
+            stage,
+            step,
+            activations_held,
+            activation_bytes,
+            bytes_sent,
+            seconds,
+            wait_seconds
+        }),
+        rust_layout!(sys::flatmem_cyclic_summary {
+            time_steps,
+            bytes_sent,
+            messages_sent,
+            max_bytes_sent_per_time_step,
+            peak_activation_bytes,
+            wait_seconds,
+            seconds
+        }),
         rust_layout!(sys::DLDevice { device_type, device_id }),
         rust_layout!(sys::DLDataType { code, bits, lanes }),
         rust_layout!(sys::DLTensor { data, device, ndim, dtype, shape, strides, byte_offset }),
@@ -816,9 +862,21 @@ fn resolve_lengths(ty: &str, consts: &BTreeMap<String, (String, Option<i64>)>) -
 
 /// Macros the crate mirrors as constants: integer macros of flatmem, and
 /// DLPACK_VERSION. Not: empty ones (FLATMEM_API, include guards) and the
-/// `*_OPTIONS_INIT` initialisers (see options_init_matches_macro).
+/// `{ ... }` initialisers (see initialiser_macro).
 fn mirrored_macro(name: &str, value: &str) -> bool {
-    (name.starts_with("FLATMEM_") || name == "DLPACK_VERSION") && !value.is_empty() && !name.ends_with("_OPTIONS_INIT")
+    (name.starts_with("FLATMEM_") || name == "DLPACK_VERSION") && !value.is_empty() && !initialiser_macro(name, value)
+}
+
+/// `FLATMEM_*_INIT { ... }`: a struct initialiser. The `*_OPTIONS_INIT` ones
+/// are compared with their `*_options_init()` (the `*_init_matches_macro`
+/// tests); the others are struct-typed constants of sys.rs.
+fn initialiser_macro(name: &str, value: &str) -> bool {
+    name.starts_with("FLATMEM_") && name.ends_with("_INIT") && value.starts_with('{')
+}
+
+/// `FLATMEM_X_OPTIONS_INIT` -> `flatmem_x_options_init` (None for another name).
+fn options_init_function(macro_name: &str) -> Option<String> {
+    macro_name.strip_suffix("_OPTIONS_INIT").map(|stem| format!("{}_options_init", stem.to_lowercase()))
 }
 
 /// The base type name of a canonical type (`*const *mut T` -> `T`,
@@ -965,9 +1023,37 @@ fn compare_text(c: &Api, rust: &Api) -> Vec<String> {
             if !rust.consts.contains_key(name) {
                 errors.push(format!("macro {} ({}): no Rust const in sys.rs", name, value));
             }
+        } else if initialiser_macro(name, value) {
+            match options_init_function(name) {
+                Some(function) => {
+                    if !c.functions.contains_key(&function) {
+                        errors.push(format!(
+                            "macro {}: an options initialiser without {}(); mirror it as a struct const",
+                            name, function
+                        ));
+                    }
+                }
+                None => match rust.consts.get(name) {
+                    Some((ty, _)) if rust.structs.contains_key(ty) => {}
+                    _ => errors.push(format!(
+                        "macro {} ({}): an initialiser; declare `pub const {}: <struct> = <struct> {{ .. }};` in sys.rs",
+                        name, value, name
+                    )),
+                },
+            }
         }
     }
     for (name, (ty, value)) in &rust.consts {
+        if rust.structs.contains_key(ty) {
+            // A struct initialiser: its fields are compared by schedule_init_matches_macro.
+            if !c.macros.get(name).map_or(false, |v| initialiser_macro(name, v)) {
+                errors.push(format!(
+                    "const {}: a struct const, but the headers have no initialiser macro {}",
+                    name, name
+                ));
+            }
+            continue;
+        }
         match c_consts.get(name.as_str()) {
             None => errors.push(format!("const {}: neither an enumerator nor a macro of the headers", name)),
             Some((alias, cv)) => {
@@ -992,7 +1078,7 @@ fn compare_text(c: &Api, rust: &Api) -> Vec<String> {
 fn compare_compiled(c: &Api, rust: &Api) -> Vec<String> {
     let mut errors = Vec::new();
     let mut body = String::new();
-    for name in rust.consts.keys() {
+    for name in rust.consts.iter().filter(|(_, (ty, _))| !rust.structs.contains_key(ty)).map(|(n, _)| n) {
         let is_macro = c.macros.contains_key(name);
         if is_macro {
             body.push_str("#ifdef ");
@@ -1053,7 +1139,7 @@ fn compare_compiled(c: &Api, rust: &Api) -> Vec<String> {
             _ => panic!("unexpected line from the layout program: {}", line),
         }
     }
-    for (name, (_, literal)) in &rust.consts {
+    for (name, (_, literal)) in rust.consts.iter().filter(|(_, (ty, _))| !rust.structs.contains_key(ty)) {
         let cv = match c_values.get(name) {
             Some(&v) => v,
             None => {
@@ -1137,7 +1223,25 @@ fn the_check_reads_both_sides() {
         assert!(api.opaque.contains("flatmem_comm_t") && api.opaque.contains("flatmem_comm_request_t"));
         assert_eq!(join(&api.structs["flatmem_comm_unique_id"]), "internal: [c_uchar; 128]");
         assert!(!api.functions.contains_key("flatmem_contrastive_ring_stats_get"), "experimental");
+        // cyclic.h: the schedule queries, the handle, a pointer field, f64 fields
+        assert_eq!(
+            join(&api.functions["flatmem_cyclic_schedule_action"].params),
+            "schedule: *const flatmem_cyclic_schedule, rank: i32, time_step: i64, action: *mut flatmem_cyclic_action"
+        );
+        assert!(api.opaque.contains("flatmem_cyclic_t"));
+        assert!(api.structs["flatmem_cyclic_options"].iter().any(|d| d.to_string() == "activation_bytes: *const i64"));
+        assert_eq!(api.structs["flatmem_cyclic_summary"].last().map(|d| d.to_string()).unwrap(), "seconds: f64");
+        assert_eq!(api.structs["flatmem_cyclic_action"].len(), 8);
     }
+    assert!(c.enums["flatmem_cyclic_action_kind"].iter().any(|(n, v)| n == "FLATMEM_CYCLIC_DONE" && *v == Some(3)));
+    // the initialisers: one with a function, one without (a struct const of sys.rs)
+    let schedule_init = &c.macros["FLATMEM_CYCLIC_SCHEDULE_INIT"];
+    assert!(initialiser_macro("FLATMEM_CYCLIC_SCHEDULE_INIT", schedule_init), "{}", schedule_init);
+    assert!(!mirrored_macro("FLATMEM_CYCLIC_SCHEDULE_INIT", schedule_init));
+    assert!(initialiser_macro("FLATMEM_CYCLIC_OPTIONS_INIT", &c.macros["FLATMEM_CYCLIC_OPTIONS_INIT"]));
+    assert_eq!(options_init_function("FLATMEM_CYCLIC_OPTIONS_INIT").as_deref(), Some("flatmem_cyclic_options_init"));
+    assert_eq!(options_init_function("FLATMEM_CYCLIC_SCHEDULE_INIT"), None);
+    assert_eq!(rust.consts["FLATMEM_CYCLIC_SCHEDULE_INIT"].0, "flatmem_cyclic_schedule");
     assert!(c.enums["flatmem_status"].iter().any(|(n, v)| n == "FLATMEM_STATUS_COMM_POISONED" && *v == Some(9)));
     assert_eq!(c.macros["FLATMEM_COMM_UNIQUE_ID_BYTES"], "128");
     assert!(c.enums["flatmem_status"].iter().any(|(n, v)| n == "FLATMEM_STATUS_NON_FINITE" && *v == Some(5)));
@@ -1224,6 +1328,35 @@ fn the_check_catches_differences() {
             "",
             "flatmem_comm_health: in the header",
         ),
+        // cyclic.h: an enumerator, field order, a parameter, a function, a
+        // field type, the struct initialiser const
+        ("pub const FLATMEM_CYCLIC_NEWEST: flatmem_cyclic_rule = 1;\n", "", "FLATMEM_CYCLIC_NEWEST"),
+        (
+            "    pub update_stage: i32,\n    pub update_step: i64,",
+            "    pub update_step: i64,\n    pub update_stage: i32,",
+            "struct flatmem_cyclic_action: fields",
+        ),
+        ("        stage: i32,\n        delay: *mut i32,", "        stage: i32,\n        delay: *mut i64,", "flatmem_cyclic_schedule_delay: parameter 4"),
+        (
+            "    pub fn flatmem_cyclic_reduce(handle: *mut flatmem_cyclic_t, stage: i32, gradient: *mut DLTensor) -> flatmem_status;\n",
+            "",
+            "flatmem_cyclic_reduce: in the header",
+        ),
+        (
+            "    pub seconds: f64,\n    pub wait_seconds: f64,",
+            "    pub seconds: f32,\n    pub wait_seconds: f64,",
+            "struct flatmem_cyclic_time_step_stats: fields",
+        ),
+        (
+            "pub const FLATMEM_CYCLIC_SCHEDULE_INIT: flatmem_cyclic_schedule",
+            "pub const FLATMEM_CYCLIC_SCHEDULE_DEFAULTS: flatmem_cyclic_schedule",
+            "macro FLATMEM_CYCLIC_SCHEDULE_INIT",
+        ),
+        (
+            "pub const FLATMEM_CYCLIC_SCHEDULE_INIT: flatmem_cyclic_schedule",
+            "pub const FLATMEM_CYCLIC_SCHEDULE_DEFAULTS: flatmem_cyclic_schedule",
+            "const FLATMEM_CYCLIC_SCHEDULE_DEFAULTS: a struct const",
+        ),
     ];
     let c = c_api();
     let source = sys_sources();
@@ -1289,6 +1422,57 @@ fn comm_options_init_matches_macro() {
     // SAFETY: a valid options struct of this declaration.
     assert_eq!(unsafe { sys::flatmem_comm_options_init(&mut raw) }, sys::FLATMEM_STATUS_SUCCESS);
     assert_eq!(out.trim(), format!("{} {} {}", raw.struct_size, raw.timeout_ms, raw.connect_timeout_ms));
+}
+
+#[test]
+fn cyclic_options_init_matches_macro() {
+    let out = c_program(
+        "  flatmem_cyclic_options o = FLATMEM_CYCLIC_OPTIONS_INIT;\n  printf(\"%zu %d %lld %d %d %lld %d %lld\\n\", \
+         o.struct_size, (int)o.stages, (long long)o.steps, (int)o.rule, o.activation_bytes == NULL, \
+         (long long)o.timeout_ms, (int)o.nonfinite, (long long)o.history);\n",
+    );
+    let mut raw = sys::flatmem_cyclic_options {
+        struct_size: 0,
+        stages: 9,
+        steps: 9,
+        rule: 9,
+        activation_bytes: std::ptr::NonNull::dangling().as_ptr(),
+        timeout_ms: 9,
+        nonfinite: 9,
+        history: 9,
+    };
+    // SAFETY: a valid options struct of this declaration.
+    assert_eq!(unsafe { sys::flatmem_cyclic_options_init(&mut raw) }, sys::FLATMEM_STATUS_SUCCESS);
+    let rust = format!(
+        "{} {} {} {} {} {} {} {}",
+        raw.struct_size,
+        raw.stages,
+        raw.steps,
+        raw.rule,
+        raw.activation_bytes.is_null() as i32,
+        raw.timeout_ms,
+        raw.nonfinite,
+        raw.history
+    );
+    assert_eq!(out.trim(), rust);
+}
+
+#[test]
+fn schedule_init_matches_macro() {
+    // FLATMEM_CYCLIC_SCHEDULE_INIT has no *_init function: sys mirrors it as
+    // a const, compared here with the compiler's expansion field by field.
+    let out = c_program(
+        "  flatmem_cyclic_schedule s = FLATMEM_CYCLIC_SCHEDULE_INIT;\n  printf(\"%zu %d %d %lld %d\\n\", \
+         s.struct_size, (int)s.world_size, (int)s.stages, (long long)s.steps, (int)s.rule);\n",
+    );
+    let s = sys::FLATMEM_CYCLIC_SCHEDULE_INIT;
+    assert_eq!(out.trim(), format!("{} {} {} {} {}", s.struct_size, s.world_size, s.stages, s.steps, s.rule));
+    // The crate's Schedule starts from it.
+    let raw = flatmem::cyclic::Schedule::new(4, 2, 3, flatmem::cyclic::Rule::Newest).unwrap().to_raw();
+    assert_eq!(
+        raw,
+        sys::flatmem_cyclic_schedule { world_size: 4, stages: 2, steps: 3, rule: sys::FLATMEM_CYCLIC_NEWEST, ..s }
+    );
 }
 
 #[test]
