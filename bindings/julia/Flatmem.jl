@@ -21,7 +21,9 @@ using Libdl
 export Contrastive, FlatmemError, BF16, contrastive_loss, forward_workspace_size,
        backward_workspace_size, library_version, version_string,
        Block, Segment, set_parameters!, zero_gradients!, parameter_sizes, forward!, backward!,
-       last_mode, rebuild_error, block_seed
+       last_mode, rebuild_error, block_seed,
+       CyclicSchedule, CyclicAction, cyclic_schedule, cyclic_offset, cyclic_delay, cyclic_length,
+       cyclic_action, action_kind
 
 """The shared library every ccall uses: `ENV["FLATMEM_LIBRARY"]` or `"libflatmem"`."""
 const libflatmem = get(ENV, "FLATMEM_LIBRARY", "libflatmem")
@@ -1008,5 +1010,164 @@ end
 # flatmem-check: not wrapped: flatmem_comm_group_start: communicators are not wrapped in this binding yet
 # flatmem-check: not wrapped: flatmem_comm_group_end: communicators are not wrapped in this binding yet
 # flatmem-check: not wrapped: flatmem_comm_synchronize: communicators are not wrapped in this binding yet
+
+
+# ---------------------------------------------------------------------------
+# Cyclic data parallelism (flatmem/cyclic.h)
+# ---------------------------------------------------------------------------
+#
+# The schedule queries are pure C functions (no handle, thread-safe) and are
+# wrapped: cyclic_schedule, cyclic_offset, cyclic_delay, cyclic_length,
+# cyclic_action. Ranks, stages, steps and time steps are 0-based, as the C API
+# counts them. The runtime (flatmem_cyclic_create ... _summary_get) runs over
+# a communicator, and communicators are not wrapped here (see above); its
+# structs are mirrored so that it can be added.
+
+# flatmem_cyclic_rule
+const FLATMEM_CYCLIC_DELAY1 = Cint(0)
+const FLATMEM_CYCLIC_NEWEST = Cint(1)
+const FLATMEM_CYCLIC_SYNC = Cint(2)
+
+# flatmem_cyclic_action_kind
+const FLATMEM_CYCLIC_IDLE = Cint(0)
+const FLATMEM_CYCLIC_FORWARD = Cint(1)
+const FLATMEM_CYCLIC_BACKWARD = Cint(2)
+const FLATMEM_CYCLIC_DONE = Cint(3)
+
+"""`flatmem_cyclic_schedule`: N ranks, L stages, training steps, rule; make one with `cyclic_schedule`."""
+struct CyclicSchedule
+    struct_size::Csize_t
+    world_size::Int32
+    stages::Int32
+    steps::Int64
+    rule::Cint
+end
+
+"""
+`flatmem_cyclic_action`: what one rank does in one time step (`cyclic_action`). `kind` is a
+`FLATMEM_CYCLIC_*` action kind (`action_kind` gives it as a Symbol); `stage`, `step`, `phase`
+and `update_stage`/`update_step` are 0-based, -1 when there is none.
+"""
+struct CyclicAction
+    time_step::Int64
+    kind::Cint
+    stage::Int32
+    step::Int64
+    update_stage::Int32
+    update_step::Int64
+    activations_held::Int32
+    phase::Int32
+end
+
+"""Opaque C handle type `flatmem_cyclic_t` (the cyclic runtime; not wrapped: it needs a communicator)."""
+mutable struct CyclicHandle end
+
+"""`flatmem_cyclic_options` (mirrored for completeness; the runtime is not wrapped)."""
+struct CyclicOptions
+    struct_size::Csize_t
+    stages::Int32
+    steps::Int64
+    rule::Cint
+    activation_bytes::Ptr{Int64}
+    timeout_ms::Int64
+    nonfinite::Cint
+    history::Int64
+end
+
+"""`flatmem_cyclic_time_step_stats` (mirrored for completeness; the runtime is not wrapped)."""
+struct CyclicTimeStepStats
+    time_step::Int64
+    kind::Cint
+    stage::Int32
+    step::Int64
+    activations_held::Int32
+    activation_bytes::Int64
+    bytes_sent::Int64
+    seconds::Float64
+    wait_seconds::Float64
+end
+
+"""`flatmem_cyclic_summary` (mirrored for completeness; the runtime is not wrapped)."""
+struct CyclicSummary
+    time_steps::Int64
+    bytes_sent::Int64
+    messages_sent::Int64
+    max_bytes_sent_per_time_step::Int64
+    peak_activation_bytes::Int64
+    wait_seconds::Float64
+    seconds::Float64
+end
+
+const CYCLIC_RULES = (delay1 = FLATMEM_CYCLIC_DELAY1, newest = FLATMEM_CYCLIC_NEWEST, sync = FLATMEM_CYCLIC_SYNC)
+const CYCLIC_KINDS = (idle = FLATMEM_CYCLIC_IDLE, forward = FLATMEM_CYCLIC_FORWARD,
+                      backward = FLATMEM_CYCLIC_BACKWARD, done = FLATMEM_CYCLIC_DONE)
+
+"""
+    cyclic_schedule(world_size, stages, steps; rule=:delay1) -> CyclicSchedule
+
+The schedule of `world_size` ranks training a model of `stages` stages for `steps` steps;
+`rule` is `:delay1`, `:newest` or `:sync` (see cyclic.h). The library checks the ranges
+(a `FlatmemError` naming the field, e.g. `schedule.world_size: 0; expected 1 .. 1048576`).
+"""
+function cyclic_schedule(world_size::Integer, stages::Integer, steps::Integer; rule::Symbol=:delay1)
+    haskey(CYCLIC_RULES, rule) || throw(ArgumentError("rule must be one of $(keys(CYCLIC_RULES)), not :$rule"))
+    s = CyclicSchedule(Csize_t(sizeof(CyclicSchedule)), Int32(world_size), Int32(stages), Int64(steps), CYCLIC_RULES[rule])
+    cyclic_length(s)   # checks the schedule
+    return s
+end
+
+"""`cyclic_offset(s, rank) -> Int`: time steps rank `rank` (0-based) starts after rank 0."""
+function cyclic_offset(s::CyclicSchedule, rank::Integer)
+    offset = Ref{Int64}(0)
+    check(ccall((:flatmem_cyclic_schedule_offset, libflatmem), Cint,
+                (Ref{CyclicSchedule}, Int32, Ref{Int64}), s, Int32(rank), offset))
+    return Int(offset[])
+end
+
+"""`cyclic_delay(s, rank, stage) -> Int`: 0 or 1; step t's average reaches `stage` before its forward in step t + 1 + delay."""
+function cyclic_delay(s::CyclicSchedule, rank::Integer, stage::Integer)
+    delay = Ref{Int32}(0)
+    check(ccall((:flatmem_cyclic_schedule_delay, libflatmem), Cint,
+                (Ref{CyclicSchedule}, Int32, Int32, Ref{Int32}), s, Int32(rank), Int32(stage), delay))
+    return Int(delay[])
+end
+
+"""`cyclic_length(s) -> Int`: global time steps until every rank is done (its last update included)."""
+function cyclic_length(s::CyclicSchedule)
+    time_steps = Ref{Int64}(0)
+    check(ccall((:flatmem_cyclic_schedule_length, libflatmem), Cint,
+                (Ref{CyclicSchedule}, Ref{Int64}), s, time_steps))
+    return Int(time_steps[])
+end
+
+"""
+    cyclic_action(s, rank, time_step) -> CyclicAction
+
+What rank `rank` does at global time step `time_step` (both 0-based; `FLATMEM_CYCLIC_DONE` at
+and after `cyclic_length(s)`).
+"""
+function cyclic_action(s::CyclicSchedule, rank::Integer, time_step::Integer)
+    action = Ref{CyclicAction}()
+    check(ccall((:flatmem_cyclic_schedule_action, libflatmem), Cint,
+                (Ref{CyclicSchedule}, Int32, Int64, Ref{CyclicAction}), s, Int32(rank), Int64(time_step), action))
+    return action[]
+end
+
+"""`action_kind(a::CyclicAction) -> Symbol`: `:idle`, `:forward`, `:backward` or `:done`."""
+function action_kind(a::CyclicAction)
+    for (name, value) in pairs(CYCLIC_KINDS)
+        value == a.kind && return name
+    end
+    throw(FlatmemError(FLATMEM_STATUS_INTERNAL, status_string(FLATMEM_STATUS_INTERNAL), "unknown action kind $(a.kind)"))
+end
+
+# flatmem-check: not wrapped: flatmem_cyclic_options_init: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_cyclic_create: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_cyclic_destroy: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_cyclic_get_schedule: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_cyclic_next: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_cyclic_reduce: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_cyclic_stats: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
+# flatmem-check: not wrapped: flatmem_cyclic_summary_get: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
 
 end # module Flatmem

@@ -61,6 +61,11 @@ STRUCT_MIRRORS = {
     "flatmem_reversible_function": "ReversibleFunction",
     "flatmem_reversible_block": "ReversibleBlock",
     "flatmem_block_options": "BlockOptions",
+    "flatmem_cyclic_schedule": "CyclicSchedule",
+    "flatmem_cyclic_action": "CyclicAction",
+    "flatmem_cyclic_options": "CyclicOptions",
+    "flatmem_cyclic_time_step_stats": "CyclicTimeStepStats",
+    "flatmem_cyclic_summary": "CyclicSummary",
 }
 
 # C opaque handle typedef -> the fieldless Julia type used as its pointee.
@@ -69,6 +74,7 @@ OPAQUE_HANDLES = {
     "flatmem_reversible_t": "ReversibleHandle",
     "flatmem_block_t": "BlockHandle",
     "flatmem_comm_t": "CommHandle",
+    "flatmem_cyclic_t": "CyclicHandle",
 }
 
 # C scalar type -> accepted Julia spellings (C enums: ENUM_SPELLINGS).
@@ -1227,6 +1233,19 @@ def self_test_cases(header, js):
         ("nested struct mirror fields swapped", "struct-mirror", edit_struct("ReversibleBlock", "swap")),
         ("context mirror field dropped", "struct-mirror", edit_struct("ReversibleContext", "drop-last")),
         ("block options field retyped", "struct-mirror", edit_struct("BlockOptions", "retype")),
+        # Cyclic schedule queries and the mirrors of cyclic.h.
+        ("schedule passed by value, not by pointer", "arg-type",
+         append("ccall((:flatmem_cyclic_schedule_length, libflatmem), Cint, (CyclicSchedule, Ref{Int64}), s, n)")),
+        ("int64 time_step passed as Int32", "arg-type",
+         append("ccall((:flatmem_cyclic_schedule_action, libflatmem), Cint, (Ref{CyclicSchedule}, Int32, Int32, Ref{CyclicAction}), s, r, t, a)")),
+        ("int32 delay out-parameter as Ref{Int64}", "arg-type",
+         append("ccall((:flatmem_cyclic_schedule_delay, libflatmem), Cint, (Ref{CyclicSchedule}, Int32, Int32, Ref{Int64}), s, r, j, d)")),
+        ("cyclic handle passed as a communicator", "arg-type",
+         append("ccall((:flatmem_cyclic_get_schedule, libflatmem), Cint, (Ptr{CommHandle}, Ref{CyclicSchedule}), h, s)")),
+        ("cyclic action mirror fields swapped", "struct-mirror", edit_struct("CyclicAction", "swap")),
+        ("cyclic options mirror field retyped", "struct-mirror", edit_struct("CyclicOptions", "retype")),
+        ("cyclic summary mirror field dropped", "struct-mirror", edit_struct("CyclicSummary", "drop-last")),
+        ("cyclic rule value wrong", "constant-value", edit_const("FLATMEM_CYCLIC_NEWEST", "Cint(2)")),
     ]  # fmt: skip
 
 
