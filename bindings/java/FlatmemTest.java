@@ -3,13 +3,18 @@
 // logit-scale gradient, compared with the naive formulas evaluated here in
 // double precision, and a failing status arrives as a Java exception carrying
 // flatmem's message; a reversible segment of built-in attention + MLP blocks
-// rebuilds its input in the backward, and OVERLAPPED gives VANILLA's bits.
+// rebuilds its input in the backward, and OVERLAPPED gives VANILLA's bits;
+// the cyclic schedule queries follow the closed forms of cyclic.h.
 // Built and run by scripts/check-java.sh; exits 1 on failure.
 import flatmem.Block;
 import flatmem.BlockKind;
 import flatmem.Contrastive;
 import flatmem.ContrastiveLoss;
 import flatmem.ContrastiveOptions;
+import flatmem.CyclicAction;
+import flatmem.CyclicActionKind;
+import flatmem.CyclicRule;
+import flatmem.CyclicSchedule;
 import flatmem.Flatmem;
 import flatmem.Reversible;
 import flatmem.ReversibleMode;
@@ -230,6 +235,56 @@ public final class FlatmemTest {
     return out;
   }
 
+  /** CyclicSchedule (flatmem_cyclic_schedule_*): offsets, every rank's action
+   *  at every time step and the delays against the header's closed forms;
+   *  errors as IllegalArgumentException naming the argument. */
+  private static void cyclicSchedule() {
+    final int n = 3, stages = 2;
+    final long steps = 2;
+    for (CyclicRule rule : new CyclicRule[] {CyclicRule.CYCLIC_DELAY1, CyclicRule.CYCLIC_NEWEST,
+                                             CyclicRule.CYCLIC_SYNC}) {
+      try (CyclicSchedule s = new CyclicSchedule(n, stages, steps, rule)) {
+        boolean sync = rule == CyclicRule.CYCLIC_SYNC, ok = s.getRule() == rule;
+        final long period = 2 * stages, length = s.length();
+        for (int r = 0; r < n; ++r) {
+          long offset = s.offset(r);
+          ok = ok && offset == (sync ? 0 : (long) r * 2 * stages / n);
+          for (long t = 0; t <= length; ++t) {
+            CyclicAction a = s.action(r, t);
+            long local = t - offset;
+            boolean active = local >= 0 && local / period < steps;
+            if (!active) {
+              ok = ok && a.getKind() == (t >= length ? CyclicActionKind.CYCLIC_DONE : CyclicActionKind.CYCLIC_IDLE)
+                   && a.getStage() == -1 && a.getPhase() == -1;
+              continue;
+            }
+            int p = (int) (local % period);
+            boolean forward = p < stages;
+            int stage = forward ? p : 2 * stages - 1 - p;
+            ok = ok && a.getTime_step() == t && a.getStep() == local / period && a.getPhase() == p
+                 && a.getStage() == stage && a.getActivations_held() == stage + 1
+                 && a.getKind() == (forward ? CyclicActionKind.CYCLIC_FORWARD : CyclicActionKind.CYCLIC_BACKWARD);
+          }
+          for (int j = 0; j < stages; ++j) {
+            int expected = rule == CyclicRule.CYCLIC_DELAY1 ? 1 : sync ? 0
+                         : (s.offset(n - 1) - offset <= 2 * j ? 0 : 1);
+            ok = ok && s.delay(r, j) == expected;
+          }
+        }
+        check(ok, "CyclicSchedule " + rule + ": offsets, actions and delays follow cyclic.h (length " + length + ")");
+      }
+    }
+    try (CyclicSchedule s = new CyclicSchedule(4, 2, 3)) {
+      check(s.getRule() == CyclicRule.CYCLIC_DELAY1, "CyclicSchedule: CYCLIC_DELAY1 by default");
+      expectFailure("CyclicSchedule.offset(4) of 4 ranks", () -> s.offset(4), IllegalArgumentException.class,
+                    "FLATMEM_STATUS_INVALID_ARGUMENT", "rank: 4; expected 0 .. 3");
+      expectFailure("CyclicSchedule.delay(0, 2) of 2 stages", () -> s.delay(0, 2), IllegalArgumentException.class,
+                    "stage: 2");
+    }
+    expectFailure("CyclicSchedule of 0 ranks", () -> new CyclicSchedule(0, 2, 1), IllegalArgumentException.class,
+                  "schedule.world_size: 0");
+  }
+
   public static void main(String[] args) {
     System.out.println("flatmem " + Flatmem.version_string() + ": header FLATMEM_VERSION "
                        + Flatmem.VERSION + ", library flatmem_version() " + Flatmem.version());
@@ -298,6 +353,7 @@ public final class FlatmemTest {
     }
 
     reversibleSegment();
+    cyclicSchedule();
 
     System.out.println(failures == 0 ? "FlatmemTest: OK" : "FlatmemTest: " + failures + " FAILED");
     System.exit(failures == 0 ? 0 : 1);

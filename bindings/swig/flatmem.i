@@ -14,6 +14,8 @@
  *   Contrastive          flatmem_contrastive_t: constructor = *_create, destructor = *_destroy,
  *                        forward/backward and the two workspace queries as methods
  *   Tensor               a DLTensor together with the shape and strides it points to
+ *   CyclicSchedule       flatmem_cyclic_schedule: offset(), delay(), length(), action() (pure)
+ *   CyclicAction         flatmem_cyclic_action, read-only; CYCLIC_* rules and action kinds
  *
  * Errors. Every status other than SUCCESS becomes an exception in the target
  * language whose message is "<status name>: <flatmem_last_error()>", e.g.
@@ -38,6 +40,10 @@
  * Reversible segments: Block (flatmem_block_t) and Reversible (a
  * flatmem_reversible_t plus what the binding keeps for it), with Python
  * functions as F/G through C trampolines; see "Reversible segments" below.
+ *
+ * Cyclic data parallelism (<flatmem/cyclic.h>): the schedule only --
+ * CyclicSchedule (flatmem_cyclic_schedule) with the pure queries as methods,
+ * CyclicAction, CYCLIC_* rules and action kinds; see "Cyclic schedule" below.
  *
  * Adding a handle kind (communicators): an empty struct
  * for SWIG, %extend it with a constructor calling *_create and a destructor
@@ -410,6 +416,20 @@ static int flatmem_swig_error_code(int status) {
     kept = both;
   }
 %}
+/* CyclicSchedule: AutoCloseable, and built from the CyclicRule enum. */
+%typemap(javainterfaces) struct flatmem_cyclic_schedule "AutoCloseable"
+%typemap(javacode) struct flatmem_cyclic_schedule %{
+  @Override public void close() { delete(); }
+
+  public CyclicSchedule(int world_size, int stages, long steps, CyclicRule rule) {
+    this(world_size, stages, steps, rule.swigValue());
+  }
+
+  /** A schedule under the default rule, CYCLIC_DELAY1. */
+  public CyclicSchedule(int world_size, int stages, long steps) {
+    this(world_size, stages, steps, CyclicRule.CYCLIC_DELAY1);
+  }
+%}
 %typemap(javainterfaces) struct flatmem_swig_reversible "AutoCloseable"
 %typemap(javacode) struct flatmem_swig_reversible %{
   private final java.util.ArrayList<Block> blocks = new java.util.ArrayList<Block>();
@@ -521,6 +541,48 @@ const char *flatmem_swig_version_mismatch(void);
 %rename(BlockKind) flatmem_block_kind;
 %rename(Block) flatmem_block_s;
 %include <flatmem/reversible.h>
+
+/* cyclic.h: the schedule. CyclicSchedule's constructor fills
+ * FLATMEM_CYCLIC_SCHEDULE_INIT and has the library check it; offset, delay,
+ * length and action are the pure flatmem_cyclic_schedule_* queries (below).
+ * CyclicAction is what action() returns (read-only; -1 = none). The runtime
+ * (flatmem_cyclic_t: create / next / reduce / stats) runs over a
+ * communicator, which this interface does not wrap yet: its functions and
+ * structs are ignored. */
+%ignore flatmem_cyclic_schedule_offset;
+%ignore flatmem_cyclic_schedule_delay;
+%ignore flatmem_cyclic_schedule_length;
+%ignore flatmem_cyclic_schedule_action;
+%ignore flatmem_cyclic_options_init;
+%ignore flatmem_cyclic_create;
+%ignore flatmem_cyclic_destroy;
+%ignore flatmem_cyclic_get_schedule;
+%ignore flatmem_cyclic_next;
+%ignore flatmem_cyclic_reduce;
+%ignore flatmem_cyclic_stats;
+%ignore flatmem_cyclic_summary_get;
+%ignore flatmem_cyclic_options;
+%ignore flatmem_cyclic_time_step_stats;
+%ignore flatmem_cyclic_summary;
+%ignore flatmem_cyclic_s;
+%ignore FLATMEM_CYCLIC_SCHEDULE_INIT;
+%ignore FLATMEM_CYCLIC_OPTIONS_INIT;
+%ignore FLATMEM_CYCLIC_RULE_MAX;
+%ignore FLATMEM_CYCLIC_ACTION_KIND_MAX;
+%rename(CyclicRule) flatmem_cyclic_rule;
+%rename(CyclicActionKind) flatmem_cyclic_action_kind;
+%rename(CyclicSchedule) flatmem_cyclic_schedule;
+%rename(CyclicAction) flatmem_cyclic_action;
+%immutable flatmem_cyclic_schedule::struct_size;
+%immutable flatmem_cyclic_action::time_step;
+%immutable flatmem_cyclic_action::kind;
+%immutable flatmem_cyclic_action::stage;
+%immutable flatmem_cyclic_action::step;
+%immutable flatmem_cyclic_action::update_stage;
+%immutable flatmem_cyclic_action::update_step;
+%immutable flatmem_cyclic_action::activations_held;
+%immutable flatmem_cyclic_action::phase;
+%include <flatmem/cyclic.h>
 
 %rename(status_string) flatmem_status_string_of;
 %inline %{
@@ -824,6 +886,70 @@ flatmem_swig_tensor *flatmem_swig_tensor_from_dlpack(PyObject *capsule) {
     return o;
   }
   ~flatmem_contrastive_options() { free($self); }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Cyclic schedule (flatmem_cyclic_schedule and its pure queries)            */
+/* ------------------------------------------------------------------------ */
+/* CyclicSchedule(world_size, stages, steps, rule = CYCLIC_DELAY1): the
+ * library checks it at once (INVALID_ARGUMENT naming the field). Ranks,
+ * stages and time steps are 0-based, as in C. */
+
+/* SWIG names an %extend method's C function <struct>_<method>: offset()
+ * would be flatmem_cyclic_schedule_offset, the library's own function. The
+ * methods are written as get_* and renamed. */
+%rename(offset) flatmem_cyclic_schedule::get_offset;
+%rename(delay) flatmem_cyclic_schedule::get_delay;
+%rename(length) flatmem_cyclic_schedule::get_length;
+%rename(action) flatmem_cyclic_schedule::get_action;
+%extend flatmem_cyclic_schedule {
+  flatmem_cyclic_schedule(int32_t world_size, int32_t stages, int64_t steps,
+                          int32_t rule = FLATMEM_CYCLIC_DELAY1) {
+    const flatmem_cyclic_schedule init = FLATMEM_CYCLIC_SCHEDULE_INIT;
+    int64_t length = 0;
+    flatmem_cyclic_schedule *s = (flatmem_cyclic_schedule *)malloc(sizeof *s);
+    if (!s) {
+      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "CyclicSchedule: out of memory");
+      return NULL;
+    }
+    *s = init;
+    s->world_size = world_size;
+    s->stages = stages;
+    s->steps = steps;
+    s->rule = (flatmem_cyclic_rule)rule;
+    if (!flatmem_swig_check(flatmem_cyclic_schedule_length(s, &length))) {
+      free(s);
+      return NULL;
+    }
+    return s;
+  }
+  ~flatmem_cyclic_schedule() { free($self); }
+
+  /* flatmem_cyclic_schedule_offset: time steps `rank` starts after rank 0. */
+  int64_t get_offset(int32_t rank) const {
+    int64_t offset = 0;
+    flatmem_swig_check(flatmem_cyclic_schedule_offset($self, rank, &offset));
+    return offset;
+  }
+  /* flatmem_cyclic_schedule_delay: 0 or 1. */
+  int32_t get_delay(int32_t rank, int32_t stage) const {
+    int32_t delay = 0;
+    flatmem_swig_check(flatmem_cyclic_schedule_delay($self, rank, stage, &delay));
+    return delay;
+  }
+  /* flatmem_cyclic_schedule_length: global time steps of the whole run. */
+  int64_t get_length() const {
+    int64_t time_steps = 0;
+    flatmem_swig_check(flatmem_cyclic_schedule_length($self, &time_steps));
+    return time_steps;
+  }
+  /* flatmem_cyclic_schedule_action: what `rank` does at `time_step`. */
+  flatmem_cyclic_action get_action(int32_t rank, int64_t time_step) const {
+    flatmem_cyclic_action action;
+    memset(&action, 0, sizeof action);
+    flatmem_swig_check(flatmem_cyclic_schedule_action($self, rank, time_step, &action));
+    return action;
+  }
 }
 
 /* ------------------------------------------------------------------------ */

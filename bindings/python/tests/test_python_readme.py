@@ -8,9 +8,10 @@ README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
 def python_blocks():
-    """The contrastive-loss snippet(s); the reversible one is test_python_reversible.py's."""
+    """The contrastive-loss snippet(s); the reversible one is test_python_reversible.py's, the cyclic
+    one test_python_cyclic.py's."""
     blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(), flags=re.S | re.M)
-    return [b for b in blocks if "ReversibleSegment" not in b]
+    return [b for b in blocks if "ReversibleSegment" not in b and "CyclicSchedule" not in b]
 
 
 def test_readme_python_snippet_runs(capsys):

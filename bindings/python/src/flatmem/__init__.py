@@ -8,9 +8,12 @@
     y1, y2 = seg.forward(x1, x2)                                        # reversible segment
     dx1, dx2 = seg.backward(y1, y2, dy1, dy2)
 
+    s = flatmem.CyclicSchedule(world_size=8, stages=4, steps=3)         # cyclic schedule
+    s.offset(5), s.action(5, 7)                                         # pure queries
+
 flatmem.capi is the SWIG module generated from bindings/swig/flatmem.i (the C
 ABI one to one: Contrastive, ContrastiveOptions, Reversible, Block, Tensor,
-version(), ...);
+CyclicSchedule, version(), ...);
 importing it checks that the header it was built with matches the loaded
 libflatmem. Failed calls raise flatmem.Error (subclasses per status, e.g.
 InvalidArgumentError, also a ValueError) with flatmem's message.
@@ -29,6 +32,7 @@ from .capi import (
     WorkspaceTooSmallError,
 )
 from .contrastive import Contrastive, ForwardResult, contrastive_loss
+from .cyclic import CyclicAction, CyclicSchedule
 from .reversible import Block, Context, Function, ReversibleSegment
 
 __version__ = "0.1.0"
@@ -45,6 +49,8 @@ __all__ = [
     "CommTimeoutError",
     "Context",
     "Contrastive",
+    "CyclicAction",
+    "CyclicSchedule",
     "Error",
     "ForwardResult",
     "Function",
