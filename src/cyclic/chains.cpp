@@ -1,5 +1,6 @@
 // The two threads of a cyclic handle: the reduce chain (and SYNC's ring
 // all-reduce) and the delivery chain. See runtime.hpp.
+#include <algorithm>
 #include <chrono>
 
 #include "core/error.hpp"
@@ -107,23 +108,66 @@ void Runtime::all_reduce_step(const std::vector<GradientPtr> &stages) {
   }
 }
 
+int Runtime::deliver_from() const {
+  if (rank_ == world_ - 1) return -1;
+  if (!paced()) return rank_ + 1;
+  return rank_ == 0 ? world_ - 1 : rank_ - 1;
+}
+
+int Runtime::deliver_to() const {
+  if (!paced()) return rank_ > 0 ? rank_ - 1 : -1;
+  if (rank_ == world_ - 1) return 0;
+  return rank_ + 1 <= world_ - 2 ? rank_ + 1 : -1;
+}
+
+std::int64_t Runtime::delivery_key(const Gradient &g) {
+  // Paced: the order the ranks need the averages in (step, then stage), the
+  // same on every rank. At once: hand-over order, the same on every rank.
+  if (paced()) return g.step * settings_.schedule.stages + g.stage;
+  return handed_over_count_++;
+}
+
+std::int64_t Runtime::release_time(const Gradient &g) const {
+  // DELAY1: a rank applies the average of step s before its forward of the
+  // stage in step s + 2. Pass it on one time step before the receiver needs
+  // it, but no later than this rank needs it itself (its update waits for the
+  // hand-on: the buffer is the caller's again only after it). Around the ring
+  // the receiver is the later rank, so this is mostly the rank's own forward
+  // slot: in steady state half the ranks pass averages on (forward half of
+  // their step) while the other half send partial sums (backward half).
+  const Schedule &s = settings_.schedule;
+  const std::int64_t due = (g.step + 2) * s.period() + g.stage;
+  return std::min(s.offset(deliver_to()) + due - 1, s.offset(rank_) + due);
+}
+
 void Runtime::deliver_link(Gradient &g) {
   const std::string what = label("delivery chain", g);
-  if (rank_ + 1 < world_) {
-    waiting(g, deliverer_doing_, "the average from rank " + std::to_string(rank_ + 1));
-    wait_link(comm_.recv(rank_ + 1, g.data, g.bytes, comm::Space::cyclic,
+  const int from = deliver_from(), to = deliver_to();
+  if (from >= 0) {
+    waiting(g, deliverer_doing_, "the average from rank " + std::to_string(from));
+    wait_link(comm_.recv(from, g.data, g.bytes, comm::Space::cyclic,
                          link_tag(id_, Link::average, g.step, g.stage)),
-              what + ": receive the average from rank " + std::to_string(rank_ + 1));
+              what + ": receive the average from rank " + std::to_string(from));
   }
-  if (rank_ > 0) {
-    waiting(g, deliverer_doing_, "rank " + std::to_string(rank_ - 1) + " to take the average");
-    comm::TransferPtr t = comm_.send(rank_ - 1, g.data, g.bytes, comm::Space::cyclic,
+  if (to >= 0) {
+    if (paced()) {
+      const std::int64_t release = release_time(g);
+      std::unique_lock lock(mutex_);
+      g.stuck_on = "this rank's clock to reach time step " + std::to_string(release);
+      changed_.wait(lock, [&] {
+        return time_step_ >= release || stopping_ || failure_ != FLATMEM_STATUS_SUCCESS;
+      });
+      if (stopping_ || failure_ != FLATMEM_STATUS_SUCCESS) return;
+    }
+    waiting(g, deliverer_doing_, "rank " + std::to_string(to) + " to take the average");
+    comm::TransferPtr t = comm_.send(to, g.data, g.bytes, comm::Space::cyclic,
                                      link_tag(id_, Link::average, g.step, g.stage));
     sent(g.bytes);
-    wait_link(t, what + ": send the average to rank " + std::to_string(rank_ - 1));
+    wait_link(t, what + ": send the average to rank " + std::to_string(to));
   }
   std::lock_guard lock(mutex_);
   g.done = true;
+  g.stuck_on.clear();
   deliverer_doing_.clear();
   changed_.notify_all();
 }
@@ -166,12 +210,14 @@ void Runtime::deliverer_loop() {
     {
       std::unique_lock lock(mutex_);
       changed_.wait(lock, [&] {
-        return stopping_ || failure_ != FLATMEM_STATUS_SUCCESS ||
-               (!deliver_queue_.empty() && deliver_queue_.front()->reduced);
+        if (stopping_ || failure_ != FLATMEM_STATUS_SUCCESS) return true;
+        const auto it = deliver_pending_.find(deliver_next_);
+        return it != deliver_pending_.end() && it->second->reduced;
       });
       if (stopping_ || failure_ != FLATMEM_STATUS_SUCCESS) return;
-      job = deliver_queue_.front();
-      deliver_queue_.pop_front();
+      const auto it = deliver_pending_.find(deliver_next_++);
+      job = it->second;
+      deliver_pending_.erase(it);
     }
     try {
       deliver_link(*job);

@@ -118,8 +118,10 @@ flatmem_cyclic_action Runtime::next() {
             " (time step ", current_.time_step,
             ") was not handed over; call flatmem_cyclic_reduce first");
   if (time_step_ + 1 >= s.length()) {
+    std::lock_guard lock(mutex_);
     time_step_ = s.length();
     current_ = s.action(rank_, time_step_);
+    changed_.notify_all();
     return current_;
   }
   const flatmem_cyclic_action a = s.action(rank_, time_step_ + 1);
@@ -127,8 +129,9 @@ flatmem_cyclic_action Runtime::next() {
   {
     std::lock_guard lock(mutex_);
     accounting_.begin(a, begun);
+    time_step_ = a.time_step;
+    changed_.notify_all();  // paced deliveries wait for the clock
   }
-  time_step_ = a.time_step;
   current_ = a;
   handed_over_ = false;
   start_token(a.time_step);
@@ -259,7 +262,7 @@ void Runtime::reduce(std::int32_t stage, const DLTensor *gradient) {
     g->reduced = g->done = true;  // the average of one rank is its gradient
   } else {
     reduce_queue_.push_back(g);
-    deliver_queue_.push_back(g);
+    deliver_pending_[delivery_key(*g)] = g;
   }
   changed_.notify_all();
 }

@@ -8,8 +8,14 @@
 //                   from rank - 1, add, send to rank + 1 (rank N-1: scale to
 //                   the average). SYNC: a ring all-reduce of the step's
 //                   stages once stage 0 is handed over.
-//   deliverer       per gradient, same order: once reduced, receive the
-//                   average from rank + 1 into the buffer, pass it to rank - 1.
+//   deliverer       per gradient, once reduced: receive the average into the
+//                   buffer and pass it on. NEWEST: at once, down the chain
+//                   (N-1 -> N-2 -> ... -> 0: the late ranks, which may use it
+//                   in the next step, first). DELAY1: around the ring in
+//                   stagger order (N-1 -> 0 -> 1 -> ... -> N-2), each hop
+//                   released by the sender's clock (see release_time), in the
+//                   order the ranks need them (step, then stage): the
+//                   delivery traffic is as spread out as the reduce chain's.
 //
 // Each thread talks to one neighbour in one direction in a fixed order, the
 // same on every rank, so messages match by order; tags (src/cyclic/tags.hpp)
@@ -23,6 +29,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -85,6 +92,13 @@ class Runtime {
   void reduce_link(Gradient &g);
   void all_reduce_step(const std::vector<GradientPtr> &stages);
   void deliver_link(Gradient &g);
+  // DELAY1 paces the delivery around the ring; NEWEST delivers at once.
+  bool paced() const { return settings_.schedule.rule == FLATMEM_CYCLIC_DELAY1; }
+  int deliver_from() const;  // -1: none (this rank formed the sum)
+  int deliver_to() const;    // -1: none (the last rank of the delivery)
+  std::int64_t delivery_key(const Gradient &g);  // mutex held
+  // Global time step at which this rank passes g's average on (paced).
+  std::int64_t release_time(const Gradient &g) const;
   // Waits for t without a deadline; any failure poisons the communicator
   // and is thrown with a message that starts with `what`.
   void wait_link(const comm::TransferPtr &t, const std::string &what);
@@ -99,7 +113,8 @@ class Runtime {
   std::int32_t rank_ = 0, world_ = 1;
   std::uint32_t id_ = 0;  // tells this handle's messages from an earlier one's
 
-  // Caller's side (one thread).
+  // Caller's side (one thread); time_step_ is written under mutex_ (the
+  // deliverer reads it).
   std::int64_t time_step_ = -1;
   flatmem_cyclic_action current_{};
   bool handed_over_ = false;
@@ -110,7 +125,9 @@ class Runtime {
   std::vector<GradientPtr> in_flight_;        // handed over, update not yet returned
   std::deque<GradientPtr> reduce_queue_;      // cyclic: chain jobs
   std::deque<std::vector<GradientPtr>> sync_queue_;  // SYNC: whole steps
-  std::deque<GradientPtr> deliver_queue_;
+  // Delivery jobs by their order key (delivery_key) and the next key due.
+  std::map<std::int64_t, GradientPtr> deliver_pending_;
+  std::int64_t deliver_next_ = 0, handed_over_count_ = 0;
   bool stopping_ = false;
   flatmem_status failure_ = FLATMEM_STATUS_SUCCESS;
   std::string failure_message_;

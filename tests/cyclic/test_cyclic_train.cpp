@@ -125,8 +125,8 @@ TEST_CASE("NEWEST is reproducible and converges on the synthetic task") {
 }
 
 TEST_CASE("accounting: activations from the schedule, bytes from the chains") {
-  for (flatmem_cyclic_rule rule : {FLATMEM_CYCLIC_DELAY1, FLATMEM_CYCLIC_SYNC})
-    for (int world : {1, 2, 4}) {
+  for (flatmem_cyclic_rule rule : {FLATMEM_CYCLIC_DELAY1, FLATMEM_CYCLIC_NEWEST, FLATMEM_CYCLIC_SYNC})
+    for (int world : {1, 2, 3, 4}) {
       const TrainSetup setup = setup_for(3, 4, rule);
       CAPTURE(describe(setup, world));
       const LocalTraining<double> got = train_local<double>(setup, world);
@@ -157,15 +157,18 @@ TEST_CASE("accounting: activations from the schedule, bytes from the chains") {
           peak = std::max(peak, held);
           bytes += s.bytes_sent;
         }
-        // Chain: a partial-sum send (ranks below N-1) and an average send (ranks
-        // above 0) per stage and step. Ring: 2(N-1)/N of the buffer (integer bytes).
+        // Chain: a partial-sum send (ranks below N-1) and an average send per
+        // stage and step -- DELAY1 delivers around the ring N-1 -> 0 -> ... -> N-2
+        // (every rank but N-2 sends), NEWEST down the chain (every rank but 0).
+        // Ring all-reduce: 2(N-1)/N of the buffer (integer bytes).
+        const bool delivers = rule == FLATMEM_CYCLIC_DELAY1 ? r != world - 2 : r > 0;
         std::int64_t want = 0;
         for (int j = 0; j < setup.stages(); ++j) {
           const std::int64_t b = std::int64_t(m.param_count(j)) * 8;
           if (rule == FLATMEM_CYCLIC_SYNC)
             want += world > 1 ? 2 * (world - 1) * b / world : 0;
           else
-            want += (r + 1 < world ? b : 0) + (r > 0 ? b : 0);
+            want += (r + 1 < world ? b : 0) + (world > 1 && delivers ? b : 0);
         }
         CHECK(bytes == want * setup.steps);
         CHECK(got.summaries[std::size_t(r)].bytes_sent == bytes);
