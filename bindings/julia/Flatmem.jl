@@ -1085,6 +1085,7 @@ struct CyclicTimeStepStats
     bytes_sent::Int64
     seconds::Float64
     wait_seconds::Float64
+    bytes_scheduled::Int64
 end
 
 """`flatmem_cyclic_summary` (mirrored for completeness; the runtime is not wrapped)."""

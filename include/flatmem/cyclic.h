@@ -311,6 +311,14 @@ typedef struct flatmem_cyclic_time_step_stats {
   double seconds;
   /** Seconds of it flatmem_cyclic_next spent waiting (token, gradients). */
   double wait_seconds;
+  /** The same bytes as bytes_sent, counted in the time step the protocol
+   *  assigns each message to rather than when a thread posted it: a partial
+   *  sum to the backward that produced it, a DELAY1 average to the time step
+   *  its hop is released in, a NEWEST average to rank N-1's backward that
+   *  completed the sum, SYNC's all-reduce to the step's last backward. The
+   *  traffic pattern without the timing jitter of a busy machine (sends
+   *  attributed to time steps not kept in the history are not counted). */
+  int64_t bytes_scheduled;
 } flatmem_cyclic_time_step_stats;
 
 /** Totals since create. */

@@ -30,10 +30,14 @@ void Accounting::begin(const flatmem_cyclic_action &action, Clock::time_point no
   totals_.peak_activation_bytes = std::max(totals_.peak_activation_bytes, r.activation_bytes);
 }
 
-void Accounting::sent(std::int64_t bytes) {
+void Accounting::sent(std::int64_t bytes, std::int64_t scheduled) {
   totals_.bytes_sent += bytes;
   totals_.messages_sent += 1;
   if (begun_ == 0) return;  // before the first time step (cannot happen: sends follow a backward)
+  // Record k is time step k (next() begins them one by one from 0).
+  const std::int64_t kept = std::min<std::int64_t>(begun_, std::int64_t(ring_.size()));
+  if (scheduled >= begun_ - kept && scheduled < begun_)
+    ring_[std::size_t(scheduled) % ring_.size()].bytes_scheduled += bytes;
   flatmem_cyclic_time_step_stats &r = current();
   r.bytes_sent += bytes;
   totals_.max_bytes_sent_per_time_step =

@@ -21,8 +21,9 @@ class Accounting {
 
   // A new time step begins now (closes the previous one).
   void begin(const flatmem_cyclic_action &action, Clock::time_point now);
-  // Gradient bytes posted for sending during the current time step.
-  void sent(std::int64_t bytes);
+  // Gradient bytes posted for sending during the current time step, which
+  // the protocol assigns to time step `scheduled` (<= the current one).
+  void sent(std::int64_t bytes, std::int64_t scheduled);
   void waited(double seconds);
 
   // Copies kept records with time_step in [first, first + count).

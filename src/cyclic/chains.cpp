@@ -35,9 +35,9 @@ void to_average(Gradient &g, int world) {
 
 }  // namespace
 
-void Runtime::sent(std::size_t bytes) {
+void Runtime::sent(std::size_t bytes, std::int64_t scheduled) {
   std::lock_guard lock(mutex_);
-  accounting_.sent(std::int64_t(bytes));
+  accounting_.sent(std::int64_t(bytes), scheduled);
 }
 
 void Runtime::waiting(Gradient &g, std::string &doing, const std::string &what) {
@@ -75,7 +75,7 @@ void Runtime::reduce_link(Gradient &g) {
     waiting(g, reducer_doing_, "rank " + std::to_string(rank_ + 1) + " to take the partial sum");
     comm::TransferPtr t = comm_.send(rank_ + 1, g.data, g.bytes, comm::Space::cyclic,
                                      link_tag(id_, Link::partial, g.step, g.stage));
-    sent(g.bytes);
+    sent(g.bytes, g.handed_over_at);
     wait_link(t, what + ": send the partial sum to rank " + std::to_string(rank_ + 1));
   } else {
     to_average(g, world_);
@@ -99,7 +99,8 @@ void Runtime::all_reduce_step(const std::vector<GradientPtr> &stages) {
                                 comm::Space::cyclic,
                                 link_tag(id_, Link::all_reduce, g->step, g->stage));
     // A ring step sends about 1/N of the buffer each time, 2(N-1) times.
-    if (world_ > 1) sent(2 * std::size_t(world_ - 1) * g->bytes / std::size_t(world_));
+    if (world_ > 1)
+      sent(2 * std::size_t(world_ - 1) * g->bytes / std::size_t(world_), stages.back()->handed_over_at);
     to_average(*g, world_);
     std::lock_guard lock(mutex_);
     g->reduced = g->done = true;
@@ -162,7 +163,9 @@ void Runtime::deliver_link(Gradient &g) {
     waiting(g, deliverer_doing_, "rank " + std::to_string(to) + " to take the average");
     comm::TransferPtr t = comm_.send(to, g.data, g.bytes, comm::Space::cyclic,
                                      link_tag(id_, Link::average, g.step, g.stage));
-    sent(g.bytes);
+    const Schedule &s = settings_.schedule;
+    sent(g.bytes, paced() ? release_time(g)
+                          : s.offset(world_ - 1) + (g.step + 1) * s.period() - 1 - g.stage);
     wait_link(t, what + ": send the average to rank " + std::to_string(to));
   }
   std::lock_guard lock(mutex_);

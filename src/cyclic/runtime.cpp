@@ -228,6 +228,7 @@ void Runtime::reduce(std::int32_t stage, const DLTensor *gradient) {
   auto g = std::make_shared<Gradient>();
   g->stage = stage;
   g->step = current_.step;
+  g->handed_over_at = current_.time_step;
   g->data = m.data;
   g->count = m.count;
   g->bytes = m.bytes;

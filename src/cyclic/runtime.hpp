@@ -54,6 +54,7 @@ struct Settings {
 struct Gradient {
   std::int32_t stage = 0;
   std::int64_t step = 0;
+  std::int64_t handed_over_at = 0;  // the time step of its backward
   char *data = nullptr;
   std::size_t count = 0, bytes = 0;
   comm::SumType type = comm::SumType::f32;
@@ -102,7 +103,8 @@ class Runtime {
   // Waits for t without a deadline; any failure poisons the communicator
   // and is thrown with a message that starts with `what`.
   void wait_link(const comm::TransferPtr &t, const std::string &what);
-  void sent(std::size_t bytes);
+  // Accounts a send posted now that the protocol assigns to time step `scheduled`.
+  void sent(std::size_t bytes, std::int64_t scheduled);
   // Records what a thread waits for now (for timeout messages).
   void waiting(Gradient &g, std::string &doing, const std::string &what);
   // What the chain of g waits for (lock held).

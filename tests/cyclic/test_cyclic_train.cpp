@@ -58,7 +58,7 @@ void check_against_simulation(const TrainSetup &setup, int world) {
 
 }  // namespace
 
-TEST_CASE("DELAY1 and NEWEST equal the simulation of their rules, bit for bit") {
+TEST_CASE("cyclic/train/DELAY1 and NEWEST equal the simulation of their rules, bit for bit") {
   for (flatmem_cyclic_rule rule : {FLATMEM_CYCLIC_DELAY1, FLATMEM_CYCLIC_NEWEST})
     for (int world : {1, 2, 3, 4, 5})
       for (int stages : {1, 2, 3, 4})
@@ -68,7 +68,7 @@ TEST_CASE("DELAY1 and NEWEST equal the simulation of their rules, bit for bit") 
         }
 }
 
-TEST_CASE("SYNC equals plain SGD on the concatenated batch") {
+TEST_CASE("cyclic/train/SYNC equals plain SGD on the concatenated batch") {
   // Double precision: the ring all-reduce and the concatenated batch add the
   // same terms in other orders; 8 steps of SGD with lr 0.1 on values O(1)
   // keep the difference near 1e-15, bounded here by 1e-12.
@@ -92,7 +92,7 @@ TEST_CASE("SYNC equals plain SGD on the concatenated batch") {
     }
 }
 
-TEST_CASE("DELAY1 differs from SYNC: the delay is real") {
+TEST_CASE("cyclic/train/DELAY1 differs from SYNC: the delay is real") {
   const TrainSetup d = setup_for(2, 4, FLATMEM_CYCLIC_DELAY1);
   TrainSetup s = d;
   s.rule = FLATMEM_CYCLIC_SYNC;
@@ -100,7 +100,7 @@ TEST_CASE("DELAY1 differs from SYNC: the delay is real") {
   CHECK(max_relative_difference(a.runs[0].model, b.runs[0].model) > 1e-6);
 }
 
-TEST_CASE("NEWEST is reproducible and converges on the synthetic task") {
+TEST_CASE("cyclic/train/NEWEST is reproducible and converges on the synthetic task") {
   TrainSetup setup = setup_for(4, 60, FLATMEM_CYCLIC_NEWEST);
   setup.widths = {6, 16, 16, 16, 4};
   setup.rows = 8;
@@ -124,7 +124,7 @@ TEST_CASE("NEWEST is reproducible and converges on the synthetic task") {
   CHECK(end < start / 4);
 }
 
-TEST_CASE("accounting: activations from the schedule, bytes from the chains") {
+TEST_CASE("cyclic/train/accounting: activations from the schedule, bytes from the chains") {
   for (flatmem_cyclic_rule rule : {FLATMEM_CYCLIC_DELAY1, FLATMEM_CYCLIC_NEWEST, FLATMEM_CYCLIC_SYNC})
     for (int world : {1, 2, 3, 4}) {
       const TrainSetup setup = setup_for(3, 4, rule);
@@ -171,6 +171,30 @@ TEST_CASE("accounting: activations from the schedule, bytes from the chains") {
             want += (r + 1 < world ? b : 0) + (world > 1 && delivers ? b : 0);
         }
         CHECK(bytes == want * setup.steps);
+        // DELAY1's protocol, worked out here: a partial sum in the time step of
+        // the backward that produced it, an average passed on one time step
+        // before the next rank in the ring (N-1 -> 0 -> ... -> N-2) needs it,
+        // at the latest when this rank needs it.
+        if (rule == FLATMEM_CYCLIC_DELAY1) {
+          const std::int64_t P = 2 * setup.stages();
+          const auto offset = [&](int q) { return std::int64_t(q) * P / world; };
+          const int to = r == world - 1 ? 0 : (r + 1 <= world - 2 ? r + 1 : -1);
+          std::vector<std::int64_t> planned(static_cast<std::size_t>(length), 0);
+          for (std::int64_t st = 0; st < setup.steps && world > 1; ++st)
+            for (int j = 0; j < setup.stages(); ++j) {
+              const std::int64_t b = std::int64_t(m.param_count(j)) * 8;
+              if (r + 1 < world) planned[std::size_t(offset(r) + st * P + P - 1 - j)] += b;
+              const std::int64_t due = (st + 2) * P + j;
+              if (to >= 0) planned[std::size_t(std::min(offset(to) + due - 1, offset(r) + due))] += b;
+            }
+          for (std::int64_t t = 0; t < length; ++t) {
+            CAPTURE(t);
+            CHECK(stats[std::size_t(t)].bytes_scheduled == planned[std::size_t(t)]);
+          }
+        }
+        std::int64_t scheduled = 0;
+        for (const auto &st : stats) scheduled += st.bytes_scheduled;
+        CHECK(scheduled == bytes);
         CHECK(got.summaries[std::size_t(r)].bytes_sent == bytes);
         CHECK(got.summaries[std::size_t(r)].peak_activation_bytes == peak);
         CHECK(got.summaries[std::size_t(r)].time_steps == length);

@@ -72,7 +72,7 @@ bool contains(const char *text, const char *part) { return std::strstr(text, par
 
 }  // namespace
 
-TEST_CASE("cyclic training over UCX equals the references (2-4 processes)") {
+TEST_CASE("cyclic/ucx/training over UCX equals the references (2-4 processes)") {
   for (int world : {2, 3, 4})
     for (flatmem_cyclic_rule rule : {FLATMEM_CYCLIC_DELAY1, FLATMEM_CYCLIC_NEWEST, FLATMEM_CYCLIC_SYNC}) {
       CAPTURE(world);
@@ -86,7 +86,7 @@ TEST_CASE("cyclic training over UCX equals the references (2-4 processes)") {
   });
 }
 
-TEST_CASE("a rank killed mid-step: the others fail within the timeout, naming the stage") {
+TEST_CASE("cyclic/ucx/a rank killed mid-step: the others fail within the timeout, naming the stage") {
   // 3 ranks, DELAY1, timeout 3 s. Rank 1 dies after its forward of stage 2 in
   // step 2: rank 0 waits for averages that need rank 1, rank 2 for partial sums
   // from it. Both must return an error naming a stage within 3 s + 2 s of slack.

@@ -355,6 +355,7 @@ pub struct flatmem_cyclic_time_step_stats {
     pub bytes_sent: i64,
     pub seconds: f64,
     pub wait_seconds: f64,
+    pub bytes_scheduled: i64,
 }
 
 /// Totals since create.

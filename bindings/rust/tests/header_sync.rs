@@ -752,7 +752,8 @@ fn rust_layouts() -> BTreeMap<String, Layout> {
             activation_bytes,
             bytes_sent,
             seconds,
-            wait_seconds
+            wait_seconds,
+            bytes_scheduled
         }),
         rust_layout!(sys::flatmem_cyclic_summary {
             time_steps,
