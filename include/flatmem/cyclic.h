@@ -20,8 +20,9 @@
  *   action      t < 0 or s >= steps: idle;  p < L: forward of stage p;
  *               p >= L: backward of stage 2L - 1 - p.
  *
- * When 2L/N is whole, ranks are exactly 2L/N time steps apart and, once all
- * have started, the stage activations held by all ranks together are constant.
+ * When 2L/N is whole, ranks are exactly 2L/N time steps apart; when N is
+ * also even (N = 2L, N = L, ...), the stage activations held by all ranks
+ * together are constant once all have started.
  * When it is not, offsets are rounded down to whole time steps (ranks are
  * 0 or 1 time step closer than 1/N of a step); when N > 2L several ranks
  * share an offset and run in lockstep groups. Both keep every rank's
@@ -43,11 +44,19 @@
  * point-to-point messages in stagger order -- rank 0 sends its gradient to
  * rank 1, rank r receives the partial sum from r - 1, adds its own and
  * passes it on to r + 1 -- then rank N - 1 scales the total to the average
- * (sum / N) and delivers it back down the chain (N-1 -> N-2 -> ... -> 0).
+ * (sum / N, the factor rounded to the element type) and it is delivered:
+ *   DELAY1  around the ring in stagger order, N-1 -> 0 -> 1 -> ... -> N-2,
+ *           each hop released when the sender's clock is one time step
+ *           before the receiver needs the average (at the latest when the
+ *           sender needs it itself), so deliveries spread over the step like
+ *           the partial sums (in steady state half the ranks pass averages on
+ *           while the other half send partial sums);
+ *   NEWEST  at once, down the chain N-1 -> N-2 -> ... -> 0 (the late ranks,
+ *           which may apply it in the next step, first).
  * Each rank sends each stage's gradient at most twice per step (the volume of
- * a ring all-reduce), at its own time, spread over the step: no collective
- * re-synchronises the ranks. Every rank receives bitwise the same average:
- * ((g_0 + g_1) + g_2) + ... in that order, then times 1/N.
+ * a ring all-reduce), at its own time: no collective re-synchronises the
+ * ranks. Every rank receives bitwise the same average: ((g_0 + g_1) + g_2) +
+ * ... in that order, then times 1/N.
  *
  * The averaged gradient of step s is applied to stage j right before a
  * forward of stage j ("update"; the optimizer is the caller's), delay(r, j)
