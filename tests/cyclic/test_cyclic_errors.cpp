@@ -60,6 +60,20 @@ flatmem_cyclic_action next_of(flatmem_cyclic_t *h) {
   return a;
 }
 
+// A 2-stage, 6-step DELAY1 training of a small MLP, and its handle.
+TrainSetup two_stage_setup() {
+  TrainSetup setup;
+  setup.widths = {3, 4, 2};
+  setup.steps = 6;
+  return setup;
+}
+flatmem_cyclic_t *create_for(const TrainSetup &setup, flatmem_comm_t *comm, std::int64_t timeout_ms) {
+  flatmem_cyclic_options o = options(setup.stages(), setup.steps, setup.rule, timeout_ms);
+  flatmem_cyclic_t *h = nullptr;
+  REQUIRE(flatmem_cyclic_create(&h, comm, &o) == FLATMEM_STATUS_SUCCESS);
+  return h;
+}
+
 // Advances a one-rank handle to its next BACKWARD (handing over nothing).
 flatmem_cyclic_action next_backward(flatmem_cyclic_t *h) {
   for (;;) {
@@ -297,12 +311,8 @@ TEST_CASE("cyclic/errors/a wedged rank: the waiting rank times out naming stage,
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r)
     threads.emplace_back([&, r] {
-      flatmem_cyclic_options o = options(2, 6, FLATMEM_CYCLIC_DELAY1, 500);
-      flatmem_cyclic_t *h = nullptr;
-      REQUIRE(flatmem_cyclic_create(&h, g.comms[std::size_t(r)], &o) == FLATMEM_STATUS_SUCCESS);
-      TrainSetup setup;
-      setup.widths = {3, 4, 2};
-      setup.steps = 6;
+      const TrainSetup setup = two_stage_setup();
+      flatmem_cyclic_t *h = create_for(setup, g.comms[std::size_t(r)], 500);
       RankRun<double> run{StageMlp<double>::make(setup.widths, setup.seed), {}};
       if (r == 1) {
         // Rank 1 stops after its first forward and sits there for 2 s.
@@ -331,12 +341,8 @@ TEST_CASE("cyclic/errors/destroying a handle with reductions in flight fails the
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r)
     threads.emplace_back([&, r] {
-      flatmem_cyclic_options o = options(2, 6, FLATMEM_CYCLIC_DELAY1, 20000);
-      flatmem_cyclic_t *h = nullptr;
-      REQUIRE(flatmem_cyclic_create(&h, g.comms[std::size_t(r)], &o) == FLATMEM_STATUS_SUCCESS);
-      TrainSetup setup;
-      setup.widths = {3, 4, 2};
-      setup.steps = 6;
+      const TrainSetup setup = two_stage_setup();
+      flatmem_cyclic_t *h = create_for(setup, g.comms[std::size_t(r)], 20000);
       RankRun<double> run{StageMlp<double>::make(setup.widths, setup.seed), {}};
       if (r == 0) {
         // Give up after the third backward: destroy the handle while the
