@@ -53,6 +53,10 @@ cyclic::Settings read_settings(const flatmem_cyclic_options *options, comm::Comm
   return s;
 }
 
+void check_rank(const cyclic::Schedule &s, std::int32_t rank) {
+  if (rank < 0 || rank >= s.world) invalid("rank: ", rank, "; expected 0 .. ", s.world - 1);
+}
+
 template <typename Out>
 void require(const Out *out, const char *name) {
   if (out == nullptr) invalid(name, ": NULL");
@@ -67,7 +71,7 @@ flatmem_status flatmem_cyclic_schedule_offset(const flatmem_cyclic_schedule *sch
   return guarded([&] {
     const cyclic::Schedule s = cyclic::read_schedule(schedule);
     require(offset, "offset");
-    if (rank < 0 || rank >= s.world) invalid("rank: ", rank, "; expected 0 .. ", s.world - 1);
+    check_rank(s, rank);
     *offset = s.offset(rank);
   });
 }
@@ -77,7 +81,7 @@ flatmem_status flatmem_cyclic_schedule_delay(const flatmem_cyclic_schedule *sche
   return guarded([&] {
     const cyclic::Schedule s = cyclic::read_schedule(schedule);
     require(delay, "delay");
-    if (rank < 0 || rank >= s.world) invalid("rank: ", rank, "; expected 0 .. ", s.world - 1);
+    check_rank(s, rank);
     if (stage < 0 || stage >= s.stages) invalid("stage: ", stage, "; expected 0 .. ", s.stages - 1);
     *delay = s.delay(rank, stage);
   });
@@ -97,7 +101,7 @@ flatmem_status flatmem_cyclic_schedule_action(const flatmem_cyclic_schedule *sch
   return guarded([&] {
     const cyclic::Schedule s = cyclic::read_schedule(schedule);
     require(action, "action");
-    if (rank < 0 || rank >= s.world) invalid("rank: ", rank, "; expected 0 .. ", s.world - 1);
+    check_rank(s, rank);
     if (time_step < 0) invalid("time_step: ", time_step, "; expected >= 0");
     *action = s.action(rank, time_step);
   });

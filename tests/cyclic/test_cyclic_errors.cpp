@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/comm_check.hpp"
 #include "support/cyclic_train.hpp"
 
 using namespace test;
@@ -45,13 +46,7 @@ flatmem_cyclic_options options(int stages, std::int64_t steps, flatmem_cyclic_ru
 }
 
 DLTensor vec(void *data, std::int64_t *shape, DLDataTypeCode code = kDLFloat, int bits = 64) {
-  DLTensor t{};
-  t.data = data;
-  t.device = {kDLCPU, 0};
-  t.ndim = 1;
-  t.dtype = {std::uint8_t(code), std::uint8_t(bits), 1};
-  t.shape = shape;
-  return t;
+  return test::host_tensor(data, shape, code, bits);
 }
 
 flatmem_cyclic_action next_of(flatmem_cyclic_t *h) {
