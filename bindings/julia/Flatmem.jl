@@ -546,6 +546,10 @@ const FLATMEM_REVERSIBLE_PHASE_GRADIENT = Cint(3)
 const FLATMEM_BLOCK_ATTENTION = Cint(1)
 const FLATMEM_BLOCK_MLP = Cint(2)
 
+# flatmem_block_math (precision of the blocks' products on CUDA; the CPU runs FP32 for either)
+const FLATMEM_BLOCK_MATH_FP32 = Cint(0)
+const FLATMEM_BLOCK_MATH_TF32 = Cint(1)
+
 const FLATMEM_BLOCK_NUM_PARAMETERS = 6
 
 """`flatmem_reversible_options`; fill it with `flatmem_reversible_options_init`."""
@@ -591,6 +595,7 @@ struct BlockOptions
     heads::Int32
     hidden::Int32
     layer_norm_eps::Float32
+    math::Cint   # flatmem_block_math; appended after 0.1.0
 end
 
 """Opaque C handle type `flatmem_reversible_t`; only ever behind a `Ptr`."""
@@ -610,6 +615,15 @@ function array_tensor(A::Array{T}) where {T}
     return Tensor(Ref(dl), shape, Int64[], A)
 end
 
+# flatmem_block_math of a Block's `math` keyword: a Symbol by name, an Integer as it is
+# (flatmem_block_create refuses values outside the enum, naming options.math).
+block_math(math::Integer) = Cint(math)
+function block_math(math::Symbol)
+    math === :fp32 && return FLATMEM_BLOCK_MATH_FP32
+    math === :tf32 && return FLATMEM_BLOCK_MATH_TF32
+    throw(ArgumentError("math must be :fp32 or :tf32, not :$math"))
+end
+
 """
     block_seed(seed, block, part) -> UInt64
 
@@ -624,11 +638,14 @@ function block_seed(seed::Integer, block::Integer, part::Symbol)
 end
 
 """
-    Block(kind, width; heads=0, hidden=0, layer_norm_eps=0)
+    Block(kind, width; heads=0, hidden=0, layer_norm_eps=0, math=:fp32)
 
 A built-in block (`flatmem_block_t`): `kind` is `:attention` (F(x) = MHSA(LN(x)),
 `heads` heads, 0 = 1) or `:mlp` (G(x) = GELU(LN(x) W1 + b1) W2 + b2, `hidden`
-units, 0 = 4 width); zeros are the library's defaults. Give it its parameters
+units, 0 = 4 width); zeros are the library's defaults. `math` is the precision
+of the products (`flatmem_block_math`): `:fp32` or `:tf32` (CUDA tensor cores;
+the CPU, where these Julia arrays live, runs FP32 for either), or a raw
+integer, which the library checks. Give it its parameters
 with `set_parameters!` before a segment uses it. `close(b)` frees it (refused
 while an open `Segment` uses it); otherwise a finalizer does, after every
 segment using it is gone.
@@ -644,13 +661,15 @@ mutable struct Block
     users::Int                           # open segments calling this block
     finalized::Bool                      # unreachable: destroyed when users reaches 0
 
-    function Block(kind::Symbol, width::Integer; heads::Integer=0, hidden::Integer=0, layer_norm_eps::Real=0)
+    function Block(kind::Symbol, width::Integer; heads::Integer=0, hidden::Integer=0, layer_norm_eps::Real=0,
+                   math::Union{Symbol,Integer}=:fp32)
         kind in (:attention, :mlp) || throw(ArgumentError("kind must be :attention or :mlp, not :$kind"))
+        math_value = block_math(math)
         options = Ref{BlockOptions}()
         check(ccall((:flatmem_block_options_init, libflatmem), Cint, (Ref{BlockOptions},), options))
         defaults = options[]
         options[] = BlockOptions(defaults.struct_size, kind === :attention ? FLATMEM_BLOCK_ATTENTION : FLATMEM_BLOCK_MLP,
-                                 Int32(width), Int32(heads), Int32(hidden), Float32(layer_norm_eps))
+                                 Int32(width), Int32(heads), Int32(hidden), Float32(layer_norm_eps), math_value)
         out = Ref{Ptr{BlockHandle}}(C_NULL)
         check(ccall((:flatmem_block_create, libflatmem), Cint, (Ref{Ptr{BlockHandle}}, Ref{BlockOptions}), out, options))
         b = new(out[], kind, Int(width), Int(heads), Int(hidden), Array{Float32}[], Array{Float32}[], 0, false)

@@ -1233,6 +1233,8 @@ def self_test_cases(header, js):
         ("nested struct mirror fields swapped", "struct-mirror", edit_struct("ReversibleBlock", "swap")),
         ("context mirror field dropped", "struct-mirror", edit_struct("ReversibleContext", "drop-last")),
         ("block options field retyped", "struct-mirror", edit_struct("BlockOptions", "retype")),
+        ("block options without the appended math field", "struct-mirror", edit_struct("BlockOptions", "drop-last")),
+        ("block math value wrong", "constant-value", edit_const("FLATMEM_BLOCK_MATH_TF32", "Cint(2)")),
         # Cyclic schedule queries and the mirrors of cyclic.h.
         ("schedule passed by value, not by pointer", "arg-type",
          append("ccall((:flatmem_cyclic_schedule_length, libflatmem), Cint, (CyclicSchedule, Ref{Int64}), s, n)")),
