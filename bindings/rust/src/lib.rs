@@ -34,6 +34,6 @@ mod version;
 pub use contrastive::{Contrastive, ForwardOutput, Gradients, GradientsMut, Loss, NonFinite, Options, Saved};
 pub use error::{Error, Result, Status};
 pub use handle::live_handles;
-pub use reversible::{Block, BlockOptions, Layer, Parameters, ReversibleFunction, Segment, SegmentOptions};
+pub use reversible::{Block, BlockMath, BlockOptions, Layer, Parameters, ReversibleFunction, Segment, SegmentOptions};
 pub use tensor::{Dtype, Features, FeaturesMut};
 pub use version::{check_version, version, version_string, Version, HEADER_VERSION};

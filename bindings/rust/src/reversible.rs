@@ -622,6 +622,28 @@ pub enum BlockKind {
     Mlp,
 }
 
+/// Precision of a built-in block's matrix products (`flatmem_block_math`).
+/// States, LayerNorm, softmax, GELU and every accumulation stay fp32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum BlockMath {
+    /// fp32 inputs and products (the default).
+    #[default]
+    Fp32,
+    /// CUDA: GEMM inputs rounded to TF32 on tensor cores, fp32 accumulation
+    /// (~1e-3 relative error per product). The CPU runs FP32 for either value.
+    Tf32,
+}
+
+impl BlockMath {
+    /// The C value.
+    pub fn to_raw(self) -> sys::flatmem_block_math {
+        match self {
+            BlockMath::Fp32 => sys::FLATMEM_BLOCK_MATH_FP32,
+            BlockMath::Tf32 => sys::FLATMEM_BLOCK_MATH_TF32,
+        }
+    }
+}
+
 /// Options of a built-in [`Block`]; zero means the library's default.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BlockOptions {
@@ -630,17 +652,25 @@ pub struct BlockOptions {
     heads: usize,
     hidden: usize,
     layer_norm_eps: f32,
+    math: BlockMath,
 }
 
 impl BlockOptions {
     /// Attention over states `(batch, tokens, width)` (or `(tokens, width)`).
     pub fn attention(width: usize) -> BlockOptions {
-        BlockOptions { kind: BlockKind::Attention, width, heads: 0, hidden: 0, layer_norm_eps: 0.0 }
+        BlockOptions {
+            kind: BlockKind::Attention,
+            width,
+            heads: 0,
+            hidden: 0,
+            layer_norm_eps: 0.0,
+            math: BlockMath::Fp32,
+        }
     }
 
     /// MLP over states `(batch, tokens, width)` (or `(tokens, width)`).
     pub fn mlp(width: usize) -> BlockOptions {
-        BlockOptions { kind: BlockKind::Mlp, width, heads: 0, hidden: 0, layer_norm_eps: 0.0 }
+        BlockOptions { kind: BlockKind::Mlp, width, heads: 0, hidden: 0, layer_norm_eps: 0.0, math: BlockMath::Fp32 }
     }
 
     /// Attention heads (0 = 1); `width` must be a multiple.
@@ -661,6 +691,14 @@ impl BlockOptions {
         self
     }
 
+    /// Precision of the products (default FP32). The library checks it; the
+    /// CPU runs FP32 for either value, and this crate's blocks point at CPU
+    /// slices, so TF32 gives the FP32 results here.
+    pub fn math(mut self, math: BlockMath) -> BlockOptions {
+        self.math = math;
+        self
+    }
+
     pub fn kind(&self) -> BlockKind {
         self.kind
     }
@@ -671,8 +709,15 @@ impl BlockOptions {
 
     /// The C options struct (`flatmem_block_options_init` + fields).
     pub fn to_raw(&self) -> Result<sys::flatmem_block_options> {
-        let mut raw =
-            sys::flatmem_block_options { struct_size: 0, kind: 0, width: 0, heads: 0, hidden: 0, layer_norm_eps: 0.0 };
+        let mut raw = sys::flatmem_block_options {
+            struct_size: 0,
+            kind: 0,
+            width: 0,
+            heads: 0,
+            hidden: 0,
+            layer_norm_eps: 0.0,
+            math: 0,
+        };
         // SAFETY: a valid, writable options struct of this declaration.
         check(unsafe { sys::flatmem_block_options_init(&mut raw) })?;
         raw.struct_size = std::mem::size_of::<sys::flatmem_block_options>();
@@ -684,6 +729,7 @@ impl BlockOptions {
         raw.heads = int32("options.heads", self.heads)?;
         raw.hidden = int32("options.hidden", self.hidden)?;
         raw.layer_norm_eps = self.layer_norm_eps;
+        raw.math = self.math.to_raw();
         Ok(raw)
     }
 

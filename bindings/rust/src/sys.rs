@@ -220,6 +220,13 @@ pub struct flatmem_block_t {
     _marker: PhantomData<(*mut u8, PhantomPinned)>,
 }
 
+/// Precision of the built-in blocks' matrix products (CUDA; the CPU runs
+/// FP32 for either value).
+pub type flatmem_block_math = c_uint;
+pub const FLATMEM_BLOCK_MATH_FP32: flatmem_block_math = 0;
+pub const FLATMEM_BLOCK_MATH_TF32: flatmem_block_math = 1;
+pub const FLATMEM_BLOCK_MATH_MAX: flatmem_block_math = 0x7fffffff;
+
 pub type flatmem_block_kind = c_uint;
 pub const FLATMEM_BLOCK_ATTENTION: flatmem_block_kind = 1;
 pub const FLATMEM_BLOCK_MLP: flatmem_block_kind = 2;
@@ -237,6 +244,8 @@ pub struct flatmem_block_options {
     pub heads: i32,
     pub hidden: i32,
     pub layer_norm_eps: f32,
+    /// Appended after 0.1.0: a caller with a smaller struct_size gets FP32.
+    pub math: flatmem_block_math,
 }
 
 // ---------------------------------------------------------------------------

@@ -719,7 +719,7 @@ fn rust_layouts() -> BTreeMap<String, Layout> {
         }),
         rust_layout!(sys::flatmem_reversible_function { forward, vjp, residual_size, user }),
         rust_layout!(sys::flatmem_reversible_block { f, g }),
-        rust_layout!(sys::flatmem_block_options { struct_size, kind, width, heads, hidden, layer_norm_eps }),
+        rust_layout!(sys::flatmem_block_options { struct_size, kind, width, heads, hidden, layer_norm_eps, math }),
         rust_layout!(sys::flatmem_comm_unique_id { internal }),
         rust_layout!(sys::flatmem_comm_options { struct_size, timeout_ms, connect_timeout_ms }),
         rust_layout!(sys::flatmem_cyclic_schedule { struct_size, world_size, stages, steps, rule }),
@@ -1316,6 +1316,14 @@ fn the_check_catches_differences() {
             "pub const FLATMEM_BLOCK_NUM_PARAMETERS: c_int = 5;",
             "6 in C, 5",
         ),
+        // the block options' appended math field and its enum
+        ("    pub math: flatmem_block_math,\n", "", "struct flatmem_block_options: fields"),
+        ("pub const FLATMEM_BLOCK_MATH_TF32: flatmem_block_math = 1;\n", "", "FLATMEM_BLOCK_MATH_TF32"),
+        (
+            "pub const FLATMEM_BLOCK_MATH_TF32: flatmem_block_math = 1;",
+            "pub const FLATMEM_BLOCK_MATH_TF32: flatmem_block_math = 2;",
+            "1 in C, 2",
+        ),
         // comm.h: a new status, the options' comm field, an array length, a function
         ("pub const FLATMEM_STATUS_TIMEOUT: flatmem_status = 7;\n", "", "FLATMEM_STATUS_TIMEOUT"),
         ("    pub comm: *mut flatmem_comm_t,\n", "", "struct flatmem_contrastive_options: fields"),
@@ -1480,13 +1488,20 @@ fn schedule_init_matches_macro() {
 fn reversible_options_init_matches_macros() {
     let out = c_program(
         "  flatmem_reversible_options r = FLATMEM_REVERSIBLE_OPTIONS_INIT;\n  flatmem_block_options b = \
-         FLATMEM_BLOCK_OPTIONS_INIT;\n  printf(\"%zu %d %d | %zu %d %d %d %d %a\\n\", r.struct_size, (int)r.mode, \
+         FLATMEM_BLOCK_OPTIONS_INIT;\n  printf(\"%zu %d %d | %zu %d %d %d %d %a %d\\n\", r.struct_size, (int)r.mode, \
          (int)r.num_threads, b.struct_size, (int)b.kind, (int)b.width, (int)b.heads, (int)b.hidden, \
-         (double)b.layer_norm_eps);\n",
+         (double)b.layer_norm_eps, (int)b.math);\n",
     );
     let mut r = sys::flatmem_reversible_options { struct_size: 0, mode: 9, num_threads: 9 };
-    let mut b =
-        sys::flatmem_block_options { struct_size: 0, kind: 9, width: 9, heads: 9, hidden: 9, layer_norm_eps: 9.0 };
+    let mut b = sys::flatmem_block_options {
+        struct_size: 0,
+        kind: 9,
+        width: 9,
+        heads: 9,
+        hidden: 9,
+        layer_norm_eps: 9.0,
+        math: 9,
+    };
     // SAFETY: valid options structs of these declarations.
     unsafe {
         assert_eq!(sys::flatmem_reversible_options_init(&mut r), sys::FLATMEM_STATUS_SUCCESS);
@@ -1495,10 +1510,17 @@ fn reversible_options_init_matches_macros() {
     // %a of 0.0 is "0x0p+0"; the library's default eps is exactly the macro's 0.0f.
     assert_eq!(b.layer_norm_eps, 0.0);
     let rust = format!(
-        "{} {} {} | {} {} {} {} {} 0x0p+0",
-        r.struct_size, r.mode, r.num_threads, b.struct_size, b.kind, b.width, b.heads, b.hidden
+        "{} {} {} | {} {} {} {} {} 0x0p+0 {}",
+        r.struct_size, r.mode, r.num_threads, b.struct_size, b.kind, b.width, b.heads, b.hidden, b.math
     );
     assert_eq!(out.trim(), rust);
+    assert_eq!(b.math, sys::FLATMEM_BLOCK_MATH_FP32);
+    // The crate's BlockOptions start from the same defaults.
+    let built = flatmem::BlockOptions::mlp(4).to_raw().unwrap();
+    assert_eq!(built.math, sys::FLATMEM_BLOCK_MATH_FP32);
+    assert_eq!(built.struct_size, b.struct_size);
+    let tf32 = flatmem::BlockOptions::mlp(4).math(flatmem::BlockMath::Tf32).to_raw().unwrap();
+    assert_eq!(tf32, sys::flatmem_block_options { math: sys::FLATMEM_BLOCK_MATH_TF32, ..built });
 }
 
 #[test]

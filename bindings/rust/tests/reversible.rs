@@ -14,7 +14,9 @@ use common::Rng;
 use flatmem::reversible::{
     block_seed, residuals_f64, residuals_f64_mut, Context, Element, Function, Mode, Part, Phase, Randomness,
 };
-use flatmem::{Block, BlockOptions, Error, Layer, Parameters, ReversibleFunction, Segment, SegmentOptions, Status};
+use flatmem::{
+    sys, Block, BlockMath, BlockOptions, Error, Layer, Parameters, ReversibleFunction, Segment, SegmentOptions, Status,
+};
 
 const MODES: [Mode; 4] = [Mode::Standard, Mode::Vanilla, Mode::Overlapped, Mode::Auto];
 
@@ -579,6 +581,67 @@ fn builtin_block_errors() {
     seg.block_mut(0, Part::F).unwrap().zero_gradients();
     assert!(seg.block(0, Part::F).unwrap().gradients().unwrap().iter().all(|g| g.iter().all(|v| *v == 0.0)));
     assert!(seg.block_mut(0, Part::G).is_some() && seg.block(1, Part::F).is_none());
+}
+
+/// One forward and backward of a one-layer segment of built-in blocks made
+/// with `math`: (y1, y2, dx1, dx2, parameter gradients) as bits.
+fn builtin_run_bits(math: BlockMath) -> Vec<Vec<u32>> {
+    let (width, shape) = (8usize, [2usize, 3, 8]);
+    let n: usize = shape.iter().product();
+    let mut rng = Rng::new(21);
+    let attention = BlockOptions::attention(width).heads(2).math(math);
+    let mlp = BlockOptions::mlp(width).hidden(12).math(math);
+    let (pf, pg) = (block_parameters(&attention, &mut rng), block_parameters(&mlp, &mut rng));
+    let mut gf: [Vec<f32>; 6] = pf.clone().map(|v| vec![0.0; v.len()]);
+    let mut gg: [Vec<f32>; 6] = pg.clone().map(|v| vec![0.0; v.len()]);
+    let (x1, x2): (Vec<f32>, Vec<f32>) = (random(&mut rng, n, 1.0), random(&mut rng, n, 1.0));
+    let (dy1, dy2): (Vec<f32>, Vec<f32>) = (random(&mut rng, n, 0.5), random(&mut rng, n, 0.5));
+    let mut f = Block::new(&attention).unwrap();
+    f.set_parameters(Parameters { values: slices(&pf), gradients: Some(slices_mut(&mut gf)) }).unwrap();
+    let mut g = Block::new(&mlp).unwrap();
+    g.set_parameters(Parameters { values: slices(&pg), gradients: Some(slices_mut(&mut gg)) }).unwrap();
+    let mut seg = Segment::new(vec![Layer::new(f, g)], &SegmentOptions::new().mode(Mode::Vanilla)).unwrap();
+    let rng_call = Randomness::default();
+    let (mut y1, mut y2) = (vec![0f32; n], vec![0f32; n]);
+    seg.forward(&shape, (&x1, &x2), (&mut y1, &mut y2), rng_call).unwrap();
+    let (mut dx1, mut dx2) = (vec![0f32; n], vec![0f32; n]);
+    seg.backward(&shape, (&y1, &y2), (&dy1, &dy2), (&mut dx1, &mut dx2), None, rng_call).unwrap();
+    let mut out: Vec<Vec<u32>> =
+        [&y1, &y2, &dx1, &dx2].iter().map(|v| v.iter().map(|e| e.to_bits()).collect()).collect();
+    for part in [Part::F, Part::G] {
+        for grad in seg.block(0, part).unwrap().gradients().unwrap() {
+            out.push(grad.iter().map(|e| e.to_bits()).collect());
+        }
+    }
+    out
+}
+
+#[test]
+fn tf32_math_on_cpu_blocks_gives_the_fp32_bits() {
+    // The CPU runs FP32 for either flatmem_block_math value.
+    let (fp32, tf32) = (builtin_run_bits(BlockMath::Fp32), builtin_run_bits(BlockMath::Tf32));
+    assert!(fp32.iter().flatten().any(|&b| f32::from_bits(b) != 0.0));
+    assert_eq!(fp32, tf32);
+    assert_eq!(BlockMath::default(), BlockMath::Fp32);
+    assert_eq!(BlockMath::Tf32.to_raw(), sys::FLATMEM_BLOCK_MATH_TF32);
+}
+
+#[test]
+fn a_math_value_outside_the_enum_is_refused() {
+    // BlockMath cannot hold another value; the raw struct can, and the
+    // library refuses it naming the field.
+    for bad in [2, 7, sys::FLATMEM_BLOCK_MATH_MAX] {
+        let mut raw = BlockOptions::mlp(4).to_raw().unwrap();
+        raw.math = bad;
+        let mut block: *mut sys::flatmem_block_t = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer and options struct.
+        let status = unsafe { sys::flatmem_block_create(&mut block, &raw) };
+        assert_eq!(status, sys::FLATMEM_STATUS_INVALID_ARGUMENT, "math = {}", bad);
+        assert!(block.is_null());
+        // SAFETY: the library's NUL-terminated message of this thread's last call.
+        let message = unsafe { std::ffi::CStr::from_ptr(sys::flatmem_last_error()) }.to_string_lossy().into_owned();
+        assert!(message.contains("options.math"), "{}", message);
+    }
 }
 
 #[test]
