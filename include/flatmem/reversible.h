@@ -315,7 +315,8 @@ FLATMEM_API void flatmem_reversible_callback_error(const char *message);
 /*
  * Ready-made F and G for a reversible transformer, so that C and JAX users
  * need no callbacks. A state is (batch, tokens, width) (or (tokens, width)
- * for batch 1), fp32, CPU. Both blocks are pre-LayerNorm:
+ * for batch 1), fp32, on the CPU or (CUDA builds) on the GPU that holds the
+ * block's parameters. Both blocks are pre-LayerNorm:
  *
  *   FLATMEM_BLOCK_ATTENTION:  F(x) = MHSA(LN(x))
  *       LN(x)   = (x - mean) / sqrt(var + eps) * ln_weight + ln_bias  (per token,
@@ -327,7 +328,8 @@ FLATMEM_API void flatmem_reversible_callback_error(const char *message);
  *   FLATMEM_BLOCK_MLP:        G(x) = GELU(LN(x) @ fc1_weight + fc1_bias) @ fc2_weight + fc2_bias
  *       GELU(u) = u/2 * (1 + erf(u / sqrt 2))  (exact, not the tanh form)
  *
- * Parameters (row-major, fp32, CPU, compact), in this order:
+ * Parameters (row-major, fp32, compact; all twelve tensors -- parameters and
+ * gradients -- on one device: kDLCPU, or kDLCUDA with one device id), in this order:
  *   ATTENTION: 0 ln_weight (width)  1 ln_bias (width)  2 qkv_weight (width, 3*width)
  *              3 qkv_bias (3*width) 4 proj_weight (width, width) 5 proj_bias (width)
  *              (qkv columns: q of all heads, then k, then v; head h uses
@@ -350,9 +352,43 @@ FLATMEM_API void flatmem_reversible_callback_error(const char *message);
  * residuals the ATTENTION layout above with one tokens^2 tile per thread, or
  * one 64-row slab of hidden per thread (MLP).
  *
- * CUDA: the built-in blocks run on CPU states only in this version; their
- * callbacks refuse CUDA tensors.
+ * CUDA (kDLCUDA parameters, CUDA builds; otherwise a CUDA tensor gives
+ * UNSUPPORTED): states must be on the parameters' device (a CPU state with
+ * CUDA parameters, or the reverse, is INVALID_ARGUMENT naming the state).
+ * Every callback enqueues its work on context.stream and returns without
+ * synchronising the host. The products run in cuBLASLt, opened at run time
+ * (dlopen of $FLATMEM_CUBLASLT_LIBRARY, then "libcublasLt.so.<CUDA major>",
+ * then the library found at configure time; UNSUPPORTED naming what was
+ * tried when none loads); LayerNorm, GELU, softmax, the head layout and the
+ * column sums are our kernels. The residuals have the sizes above (region
+ * order differs from the CPU's: a CPU block's residuals are not a CUDA
+ * block's). Per-call scratch (the CPU sizes above without the thread tiles,
+ * the whole batch's tokens^2 tiles instead, plus 32 MiB of cuBLASLt
+ * workspace) is taken with cudaMallocAsync on context.stream from the
+ * device's current memory pool (cudaDeviceGetMemPool) and freed with
+ * cudaFreeAsync on that stream: nothing is freed before the stream has
+ * passed its last use. The pool is the caller's to tune: raise its
+ * cudaMemPoolAttrReleaseThreshold to keep the memory between steps, read
+ * cudaMemPoolAttrUsedMemHigh for the peak. Results are deterministic for a
+ * given device, library and cuBLASLt version (fixed algorithm per shape, our
+ * reductions in a fixed order, parameter gradients accumulated in call
+ * order), so OVERLAPPED equals VANILLA bitwise there too; they match the
+ * CPU block to fp32 rounding (FP32 math) but not bitwise.
+ * NOTE: the CUDA blocks are compiled in every CUDA build but have not yet
+ * been run on a GPU.
  */
+
+/** Precision of the built-in blocks' matrix products. States, residual
+ *  streams, LayerNorm, softmax, GELU and every accumulation stay fp32. */
+typedef enum flatmem_block_math {
+  /** fp32 inputs, fp32 products (the default). */
+  FLATMEM_BLOCK_MATH_FP32 = 0,
+  /** CUDA: GEMM inputs rounded to TF32 (10-bit mantissa) on tensor cores,
+   *  fp32 accumulation -- ~1e-3 relative error per product. The CPU runs
+   *  FP32 for either value. */
+  FLATMEM_BLOCK_MATH_TF32 = 1,
+  FLATMEM_BLOCK_MATH_MAX = 0x7fffffff
+} flatmem_block_math;
 
 typedef struct flatmem_block_s flatmem_block_t;
 
@@ -379,11 +415,14 @@ typedef struct flatmem_block_options {
   int32_t hidden;
   /** LayerNorm epsilon (0 = 1e-6). */
   float layer_norm_eps;
+  /** flatmem_block_math of the products (0 = FP32). Appended after 0.1.0:
+   *  a caller compiled without it (smaller struct_size) gets FP32. */
+  flatmem_block_math math;
 } flatmem_block_options;
 
 /* kind 0 and width 0 are refused: set both after initialising. */
 #define FLATMEM_BLOCK_OPTIONS_INIT \
-  { sizeof(flatmem_block_options), (flatmem_block_kind)0, 0, 0, 0, 0.0f }
+  { sizeof(flatmem_block_options), (flatmem_block_kind)0, 0, 0, 0, 0.0f, FLATMEM_BLOCK_MATH_FP32 }
 
 /** Fill *options with the defaults and struct_size. Thread-safe. */
 FLATMEM_API flatmem_status flatmem_block_options_init(flatmem_block_options *options);
@@ -398,8 +437,10 @@ FLATMEM_API flatmem_status flatmem_block_destroy(flatmem_block_t *block);
 /**
  * Point the block at its parameters and their gradients: arrays of
  * FLATMEM_BLOCK_NUM_PARAMETERS tensors in the order above (grads may be NULL
- * for a forward-only block). Shapes, dtype (fp32), device (CPU), element
- * alignment and compactness are checked here; gradients must not overlap the
+ * for a forward-only block). Shapes, dtype (fp32), device (one device for
+ * all: kDLCPU, or kDLCUDA of one id -- CUDA builds only -- whose pointers are
+ * checked to be that device's memory), element alignment and compactness
+ * are checked here; gradients must not overlap the
  * parameters. Only data + byte_offset is kept: the DLTensor structs and their
  * shape/strides arrays need not outlive this call, but the memory they point
  * to must stay valid while the block is used. May be called again between

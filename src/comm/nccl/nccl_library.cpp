@@ -1,11 +1,8 @@
 #include "comm/nccl/nccl_library.hpp"
 
-#include <dlfcn.h>
-
-#include <cstdlib>
 #include <string>
-#include <vector>
 
+#include "core/dynamic_library.hpp"
 #include "core/error.hpp"
 
 #ifndef FLATMEM_NCCL_CONFIGURED_PATH
@@ -24,56 +21,35 @@ struct Loaded {
   std::string message;  // why it cannot be used (status != SUCCESS)
 };
 
-template <typename F>
-bool bind(void *handle, const char *name, F &slot, std::string &missing) {
-  slot = reinterpret_cast<F>(dlsym(handle, name));
-  if (slot == nullptr) missing += std::string(missing.empty() ? "" : ", ") + name;
-  return slot != nullptr;
-}
-
 Loaded load() {
   Loaded out;
-  std::vector<std::string> candidates;
-  if (const char *env = std::getenv("FLATMEM_NCCL_LIBRARY"); env != nullptr && *env != '\0')
-    candidates.emplace_back(env);
-  candidates.emplace_back("libnccl.so.2");
-  if (*FLATMEM_NCCL_CONFIGURED_PATH != '\0') candidates.emplace_back(FLATMEM_NCCL_CONFIGURED_PATH);
-
-  std::string tried;
-  void *handle = nullptr;
-  for (const std::string &name : candidates) {
-    dlerror();
-    handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle != nullptr) {
-      out.api.where = name;
-      break;
-    }
-    const char *why = dlerror();
-    tried += (tried.empty() ? "" : "; ") + name + " (" + (why ? why : "not found") + ")";
-  }
+  const OpenedLibrary library =
+      open_first_library("FLATMEM_NCCL_LIBRARY", {"libnccl.so.2", FLATMEM_NCCL_CONFIGURED_PATH});
+  void *handle = library.handle;
   if (handle == nullptr) {
     out.status = FLATMEM_STATUS_UNSUPPORTED;
-    out.message = "the NCCL library cannot be loaded (tried " + tried +
+    out.message = "the NCCL library cannot be loaded (tried " + library.tried +
                   "); install NCCL 2 or set FLATMEM_NCCL_LIBRARY to libnccl.so.2";
     return out;
   }
+  out.api.where = library.where;
 
   Api &a = out.api;
   std::string missing;
-  bind(handle, "ncclGetVersion", a.GetVersion, missing);
-  bind(handle, "ncclGetUniqueId", a.GetUniqueId, missing);
-  bind(handle, "ncclCommInitRankConfig", a.CommInitRankConfig, missing);
-  bind(handle, "ncclCommGetAsyncError", a.CommGetAsyncError, missing);
-  bind(handle, "ncclCommFinalize", a.CommFinalize, missing);
-  bind(handle, "ncclCommDestroy", a.CommDestroy, missing);
-  bind(handle, "ncclCommAbort", a.CommAbort, missing);
-  bind(handle, "ncclGetErrorString", a.GetErrorString, missing);
-  bind(handle, "ncclGetLastError", a.GetLastError, missing);
-  bind(handle, "ncclSend", a.Send, missing);
-  bind(handle, "ncclRecv", a.Recv, missing);
-  bind(handle, "ncclAllReduce", a.AllReduce, missing);
-  bind(handle, "ncclGroupStart", a.GroupStart, missing);
-  bind(handle, "ncclGroupEnd", a.GroupEnd, missing);
+  bind_symbol(handle, "ncclGetVersion", a.GetVersion, missing);
+  bind_symbol(handle, "ncclGetUniqueId", a.GetUniqueId, missing);
+  bind_symbol(handle, "ncclCommInitRankConfig", a.CommInitRankConfig, missing);
+  bind_symbol(handle, "ncclCommGetAsyncError", a.CommGetAsyncError, missing);
+  bind_symbol(handle, "ncclCommFinalize", a.CommFinalize, missing);
+  bind_symbol(handle, "ncclCommDestroy", a.CommDestroy, missing);
+  bind_symbol(handle, "ncclCommAbort", a.CommAbort, missing);
+  bind_symbol(handle, "ncclGetErrorString", a.GetErrorString, missing);
+  bind_symbol(handle, "ncclGetLastError", a.GetLastError, missing);
+  bind_symbol(handle, "ncclSend", a.Send, missing);
+  bind_symbol(handle, "ncclRecv", a.Recv, missing);
+  bind_symbol(handle, "ncclAllReduce", a.AllReduce, missing);
+  bind_symbol(handle, "ncclGroupStart", a.GroupStart, missing);
+  bind_symbol(handle, "ncclGroupEnd", a.GroupEnd, missing);
   // The handle stays open for the life of the process (NCCL keeps threads
   // and CUDA state that outlive any one communicator).
   if (!missing.empty()) {

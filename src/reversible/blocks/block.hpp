@@ -5,14 +5,15 @@
 
 #include <flatmem/flatmem.h>
 
-#include "reversible/blocks/cpu/kernels.hpp"
 #include "reversible/blocks/options.hpp"
+#include "reversible/blocks/shape.hpp"
 
 struct flatmem_block_s {
   explicit flatmem_block_s(const flatmem::blocks::BlockOptions &o) : options(o) {}
 
   const flatmem::blocks::BlockOptions options;
-  flatmem::blocks::cpu::BlockParameters parameters;
+  flatmem::blocks::BlockParameters parameters;
+  DLDevice device{kDLCPU, 0};  // of every parameter and gradient
   bool has_parameters = false;
   bool has_gradients = false;
 };
@@ -20,8 +21,9 @@ struct flatmem_block_s {
 namespace flatmem::blocks {
 
 // Checks parameters[0..5] (required) and gradients[0..5] (NULL allowed)
-// against the block's shapes -- fp32, CPU, compact -- then points the block
-// at them. On error the block is unchanged.
+// against the block's shapes -- fp32, compact, all on one device (kDLCPU, or
+// kDLCUDA memory of one device in CUDA builds) -- then points the block at
+// them. On error the block is unchanged.
 void set_parameters(flatmem_block_s &block, const DLTensor *parameters, const DLTensor *gradients);
 
 // The block's forward / vjp / residual_size callbacks.

@@ -1,5 +1,6 @@
 // The flatmem_reversible_function callbacks of a built-in block: check the
-// context and the state tensors, then run the CPU kernels. A failure returns
+// context and the state tensors, then run the CPU kernels or, for kDLCUDA
+// states, the CUDA ones on context->stream. A failure returns
 // its status with the message also given to flatmem_reversible_callback_error
 // (the executor prefixes it with "block k, F forward: ").
 #include <climits>
@@ -12,10 +13,12 @@
 #include "reversible/blocks/block.hpp"
 #include "reversible/blocks/cpu/kernels.hpp"
 
+#if FLATMEM_HAVE_CUDA_BLOCKS
+#include "reversible/blocks/cuda/blocks.hpp"
+#endif
+
 namespace flatmem::blocks {
 namespace {
-
-using cpu::BlockShape;
 
 enum class Data { required, metadata_only };
 
@@ -32,23 +35,37 @@ const flatmem_block_s &check_block(const void *user) {
   return *static_cast<const flatmem_block_s *>(user);
 }
 
-cpu::Parallel check_context(const flatmem_reversible_context *c) {
+void check_context(const flatmem_reversible_context *c) {
   if (c == nullptr) invalid("context: NULL");
   if (c->struct_size < offsetof(flatmem_reversible_context, internal))
     invalid("context: struct_size ", c->struct_size, " is smaller than the fields up to parallel_for (",
             offsetof(flatmem_reversible_context, internal), " bytes)");
   if (c->num_threads < 1 || c->num_threads > max_threads)
     invalid("context.num_threads: ", c->num_threads, "; expected 1 to ", max_threads);
-  return cpu::Parallel(c);
+}
+
+const char *device_text(const DLDevice &d) {
+  return d.device_type == kDLCPU ? "kDLCPU" : d.device_type == kDLCUDA ? "kDLCUDA" : "another device";
 }
 
 // A state: fp32, CPU, (batch, tokens, width) or (tokens, width), compact.
 BlockShape check_state(const flatmem_block_s &block, const DLTensor *t, const char *name, Data use) {
   if (t == nullptr) invalid(name, ": NULL");
-  if (t->device.device_type != kDLCPU)
-    fail(t->device.device_type == kDLCUDA ? FLATMEM_STATUS_UNSUPPORTED : FLATMEM_STATUS_INVALID_ARGUMENT,
-         name, ": device type ", int(t->device.device_type),
-         "; the built-in blocks run on kDLCPU tensors only");
+  const DLDeviceType type = t->device.device_type;
+#if FLATMEM_HAVE_CUDA_BLOCKS
+  const bool accepted = type == kDLCPU || type == kDLCUDA;
+#else
+  const bool accepted = type == kDLCPU;
+#endif
+  if (!accepted)
+    fail(type == kDLCUDA ? FLATMEM_STATUS_UNSUPPORTED : FLATMEM_STATUS_INVALID_ARGUMENT, name, ": device type ",
+         int(type), type == kDLCUDA ? "; this build runs the built-in blocks on kDLCPU tensors only (built without CUDA)"
+                                    : "; the built-in blocks run on kDLCPU or kDLCUDA tensors");
+  if (block.has_parameters &&
+      (type != block.device.device_type || t->device.device_id != block.device.device_id))
+    invalid(name, ": device ", device_text(t->device), " (id ", t->device.device_id,
+            ") differs from the block parameters' ", device_text(block.device), " (id ", block.device.device_id,
+            "); a block runs where its parameters are");
   if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1)
     invalid(name, ": dtype (code ", int(t->dtype.code), ", bits ", int(t->dtype.bits), ", lanes ",
             t->dtype.lanes, "); the built-in blocks take float32 states");
@@ -114,6 +131,16 @@ void check_parameters_set(const flatmem_block_s &block) {
     invalid("block: parameters not set (call flatmem_block_set_parameters)");
 }
 
+#if FLATMEM_HAVE_CUDA_BLOCKS
+cuda::DeviceCall device_call(const flatmem_block_s &block, const flatmem_reversible_context *context) {
+  cuda::DeviceCall call;
+  call.device = block.device.device_id;
+  call.stream = static_cast<cudaStream_t>(context->stream);
+  call.tf32 = block.options.tf32;
+  return call;
+}
+#endif
+
 template <typename Body>
 flatmem_status callback(Body &&body) noexcept {
   const flatmem_status status = guarded(body);
@@ -125,10 +152,21 @@ flatmem_status forward(void *user, const flatmem_reversible_context *context, co
                        DLTensor *y, void *residuals) {
   return callback([&] {
     const flatmem_block_s &block = check_block(user);
-    const cpu::Parallel parallel = check_context(context);
+    check_context(context);
     const BlockShape s = check_state(block, x, "x", Data::required);
     check_same_shape(y, "y", x, s, block);
     check_parameters_set(block);
+#if FLATMEM_HAVE_CUDA_BLOCKS
+    if (x->device.device_type == kDLCUDA) {
+      const cuda::DeviceCall call = device_call(block, context);
+      if (block.options.kind == Kind::attention)
+        cuda::attention_forward(call, s, block.parameters, data_of(x), data_of(y), residuals);
+      else
+        cuda::mlp_forward(call, s, block.parameters, data_of(x), data_of(y), residuals);
+      return;
+    }
+#endif
+    const cpu::Parallel parallel(context);
     if (block.options.kind == Kind::attention)
       cpu::attention_forward(parallel, s, block.parameters, data_of(x), data_of(y), residuals);
     else
@@ -140,7 +178,7 @@ flatmem_status vjp(void *user, const flatmem_reversible_context *context, const 
                    const void *residuals, const DLTensor *dy, DLTensor *dx) {
   return callback([&] {
     const flatmem_block_s &block = check_block(user);
-    const cpu::Parallel parallel = check_context(context);
+    check_context(context);
     const BlockShape s = check_state(block, x, "x", Data::required);
     check_same_shape(dy, "dy", x, s, block);
     check_same_shape(dx, "dx", x, s, block);
@@ -149,6 +187,17 @@ flatmem_status vjp(void *user, const flatmem_reversible_context *context, const 
     check_parameters_set(block);
     if (!block.has_gradients)
       invalid("block: gradients not set (pass them to flatmem_block_set_parameters before a backward)");
+#if FLATMEM_HAVE_CUDA_BLOCKS
+    if (x->device.device_type == kDLCUDA) {
+      const cuda::DeviceCall call = device_call(block, context);
+      if (block.options.kind == Kind::attention)
+        cuda::attention_vjp(call, s, block.parameters, data_of(x), residuals, data_of(dy), data_of(dx));
+      else
+        cuda::mlp_vjp(call, s, block.parameters, data_of(x), residuals, data_of(dy), data_of(dx));
+      return;
+    }
+#endif
+    const cpu::Parallel parallel(context);
     if (block.options.kind == Kind::attention)
       cpu::attention_vjp(parallel, s, block.parameters, data_of(x), residuals, data_of(dy), data_of(dx));
     else
@@ -163,6 +212,13 @@ flatmem_status residual_size(void *user, const flatmem_reversible_context *conte
     (void)context;  // sizes do not depend on the call
     if (bytes == nullptr) invalid("bytes: NULL");
     const BlockShape s = check_state(block, x, "x", Data::metadata_only);
+#if FLATMEM_HAVE_CUDA_BLOCKS
+    if (x->device.device_type == kDLCUDA) {
+      *bytes = block.options.kind == Kind::attention ? cuda::attention_residual_bytes(s)
+                                                     : cuda::mlp_residual_bytes(s);
+      return;
+    }
+#endif
     *bytes = block.options.kind == Kind::attention ? cpu::attention_residual_bytes(s)
                                                    : cpu::mlp_residual_bytes(s);
   });

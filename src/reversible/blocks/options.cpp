@@ -43,6 +43,11 @@ BlockOptions resolve_block_options(const flatmem_block_options *given) {
   if (!std::isfinite(o.layer_norm_eps) || o.layer_norm_eps < 0.0f)
     invalid("options.layer_norm_eps: ", o.layer_norm_eps, "; expected a finite value >= 0 (0 = 1e-6)");
   r.eps = o.layer_norm_eps == 0.0f ? 1e-6f : o.layer_norm_eps;
+  const std::int32_t math = enum_value(o.math);
+  if (math != FLATMEM_BLOCK_MATH_FP32 && math != FLATMEM_BLOCK_MATH_TF32)
+    invalid("options.math: ", math, " is not a flatmem_block_math; expected FLATMEM_BLOCK_MATH_FP32 (",
+            int(FLATMEM_BLOCK_MATH_FP32), ") or FLATMEM_BLOCK_MATH_TF32 (", int(FLATMEM_BLOCK_MATH_TF32), ")");
+  r.tf32 = math == FLATMEM_BLOCK_MATH_TF32;
   return r;
 }
 

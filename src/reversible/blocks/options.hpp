@@ -17,6 +17,7 @@ struct BlockOptions {
   std::int64_t heads = 1;   // attention only
   std::int64_t hidden = 0;  // MLP only
   float eps = 1e-6f;
+  bool tf32 = false;  // FLATMEM_BLOCK_MATH_TF32 (CUDA products only)
 };
 
 // Defaults applied, every field checked; messages name "options.<field>".

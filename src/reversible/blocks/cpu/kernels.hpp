@@ -6,24 +6,12 @@
 #include <cstdint>
 
 #include "reversible/blocks/cpu/parallel.hpp"
+#include "reversible/blocks/shape.hpp"
 
 namespace flatmem::blocks::cpu {
 
-// A state of `rows` = batch * tokens token rows of `width` floats, and the
-// block's sizes.
-struct BlockShape {
-  std::int64_t batch = 1, tokens = 1, rows = 1, width = 1;
-  std::int64_t heads = 1, head_dim = 1;  // attention
-  std::int64_t hidden = 0;               // MLP
-  float eps = 1e-6f;
-};
-
-// Parameters and their gradients in the header's order (gradients NULL in a
-// forward).
-struct BlockParameters {
-  const float *value[6] = {};
-  float *grad[6] = {};
-};
+using blocks::BlockParameters;
+using blocks::BlockShape;
 
 // Pre-LN multi-head self-attention, F(x) = MHSA(LN(x)).
 std::size_t attention_residual_bytes(const BlockShape &s);
