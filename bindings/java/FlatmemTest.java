@@ -4,10 +4,13 @@
 // double precision, and a failing status arrives as a Java exception carrying
 // flatmem's message; a reversible segment of built-in attention + MLP blocks
 // rebuilds its input in the backward, and OVERLAPPED gives VANILLA's bits;
-// the cyclic schedule queries follow the closed forms of cyclic.h.
+// blocks made with BLOCK_MATH_TF32 give the FP32 bits on the CPU and a math
+// value outside the enum is refused; the cyclic schedule queries follow the
+// closed forms of cyclic.h.
 // Built and run by scripts/check-java.sh; exits 1 on failure.
 import flatmem.Block;
 import flatmem.BlockKind;
+import flatmem.BlockMath;
 import flatmem.Contrastive;
 import flatmem.ContrastiveLoss;
 import flatmem.ContrastiveOptions;
@@ -217,6 +220,73 @@ public final class FlatmemTest {
     }
   }
 
+  /** One VANILLA forward + backward of a one-layer segment whose blocks are
+   *  made with `math`: y, dx and the parameter gradients. */
+  private static double[] blockRun(BlockMath math) {
+    final int width = 8, heads = 2, hidden = 12;
+    final long[] state = {2, 3, width};
+    final long[][] attentionShapes = {{width}, {width}, {width, 3 * width}, {3 * width}, {width, width}, {width}};
+    final long[][] mlpShapes = {{width}, {width}, {width, hidden}, {hidden}, {hidden, width}, {width}};
+    List<AutoCloseable> owned = new ArrayList<>();
+    try {
+      Tensor[] ap = new Tensor[6], ag = new Tensor[6], mp = new Tensor[6], mg = new Tensor[6];
+      for (int k = 0; k < 6; ++k) {
+        double scale = k == 0 ? 0.1 : k % 2 == 0 ? 0.35 : 0.05, offset = k == 0 ? 1.0 : 0.0;
+        ap[k] = fill(Tensor.allocated(Flatmem.kDLFloat, 32, attentionShapes[k]), 30 + k, scale, offset);
+        mp[k] = fill(Tensor.allocated(Flatmem.kDLFloat, 32, mlpShapes[k]), 40 + k, scale, offset);
+        ag[k] = Tensor.allocated(Flatmem.kDLFloat, 32, attentionShapes[k]);
+        mg[k] = Tensor.allocated(Flatmem.kDLFloat, 32, mlpShapes[k]);
+        owned.addAll(Arrays.asList(ap[k], mp[k], ag[k], mg[k]));
+      }
+      Block attention = new Block(BlockKind.BLOCK_ATTENTION, width, heads, 0, math);
+      Block mlp = new Block(BlockKind.BLOCK_MLP, width, 0, hidden, math);
+      owned.add(attention);
+      owned.add(mlp);
+      attention.set_parameters(ap, ag);
+      mlp.set_parameters(mp, mg);
+      Tensor x1 = fill(Tensor.allocated(Flatmem.kDLFloat, 32, state), 5, 1.0, 0.0);
+      Tensor x2 = fill(Tensor.allocated(Flatmem.kDLFloat, 32, state), 6, 1.0, 0.0);
+      Tensor dy1 = fill(Tensor.allocated(Flatmem.kDLFloat, 32, state), 7, 0.5, 0.0);
+      Tensor dy2 = fill(Tensor.allocated(Flatmem.kDLFloat, 32, state), 8, 0.5, 0.0);
+      Tensor y1 = Tensor.allocated(Flatmem.kDLFloat, 32, state);
+      Tensor y2 = Tensor.allocated(Flatmem.kDLFloat, 32, state);
+      Tensor dx1 = Tensor.allocated(Flatmem.kDLFloat, 32, state);
+      Tensor dx2 = Tensor.allocated(Flatmem.kDLFloat, 32, state);
+      owned.addAll(Arrays.asList(x1, x2, dy1, dy2, y1, y2, dx1, dx2));
+      try (Reversible segment = new Reversible(1, ReversibleMode.REVERSIBLE_VANILLA, 2)) {
+        segment.set_block(0, ReversiblePart.REVERSIBLE_F, attention);
+        segment.set_block(0, ReversiblePart.REVERSIBLE_G, mlp);
+        segment.create();
+        segment.forward(x1, x2, 0, 0, y1, y2);
+        segment.backward(y1, y2, dy1, dy2, 0, 0, dx1, dx2, null, null);
+      }
+      return concatValues(values(y1, y2, dx1, dx2), values(concat(ag, mg)));
+    } finally {
+      for (int i = owned.size() - 1; i >= 0; --i) {
+        try {
+          owned.get(i).close();
+        } catch (Exception e) {
+          check(false, "close: " + e);
+        }
+      }
+    }
+  }
+
+  /** BlockMath (flatmem_block_options.math): the CPU runs FP32 for TF32 too;
+   *  a value outside the enum is refused naming options.math. */
+  private static void blockMath() {
+    check(BlockMath.BLOCK_MATH_FP32.swigValue() == 0 && BlockMath.BLOCK_MATH_TF32.swigValue() == 1,
+          "BlockMath values 0, 1");
+    double[] fp32 = blockRun(BlockMath.BLOCK_MATH_FP32), tf32 = blockRun(BlockMath.BLOCK_MATH_TF32);
+    boolean nonzero = false;
+    for (double v : fp32) nonzero |= v != 0.0;
+    check(nonzero && sameBits(fp32, tf32),
+          "CPU blocks made with BLOCK_MATH_TF32 give the FP32 bits (" + fp32.length + " values)");
+    expectFailure("math 7 is refused",
+                  () -> new Block(BlockKind.BLOCK_MLP.swigValue(), 8, 0, 0, 0.0f, 7),
+                  IllegalArgumentException.class, "FLATMEM_STATUS_INVALID_ARGUMENT", "options.math");
+  }
+
   private static Tensor[] concat(Tensor[] a, Tensor[] b) {
     Tensor[] out = Arrays.copyOf(a, a.length + b.length);
     System.arraycopy(b, 0, out, a.length, b.length);
@@ -353,6 +423,7 @@ public final class FlatmemTest {
     }
 
     reversibleSegment();
+    blockMath();
     cyclicSchedule();
 
     System.out.println(failures == 0 ? "FlatmemTest: OK" : "FlatmemTest: " + failures + " FAILED");

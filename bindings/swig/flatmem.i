@@ -9,6 +9,7 @@
  *   version(), version_string(), last_error(), status_string(int)
  *   VERSION, VERSION_MAJOR/MINOR/PATCH      the header this wrapper was built from
  *   STATUS_*, NONFINITE_*, CONTRASTIVE_*     enum values
+ *   REVERSIBLE_*, BLOCK_ATTENTION/MLP, BLOCK_MATH_FP32/TF32   reversible.h's enum values
  *   kDLCPU, kDLCUDA, kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex   DLPack codes
  *   ContrastiveOptions   flatmem_contrastive_options, initialised to the defaults
  *   Contrastive          flatmem_contrastive_t: constructor = *_create, destructor = *_destroy,
@@ -398,7 +399,12 @@ static int flatmem_swig_error_code(int status) {
 
   /** A block of this kind with the library's defaults for what is 0. */
   public Block(BlockKind kind, int width, int heads, int hidden) {
-    this(kind.swigValue(), width, heads, hidden, 0.0f);
+    this(kind, width, heads, hidden, BlockMath.BLOCK_MATH_FP32);
+  }
+
+  /** ... and this precision of the products (the CPU runs FP32 for either). */
+  public Block(BlockKind kind, int width, int heads, int hidden, BlockMath math) {
+    this(kind.swigValue(), width, heads, hidden, 0.0f, math.swigValue());
   }
 
   /** flatmem_block_set_parameters: six parameter Tensors and six gradient
@@ -535,10 +541,12 @@ const char *flatmem_swig_version_mismatch(void);
 %ignore FLATMEM_REVERSIBLE_PART_MAX;
 %ignore FLATMEM_REVERSIBLE_PHASE_MAX;
 %ignore FLATMEM_BLOCK_KIND_MAX;
+%ignore FLATMEM_BLOCK_MATH_MAX;
 %rename(ReversibleMode) flatmem_reversible_mode;
 %rename(ReversiblePart) flatmem_reversible_part;
 %rename(ReversiblePhase) flatmem_reversible_phase;
 %rename(BlockKind) flatmem_block_kind;
+%rename(BlockMath) flatmem_block_math;
 %rename(Block) flatmem_block_s;
 %include <flatmem/reversible.h>
 
@@ -1023,8 +1031,10 @@ struct flatmem_contrastive_s {};
 /* ------------------------------------------------------------------------ */
 /* Block: a built-in block (flatmem_block_t)                                 */
 /* ------------------------------------------------------------------------ */
-/* Block(kind, width, heads, hidden, layer_norm_eps): flatmem_block_create with
- * those options (0 = the library's default). set_parameters takes the six
+/* Block(kind, width, heads, hidden, layer_norm_eps, math): flatmem_block_create
+ * with those options (0 = the library's default; math a flatmem_block_math,
+ * BLOCK_MATH_FP32 or BLOCK_MATH_TF32, which the library checks -- the CPU
+ * runs FP32 for either). set_parameters takes the six
  * parameter Tensors and the six gradient Tensors (all None/null: a
  * forward-only block), in the order of reversible.h. The block keeps the
  * data pointers only: the caller keeps the memory (and the Tensors) alive
@@ -1033,7 +1043,7 @@ struct flatmem_contrastive_s {};
 struct flatmem_block_s {};
 %extend flatmem_block_s {
   flatmem_block_s(int32_t kind, int32_t width, int32_t heads = 0, int32_t hidden = 0,
-                  float layer_norm_eps = 0.0f) {
+                  float layer_norm_eps = 0.0f, int32_t math = 0) {
     flatmem_block_options options;
     flatmem_block_t *block = NULL;
     if (!flatmem_swig_check(flatmem_block_options_init(&options))) return NULL;
@@ -1042,6 +1052,7 @@ struct flatmem_block_s {};
     options.heads = heads;
     options.hidden = hidden;
     options.layer_norm_eps = layer_norm_eps;
+    options.math = (flatmem_block_math)math;
     flatmem_swig_check(flatmem_block_create(&block, &options));
     return block;
   }

@@ -49,14 +49,15 @@ class Transformer:
     """A segment of built-in blocks with its parameters, gradients and the
     reference's view of them."""
 
-    def __init__(self, depth, width, heads, hidden=0, *, mode="auto", num_threads=2, seed=0):
+    def __init__(self, depth, width, heads, hidden=0, *, mode="auto", num_threads=2, seed=0,
+                 math="fp32"):
         rng = np.random.default_rng(seed)
         self.heads, self.width = heads, width
         self.hidden = hidden or 4 * width
         self.layers, self.blocks, self.grads = [], [], []
         for _ in range(depth):
-            att = flatmem.Block("attention", width, heads=heads, eps=EPS)
-            mlp = flatmem.Block("mlp", width, hidden=self.hidden, eps=EPS)
+            att = flatmem.Block("attention", width, heads=heads, eps=EPS, math=math)
+            mlp = flatmem.Block("mlp", width, hidden=self.hidden, eps=EPS, math=math)
             pa = ref.random_parameters(rng, ref.attention_shapes(width))
             pm = ref.random_parameters(rng, ref.mlp_shapes(width, self.hidden))
             ga = [np.zeros_like(p) for p in pa]
@@ -188,6 +189,34 @@ def test_overlapped_is_bitwise_vanilla(num_threads):
     elif hasattr(test_overlapped_is_bitwise_vanilla, "single"):
         for a, b in zip(test_overlapped_is_bitwise_vanilla.single, results["vanilla"]):
             assert np.array_equal(a, b)
+
+
+def test_tf32_math_gives_the_fp32_bits_on_the_cpu():
+    """flatmem_block_options.math: the CPU runs FP32 for TF32 too, so a
+    segment of TF32 blocks gives the FP32 segment's bits."""
+    results = {}
+    for math in ("fp32", "tf32", flatmem.capi.BLOCK_MATH_TF32):
+        t = Transformer(2, 12, 3, mode="vanilla", math=math)
+        x1, x2 = states((2, 7, 12))
+        dy1, dy2 = states((2, 7, 12), seed=3)
+        y1, y2 = t.segment.forward(x1, x2)
+        dx1, dx2 = t.segment.backward(y1, y2, dy1, dy2)
+        results[math] = [y1, y2, dx1, dx2] + [g for ga, gm in t.grads for g in ga + gm]
+    assert t.blocks[0][0].math == "tf32"
+    assert "math='tf32'" in repr(t.blocks[0][0])
+    for other in ("tf32", flatmem.capi.BLOCK_MATH_TF32):
+        for a, b in zip(results["fp32"], results[other]):
+            assert np.array_equal(a, b)
+    assert (flatmem.capi.BLOCK_MATH_FP32, flatmem.capi.BLOCK_MATH_TF32) == (0, 1)
+
+
+def test_math_outside_the_enum_is_refused():
+    with pytest.raises(ValueError, match="math: 'fp16' is not one of"):
+        flatmem.Block("mlp", 12, math="fp16")
+    # a number goes to the library, which names the field
+    for bad in (2, -1, 0x7FFFFFFF):
+        with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "options.math"):
+            flatmem.Block("attention", 12, heads=3, math=bad)
 
 
 def test_return_inputs_and_rebuild_error():

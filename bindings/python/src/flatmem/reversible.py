@@ -44,6 +44,8 @@ _MODES = {
 }
 _MODE_NAMES = {v: k for k, v in _MODES.items()}
 _KINDS = {"attention": capi.BLOCK_ATTENTION, "mlp": capi.BLOCK_MLP}
+_MATHS = {"fp32": capi.BLOCK_MATH_FP32, "tf32": capi.BLOCK_MATH_TF32}
+_MATH_NAMES = {v: k for k, v in _MATHS.items()}
 _PARTS = ("F", "G")
 _PHASES = ("forward", "record", "rebuild", "gradient")
 _STATE_DTYPES = {32: np.dtype(np.float32), 64: np.dtype(np.float64)}
@@ -80,6 +82,10 @@ class Block:
     kind    "attention": F(x) = MHSA(LN(x)) with `heads` heads (width % heads == 0);
             "mlp":       G(x) = GELU(LN(x) @ W1 + b1) @ W2 + b2, `hidden` wide (0 = 4 * width)
     eps     the LayerNorm epsilon
+    math    precision of the products (flatmem_block_math): "fp32" (default) or
+            "tf32" (CUDA tensor cores; the CPU, where this package's arrays
+            live, runs FP32 for either), or the raw value, which the library
+            checks
 
     set_parameters(params, grads=None): the 6 parameter arrays in the order of
     reversible.h (``parameter_shapes`` lists them), fp32, compact; grads the 6
@@ -90,14 +96,17 @@ class Block:
     to point it elsewhere. Objects with __dlpack__ are taken too.
     """
 
-    def __init__(self, kind, width, heads=1, hidden=0, eps=1e-6):
+    def __init__(self, kind, width, heads=1, hidden=0, eps=1e-6, math="fp32"):
         kind_value = _option(kind, _KINDS, "kind")
-        self._handle = capi.Block(kind_value, int(width), int(heads), int(hidden), float(eps))
+        math_value = _option(math, _MATHS, "math")
+        self._handle = capi.Block(kind_value, int(width), int(heads), int(hidden), float(eps),
+                                  math_value)
         self.kind = "attention" if kind_value == capi.BLOCK_ATTENTION else "mlp"
         self.width = int(width)
         self.heads = int(heads) or 1
         self.hidden = int(hidden) or 4 * self.width
         self.eps = float(eps)
+        self.math = _MATH_NAMES[math_value]  # the library accepted it
         self.parameters = None
         self.gradients = None
         self._keepalive = None
@@ -139,7 +148,8 @@ class Block:
 
     def __repr__(self):
         extra = f"heads={self.heads}" if self.kind == "attention" else f"hidden={self.hidden}"
-        return f"flatmem.Block('{self.kind}', width={self.width}, {extra}, eps={self.eps})"
+        math = "" if self.math == "fp32" else f", math='{self.math}'"
+        return f"flatmem.Block('{self.kind}', width={self.width}, {extra}, eps={self.eps}{math})"
 
 
 # ---------------------------------------------------------------------------
