@@ -51,12 +51,16 @@
  *               results do not depend on context.num_threads (true of the
  *               built-in blocks). ~4/3 the work of STANDARD, spread over two
  *               chains.
- *   AUTO        (default) per state shape (CPU), times two VANILLA and two
+ *   AUTO        (default) per state shape, times two VANILLA and two
  *               OVERLAPPED backwards (alternating), then runs OVERLAPPED if its
  *               best beat VANILLA's by more than 3%, else VANILLA, for the rest
- *               of a round of 64 backwards of that shape; then probes again. Values do not depend on the
- *               choice (see OVERLAPPED). flatmem_reversible_last_mode() says
- *               which ran.
+ *               of a round of 64 timed backwards of that shape; then probes
+ *               again. On CUDA a backward is timed by two events on the
+ *               caller's stream that a later backward reads once the device
+ *               has passed them (never a host wait); backwards issued while a
+ *               measurement is in flight run the current probe or choice
+ *               untimed. Values do not depend on the choice (see OVERLAPPED).
+ *               flatmem_reversible_last_mode() says which ran.
  *
  * Randomness: every forward and backward call takes (seed, offset). Block k,
  * part p (F = 0, G = 1) is given
@@ -83,9 +87,8 @@
  *     the caller's stream for the forward and the gradient chain, a stream
  *     owned by the handle (one per device) for the rebuild chain. The two
  *     streams are joined by events only (no host wait inside a backward);
- *     at most two blocks' residuals and 3 states are in flight. AUTO runs
- *     OVERLAPPED from 2 blocks on (a backward cannot time itself without a
- *     host wait). residuals and workspace are device memory; when no
+ *     at most two blocks' residuals and 3 states are in flight. AUTO is
+ *     timed by events (above). residuals and workspace are device memory; when no
  *     workspace is passed the handle allocates one with cudaMalloc (which
  *     synchronises) the first time and when it must grow. STANDARD's record
  *     is cudaMalloc'ed by the forward. rebuild_error is CPU-only.

@@ -9,6 +9,7 @@
 #include "reversible/callbacks.hpp"
 #include "reversible/schedules.hpp"
 #if FLATMEM_HAVE_CUDA_BACKEND
+#include "reversible/cuda/auto_timing.hpp"
 #include "reversible/cuda/stream_chain.hpp"
 #endif
 #include "reversible/segment.hpp"
@@ -206,13 +207,19 @@ flatmem_status flatmem_reversible_backward(flatmem_reversible_t *handle, const D
               "shape and dtype (the forward keeps the activations the backward uses)");
     const ResidualPlan r = mode == FLATMEM_REVERSIBLE_STANDARD ? handle->record.residual_plan
                                                                : plan_residuals(handle->blocks, s);
-    // AUTO: timed choice on the CPU. On CUDA a backward only enqueues work and
-    // may not wait for the device, so it cannot time itself: OVERLAPPED from 2 blocks.
-    const bool timed_auto = mode == FLATMEM_REVERSIBLE_AUTO && s.device.device_type == kDLCPU;
-    if (mode == FLATMEM_REVERSIBLE_AUTO)
-      mode = timed_auto ? handle->chooser.next(s, handle->size())
-             : handle->size() >= 2 ? FLATMEM_REVERSIBLE_OVERLAPPED
-                                   : FLATMEM_REVERSIBLE_VANILLA;
+    // AUTO: a timed choice (auto_mode.hpp); on CUDA timed by events that a
+    // later backward reads (cuda/auto_timing.hpp), never by a host wait.
+    const bool is_auto = mode == FLATMEM_REVERSIBLE_AUTO;
+    const bool on_cuda = s.device.device_type == kDLCUDA;
+    bool timed_auto = is_auto && !on_cuda;
+    if (is_auto) {
+#if FLATMEM_HAVE_CUDA_BACKEND
+      if (on_cuda)
+        mode = cuda::auto_backward_begin(*handle, s, static_cast<cudaStream_t>(stream), timed_auto);
+      else
+#endif
+        mode = handle->chooser.next(s, handle->size());
+    }
     const BackwardIo io{data_of(y1),  data_of(y2),  data_of(dy1),
                              data_of(dy2), data_of(dx1), data_of(dx2),
                              x1 ? data_of(x1) : nullptr, x2 ? data_of(x2) : nullptr};
@@ -222,7 +229,10 @@ flatmem_status flatmem_reversible_backward(flatmem_reversible_t *handle, const D
                                    backward_bytes(s, r, handle->mode));
       reversible::backward(*handle, chain, mode, s, r, Randomness{seed, offset}, io, ws);
     });
-    if (timed_auto)
+#if FLATMEM_HAVE_CUDA_BACKEND
+    if (timed_auto && on_cuda) cuda::auto_backward_end(*handle, s, mode, static_cast<cudaStream_t>(stream));
+#endif
+    if (timed_auto && !on_cuda)
       handle->chooser.record(
           s, mode, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     handle->last_mode = mode;

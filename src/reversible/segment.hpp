@@ -35,8 +35,11 @@ struct Record {
 namespace cuda {
 // The OVERLAPPED schedule's second stream and its events (cuda/overlapped.cpp).
 struct OverlapResources;
+// AUTO's timing events on CUDA (cuda/auto_timing.cpp).
+struct AutoTiming;
 }  // namespace cuda
 using CudaOverlapPointer = std::unique_ptr<cuda::OverlapResources, void (*)(cuda::OverlapResources *)>;
+using CudaAutoTimingPointer = std::unique_ptr<cuda::AutoTiming, void (*)(cuda::AutoTiming *)>;
 
 // Splits num_threads between the rebuild chain (a third, at least 1) and the
 // gradient chain (the rest, at least 1).
@@ -68,4 +71,5 @@ struct flatmem_reversible_s {
   flatmem::reversible::ChainBuffer device_workspace{nullptr, nullptr};
   std::size_t device_workspace_bytes = 0;
   flatmem::reversible::CudaOverlapPointer cuda_overlap{nullptr, nullptr};
+  flatmem::reversible::CudaAutoTimingPointer cuda_auto{nullptr, nullptr};
 };
