@@ -150,10 +150,8 @@ void attention_vjp(const DeviceCall &call, const BlockShape &s, const BlockParam
   matmul(mm, single_product(s.rows, W, W3, {dqkv, W3}, {p.value[qkv_weight], W3, true}, dln));
   layer_norm_backward(stream, x, b.mean, b.rstd, dln, s.rows, W, p.value[ln_weight], dx);
 
-  matmul(mm, single_product(W, W, s.rows, {b.attn, W, true}, {dy, W}, p.grad[proj_weight], nullptr, 1.0f));
-  column_sums(stream, dy, s.rows, W, p.grad[proj_bias], columns);
-  matmul(mm, single_product(W, W3, s.rows, {b.ln, W, true}, {dqkv, W3}, p.grad[qkv_weight], nullptr, 1.0f));
-  column_sums(stream, dqkv, s.rows, W3, p.grad[qkv_bias], columns);
+  linear_parameter_grads(mm, b.attn, dy, s.rows, W, W, p.grad[proj_weight], p.grad[proj_bias], columns);
+  linear_parameter_grads(mm, b.ln, dqkv, s.rows, W, W3, p.grad[qkv_weight], p.grad[qkv_bias], columns);
   layer_norm_parameter_grads(stream, x, b.mean, b.rstd, dln, s.rows, W, p.grad[ln_weight], p.grad[ln_bias],
                              columns);
 }

@@ -13,6 +13,7 @@
 #include "core/cuda/cublaslt_library.hpp"
 #include "core/cuda/device.hpp"
 #include "core/error.hpp"
+#include "reversible/blocks/cuda/kernels.hpp"
 
 namespace flatmem::blocks::cuda {
 namespace {
@@ -162,6 +163,12 @@ void matmul(const MatmulContext &context, const Product &p) {
   lt::check(api.Matmul(handle, d.op, &p.alpha, p.b.data, d.first, p.a.data, d.second, &p.beta, p.c, d.out,
                        p.c, d.out, &algorithm, context.workspace, context.workspace_bytes, context.stream),
             "matmul: cublasLtMatmul");
+}
+
+void linear_parameter_grads(const MatmulContext &context, const float *input, const float *dy, std::int64_t rows,
+                            std::int64_t in, std::int64_t out, float *dW, float *db, float *columns) {
+  matmul(context, single_product(in, out, rows, {input, in, true}, {dy, out}, dW, nullptr, 1.0f));
+  column_sums(context.stream, dy, rows, out, db, columns);
 }
 
 }  // namespace flatmem::blocks::cuda

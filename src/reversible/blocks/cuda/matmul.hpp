@@ -60,4 +60,10 @@ inline constexpr std::size_t matmul_workspace_bytes = std::size_t(32) << 20;
 
 void matmul(const MatmulContext &context, const Product &p);
 
+// The parameter gradients of a linear layer out = input W + b over `rows`
+// rows: dW (in x out) += input^T dy, db (out) += the column sums of dy.
+// `columns` is column_sum_scratch(rows, out) floats (kernels.hpp).
+void linear_parameter_grads(const MatmulContext &context, const float *input, const float *dy, std::int64_t rows,
+                            std::int64_t in, std::int64_t out, float *dW, float *db, float *columns);
+
 }  // namespace flatmem::blocks::cuda

@@ -85,10 +85,8 @@ void mlp_vjp(const DeviceCall &call, const BlockShape &s, const BlockParameters 
   matmul(mm, single_product(s.rows, W, Hd, {du, Hd}, {p.value[fc1_weight], Hd, true}, dln));
   layer_norm_backward(stream, x, b.mean, b.rstd, dln, s.rows, W, p.value[ln_weight], dx);
 
-  matmul(mm, single_product(Hd, W, s.rows, {g, Hd, true}, {dy, W}, p.grad[fc2_weight], nullptr, 1.0f));
-  column_sums(stream, dy, s.rows, W, p.grad[fc2_bias], columns);
-  matmul(mm, single_product(W, Hd, s.rows, {b.ln, W, true}, {du, Hd}, p.grad[fc1_weight], nullptr, 1.0f));
-  column_sums(stream, du, s.rows, Hd, p.grad[fc1_bias], columns);
+  linear_parameter_grads(mm, g, dy, s.rows, Hd, W, p.grad[fc2_weight], p.grad[fc2_bias], columns);
+  linear_parameter_grads(mm, b.ln, du, s.rows, W, Hd, p.grad[fc1_weight], p.grad[fc1_bias], columns);
   layer_norm_parameter_grads(stream, x, b.mean, b.rstd, dln, s.rows, W, p.grad[ln_weight], p.grad[ln_bias],
                              columns);
 }
