@@ -56,47 +56,18 @@
 #include <vector>
 
 #include "bench_support.hpp"
+#include "reversible_support.hpp"
 
 namespace {
 
-constexpr double MiB = 1024.0 * 1024.0, GiB = 1024.0 * MiB;
-constexpr int auto_probe_backwards = 4;  // AUTO times V, O, V, O before it chooses
-
-// ---- status checking -------------------------------------------------------------
-
-void check(flatmem_status status, const char *what) {
-  if (status != FLATMEM_STATUS_SUCCESS)
-    throw std::runtime_error(std::string(what) + ": " + flatmem_status_string(status) + ": " +
-                             flatmem_last_error());
-}
-#define FM_CHECK(call) check((call), #call)
+using namespace bench::reversible;
 
 // ---- options ---------------------------------------------------------------------
 
-struct Options {
-  std::vector<int> depths{12, 24};
-  std::vector<std::int64_t> batches{1, 2, 4, 8};
-  std::int64_t tokens = 197;
-  int width = 384, heads = 6, hidden = 1536;
-  int rounds = 3, warmup = 1, threads = 0;
+struct Options : SegmentOptions {
+  int threads = 0;
   std::size_t timing_mmap_threshold = std::size_t(32) << 20;  // glibc's cap; 1 MiB = the memory pass's policy
-  std::string csv;
 };
-
-const flatmem_reversible_mode modes[] = {FLATMEM_REVERSIBLE_STANDARD, FLATMEM_REVERSIBLE_VANILLA,
-                                         FLATMEM_REVERSIBLE_OVERLAPPED, FLATMEM_REVERSIBLE_AUTO};
-constexpr int num_modes = 4;
-enum { STD = 0, VAN = 1, OVL = 2, AUT = 3 };
-
-const char *mode_name(flatmem_reversible_mode m) {
-  switch (m) {
-    case FLATMEM_REVERSIBLE_STANDARD: return "STANDARD";
-    case FLATMEM_REVERSIBLE_VANILLA: return "VANILLA";
-    case FLATMEM_REVERSIBLE_OVERLAPPED: return "OVERLAPPED";
-    case FLATMEM_REVERSIBLE_AUTO: return "AUTO";
-    default: return "?";
-  }
-}
 
 void usage() {
   std::printf(
@@ -118,51 +89,15 @@ void usage() {
 
 Options parse(int argc, char **argv) {
   Options o;
-  bool quick = false, set_depths = false, set_batches = false, set_tokens = false, set_rounds = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      usage();
-      std::exit(0);
-    } else if (a == "--quick") quick = true;
-    else if (a == "--depths") {
-      o.depths.clear();
-      for (const auto &s : bench::split(value())) o.depths.push_back(std::stoi(s));
-      set_depths = true;
-    } else if (a == "--batches") {
-      o.batches.clear();
-      for (const auto &s : bench::split(value())) o.batches.push_back(std::stoll(s));
-      set_batches = true;
-    } else if (a == "--tokens") o.tokens = std::stoll(value()), set_tokens = true;
-    else if (a == "--width") o.width = std::stoi(value());
-    else if (a == "--heads") o.heads = std::stoi(value());
-    else if (a == "--hidden") o.hidden = std::stoi(value());
-    else if (a == "--rounds") o.rounds = std::stoi(value()), set_rounds = true;
-    else if (a == "--warmup") o.warmup = std::stoi(value());
-    else if (a == "--threads") o.threads = std::stoi(value());
+  o.batches = {1, 2, 4, 8};
+  const QuickSettings quick{{2}, {1}, 16, 1};  // depth 2, batch 1, 16 tokens, 1 round
+  parse_segment_options(argc, argv, o, quick, usage, [&](const std::string &a, const auto &value) {
+    if (a == "--threads") o.threads = std::stoi(value());
     else if (a == "--timing-mmap-threshold") o.timing_mmap_threshold = std::stoull(value());
-    else if (a == "--csv") o.csv = value();
-    else throw std::runtime_error("unknown argument '" + a + "' (see --help)");
-  }
-  if (quick) {
-    if (!set_depths) o.depths = {2};
-    if (!set_batches) o.batches = {1};
-    if (!set_tokens) o.tokens = 16;
-    if (!set_rounds) o.rounds = 1;
-  }
-  if (o.depths.empty() || o.batches.empty()) throw std::runtime_error("--depths and --batches need values");
-  for (int d : o.depths)
-    if (d < 1 || d > 65536) throw std::runtime_error("--depths: each depth must be in 1..65536");
-  for (auto b : o.batches)
-    if (b < 1) throw std::runtime_error("--batches: each batch must be >= 1");
-  if (o.tokens < 1 || o.width < 1 || o.heads < 1 || o.hidden < 1 || o.width % o.heads != 0)
-    throw std::runtime_error("--tokens, --width, --heads, --hidden must be >= 1, width a multiple of heads");
-  if (o.rounds < 1 || o.warmup < 1 || o.threads < 0)
-    throw std::runtime_error("--rounds and --warmup must be >= 1, --threads >= 0");
+    else return false;
+    return true;
+  });
+  if (o.threads < 0) throw std::runtime_error("--threads must be >= 0");
   if (o.timing_mmap_threshold < 4096 || o.timing_mmap_threshold > (std::size_t(32) << 20))
     throw std::runtime_error("--timing-mmap-threshold must be in 4096 .. 33554432 (glibc's cap)");
   return o;
@@ -195,7 +130,6 @@ class Tensor {
   std::size_t bytes() const { return std::size_t(numel_) * sizeof(float); }
   DLTensor *dl() { return &dl_; }
   const DLTensor *dl() const { return &dl_; }
-  void fill(float v) { std::fill(data_.get(), data_.get() + numel_, v); }
   void zero() { std::memset(data_.get(), 0, bytes()); }
 
  private:
@@ -210,44 +144,20 @@ class Tensor {
 
 // ---- the model: one attention and one MLP block per layer --------------------------
 
-struct BlockDeleter {
-  void operator()(flatmem_block_t *b) const { flatmem_block_destroy(b); }
-};
-struct SegmentDeleter {
-  void operator()(flatmem_reversible_t *h) const { flatmem_reversible_destroy(h); }
-};
-using BlockPtr = std::unique_ptr<flatmem_block_t, BlockDeleter>;
-using SegmentPtr = std::unique_ptr<flatmem_reversible_t, SegmentDeleter>;
-
 struct BuiltinBlock {
   BlockPtr block;
   std::array<Tensor, FLATMEM_BLOCK_NUM_PARAMETERS> params, grads;
 };
 
-BuiltinBlock make_block(flatmem_block_kind kind, const Options &o, std::uint64_t seed) {
-  flatmem_block_options opt;
-  FM_CHECK(flatmem_block_options_init(&opt));
-  opt.kind = kind;
-  opt.width = o.width;
-  opt.heads = o.heads;
-  opt.hidden = o.hidden;
-  flatmem_block_t *raw = nullptr;
-  FM_CHECK(flatmem_block_create(&raw, &opt));
+BuiltinBlock make_block(flatmem_block_kind kind, const Options &o, int layer) {
   BuiltinBlock b;
-  b.block.reset(raw);
-  const std::int64_t w = o.width, inner = kind == FLATMEM_BLOCK_ATTENTION ? 3 * w : o.hidden;
-  // ATTENTION: ln_w, ln_b, qkv_w (w, 3w), qkv_b, proj_w (w, w), proj_b
-  // MLP:       ln_w, ln_b, fc1_w (w, hidden), fc1_b, fc2_w (hidden, w), fc2_b
-  const std::vector<std::vector<std::int64_t>> shapes = {
-      {w}, {w}, {w, inner}, {inner}, {kind == FLATMEM_BLOCK_ATTENTION ? w : inner, w}, {w}};
+  b.block = create_block(block_options(kind, o));
+  const ParameterShapes shapes = parameter_shapes(kind, o);
   std::array<DLTensor, FLATMEM_BLOCK_NUM_PARAMETERS> p{}, g{};
   for (int i = 0; i < FLATMEM_BLOCK_NUM_PARAMETERS; ++i) {
     b.params[i] = Tensor(shapes[i]);
     b.grads[i] = Tensor(shapes[i]);
-    if (i == 0) b.params[i].fill(1.0f);                                    // LayerNorm weight
-    else if (i == 2 || i == 4) bench::fill_normal(b.params[i].data(), b.params[i].numel(), 0.0f, 0.02f,
-                                                  seed * 8 + std::uint64_t(i));  // weights
-    else b.params[i].zero();                                                // biases
+    initial_parameter(i, b.params[i].data(), b.params[i].numel(), block_seed(kind, layer));
     p[i] = *b.params[i].dl();
     g[i] = *b.grads[i].dl();
   }
@@ -261,8 +171,8 @@ struct Model {
 
   Model(int depth, const Options &o) {
     for (int k = 0; k < depth; ++k) {
-      attention.push_back(make_block(FLATMEM_BLOCK_ATTENTION, o, 1000 + 2 * std::uint64_t(k)));
-      mlp.push_back(make_block(FLATMEM_BLOCK_MLP, o, 1001 + 2 * std::uint64_t(k)));
+      attention.push_back(make_block(FLATMEM_BLOCK_ATTENTION, o, k));
+      mlp.push_back(make_block(FLATMEM_BLOCK_MLP, o, k));
       flatmem_reversible_block rb{};
       FM_CHECK(flatmem_block_function(attention.back().block.get(), &rb.f));
       FM_CHECK(flatmem_block_function(mlp.back().block.get(), &rb.g));
@@ -283,27 +193,11 @@ struct Model {
   }
 };
 
-SegmentPtr make_segment(Model &m, int depth, flatmem_reversible_mode mode, int threads) {
-  flatmem_reversible_options opt;
-  FM_CHECK(flatmem_reversible_options_init(&opt));
-  opt.mode = mode;
-  opt.num_threads = threads;
-  flatmem_reversible_t *h = nullptr;
-  FM_CHECK(flatmem_reversible_create(&h, m.blocks.data(), depth, &opt));
-  return SegmentPtr(h);
-}
-
 // ---- one (depth, batch) configuration ------------------------------------------------
 
 struct ModeResult {
   std::vector<double> total_s, fwd_s, bwd_s, faults;  // faults: minor page faults per forward + backward
   double peak_bytes = NAN, workspace_bytes = NAN;
-  double median(const std::vector<double> &v) const {
-    if (v.empty()) return NAN;
-    std::vector<double> s = v;
-    std::sort(s.begin(), s.end());
-    return s.size() % 2 ? s[s.size() / 2] : 0.5 * (s[s.size() / 2 - 1] + s[s.size() / 2]);
-  }
   double total() const { return median(total_s); }
   double best() const { return total_s.empty() ? NAN : *std::min_element(total_s.begin(), total_s.end()); }
   double fwd() const { return median(fwd_s); }
@@ -325,37 +219,13 @@ struct Row {
   double sps(int m) const { return double(batch) / r[m].total(); }
 };
 
-double max_abs(const Tensor &t) {
-  double m = 0;
-  for (std::int64_t i = 0; i < t.numel(); ++i) m = std::max(m, double(std::fabs(t.data()[i])));
-  return m;
-}
+double max_abs(const Tensor &t) { return bench::reversible::max_abs(t.data(), t.numel()); }
 double max_abs_diff(const Tensor &a, const Tensor &b) {
-  double m = 0;
-  for (std::int64_t i = 0; i < a.numel(); ++i) m = std::max(m, double(std::fabs(a.data()[i] - b.data()[i])));
-  return m;
+  return bench::reversible::max_abs_diff(a.data(), b.data(), a.numel());
 }
 bool same_bits(const Tensor &a, const Tensor &b) {
-  return a.numel() == b.numel() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
+  return a.numel() == b.numel() && bench::reversible::same_bits(a.data(), b.data(), a.numel());
 }
-
-std::string format(const char *fmt, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, fmt, v);
-  return buf;
-}
-std::string bytes_str(double b) {
-  if (!std::isfinite(b)) return "-";
-  const double a = std::fabs(b);
-  return a >= GiB ? format("%.2f GiB", b / GiB) : a >= MiB ? format("%.1f MiB", b / MiB)
-                                                          : format("%.0f KiB", b / 1024.0);
-}
-std::string seconds(double s) {
-  if (!std::isfinite(s)) return "-";
-  return s < 1.0 ? format("%.0f ms", 1e3 * s) : format("%.2f s", s);
-}
-std::string ratio(double r) { return std::isfinite(r) ? format("%.2f\u00d7", r) : "-"; }
-std::string sps_str(double v) { return std::isfinite(v) ? format(v < 10 ? "%.2f" : "%.1f", v) : "-"; }
 
 // User + system CPU seconds of this process (all threads).
 double cpu_seconds() {
@@ -380,10 +250,8 @@ Row run_config(Model &model, const Options &o, int threads, int depth, std::int6
   // Inputs, upstream gradients and every mode's outputs: allocated and touched
   // before any measurement, so they are part of the baseline.
   Tensor x1(shape), x2(shape), dy1(shape), dy2(shape);
-  bench::fill_normal(x1.data(), x1.numel(), 0.0f, 1.0f, 11 + std::uint64_t(batch));
+  initial_inputs(x1.data(), dy1.data(), dy2.data(), x1.numel(), batch);
   std::memcpy(x2.data(), x1.data(), x1.bytes());  // X1 = X2 = the token embeddings
-  bench::fill_normal(dy1.data(), dy1.numel(), 0.0f, 1.0f, 12 + std::uint64_t(batch));
-  bench::fill_normal(dy2.data(), dy2.numel(), 0.0f, 1.0f, 13 + std::uint64_t(batch));
   std::array<Tensor, num_modes> y1, y2, dx1, dx2;
   for (int m = 0; m < num_modes; ++m) y1[m] = Tensor(shape), y2[m] = Tensor(shape), dx1[m] = Tensor(shape),
                                       dx2[m] = Tensor(shape);
@@ -409,7 +277,7 @@ Row run_config(Model &model, const Options &o, int threads, int depth, std::int6
   for (int m = 0; m < num_modes; ++m) {
     bench::PeakRss peak;
     peak.start();
-    seg[m] = make_segment(model, depth, modes[m], o.threads);
+    seg[m] = make_segment(model.blocks, depth, modes[m], o.threads);
     size_t fw = 0, bw = 0;
     FM_CHECK(flatmem_reversible_forward_workspace_size(seg[m].get(), x1.dl(), &fw));
     FM_CHECK(flatmem_reversible_backward_workspace_size(seg[m].get(), x1.dl(), &bw));
@@ -428,7 +296,7 @@ Row run_config(Model &model, const Options &o, int threads, int depth, std::int6
   // the heap to what a step needs before the first timed step.
   bench::malloc_for_timing(o.timing_mmap_threshold);
   seg[AUT].reset();
-  seg[AUT] = make_segment(model, depth, FLATMEM_REVERSIBLE_AUTO, o.threads);
+  seg[AUT] = make_segment(model.blocks, depth, FLATMEM_REVERSIBLE_AUTO, o.threads);
   for (int w = 0; w < std::max(o.warmup, auto_probe_backwards); ++w) step(AUT, nullptr, nullptr);
   bool auto_seen[4] = {false, false, false, false};
   const double cpu0 = cpu_seconds(), wall0 = bench::now_seconds();
@@ -480,7 +348,7 @@ void print_progress(const Row &row) {
     std::printf("  %-10s fwd %-8s bwd %-8s fwd+bwd %-8s %7s samples/s  peak +%-10s (workspace query %s) "
                 "%6.0f page faults/step%s\n",
                 mode_name(modes[m]), seconds(r.fwd()).c_str(), seconds(r.bwd()).c_str(), seconds(r.total()).c_str(),
-                sps_str(row.sps(m)).c_str(), bytes_str(r.peak_bytes).c_str(), bytes_str(r.workspace_bytes).c_str(),
+                rate_str(row.sps(m)).c_str(), bytes_str(r.peak_bytes).c_str(), bytes_str(r.workspace_bytes).c_str(),
                 r.page_faults(),
                 m == AUT ? (std::string(", ran ") + mode_name(row.auto_ran) + (row.auto_switched ? " (switched)" : ""))
                                .c_str()
@@ -509,8 +377,8 @@ void print_tables(const std::vector<Row> &rows, const Options &o, int threads) {
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|---:|---:|\n");
   for (const auto &r : rows)
     std::printf("| %d | %lld | %s | %s | %s | %s | %s | %s | %s | %s%s | %s | %.0f%% |\n", r.depth,
-                (long long)r.batch, sps_str(r.sps(STD)).c_str(), sps_str(r.sps(VAN)).c_str(),
-                sps_str(r.sps(OVL)).c_str(), sps_str(r.sps(AUT)).c_str(), ratio(r.sps(OVL) / r.sps(VAN)).c_str(),
+                (long long)r.batch, rate_str(r.sps(STD)).c_str(), rate_str(r.sps(VAN)).c_str(),
+                rate_str(r.sps(OVL)).c_str(), rate_str(r.sps(AUT)).c_str(), ratio(r.sps(OVL) / r.sps(VAN)).c_str(),
                 ratio(r.sps(AUT) / r.sps(VAN)).c_str(), ratio(r.sps(VAN) / r.sps(STD)).c_str(),
                 mode_name(r.auto_ran), r.auto_switched ? " (switched)" : "",
                 ratio(r.r[VAN].best() / r.r[OVL].best()).c_str(), 100.0 * r.cpu_share);
@@ -528,30 +396,16 @@ void print_tables(const std::vector<Row> &rows, const Options &o, int threads) {
               "gradients, inputs and outputs already resident). One state (batch x %lld x %d fp32) is given "
               "for scale.\n\n",
               (long long)o.tokens, o.width);
-  std::printf("| batch | state |");
-  for (int m = 0; m < num_modes; ++m) {
-    for (int d : o.depths) std::printf(" %s d=%d |", mode_name(modes[m]), d);
-    if (o.depths.size() > 1) std::printf(" %s d=%d/d=%d |", mode_name(modes[m]), o.depths.back(), o.depths.front());
-  }
-  std::printf("\n|---:|---:|");
-  for (int m = 0; m < num_modes; ++m)
-    for (std::size_t i = 0; i < o.depths.size() + (o.depths.size() > 1 ? 1 : 0); ++i) std::printf("---:|");
-  std::printf("\n");
-  for (auto b : o.batches) {
-    const Row *any = find(rows, o.depths.front(), b);
-    std::printf("| %lld | %s |", (long long)b, any ? bytes_str(any->state_bytes).c_str() : "-");
-    for (int m = 0; m < num_modes; ++m) {
-      for (int d : o.depths) {
+  print_peak_by_depth(
+      o,
+      [&](int d, std::int64_t b, int m) {
         const Row *r = find(rows, d, b);
-        std::printf(" %s |", r ? bytes_str(r->r[m].peak_bytes).c_str() : "-");
-      }
-      if (o.depths.size() > 1) {
-        const Row *lo = find(rows, o.depths.front(), b), *hi = find(rows, o.depths.back(), b);
-        std::printf(" %s |", lo && hi ? ratio(hi->r[m].peak_bytes / lo->r[m].peak_bytes).c_str() : "-");
-      }
-    }
-    std::printf("\n");
-  }
+        return r ? r->r[m].peak_bytes : NAN;
+      },
+      [&](std::int64_t b) {
+        const Row *r = find(rows, o.depths.front(), b);
+        return r ? r->state_bytes : NAN;
+      });
 
   // The rebuild error over depth for the deepest configuration.
   const Row *deep = nullptr;
@@ -579,7 +433,7 @@ void print_tables(const std::vector<Row> &rows, const Options &o, int threads) {
 void write_csv(const std::string &path, const std::vector<Row> &rows, const Options &o, int threads) {
   std::ofstream out(path);
   if (!out) throw std::runtime_error("cannot write " + path);
-  auto num = [](double v) { return std::isfinite(v) ? format("%.9g", v) : std::string(); };
+  const auto num = csv_number;
   out << "depth,batch,tokens,width,heads,hidden,threads,rounds";
   for (const char *m : {"standard", "vanilla", "overlapped", "auto"})
     out << ',' << m << "_samples_per_s," << m << "_median_s," << m << "_fwd_median_s," << m << "_bwd_median_s,"
