@@ -1,317 +1,42 @@
 // The built-in reversible blocks (reversible.h, "Built-in blocks"), called
 // through their flatmem_reversible_function callbacks directly, with a
-// context built here (a serial parallel_for, or one over std::threads):
+// context built here (support/block_case.hpp: a serial parallel_for, or one
+// over std::threads):
 //   - the double reference's own gradients against central finite differences;
 //   - y, dx and the six parameter gradients against that reference over many
 //     shapes (batch 1 as (tokens, width), tokens 1, odd widths, heads 1);
 //   - accumulation (+=) of parameter gradients and of dx;
 //   - bitwise equality for 1 and 3 threads, and with / without residuals;
-//   - every refused argument: status and a message naming it.
+//   - FLATMEM_BLOCK_MATH_TF32 on the CPU: bitwise the FP32 result;
+//   - every refused argument (options.math, kDLCUDA tensors the CPU blocks
+//     cannot use among them): status and a message naming it.
+// The same blocks on CUDA states: gpu/test_gpu_blocks.cpp.
 #include <doctest/doctest.h>
 #include <flatmem/flatmem.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
+#include <cstddef>
 #include <functional>
 #include <memory>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "support/block_case.hpp"
 #include "support/random.hpp"
-#include "support/transformer_reference.hpp"
 
 using namespace flatmem_test;
 
 namespace {
 
-constexpr double u32 = 0x1p-24;  // fp32 unit roundoff
-
-// --- contexts --------------------------------------------------------------
-
-void serial_for(const flatmem_reversible_context *, std::int64_t items,
-                void (*body)(void *, std::int64_t, std::int32_t), void *arg) {
-  for (std::int64_t i = 0; i < items; ++i) body(arg, i, 0);
-}
-
-// Items claimed dynamically by num_threads threads (the caller is thread 0).
-void threaded_for(const flatmem_reversible_context *context, std::int64_t items,
-                  void (*body)(void *, std::int64_t, std::int32_t), void *arg) {
-  std::atomic<std::int64_t> next{0};
-  const auto work = [&](std::int32_t thread) {
-    for (std::int64_t i; (i = next.fetch_add(1)) < items;) body(arg, i, thread);
-  };
-  std::vector<std::thread> helpers;
-  for (std::int32_t t = 1; t < context->num_threads; ++t) helpers.emplace_back(work, t);
-  work(0);
-  for (auto &h : helpers) h.join();
-}
-
-flatmem_reversible_context make_context(int threads, flatmem_reversible_phase phase) {
-  flatmem_reversible_context c{};
-  c.struct_size = sizeof c;
-  c.block = 0;
-  c.part = FLATMEM_REVERSIBLE_F;
-  c.phase = phase;
-  c.num_threads = threads;
-  c.parallel_for = threads == 1 ? serial_for : threaded_for;
-  return c;
-}
-
-// --- tensors ----------------------------------------------------------------
-
-// An owning fp32 CPU tensor with its DLTensor.
-struct Tensor {
-  std::vector<float> data;
-  std::vector<std::int64_t> shape;
-  DLTensor dl{};
-
-  Tensor() = default;
-  explicit Tensor(std::vector<std::int64_t> s, float fill = 0.0f) : shape(std::move(s)) {
-    std::int64_t n = 1;
-    for (auto e : shape) n *= e;
-    data.assign(std::size_t(n), fill);
-    refresh();
-  }
-  Tensor(const Tensor &o) : data(o.data), shape(o.shape), dl(o.dl) { refresh(); }
-  Tensor &operator=(const Tensor &o) {
-    data = o.data, shape = o.shape, dl = o.dl;
-    refresh();
-    return *this;
-  }
-  void refresh() {
-    dl.data = data.data();
-    dl.device = {kDLCPU, 0};
-    dl.ndim = int(shape.size());
-    dl.dtype = {kDLFloat, 32, 1};
-    dl.shape = shape.data();
-    dl.strides = nullptr;
-    dl.byte_offset = 0;
-  }
-  Values values() const { return Values(data.begin(), data.end()); }
-};
-
-bool same_bits(const Tensor &a, const Tensor &b) {
-  return a.data.size() == b.data.size() &&
-         std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(float)) == 0;
-}
-
-// A residual buffer as the executor gives it: 64-byte aligned, filled with
-// garbage so that nothing may rely on zeroed memory.
-struct AlignedBytes {
-  explicit AlignedBytes(std::size_t n) : storage(n + 64, 0x5A) {
-    const auto address = reinterpret_cast<std::uintptr_t>(storage.data());
-    base = storage.data() + (64 - address % 64) % 64;
-  }
-  void *data() { return base; }
-  std::vector<unsigned char> storage;
-  unsigned char *base;
-};
-
-// --- a block with random parameters -------------------------------------------
-
-flatmem_block_options block_options(const BlockConfig &c) {
-  flatmem_block_options o;
-  REQUIRE(flatmem_block_options_init(&o) == FLATMEM_STATUS_SUCCESS);
-  o.kind = c.kind == BlockKind::attention ? FLATMEM_BLOCK_ATTENTION : FLATMEM_BLOCK_MLP;
-  o.width = std::int32_t(c.width);
-  o.heads = c.kind == BlockKind::attention ? std::int32_t(c.heads) : 0;
-  o.hidden = c.kind == BlockKind::mlp ? std::int32_t(c.hidden) : 0;
-  o.layer_norm_eps = float(c.eps);
-  return o;
-}
-
-// The MLP's hidden width after the option's default (0 = 4 width).
-BlockConfig resolved(BlockConfig c) {
-  if (c.kind == BlockKind::mlp && c.hidden == 0) c.hidden = 4 * c.width;
-  return c;
-}
-
-std::vector<std::int64_t> parameter_shape(const BlockConfig &c, int i) {
-  const std::int64_t W = c.width, Hd = resolved(c).hidden;
-  if (c.kind == BlockKind::attention) {
-    const std::vector<std::int64_t> s[6] = {{W}, {W}, {W, 3 * W}, {3 * W}, {W, W}, {W}};
-    return s[i];
-  }
-  const std::vector<std::int64_t> s[6] = {{W}, {W}, {W, Hd}, {Hd}, {Hd, W}, {W}};
-  return s[i];
-}
-
-std::string describe(const BlockConfig &c) {
-  std::ostringstream s;
-  s << (c.kind == BlockKind::attention ? "attention" : "mlp") << " batch " << c.batch << " tokens "
-    << c.tokens << " width " << c.width;
-  if (c.kind == BlockKind::attention) s << " heads " << c.heads;
-  else s << " hidden " << c.hidden;
-  return s.str();
-}
-
-struct Block {
-  BlockConfig config;
-  flatmem_block_t *handle = nullptr;
-  std::array<Tensor, 6> params, grads;
-  flatmem_reversible_function fn{};
-
-  explicit Block(const BlockConfig &c, std::uint64_t seed = 1) : config(c) {
-    const flatmem_block_options o = block_options(c);
-    REQUIRE_MESSAGE(flatmem_block_create(&handle, &o) == FLATMEM_STATUS_SUCCESS, flatmem_last_error());
-    Random rng(seed);
-    for (int i = 0; i < 6; ++i) {
-      params[i] = Tensor(parameter_shape(c, i));
-      grads[i] = Tensor(parameter_shape(c, i));
-      const auto shape = parameter_shape(c, i);
-      const double fan_in = double(shape[0]);
-      for (auto &v : params[i].data) {
-        switch (i) {
-          case 0: v = float(1.0 + 0.2 * rng.normal()); break;                // LN weight
-          case 2: case 4: v = float(rng.normal() / std::sqrt(fan_in)); break;  // weights
-          default: v = float(0.2 * rng.normal());                            // biases
-        }
-      }
-    }
-    set_parameters(true);
-    REQUIRE(flatmem_block_function(handle, &fn) == FLATMEM_STATUS_SUCCESS);
-  }
-  ~Block() { flatmem_block_destroy(handle); }
-  Block(const Block &) = delete;
-
-  void set_parameters(bool with_gradients) {
-    DLTensor p[6], g[6];
-    for (int i = 0; i < 6; ++i) p[i] = params[i].dl, g[i] = grads[i].dl;
-    REQUIRE_MESSAGE(flatmem_block_set_parameters(handle, p, with_gradients ? g : nullptr) ==
-                        FLATMEM_STATUS_SUCCESS,
-                    flatmem_last_error());
-  }
-
-  std::vector<std::int64_t> state_shape() const {
-    if (config.batch == 1) return {config.tokens, config.width};  // (tokens, width) form
-    return {config.batch, config.tokens, config.width};
-  }
-  Tensor random_state(std::uint64_t seed, bool offsets) const {
-    Tensor t(state_shape());
-    Random rng(seed);
-    for (std::int64_t r = 0; r < config.rows(); ++r) {
-      const double offset = offsets ? 2.0 * rng.normal() : 0.0;  // LN must remove it
-      for (std::int64_t c = 0; c < config.width; ++c)
-        t.data[std::size_t(r * config.width + c)] = float(offset + rng.normal());
-    }
-    return t;
-  }
-  BlockParameterValues parameter_values() const {
-    BlockParameterValues v;
-    for (int i = 0; i < 6; ++i) v[i] = params[i].values();
-    return v;
-  }
-
-  std::size_t residual_bytes(const Tensor &x) {
-    const flatmem_reversible_context c = make_context(1, FLATMEM_REVERSIBLE_PHASE_REBUILD);
-    DLTensor meta = x.dl;
-    meta.data = nullptr;
-    std::size_t bytes = 0;
-    REQUIRE_MESSAGE(fn.residual_size(fn.user, &c, &meta, &bytes) == FLATMEM_STATUS_SUCCESS,
-                    flatmem_last_error());
-    return bytes;
-  }
-  // y = F(x); residuals kept when `residuals` is given (sized here).
-  Tensor forward(const Tensor &x, int threads, std::unique_ptr<AlignedBytes> *residuals) {
-    Tensor y(x.shape, 7.0f);
-    if (residuals) *residuals = std::make_unique<AlignedBytes>(residual_bytes(x));
-    const flatmem_reversible_context c = make_context(
-        threads, residuals ? FLATMEM_REVERSIBLE_PHASE_REBUILD : FLATMEM_REVERSIBLE_PHASE_FORWARD);
-    REQUIRE_MESSAGE(fn.forward(fn.user, &c, &x.dl, &y.dl, residuals ? (*residuals)->data() : nullptr) ==
-                        FLATMEM_STATUS_SUCCESS,
-                    flatmem_last_error());
-    return y;
-  }
-  void vjp(const Tensor &x, AlignedBytes &residuals, const Tensor &dy, Tensor &dx, int threads) {
-    const flatmem_reversible_context c = make_context(threads, FLATMEM_REVERSIBLE_PHASE_GRADIENT);
-    REQUIRE_MESSAGE(fn.vjp(fn.user, &c, &x.dl, residuals.data(), &dy.dl, &dx.dl) == FLATMEM_STATUS_SUCCESS,
-                    flatmem_last_error());
-  }
-};
-
-// --- tolerances -----------------------------------------------------------------
-//
-// Every output is a short chain of fp32 stages (LayerNorm sums over width,
-// GEMMs over width / hidden / tokens / head_dim, softmax sums over tokens, a
-// GELU within a few 1e-7), each summing at most K terms. An fp32 sum of K
-// terms errs by gamma_K ~ K u in the worst case and by ~ sqrt(K) u in practice
-// (rounding errors of random sign); the errors of the inputs of a stage carry
-// into its output with factors of order one (LayerNorm's rstd rescales by the
-// input's own spread, softmax is 1-Lipschitz, weights are ~ 1/sqrt(fan_in)).
-// So an element is within  c u sqrt(K) max|output|  of the exact value, K the
-// longest reduction feeding it: max(3 width, hidden, tokens) for y and dx,
-// plus the rows summed for a parameter gradient. c = 16 allows ~6 chained
-// stages of ~sqrt(K) u each plus the polynomial exp (< 2 ulp) and GELU
-// (< 5e-7 relative); the largest observed error over all shapes below is
-// ~0.27 of the tolerance (FLATMEM_TEST_VERBOSE=1 prints each ratio). A real
-// defect -- a missing term, a wrong scale, a dropped slab or head -- is an O(1)
-// relative error, 10^3 times this tolerance at these sizes.
-constexpr double tolerance_factor = 16.0;
-
-void check_close(const std::string &what, const std::vector<float> &got, const Values &want,
-                 double reduction_length) {
-  REQUIRE(got.size() == want.size());
-  double scale = 0.0;
-  for (double v : want) scale = std::max(scale, std::fabs(v));
-  const double tol = tolerance_factor * u32 * std::sqrt(reduction_length) * std::max(scale, 1e-30);
-  double worst = 0.0;
-  std::size_t at = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(double(got[i]) - want[i]);
-    if (!(err <= worst)) worst = err, at = i;  // NaN becomes the worst
-  }
-  CHECK_MESSAGE(worst <= tol, what, ": worst element ", at, " got ", got[at], " want ", want[at],
-                ", error ", worst, " > tolerance ", tol, " (", worst / tol, " of it)");
-  if (std::getenv("FLATMEM_TEST_VERBOSE") != nullptr)
-    MESSAGE(what, ": error / tolerance = ", worst / tol);
-}
-
-double forward_reduction(const BlockConfig &c) {
-  return double(std::max({3 * c.width, c.hidden, c.tokens}));
-}
-
-const char *const parameter_names[2][6] = {
-    {"ln_weight", "ln_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias"},
-    {"ln_weight", "ln_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"}};
-
 // Forward + VJP of one block against the reference.
 void check_against_reference(const BlockConfig &c, int threads) {
   INFO(describe(c), ", threads ", threads);
-  Block block(c, 11);
-  const Tensor x = block.random_state(21, true), dy = block.random_state(31, false);
-  std::unique_ptr<AlignedBytes> residuals;
-  const Tensor y = block.forward(x, threads, &residuals);
-  Tensor dx(x.shape, 0.0f);
-  block.vjp(x, *residuals, dy, dx, threads);
-
-  const BlockParameterValues p = block.parameter_values();
-  const BlockConfig r = resolved(c);
-  const Values y_ref = block_forward(r, p, x.values());
-  const BlockGradients g_ref = block_vjp(r, p, x.values(), dy.values());
-  const double k = forward_reduction(r);
-  check_close("y", y.data, y_ref, k);
-  check_close("dx", dx.data, g_ref.dx, k);
-  for (int i = 0; i < 6; ++i)
-    check_close(std::string("d") + parameter_names[c.kind == BlockKind::mlp][i], block.grads[i].data,
-                g_ref.dparams[i], k + double(c.rows()));
-}
-
-BlockConfig attention(std::int64_t batch, std::int64_t tokens, std::int64_t width, std::int64_t heads) {
-  BlockConfig c;
-  c.kind = BlockKind::attention;
-  c.batch = batch, c.tokens = tokens, c.width = width, c.heads = heads;
-  return c;
-}
-BlockConfig mlp(std::int64_t batch, std::int64_t tokens, std::int64_t width, std::int64_t hidden) {
-  BlockConfig c;
-  c.kind = BlockKind::mlp;
-  c.batch = batch, c.tokens = tokens, c.width = width, c.hidden = hidden;
-  return c;
+  HostBlock block(c, 11);
+  const FloatTensor x = block.random_state(21, true), dy = block.random_state(31, false);
+  const BlockResults got = block.forward_and_vjp(x, dy, threads);
+  check_block_results(c, block_reference(c, block.parameter_values(), x.values(), dy.values()), got, 1,
+                      FLATMEM_BLOCK_MATH_FP32);
 }
 
 }  // namespace
@@ -359,7 +84,7 @@ static void check_finite_differences(const BlockConfig &c) {
   };
   check("dx", x, g.dx, [&] { return loss(p, x); });
   for (int i = 0; i < 6; ++i)
-    check(parameter_names[c.kind == BlockKind::mlp][i], p[i], g.dparams[i], [&] { return loss(p, x); });
+    check(parameter_name(c.kind, i), p[i], g.dparams[i], [&] { return loss(p, x); });
 }
 
 TEST_CASE("blocks/reference/attention gradients match central finite differences") {
@@ -394,7 +119,7 @@ TEST_CASE("blocks/mlp/GELU is exact GELU (erf form) across its range") {
   // One token, width 1, hidden 1, fc1 = 1, fc2 = 1, LN weight 0 and LN bias u:
   // y = GELU(u) + b2 exactly up to fp32 rounding of the GELU itself.
   BlockConfig c = mlp(1, 1, 1, 1);
-  Block block(c);
+  HostBlock block(c);
   block.params[0].data = {0.0f};
   block.params[2].data = {1.0f};
   block.params[3].data = {0.0f};
@@ -403,8 +128,8 @@ TEST_CASE("blocks/mlp/GELU is exact GELU (erf form) across its range") {
   double worst = 0.0;
   for (double u = -12.0; u <= 12.0; u += 0.03125) {
     block.params[1].data = {float(u)};
-    const Tensor x({1, 1}, 0.5f);
-    const Tensor y = block.forward(x, 1, nullptr);
+    const FloatTensor x({1, 1}, 0.5f);
+    const FloatTensor y = block.forward(x, 1, nullptr);
     const double want = u * 0.5 * std::erfc(-u / std::sqrt(2.0));
     // relative to |GELU(u)|, plus an absolute floor far below any fp32 use
     worst = std::max(worst, std::fabs(y.data[0] - want) / (std::fabs(want) + 1e-30));
@@ -416,18 +141,18 @@ TEST_CASE("blocks/mlp/GELU is exact GELU (erf form) across its range") {
 
 static void check_accumulation(const BlockConfig &c) {
   INFO(describe(c));
-  Block block(c, 3);
-  const Tensor x = block.random_state(4, true), dy = block.random_state(5, false);
+  HostBlock block(c, 3);
+  const FloatTensor x = block.random_state(4, true), dy = block.random_state(5, false);
   std::unique_ptr<AlignedBytes> residuals;
   block.forward(x, 2, &residuals);
-  Tensor dx_once(x.shape, 0.0f);
+  FloatTensor dx_once(x.shape, 0.0f);
   block.vjp(x, *residuals, dy, dx_once, 2);
-  std::array<Tensor, 6> once = block.grads;
+  std::array<FloatTensor, 6> once = block.grads;
   // Second call: parameter gradients add up again (exactly 2x: the same fp32
   // sums added to themselves), and dx adds to what was there.
-  Tensor dx(x.shape, 0.0f);
+  FloatTensor dx(x.shape, 0.0f);
   for (std::size_t i = 0; i < dx.data.size(); ++i) dx.data[i] = float(i % 7) - 3.0f;
-  const Tensor dx_before = dx;
+  const FloatTensor dx_before = dx;
   block.vjp(x, *residuals, dy, dx, 2);
   for (int i = 0; i < 6; ++i) {
     bool doubled = true;
@@ -441,7 +166,7 @@ static void check_accumulation(const BlockConfig &c) {
     worst = std::max(worst, std::fabs(dx.data[i] - want));
     scale = std::max(scale, std::fabs(want));
   }
-  CHECK_MESSAGE(worst <= 2 * u32 * scale, "dx did not accumulate: worst ", worst);
+  CHECK_MESSAGE(worst <= 2 * fp32_unit_roundoff * scale, "dx did not accumulate: worst ", worst);
 }
 
 TEST_CASE("blocks/attention/vjp accumulates parameter gradients and adds into dx") {
@@ -456,17 +181,17 @@ TEST_CASE("blocks/mlp/vjp accumulates parameter gradients and adds into dx") {
 static void check_thread_independence(const BlockConfig &c) {
   INFO(describe(c));
   struct Result {
-    Tensor y, y_no_residuals, dx;
-    std::array<Tensor, 6> grads;
+    FloatTensor y, y_no_residuals, dx;
+    std::array<FloatTensor, 6> grads;
   };
   const auto run = [&](int threads) {
-    Block block(c, 8);
-    const Tensor x = block.random_state(9, true), dy = block.random_state(10, false);
+    HostBlock block(c, 8);
+    const FloatTensor x = block.random_state(9, true), dy = block.random_state(10, false);
     Result r;
     std::unique_ptr<AlignedBytes> residuals;
     r.y = block.forward(x, threads, &residuals);
     r.y_no_residuals = block.forward(x, threads, nullptr);
-    r.dx = Tensor(x.shape, 0.25f);
+    r.dx = FloatTensor(x.shape, 0.25f);
     block.vjp(x, *residuals, dy, r.dx, threads);
     r.grads = block.grads;
     return r;
@@ -491,6 +216,26 @@ TEST_CASE("blocks/mlp/bitwise identical for 1 and 3 threads and with or without 
   check_thread_independence(mlp(1, 130, 130, 200));
 }
 
+// --- the math option -------------------------------------------------------------------
+
+// "The CPU runs FP32 for either value": a TF32 block on the CPU gives the
+// FP32 block's bits (same parameters, same inputs).
+static void check_tf32_is_fp32_on_cpu(const BlockConfig &c) {
+  INFO(describe(c));
+  const auto run = [&](flatmem_block_math math) {
+    HostBlock block(c, 12, math);
+    return block.forward_and_vjp(block.random_state(13, true), block.random_state(14, false), 2);
+  };
+  same_bits(run(FLATMEM_BLOCK_MATH_FP32), run(FLATMEM_BLOCK_MATH_TF32), "TF32 vs FP32 on the CPU");
+}
+
+TEST_CASE("blocks/math/TF32 on the CPU is bitwise FP32") {
+  check_tf32_is_fp32_on_cpu(attention(2, 31, 24, 3));
+  check_tf32_is_fp32_on_cpu(attention(1, 7, 96, 6));
+  check_tf32_is_fp32_on_cpu(mlp(2, 31, 24, 0));
+  check_tf32_is_fp32_on_cpu(mlp(1, 7, 96, 37));
+}
+
 // --- residual size -------------------------------------------------------------------
 
 TEST_CASE("blocks/residual_size is the documented layout") {
@@ -499,7 +244,7 @@ TEST_CASE("blocks/residual_size is the documented layout") {
   // (at most 63 bytes of padding each, plus 64 for the base).
   const auto check = [](const BlockConfig &c, std::int64_t floats, int regions) {
     INFO(describe(c));
-    Block block(c);
+    HostBlock block(c);
     const std::size_t bytes = block.residual_bytes(block.random_state(1, false));
     CHECK(bytes >= std::size_t(floats) * 4);
     CHECK(bytes <= std::size_t(floats) * 4 + 64 * std::size_t(regions + 1));
@@ -511,13 +256,6 @@ TEST_CASE("blocks/residual_size is the documented layout") {
 // --- refused arguments ------------------------------------------------------------------
 
 namespace {
-
-bool names(const char *needle) {
-  const char *text = flatmem_last_error();
-  const bool found = std::strstr(text, needle) != nullptr;
-  if (!found) MESSAGE("last error: ", std::string(text), " -- does not contain: ", std::string(needle));
-  return found;
-}
 
 // Creates and destroys a block; the create's error text stays the thread's
 // last error (destroy runs only after a success, it would clear it).
@@ -533,6 +271,17 @@ flatmem_status create_with(const flatmem_block_options &o) {
   return s;
 }
 
+// A kDLCUDA tensor the CPU cannot use: UNSUPPORTED in a build without CUDA;
+// INVALID_ARGUMENT in a CUDA build (no GPU here, host memory behind the
+// pointer, or another device than the rest).
+const std::vector<flatmem_status> cuda_refusals = {FLATMEM_STATUS_UNSUPPORTED, FLATMEM_STATUS_INVALID_ARGUMENT};
+
+bool one_of(flatmem_status s, const std::vector<flatmem_status> &allowed) {
+  const bool found = std::find(allowed.begin(), allowed.end(), s) != allowed.end();
+  if (!found) MESSAGE("status ", flatmem_status_string(s), ": ", std::string(flatmem_last_error()));
+  return found;
+}
+
 }  // namespace
 
 TEST_CASE("blocks/bad input/options") {
@@ -540,51 +289,68 @@ TEST_CASE("blocks/bad input/options") {
   CHECK(create_with(o) == FLATMEM_STATUS_SUCCESS);
   flatmem_block_t *b = nullptr;
   CHECK(flatmem_block_create(&b, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("options: NULL"));
+  CHECK(last_error_names("options: NULL"));
   CHECK(flatmem_block_create(nullptr, &o) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("out"));
+  CHECK(last_error_names("out"));
   CHECK(flatmem_block_options_init(nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("options"));
+  CHECK(last_error_names("options"));
 
   auto bad = o;
   bad.struct_size = 0;
   CHECK(create_with(bad) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("struct_size"));
+  CHECK(last_error_names("struct_size"));
   for (int kind : {0, 3, -1}) {
     bad = o;
     bad.kind = flatmem_block_kind(kind);
     CHECK(create_with(bad) == FLATMEM_STATUS_INVALID_ARGUMENT);
-    CHECK(names("options.kind"));
+    CHECK(last_error_names("options.kind"));
   }
   for (int width : {0, -4}) {
     bad = o;
     bad.width = width;
     CHECK(create_with(bad) == FLATMEM_STATUS_INVALID_ARGUMENT);
-    CHECK(names("options.width"));
+    CHECK(last_error_names("options.width"));
   }
   bad = o;
   bad.heads = 5;  // does not divide 12
   CHECK(create_with(bad) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("options.heads"));
+  CHECK(last_error_names("options.heads"));
   bad.heads = -1;
   CHECK(create_with(bad) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("options.heads"));
+  CHECK(last_error_names("options.heads"));
   bad = o;
   bad.kind = FLATMEM_BLOCK_MLP;
   bad.hidden = -3;
   CHECK(create_with(bad) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("options.hidden"));
+  CHECK(last_error_names("options.hidden"));
   for (float eps : {-1e-5f, NAN, INFINITY}) {
     bad = o;
     bad.layer_norm_eps = eps;
     CHECK(create_with(bad) == FLATMEM_STATUS_INVALID_ARGUMENT);
-    CHECK(names("options.layer_norm_eps"));
+    CHECK(last_error_names("options.layer_norm_eps"));
   }
   // An older caller's shorter struct: the fields it lacks take their defaults
   // (heads 1 here, so width 12 with the heads field cut off is fine).
   bad = o;
   bad.heads = 5;
   bad.struct_size = offsetof(flatmem_block_options, heads);
+  CHECK(create_with(bad) == FLATMEM_STATUS_SUCCESS);
+  // math: FP32 or TF32, nothing else.
+  for (int math : {2, -1}) {
+    bad = o;
+    bad.math = flatmem_block_math(math);
+    CHECK(create_with(bad) == FLATMEM_STATUS_INVALID_ARGUMENT);
+    CHECK(last_error_names("options.math"));
+  }
+  bad = o;
+  bad.math = FLATMEM_BLOCK_MATH_TF32;
+  CHECK(create_with(bad) == FLATMEM_STATUS_SUCCESS);
+  // A caller compiled before `math` was appended: its struct ends there, so
+  // the library must not read the field (garbage here) and runs FP32 (on the
+  // CPU either way; test_gpu_blocks.cu compares it with FP32 on a GPU).
+  bad = o;
+  bad.math = flatmem_block_math(7);
+  bad.struct_size = offsetof(flatmem_block_options, math);
   CHECK(create_with(bad) == FLATMEM_STATUS_SUCCESS);
   // MLP ignores heads, attention ignores hidden.
   bad = o;
@@ -594,72 +360,77 @@ TEST_CASE("blocks/bad input/options") {
 }
 
 TEST_CASE("blocks/bad input/set_parameters names the tensor") {
-  Block block(attention(1, 3, 12, 3));
+  HostBlock block(attention(1, 3, 12, 3));
   DLTensor p[6], g[6];
   const auto reset = [&] {
     for (int i = 0; i < 6; ++i) p[i] = block.params[i].dl, g[i] = block.grads[i].dl;
   };
   reset();
   CHECK(flatmem_block_set_parameters(nullptr, p, g) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("block: NULL"));
+  CHECK(last_error_names("block: NULL"));
   CHECK(flatmem_block_set_parameters(block.handle, nullptr, g) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("parameters: NULL"));
+  CHECK(last_error_names("parameters: NULL"));
 
   std::int64_t wrong[2] = {12, 1000};
   p[2].shape = wrong;
   CHECK(flatmem_block_set_parameters(block.handle, p, g) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("parameters[2] (qkv_weight): shape (12, 1000), expected (12, 36)"));
+  CHECK(last_error_names("parameters[2] (qkv_weight): shape (12, 1000), expected (12, 36)"));
   reset();
   std::int64_t wrong_bias[1] = {35};
   g[3].shape = wrong_bias;
   CHECK(flatmem_block_set_parameters(block.handle, p, g) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("gradients[3] (qkv_bias): shape (35,), expected (36,)"));
+  CHECK(last_error_names("gradients[3] (qkv_bias): shape (35,), expected (36,)"));
   reset();
   p[4].ndim = 1;
   CHECK(flatmem_block_set_parameters(block.handle, p, g) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("parameters[4] (proj_weight): shape (12,), expected (12, 12)"));
+  CHECK(last_error_names("parameters[4] (proj_weight): shape (12,), expected (12, 12)"));
   reset();
   p[5].dtype = {kDLFloat, 64, 1};
   CHECK(flatmem_block_set_parameters(block.handle, p, g) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("parameters[5] (proj_bias)"));
-  CHECK(names("dtype"));
+  CHECK(last_error_names("parameters[5] (proj_bias)"));
+  CHECK(last_error_names("dtype"));
   reset();
   p[0].dtype = {kDLBfloat, 16, 1};
   CHECK(flatmem_block_set_parameters(block.handle, p, g) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("parameters[0] (ln_weight)"));
+  CHECK(last_error_names("parameters[0] (ln_weight)"));
   reset();
-  g[1].device = {kDLCUDA, 0};
-  CHECK(flatmem_block_set_parameters(block.handle, p, g) == FLATMEM_STATUS_UNSUPPORTED);
-  CHECK(names("gradients[1] (ln_bias)"));
-  CHECK(names("device"));
+  g[1].device = {kDLCUDA, 0};  // one CUDA tensor among CPU ones (and host memory)
+  CHECK(one_of(flatmem_block_set_parameters(block.handle, p, g), cuda_refusals));
+  CHECK(last_error_names("gradients[1] (ln_bias)"));
+  reset();
+  // All twelve say kDLCUDA, but the pointers are host memory: parameters[0]
+  // is the first tensor checked.
+  for (int i = 0; i < 6; ++i) p[i].device = g[i].device = {kDLCUDA, 0};
+  CHECK(one_of(flatmem_block_set_parameters(block.handle, p, g), cuda_refusals));
+  CHECK(last_error_names("parameters[0]"));
   reset();
   g[1].device = {kDLOpenCL, 0};
   CHECK(flatmem_block_set_parameters(block.handle, p, g) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("gradients[1] (ln_bias)"));
+  CHECK(last_error_names("gradients[1] (ln_bias)"));
   reset();
   std::int64_t strides[2] = {40, 1};  // rows padded: not compact
   p[2].strides = strides;
   CHECK(flatmem_block_set_parameters(block.handle, p, g) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("parameters[2] (qkv_weight)"));
+  CHECK(last_error_names("parameters[2] (qkv_weight)"));
   reset();
   g[4].data = nullptr;
   CHECK(flatmem_block_set_parameters(block.handle, p, g) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("gradients[4] (proj_weight): data is NULL"));
+  CHECK(last_error_names("gradients[4] (proj_weight): data is NULL"));
   reset();
 
   // MLP names.
-  Block m(mlp(1, 2, 4, 6));
+  HostBlock m(mlp(1, 2, 4, 6));
   DLTensor mp[6];
   for (int i = 0; i < 6; ++i) mp[i] = m.params[i].dl;
   std::int64_t wrong_fc2[2] = {4, 6};
   mp[4].shape = wrong_fc2;
   CHECK(flatmem_block_set_parameters(m.handle, mp, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("parameters[4] (fc2_weight): shape (4, 6), expected (6, 4)"));
+  CHECK(last_error_names("parameters[4] (fc2_weight): shape (4, 6), expected (6, 4)"));
 
   CHECK(flatmem_block_function(nullptr, &block.fn) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("block"));
+  CHECK(last_error_names("block"));
   CHECK(flatmem_block_function(block.handle, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("function"));
+  CHECK(last_error_names("function"));
 }
 
 TEST_CASE("blocks/bad input/callbacks check state, context, parameters and gradients") {
@@ -672,106 +443,106 @@ TEST_CASE("blocks/bad input/callbacks check state, context, parameters and gradi
   flatmem_reversible_function fn{};
   REQUIRE(flatmem_block_function(raw, &fn) == FLATMEM_STATUS_SUCCESS);
   CHECK(fn.user == raw);
-  const flatmem_reversible_context ctx = make_context(1, FLATMEM_REVERSIBLE_PHASE_FORWARD);
-  Tensor x({2, 3, 12}, 1.0f), y({2, 3, 12}, 7.0f);
+  const flatmem_reversible_context ctx = cpu_context(1, FLATMEM_REVERSIBLE_PHASE_FORWARD);
+  FloatTensor x({2, 3, 12}, 1.0f), y({2, 3, 12}, 7.0f);
   CHECK(fn.forward(fn.user, &ctx, &x.dl, &y.dl, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("block: parameters not set (call flatmem_block_set_parameters)"));
+  CHECK(last_error_names("block: parameters not set (call flatmem_block_set_parameters)"));
 
-  Block block(c);  // parameters and gradients set
-  const auto forward_fails = [&](Tensor &xx, Tensor &yy, const char *needle,
-                                 flatmem_status want = FLATMEM_STATUS_INVALID_ARGUMENT,
+  HostBlock block(c);  // parameters and gradients set
+  const auto forward_fails = [&](FloatTensor &xx, FloatTensor &yy, const char *needle,
+                                 const std::vector<flatmem_status> &want = {FLATMEM_STATUS_INVALID_ARGUMENT},
                                  const flatmem_reversible_context *context = nullptr) {
-    const Tensor y_before = yy;
-    CHECK(block.fn.forward(block.fn.user, context ? context : &ctx, &xx.dl, &yy.dl, nullptr) == want);
-    CHECK(names(needle));
+    const FloatTensor y_before = yy;
+    CHECK(one_of(block.fn.forward(block.fn.user, context ? context : &ctx, &xx.dl, &yy.dl, nullptr), want));
+    CHECK(last_error_names(needle));
     CHECK_MESSAGE(same_bits(yy, y_before), "y written by a refused call");
   };
   {
-    Tensor xx = x, yy = y;
+    FloatTensor xx = x, yy = y;
     xx.dl.dtype = {kDLFloat, 64, 1};
     forward_fails(xx, yy, "x: dtype");
   }
   {
-    Tensor xx({2, 3, 11}, 1.0f), yy({2, 3, 11}, 7.0f);
+    FloatTensor xx({2, 3, 11}, 1.0f), yy({2, 3, 11}, 7.0f);
     forward_fails(xx, yy, "x: shape (2, 3, 11)");
   }
   {
-    Tensor xx({1, 2, 3, 12}, 1.0f), yy({1, 2, 3, 12}, 7.0f);
+    FloatTensor xx({1, 2, 3, 12}, 1.0f), yy({1, 2, 3, 12}, 7.0f);
     forward_fails(xx, yy, "x: ndim 4");
   }
   {
-    Tensor xx({12}, 1.0f), yy({12}, 7.0f);
+    FloatTensor xx({12}, 1.0f), yy({12}, 7.0f);
     forward_fails(xx, yy, "x: ndim 1");
   }
   {
-    Tensor xx = x, yy = y;
-    xx.dl.device = {kDLCUDA, 0};
-    forward_fails(xx, yy, "x: device", FLATMEM_STATUS_UNSUPPORTED);
+    FloatTensor xx = x, yy = y;
+    xx.dl.device = {kDLCUDA, 0};  // not the CPU parameters' device
+    forward_fails(xx, yy, "x: ", cuda_refusals);
   }
   {
-    Tensor xx = x, yy({2, 4, 12}, 7.0f);
+    FloatTensor xx = x, yy({2, 4, 12}, 7.0f);
     forward_fails(xx, yy, "y: shape (2, 4, 12) differs from x's (2, 3, 12)");
   }
   {
-    Tensor xx = x, yy = y;
+    FloatTensor xx = x, yy = y;
     std::int64_t strides[3] = {72, 12, 2};
     xx.dl.strides = strides;
     forward_fails(xx, yy, "x: strides are not compact");
   }
   {
-    Tensor xx = x, yy = y;
+    FloatTensor xx = x, yy = y;
     xx.dl.data = nullptr;
     forward_fails(xx, yy, "x: data is NULL");
   }
   {
-    Tensor xx = x, yy = y;
+    FloatTensor xx = x, yy = y;
     flatmem_reversible_context bad = ctx;
     bad.num_threads = 0;
-    forward_fails(xx, yy, "context.num_threads", FLATMEM_STATUS_INVALID_ARGUMENT, &bad);
+    forward_fails(xx, yy, "context.num_threads", {FLATMEM_STATUS_INVALID_ARGUMENT}, &bad);
     bad = ctx;
     bad.struct_size = 8;
-    forward_fails(xx, yy, "context: struct_size", FLATMEM_STATUS_INVALID_ARGUMENT, &bad);
+    forward_fails(xx, yy, "context: struct_size", {FLATMEM_STATUS_INVALID_ARGUMENT}, &bad);
   }
   CHECK(block.fn.forward(block.fn.user, nullptr, &x.dl, &y.dl, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("context: NULL"));
+  CHECK(last_error_names("context: NULL"));
   CHECK(block.fn.forward(nullptr, &ctx, &x.dl, &y.dl, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("block"));
+  CHECK(last_error_names("block"));
   CHECK(block.fn.forward(block.fn.user, &ctx, nullptr, &y.dl, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("x: NULL"));
+  CHECK(last_error_names("x: NULL"));
 
   // VJP: residuals, dy, dx, gradients.
   std::unique_ptr<AlignedBytes> residuals;
   block.forward(x, 1, &residuals);
-  Tensor dy({2, 3, 12}, 1.0f), dx({2, 3, 12}, 0.0f), dx_bad({2, 3, 13}, 0.0f), dy_bad({3, 12}, 1.0f);
-  const flatmem_reversible_context gctx = make_context(1, FLATMEM_REVERSIBLE_PHASE_GRADIENT);
+  FloatTensor dy({2, 3, 12}, 1.0f), dx({2, 3, 12}, 0.0f), dx_bad({2, 3, 13}, 0.0f), dy_bad({3, 12}, 1.0f);
+  const flatmem_reversible_context gctx = cpu_context(1, FLATMEM_REVERSIBLE_PHASE_GRADIENT);
   CHECK(block.fn.vjp(block.fn.user, &gctx, &x.dl, nullptr, &dy.dl, &dx.dl) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("residuals: NULL"));
+  CHECK(last_error_names("residuals: NULL"));
   CHECK(block.fn.vjp(block.fn.user, &gctx, &x.dl, residuals->data(), &dy_bad.dl, &dx.dl) ==
         FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("dy: shape (3, 12) differs from x's (2, 3, 12)"));
+  CHECK(last_error_names("dy: shape (3, 12) differs from x's (2, 3, 12)"));
   CHECK(block.fn.vjp(block.fn.user, &gctx, &x.dl, residuals->data(), &dy.dl, &dx_bad.dl) ==
         FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("dx: shape (2, 3, 13)"));
+  CHECK(last_error_names("dx: shape (2, 3, 13)"));
   CHECK(block.fn.vjp(block.fn.user, &gctx, &x.dl, residuals->data(), &dy.dl, nullptr) ==
         FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("dx: NULL"));
+  CHECK(last_error_names("dx: NULL"));
   block.set_parameters(false);  // forward-only
-  const Tensor dx_before = dx;
+  const FloatTensor dx_before = dx;
   CHECK(block.fn.vjp(block.fn.user, &gctx, &x.dl, residuals->data(), &dy.dl, &dx.dl) ==
         FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("gradients not set"));
+  CHECK(last_error_names("gradients not set"));
   CHECK(same_bits(dx, dx_before));
 
   // residual_size reads metadata only and needs bytes.
   DLTensor meta = x.dl;
   meta.data = nullptr;
   CHECK(block.fn.residual_size(block.fn.user, &ctx, &meta, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("bytes: NULL"));
+  CHECK(last_error_names("bytes: NULL"));
   std::size_t bytes = 0;
   std::int64_t huge[3] = {std::int64_t(1) << 20, std::int64_t(1) << 20, 12};
   meta.shape = huge;
   CHECK(block.fn.residual_size(block.fn.user, &ctx, &meta, &bytes) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("too large"));
+  CHECK(last_error_names("too large"));
 
   // A failed set_parameters leaves the block as it was.
   DLTensor p[6];
@@ -779,7 +550,7 @@ TEST_CASE("blocks/bad input/callbacks check state, context, parameters and gradi
   p[3].dtype = {kDLInt, 32, 1};
   CHECK(flatmem_block_set_parameters(raw, p, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
   CHECK(fn.forward(fn.user, &ctx, &x.dl, &y.dl, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(names("parameters not set"));
+  CHECK(last_error_names("parameters not set"));
 }
 
 // --- inside a segment ------------------------------------------------------------------
@@ -792,41 +563,41 @@ TEST_CASE("blocks/bad input/callbacks check state, context, parameters and gradi
 // term (an O(1) change).
 TEST_CASE("blocks/segment/attention + MLP blocks in a reversible segment match hand-composed callbacks") {
   const BlockConfig fc = attention(2, 9, 12, 3), gc = mlp(2, 9, 12, 20);
-  Block seg_f0(fc, 1), seg_g0(gc, 2), seg_f1(fc, 3), seg_g1(gc, 4);
-  Block man_f0(fc, 1), man_g0(gc, 2), man_f1(fc, 3), man_g1(gc, 4);
-  Block *seg[2][2] = {{&seg_f0, &seg_g0}, {&seg_f1, &seg_g1}};
-  Block *man[2][2] = {{&man_f0, &man_g0}, {&man_f1, &man_g1}};
-  const Tensor x1 = seg_f0.random_state(50, true), x2 = seg_f0.random_state(51, true);
-  const Tensor dy1 = seg_f0.random_state(52, false), dy2 = seg_f0.random_state(53, false);
-  const auto add = [](const Tensor &a, const Tensor &b) {
-    Tensor c = a;
+  HostBlock seg_f0(fc, 1), seg_g0(gc, 2), seg_f1(fc, 3), seg_g1(gc, 4);
+  HostBlock man_f0(fc, 1), man_g0(gc, 2), man_f1(fc, 3), man_g1(gc, 4);
+  HostBlock *seg[2][2] = {{&seg_f0, &seg_g0}, {&seg_f1, &seg_g1}};
+  HostBlock *man[2][2] = {{&man_f0, &man_g0}, {&man_f1, &man_g1}};
+  const FloatTensor x1 = seg_f0.random_state(50, true), x2 = seg_f0.random_state(51, true);
+  const FloatTensor dy1 = seg_f0.random_state(52, false), dy2 = seg_f0.random_state(53, false);
+  const auto add = [](const FloatTensor &a, const FloatTensor &b) {
+    FloatTensor c = a;
     for (std::size_t i = 0; i < c.data.size(); ++i) c.data[i] += b.data[i];
     return c;
   };
 
   // By hand: forward keeping every block's input, then backprop.
-  Tensor h1 = x1, h2 = x2;
-  std::vector<Tensor> in2, mid1;  // F's input X2 and G's input Y1 per block
+  FloatTensor h1 = x1, h2 = x2;
+  std::vector<FloatTensor> in2, mid1;  // F's input X2 and G's input Y1 per block
   for (int k = 0; k < 2; ++k) {
     in2.push_back(h2);
     h1 = add(h1, man[k][0]->forward(h2, 1, nullptr));
     mid1.push_back(h1);
     h2 = add(h2, man[k][1]->forward(h1, 1, nullptr));
   }
-  const Tensor y1 = h1, y2 = h2;
-  Tensor g1 = dy1, g2 = dy2;
+  const FloatTensor y1 = h1, y2 = h2;
+  FloatTensor g1 = dy1, g2 = dy2;
   for (int k = 1; k >= 0; --k) {
     std::unique_ptr<AlignedBytes> rg, rf;
     man[k][1]->forward(mid1[k], 1, &rg);
-    Tensor nx1 = g1;  // dX1 = dY1 + J_G^T dY2
+    FloatTensor nx1 = g1;  // dX1 = dY1 + J_G^T dY2
     man[k][1]->vjp(mid1[k], *rg, g2, nx1, 1);
     man[k][0]->forward(in2[k], 1, &rf);
-    Tensor nx2 = g2;  // dX2 = dY2 + J_F^T dX1
+    FloatTensor nx2 = g2;  // dX2 = dY2 + J_F^T dX1
     man[k][0]->vjp(in2[k], *rf, nx1, nx2, 1);
     g1 = nx1, g2 = nx2;
   }
 
-  const auto close = [](const char *what, const Tensor &got, const Tensor &want) {
+  const auto close = [](const char *what, const FloatTensor &got, const FloatTensor &want) {
     double scale = 0.0, worst = 0.0;
     for (std::size_t i = 0; i < want.data.size(); ++i) {
       scale = std::max(scale, double(std::fabs(want.data[i])));
@@ -847,9 +618,9 @@ TEST_CASE("blocks/segment/attention + MLP blocks in a reversible segment match h
     REQUIRE_MESSAGE(flatmem_reversible_create(&h, blocks, 2, &o) == FLATMEM_STATUS_SUCCESS, flatmem_last_error());
     std::unique_ptr<flatmem_reversible_t, decltype(&flatmem_reversible_destroy)> handle(h, &flatmem_reversible_destroy);
     for (auto &row : seg)
-      for (Block *b : row)
+      for (HostBlock *b : row)
         for (auto &g : b->grads) std::fill(g.data.begin(), g.data.end(), 0.0f);
-    Tensor sy1(x1.shape), sy2(x1.shape), dx1(x1.shape), dx2(x1.shape);
+    FloatTensor sy1(x1.shape), sy2(x1.shape), dx1(x1.shape), dx2(x1.shape);
     REQUIRE_MESSAGE(flatmem_reversible_forward(h, &x1.dl, &x2.dl, 0, 0, &sy1.dl, &sy2.dl, nullptr, 0, nullptr) ==
                         FLATMEM_STATUS_SUCCESS,
                     flatmem_last_error());
