@@ -63,9 +63,12 @@ class Views {
 }  // namespace
 
 ffi::Error flatmem_error(flatmem_status status, const char *function) {
+  return flatmem_error(status, function, flatmem_last_error());
+}
+
+ffi::Error flatmem_error(flatmem_status status, const char *function, const char *message) {
   return ffi::Error(error_code(status), std::string(function) + ": " +
-                                            flatmem_status_string(status) + ": " +
-                                            flatmem_last_error());
+                                            flatmem_status_string(status) + ": " + message);
 }
 
 ffi::Error run_forward(flatmem_contrastive_loss loss, DLDevice device, void *stream,

@@ -37,6 +37,8 @@ class WorkspaceSource {
 // with the closest XLA error code. Call it right after the failing call (the
 // message is the calling thread's last one).
 ffi::Error flatmem_error(flatmem_status status, const char *function);
+// The same with a message copied earlier (the thread has made flatmem calls since).
+ffi::Error flatmem_error(flatmem_status status, const char *function, const char *message);
 
 struct ForwardBuffers {
   ffi::AnyBuffer q, k, logit_scale;

@@ -72,43 +72,52 @@ FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_infonce_forward_cpu(XLA_FFI_CallFrame
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_infonce_backward_cpu(XLA_FFI_CallFrame *frame);
 
 /* A reversible segment of flatmem's built-in blocks (reversible.h): block k
- * is F = pre-LN attention, G = pre-LN GELU MLP. CPU only, fp32. Operands:
+ * is F = pre-LN attention, G = pre-LN GELU MLP. fp32. Operands:
  *
- *   flatmem_jax_reversible_forward_cpu
- *       x1, x2 (..., width), params...     -> y1, y2, workspace
- *   flatmem_jax_reversible_backward_cpu
- *       y1, y2, dy1, dy2, params...        -> dx1, dx2, workspace, grads...
+ *   flatmem_jax_reversible_forward_{cpu,cuda}
+ *       x1, x2 (..., width), params...     -> y1, y2 [, workspace]
+ *   flatmem_jax_reversible_backward_{cpu,cuda}
+ *       y1, y2, dy1, dy2, params...        -> dx1, dx2 [, workspace], grads...
  *
  * params: 12 buffers per block, block 0 first: the attention block's 6
  * parameters, then the MLP block's 6, each in reversible.h's order; grads
- * has their shapes (written, not accumulated: the handler zeroes them).
+ * has their shapes (written, not accumulated: the handler zeroes them --
+ * CUDA: cudaMemsetAsync on XLA's stream). The workspace result is the CPU
+ * handlers' only, as for the losses; the CUDA handlers take it from XLA's
+ * ScratchAllocator at run time.
  * Attributes: mode (s32, flatmem_reversible_mode; STANDARD cannot work across
  * two calls and is refused by the Python side), num_threads (s32, 0 =
  * $FLATMEM_JAX_NUM_THREADS or all processors), seed, offset (u64), heads,
- * hidden (s32), eps (f32). The segment handle and its blocks are cached per
- * (depth, width, heads, hidden, eps, mode, threads) and lent to one call at
- * a time; a call only points the blocks at its buffers. */
+ * hidden (s32), eps (f32), math (s32, flatmem_block_math: 0 FP32, 1 TF32 --
+ * CUDA only; the CPU computes FP32 for either). The segment handle and its
+ * blocks are cached per (depth, width, heads, hidden, eps, math, mode,
+ * threads, device) and lent to one call at a time; a call only points the
+ * blocks at its buffers. */
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_reversible_forward_cpu(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_reversible_backward_cpu(XLA_FFI_CallFrame *frame);
 
 /** Bytes of workspace flatmem_jax_reversible_{forward,backward}_cpu need
  *  for states of this shape and DLPack dtype, with the segment of that
- *  configuration (made and cached here: errors in heads, eps, mode or
+ *  configuration (made and cached here: errors in heads, eps, math, mode or
  *  threads show now). Returns a flatmem_status; on failure writes
  *  "STATUS_NAME: message" into message. Thread-safe. */
 FLATMEM_JAX_API int flatmem_jax_reversible_workspace_size(int backward, int depth, int width,
                                                           int heads, int hidden, float eps,
-                                                          int mode, int num_threads, int ndim,
-                                                          const int64_t *shape, int dtype_code,
-                                                          int dtype_bits, size_t *bytes,
-                                                          char *message, size_t message_size);
+                                                          int math, int mode, int num_threads,
+                                                          int ndim, const int64_t *shape,
+                                                          int dtype_code, int dtype_bits,
+                                                          size_t *bytes, char *message,
+                                                          size_t message_size);
 
-/* Present only when flatmem_jax_has_cuda() is 1. flatmem 0.1 refuses kDLCUDA
- * tensors, so these return XLA's UNIMPLEMENTED with flatmem's message. */
+/* Present only when flatmem_jax_has_cuda() is 1. A flatmem built without
+ * CUDA refuses kDLCUDA tensors: these then return XLA's UNIMPLEMENTED with
+ * flatmem's UNSUPPORTED message. None of them has run under XLA:GPU yet. */
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_clip_forward_cuda(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_clip_backward_cuda(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_infonce_forward_cuda(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_infonce_backward_cuda(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_reversible_forward_cuda(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_reversible_backward_cuda(XLA_FFI_CallFrame *frame);
 
 #ifdef __cplusplus
 } /* extern "C" */

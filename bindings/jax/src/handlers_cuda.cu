@@ -13,6 +13,7 @@
 
 #include "contrastive_bindings.hpp"
 #include "contrastive_call.hpp"
+#include "cuda_binding.hpp"
 #include "flatmem_jax.h"
 
 namespace {
@@ -21,8 +22,6 @@ using namespace flatmem_jax;
 
 using Buffer = ffi::AnyBuffer;
 using Out = ffi::Result<ffi::AnyBuffer>;
-
-DLDevice cuda_device(int32_t ordinal) { return DLDevice{kDLCUDA, ordinal}; }
 
 class ScratchWorkspace final : public WorkspaceSource {
  public:
@@ -81,16 +80,9 @@ ffi::Error infonce_backward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAl
                       {q, k, s, labels, row_lse, std::nullopt, g, *dq, *dk, *ds}, ws);
 }
 
-auto cuda_binding() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()
-      .Ctx<ffi::DeviceOrdinal>()
-      .Ctx<ffi::ScratchAllocator>();
-}
-
 }  // namespace
 
-// Lists: contrastive_bindings.hpp, behind the CUDA contexts.
+// Lists: contrastive_bindings.hpp, behind the CUDA contexts (cuda_binding.hpp).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_clip_forward_cuda, clip_forward,
                               clip_forward_binding<false>(cuda_binding()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_clip_backward_cuda, clip_backward,

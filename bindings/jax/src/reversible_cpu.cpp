@@ -1,369 +1,61 @@
 // XLA FFI handlers of a reversible segment of flatmem's built-in blocks
-// (pre-LN attention as F, pre-LN GELU MLP as G) for XLA:CPU, and the
-// trace-time workspace query. See flatmem_jax.h for the operands.
-//
-// Handles: a flatmem_reversible_t with its 2 * depth flatmem_block_t is made
-// once per configuration (depth, width, heads, hidden, eps, mode, threads)
-// and kept in a process-wide cache, lent to one call at a time (flatmem's
-// thread rule; XLA may run two calls at once, then a second one is made).
-// Each call only points the blocks at its parameter buffers
-// (flatmem_block_set_parameters) before running. Like the contrastive pool
-// (handle_pool.hpp), cached handles live until the process exits.
+// (pre-LN attention as F, pre-LN GELU MLP as G) for XLA:CPU. The segment
+// cache, the parameter pointing and the flatmem calls are shared with the
+// CUDA handlers (reversible_call.cpp); see flatmem_jax.h for the operands.
 //
 // The workspace is the handler's result after (y1, y2) / (dx1, dx2): a u8
 // buffer of flatmem_jax_reversible_workspace_size() bytes, sized at trace
 // time, as the contrastive CPU handlers do (XLA:CPU offers FFI handlers no
 // scratch allocator).
-#include <cstdio>
 #include <cstring>
-#include <functional>
-#include <map>
-#include <mutex>
-#include <string>
-#include <tuple>
-#include <vector>
 
-#include "contrastive_call.hpp"  // flatmem_error
-#include "dlpack_view.hpp"
 #include "flatmem_jax.h"
-#include "handle_pool.hpp"  // pool_num_threads
+#include "reversible_bindings.hpp"
+#include "reversible_call.hpp"
 
 namespace {
 
 using namespace flatmem_jax;
 
 constexpr DLDevice kCpu{kDLCPU, 0};
-constexpr int kParams = FLATMEM_BLOCK_NUM_PARAMETERS;  // per block
-constexpr int kPerLayer = 2 * kParams;                 // attention, then MLP
 using Buffer = ffi::AnyBuffer;
 using Out = ffi::Result<ffi::AnyBuffer>;
 
-struct Config {
-  int depth, width, heads, hidden;
-  float eps;
-  int mode, num_threads;
-  auto tie() const { return std::tie(depth, width, heads, hidden, eps, mode, num_threads); }
-  bool operator<(const Config &o) const { return tie() < o.tie(); }
-};
-
-struct Segment {
-  flatmem_reversible_t *handle = nullptr;
-  std::vector<flatmem_block_t *> blocks;  // attention 0, MLP 0, attention 1, ...
-
-  ~Segment() {
-    flatmem_reversible_destroy(handle);
-    for (flatmem_block_t *b : blocks) flatmem_block_destroy(b);
-  }
-};
-
-struct Cache {
-  std::mutex mutex;
-  std::map<Config, std::vector<Segment *>> idle;
-};
-
-Cache &cache() {
-  static Cache *c = new Cache;  // intentionally leaked, as the contrastive pool
-  return *c;
-}
-
-// A failed flatmem call while making a segment: its status and message,
-// copied before the cleanup makes other calls.
-struct Failure {
-  flatmem_status status = FLATMEM_STATUS_SUCCESS;
-  const char *function = "";
-  std::string text;  // flatmem_last_error()
-
-  bool check(flatmem_status s, const char *what) {
-    if (s == FLATMEM_STATUS_SUCCESS) return true;
-    status = s;
-    function = what;
-    text = flatmem_last_error();
-    return false;
-  }
-};
-
-Segment *make_segment(const Config &c, Failure &failure) {
-  auto *s = new Segment;
-  std::vector<flatmem_reversible_block> fg(static_cast<size_t>(c.depth));
-  for (int k = 0; k < c.depth; ++k) {
-    for (int part = 0; part < 2; ++part) {
-      flatmem_block_options o;
-      flatmem_block_t *b = nullptr;
-      if (!failure.check(flatmem_block_options_init(&o), "flatmem_block_options_init")) break;
-      o.kind = part == 0 ? FLATMEM_BLOCK_ATTENTION : FLATMEM_BLOCK_MLP;
-      o.width = c.width;
-      o.heads = part == 0 ? c.heads : 0;
-      o.hidden = part == 1 ? c.hidden : 0;
-      o.layer_norm_eps = c.eps;
-      if (!failure.check(flatmem_block_create(&b, &o), "flatmem_block_create")) break;
-      s->blocks.push_back(b);
-      if (!failure.check(flatmem_block_function(b, part == 0 ? &fg[k].f : &fg[k].g),
-                         "flatmem_block_function"))
-        break;
-    }
-    if (failure.status != FLATMEM_STATUS_SUCCESS) break;
-  }
-  if (failure.status == FLATMEM_STATUS_SUCCESS) {
-    flatmem_reversible_options o;
-    if (failure.check(flatmem_reversible_options_init(&o), "flatmem_reversible_options_init")) {
-      o.mode = static_cast<flatmem_reversible_mode>(c.mode);
-      o.num_threads = c.num_threads;
-      failure.check(flatmem_reversible_create(&s->handle, fg.data(), c.depth, &o),
-                    "flatmem_reversible_create");
-    }
-  }
-  if (failure.status != FLATMEM_STATUS_SUCCESS) {
-    delete s;
-    return nullptr;
-  }
-  return s;
-}
-
-// A cached segment lent for one call.
-class Borrowed {
+class CpuPlatform final : public ReversiblePlatform {
  public:
-  explicit Borrowed(Config c) : config_(c) {
-    if (config_.num_threads == 0) config_.num_threads = pool_num_threads();
-    {
-      std::lock_guard<std::mutex> lock(cache().mutex);
-      auto it = cache().idle.find(config_);
-      if (it != cache().idle.end() && !it->second.empty()) {
-        segment_ = it->second.back();
-        it->second.pop_back();
-        return;
-      }
-    }
-    segment_ = make_segment(config_, failure_);
+  explicit CpuPlatform(Buffer workspace) : workspace_(workspace) {}
+  ffi::ErrorOr<Workspace> workspace(flatmem_reversible_t *, const DLTensor &, bool) override {
+    // flatmem checks the size and says WORKSPACE_TOO_SMALL if it is short.
+    return Workspace{workspace_.untyped_data(), workspace_.size_bytes()};
   }
-  ~Borrowed() {
-    if (segment_ == nullptr) return;
-    std::lock_guard<std::mutex> lock(cache().mutex);
-    try {
-      cache().idle[config_].push_back(segment_);
-    } catch (...) {  // no memory to keep it: let it go
-      delete segment_;
-    }
+  ffi::Error zero(Buffer buffer) override {
+    std::memset(buffer.untyped_data(), 0, buffer.size_bytes());
+    return ffi::Error::Success();
   }
-  Borrowed(const Borrowed &) = delete;
-  Borrowed &operator=(const Borrowed &) = delete;
-
-  Segment *get() const { return segment_; }
-  const Failure &failure() const { return failure_; }
 
  private:
-  Config config_;
-  Segment *segment_ = nullptr;
-  Failure failure_;
+  Buffer workspace_;
 };
 
-ffi::ErrorCode error_code(flatmem_status status) {
-  switch (status) {
-    case FLATMEM_STATUS_INVALID_ARGUMENT: return ffi::ErrorCode::kInvalidArgument;
-    case FLATMEM_STATUS_UNSUPPORTED: return ffi::ErrorCode::kUnimplemented;
-    case FLATMEM_STATUS_OUT_OF_MEMORY: return ffi::ErrorCode::kResourceExhausted;
-    case FLATMEM_STATUS_WORKSPACE_TOO_SMALL: return ffi::ErrorCode::kFailedPrecondition;
-    default: return ffi::ErrorCode::kInternal;
-  }
-}
-
-// As flatmem_error() (contrastive_call.hpp) says it: "<function>: <STATUS>: <text>".
-ffi::Error as_error(const Failure &f) {
-  return ffi::Error(error_code(f.status), std::string(f.function) + ": " +
-                                              flatmem_status_string(f.status) + ": " + f.text);
-}
-
-// The configuration of a call: width from the state's last extent, depth
-// from the number of parameter buffers.
-ffi::ErrorOr<Config> config_of(const Buffer &x, size_t parameters, int32_t heads, int32_t hidden,
-                               float eps, int32_t mode, int32_t num_threads) {
-  const auto dims = x.dimensions();
-  if (dims.size() == 0)
-    return ffi::Unexpected(ffi::Error::InvalidArgument("flatmem_jax: the state has rank 0"));
-  if (parameters == 0 || parameters % kPerLayer != 0)
-    return ffi::Unexpected(ffi::Error::InvalidArgument(
-        "flatmem_jax: " + std::to_string(parameters) +
-        " parameter operands; expected 12 per block (attention's 6, then the MLP's 6)"));
-  Config c{};
-  c.depth = static_cast<int>(parameters / kPerLayer);
-  c.width = static_cast<int>(dims[dims.size() - 1]);
-  c.heads = heads;
-  c.hidden = hidden;
-  c.eps = eps;
-  c.mode = mode;
-  c.num_threads = num_threads;
-  return c;
-}
-
-using ViewOf = std::function<ffi::ErrorOr<DLTensor>(int)>;
-
-// Views of the parameter (and, when get_grad is set, gradient) buffers of
-// layer k, and flatmem_block_set_parameters on its two blocks.
-ffi::Error set_layer_parameters(Segment &s, int k, const ViewOf &get_param, const ViewOf &get_grad) {
-  const bool grads = static_cast<bool>(get_grad);
-  static const char *const kPart[2] = {"attention (F)", "MLP (G)"};
-  for (int part = 0; part < 2; ++part) {
-    DLTensor p[kParams], g[kParams];
-    for (int i = 0; i < kParams; ++i) {
-      const int index = k * kPerLayer + part * kParams + i;
-      ffi::ErrorOr<DLTensor> v = get_param(index);
-      if (!v) return v.error();
-      p[i] = *v;
-      if (grads) {
-        ffi::ErrorOr<DLTensor> w = get_grad(index);
-        if (!w) return w.error();
-        g[i] = *w;
-      }
-    }
-    const flatmem_status status = flatmem_block_set_parameters(
-        s.blocks[static_cast<size_t>(2 * k + part)], p, grads ? g : nullptr);
-    if (status != FLATMEM_STATUS_SUCCESS) {
-      const std::string what = "flatmem_block_set_parameters (block " + std::to_string(k) + ", " +
-                               kPart[part] + ")";
-      return flatmem_error(status, what.c_str());
-    }
-  }
-  return ffi::Error::Success();
-}
-
-// Views of the parameter buffers (the handlers' remaining arguments), by index.
-ViewOf parameter_views(ffi::RemainingArgs &params) {
-  return [&params](int index) -> ffi::ErrorOr<DLTensor> {
-    ffi::ErrorOr<Buffer> b = params.get<Buffer>(static_cast<size_t>(index));
-    if (!b) return ffi::Unexpected(b.error());
-    return dlpack_view(*b, kCpu, "parameter");
-  };
-}
-
 ffi::Error reversible_forward(Buffer x1, Buffer x2, ffi::RemainingArgs params, Out y1, Out y2,
-                              Out workspace, int32_t mode, int32_t num_threads, uint64_t seed,
-                              uint64_t offset, int32_t heads, int32_t hidden, float eps) {
-  ffi::ErrorOr<Config> config = config_of(x1, params.size(), heads, hidden, eps, mode, num_threads);
-  if (!config) return config.error();
-  ffi::ErrorOr<DLTensor> vx1 = dlpack_view(x1, kCpu, "x1"), vx2 = dlpack_view(x2, kCpu, "x2");
-  ffi::ErrorOr<DLTensor> vy1 = dlpack_view(*y1, kCpu, "y1"), vy2 = dlpack_view(*y2, kCpu, "y2");
-  for (auto *v : {&vx1, &vx2, &vy1, &vy2})
-    if (!*v) return v->error();
-
-  Borrowed segment(*config);
-  if (segment.get() == nullptr) return as_error(segment.failure());
-  const ViewOf param = parameter_views(params);
-  for (int k = 0; k < config->depth; ++k) {
-    ffi::Error e = set_layer_parameters(*segment.get(), k, param, nullptr);
-    if (e.failure()) return e;
-  }
-  const flatmem_status status = flatmem_reversible_forward(
-      segment.get()->handle, &*vx1, &*vx2, seed, offset, &*vy1, &*vy2,
-      workspace->untyped_data(), workspace->size_bytes(), nullptr);
-  if (status != FLATMEM_STATUS_SUCCESS) return flatmem_error(status, "flatmem_reversible_forward");
-  return ffi::Error::Success();
+                              Out workspace, ReversibleAttrs attrs) {
+  CpuPlatform platform(*workspace);
+  return run_reversible_forward(kCpu, nullptr, x1, x2, params, *y1, *y2, attrs, platform);
 }
 
 ffi::Error reversible_backward(Buffer y1, Buffer y2, Buffer dy1, Buffer dy2,
                                ffi::RemainingArgs params, Out dx1, Out dx2, Out workspace,
-                               ffi::RemainingRets grads, int32_t mode, int32_t num_threads,
-                               uint64_t seed, uint64_t offset, int32_t heads, int32_t hidden,
-                               float eps) {
-  ffi::ErrorOr<Config> config = config_of(y1, params.size(), heads, hidden, eps, mode, num_threads);
-  if (!config) return config.error();
-  if (grads.size() != params.size())
-    return ffi::Error::InvalidArgument("flatmem_jax: " + std::to_string(grads.size()) +
-                                       " gradient results for " + std::to_string(params.size()) +
-                                       " parameters");
-  ffi::ErrorOr<DLTensor> vy1 = dlpack_view(y1, kCpu, "y1"), vy2 = dlpack_view(y2, kCpu, "y2");
-  ffi::ErrorOr<DLTensor> vd1 = dlpack_view(dy1, kCpu, "dy1"), vd2 = dlpack_view(dy2, kCpu, "dy2");
-  ffi::ErrorOr<DLTensor> vx1 = dlpack_view(*dx1, kCpu, "dx1"), vx2 = dlpack_view(*dx2, kCpu, "dx2");
-  for (auto *v : {&vy1, &vy2, &vd1, &vd2, &vx1, &vx2})
-    if (!*v) return v->error();
-
-  Borrowed segment(*config);
-  if (segment.get() == nullptr) return as_error(segment.failure());
-  const ViewOf param = parameter_views(params);
-  // The blocks ACCUMULATE parameter gradients: XLA's result buffers start zeroed here.
-  const ViewOf grad = [&](int index) -> ffi::ErrorOr<DLTensor> {
-    ffi::ErrorOr<Out> b = grads.get<Buffer>(static_cast<size_t>(index));
-    if (!b) return ffi::Unexpected(b.error());
-    std::memset((*b)->untyped_data(), 0, (*b)->size_bytes());
-    return dlpack_view(**b, kCpu, "gradient");
-  };
-  for (int k = 0; k < config->depth; ++k) {
-    ffi::Error e = set_layer_parameters(*segment.get(), k, param, grad);
-    if (e.failure()) return e;
-  }
-  const flatmem_status status = flatmem_reversible_backward(
-      segment.get()->handle, &*vy1, &*vy2, &*vd1, &*vd2, seed, offset, &*vx1, &*vx2, nullptr,
-      nullptr, workspace->untyped_data(), workspace->size_bytes(), nullptr);
-  if (status != FLATMEM_STATUS_SUCCESS) return flatmem_error(status, "flatmem_reversible_backward");
-  return ffi::Error::Success();
+                               ffi::RemainingRets grads, ReversibleAttrs attrs) {
+  CpuPlatform platform(*workspace);
+  return run_reversible_backward(kCpu, nullptr, y1, y2, dy1, dy2, params, *dx1, *dx2, grads, attrs,
+                                 platform);
 }
 
 }  // namespace
 
-extern "C" int flatmem_jax_reversible_workspace_size(int backward, int depth, int width, int heads,
-                                                     int hidden, float eps, int mode,
-                                                     int num_threads, int ndim,
-                                                     const int64_t *shape, int dtype_code,
-                                                     int dtype_bits, size_t *bytes, char *message,
-                                                     size_t message_size) {
-  auto fail = [&](flatmem_status status, const std::string &text) {
-    if (message != nullptr && message_size > 0)
-      std::snprintf(message, message_size, "%s: %s", flatmem_status_string(status), text.c_str());
-    return static_cast<int>(status);
-  };
-  if (depth < 1 || depth > 65536 || ndim < 1 || ndim > 8 || shape == nullptr || bytes == nullptr)
-    return fail(FLATMEM_STATUS_INVALID_ARGUMENT,
-                "depth " + std::to_string(depth) + " / ndim " + std::to_string(ndim) +
-                    " out of range (depth 1..65536, ndim 1..8)");
-  Config c{depth, width, heads, hidden, eps, mode, num_threads};
-  Borrowed segment(c);
-  if (segment.get() == nullptr)
-    return fail(segment.failure().status,
-                segment.failure().text + " (" + segment.failure().function + ")");
-  int64_t dims[8];
-  for (int i = 0; i < ndim; ++i) dims[i] = shape[i];
-  DLTensor x{};
-  x.device = kCpu;
-  x.ndim = ndim;
-  x.dtype = DLDataType{static_cast<uint8_t>(dtype_code), static_cast<uint8_t>(dtype_bits), 1};
-  x.shape = dims;
-  const flatmem_status status =
-      backward ? flatmem_reversible_backward_workspace_size(segment.get()->handle, &x, bytes)
-               : flatmem_reversible_forward_workspace_size(segment.get()->handle, &x, bytes);
-  if (status != FLATMEM_STATUS_SUCCESS) return fail(status, flatmem_last_error());
-  return FLATMEM_STATUS_SUCCESS;
-}
-
-// The symbols are declared with FLATMEM_JAX_API in flatmem_jax.h.
+// The symbols are declared with FLATMEM_JAX_API in flatmem_jax.h. Lists:
+// reversible_bindings.hpp, with the workspace result.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_reversible_forward_cpu, reversible_forward,
-                              ffi::Ffi::Bind()
-                                  .Arg<Buffer>()        // x1
-                                  .Arg<Buffer>()        // x2
-                                  .RemainingArgs()      // 12 parameters per block
-                                  .Ret<Buffer>()        // y1
-                                  .Ret<Buffer>()        // y2
-                                  .Ret<Buffer>()        // workspace
-                                  .Attr<int32_t>("mode")
-                                  .Attr<int32_t>("num_threads")
-                                  .Attr<uint64_t>("seed")
-                                  .Attr<uint64_t>("offset")
-                                  .Attr<int32_t>("heads")
-                                  .Attr<int32_t>("hidden")
-                                  .Attr<float>("eps"));
-
+                              reversible_forward_binding<true>(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_reversible_backward_cpu, reversible_backward,
-                              ffi::Ffi::Bind()
-                                  .Arg<Buffer>()        // y1
-                                  .Arg<Buffer>()        // y2
-                                  .Arg<Buffer>()        // dy1
-                                  .Arg<Buffer>()        // dy2
-                                  .RemainingArgs()      // 12 parameters per block
-                                  .Ret<Buffer>()        // dx1
-                                  .Ret<Buffer>()        // dx2
-                                  .Ret<Buffer>()        // workspace
-                                  .RemainingRets()      // their gradients
-                                  .Attr<int32_t>("mode")
-                                  .Attr<int32_t>("num_threads")
-                                  .Attr<uint64_t>("seed")
-                                  .Attr<uint64_t>("offset")
-                                  .Attr<int32_t>("heads")
-                                  .Attr<int32_t>("hidden")
-                                  .Attr<float>("eps"));
+                              reversible_backward_binding<true>(ffi::Ffi::Bind()));

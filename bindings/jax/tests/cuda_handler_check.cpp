@@ -10,11 +10,22 @@
 // forward handler through the same fake frame must succeed, which shows the
 // harness itself is sound.
 //
+// The reversible-segment handlers (attributes decoded by name, parameters as
+// remaining operands, gradients as remaining results) get the same fake
+// frame with their attributes: the CPU forward works through it (and math =
+// TF32 gives the FP32 bytes there, math = 7 is flatmem's INVALID_ARGUMENT
+// naming options.math); the CUDA forward and backward must fail -- flatmem
+// refuses the host buffers labelled kDLCUDA (set_parameters or the state
+// check, UNSUPPORTED without CUDA), or, with a flatmem that accepts them
+// unchecked, the CUDA runtime finds no device for the gradient zeroing --
+// with results untouched and no scratch memory held.
+//
 // Built by bindings/jax/CMakeLists.txt when the CUDA handlers are; run by
 // tests/test_jax_library.py. Exit status 0 = every check passed.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -102,8 +113,50 @@ struct Outcome {
   std::string message;
 };
 
+// The reversible handlers' attributes (ReversibleAttrs of reversible_call.hpp) in
+// an XLA_FFI_Attrs, sorted by name as XLA passes them. Not copyable: it points
+// into itself.
+struct ReversibleAttrs {
+  float eps = 1e-6f;
+  int32_t heads = 2, hidden = 8, math = 0, mode = 2 /* VANILLA */, num_threads = 1;
+  uint64_t offset = 0, seed = 0;
+
+  ReversibleAttrs() = default;
+  ReversibleAttrs(const ReversibleAttrs &) = delete;
+  ReversibleAttrs &operator=(const ReversibleAttrs &) = delete;
+
+  const XLA_FFI_Attrs *get() {
+    static const char *const names[kCount] = {"eps",  "heads",       "hidden", "math",
+                                              "mode", "num_threads", "offset", "seed"};
+    const XLA_FFI_Scalar values[kCount] = {
+        {XLA_FFI_DataType_F32, &eps},         {XLA_FFI_DataType_S32, &heads},
+        {XLA_FFI_DataType_S32, &hidden},      {XLA_FFI_DataType_S32, &math},
+        {XLA_FFI_DataType_S32, &mode},        {XLA_FFI_DataType_S32, &num_threads},
+        {XLA_FFI_DataType_U64, &offset},      {XLA_FFI_DataType_U64, &seed}};
+    for (int i = 0; i < kCount; ++i) {
+      spans_[i] = XLA_FFI_ByteSpan{names[i], std::strlen(names[i])};
+      span_ptrs_[i] = &spans_[i];
+      scalars_[i] = values[i];
+      ptrs_[i] = &scalars_[i];
+      types_[i] = XLA_FFI_AttrType_SCALAR;
+    }
+    attrs_ = XLA_FFI_Attrs{XLA_FFI_Attrs_STRUCT_SIZE, nullptr, kCount, types_, span_ptrs_, ptrs_};
+    return &attrs_;
+  }
+
+ private:
+  static constexpr int kCount = 8;
+  XLA_FFI_ByteSpan spans_[kCount];
+  XLA_FFI_ByteSpan *span_ptrs_[kCount];
+  XLA_FFI_Scalar scalars_[kCount];
+  void *ptrs_[kCount];
+  XLA_FFI_AttrType types_[kCount];
+  XLA_FFI_Attrs attrs_;
+};
+
 Outcome call(XLA_FFI_Error *(*handler)(XLA_FFI_CallFrame *), std::vector<Buffer *> args,
-             std::vector<Buffer *> rets, XLA_FFI_ExecutionContext &ctx) {
+             std::vector<Buffer *> rets, XLA_FFI_ExecutionContext &ctx,
+             const XLA_FFI_Attrs *attrs = nullptr) {
   std::vector<XLA_FFI_ArgType> arg_types(args.size(), XLA_FFI_ArgType_BUFFER);
   std::vector<XLA_FFI_RetType> ret_types(rets.size(), XLA_FFI_RetType_BUFFER);
   std::vector<void *> arg_ptrs, ret_ptrs;
@@ -118,7 +171,8 @@ Outcome call(XLA_FFI_Error *(*handler)(XLA_FFI_CallFrame *), std::vector<Buffer 
                             arg_types.data(), arg_ptrs.data()};
   frame.rets = XLA_FFI_Rets{XLA_FFI_Rets_STRUCT_SIZE, nullptr, static_cast<int64_t>(rets.size()),
                             ret_types.data(), ret_ptrs.data()};
-  frame.attrs = XLA_FFI_Attrs{XLA_FFI_Attrs_STRUCT_SIZE, nullptr, 0, nullptr, nullptr, nullptr};
+  frame.attrs = attrs ? *attrs
+                      : XLA_FFI_Attrs{XLA_FFI_Attrs_STRUCT_SIZE, nullptr, 0, nullptr, nullptr, nullptr};
   XLA_FFI_Error *error = handler(&frame);
   Outcome out;
   out.ok = error == nullptr;
@@ -155,6 +209,85 @@ void expect_refused(const char *name, XLA_FFI_Error *(*handler)(XLA_FFI_CallFram
   expect(out.message.find("FLATMEM_STATUS_UNSUPPORTED") != std::string::npos &&
              out.message.find("kDLCUDA") != std::string::npos,
          std::string(name) + " carries flatmem's UNSUPPORTED message about kDLCUDA");
+  bool untouched = true;
+  for (Buffer *r : rets) untouched = untouched && all_equal(*r, -7.0f);
+  expect(untouched, std::string(name) + " leaves its results untouched");
+  expect(ctx.live_allocations == 0, std::string(name) + " holds no scratch memory afterwards");
+}
+
+// A reversible segment of one block on states (2, 3, width 4), heads 2, hidden 8:
+// the 12 parameter buffers (attention's 6, then the MLP's), LayerNorm weights 1.
+struct ReversibleCase {
+  static constexpr int64_t w = 4, h = 8;
+  std::vector<Buffer> params, grads;
+  Buffer x1 = Buffer::f32({2, 3, w}, 0.0f), x2 = Buffer::f32({2, 3, w}, 0.0f);
+
+  // The buffers are moved into the vectors (reserved: no reallocation); a moved
+  // std::vector keeps its heap block, so each XLA_FFI_Buffer stays valid.
+  ReversibleCase() {
+    const std::vector<std::vector<int64_t>> shapes = {{w}, {w}, {w, 3 * w}, {3 * w}, {w, w}, {w},
+                                                      {w}, {w}, {w, h},     {h},     {h, w}, {w}};
+    params.reserve(shapes.size());
+    grads.reserve(shapes.size());
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      params.push_back(Buffer::f32(shapes[i], 1.0f));  // LayerNorm weights stay 1
+      grads.push_back(Buffer::f32(shapes[i], -7.0f));
+      std::size_t n = 1;
+      for (int64_t d : shapes[i]) n *= static_cast<std::size_t>(d);
+      for (std::size_t j = 0; j < n && i % 6 != 0; ++j)  // the rest small, different values
+        params[i].floats()[j] = 0.01f * static_cast<float>((i * 7 + j * 3) % 11) - 0.05f;
+    }
+    for (int j = 0; j < 24; ++j) {
+      x1.floats()[j] = 0.1f * static_cast<float>(j % 7) - 0.3f;
+      x2.floats()[j] = 0.2f * static_cast<float>(j % 5) - 0.4f;
+    }
+  }
+  std::vector<Buffer *> with_params(std::vector<Buffer *> states) {
+    for (Buffer &p : params) states.push_back(&p);
+    return states;
+  }
+  std::vector<Buffer *> with_grads(std::vector<Buffer *> results) {
+    for (Buffer &g : grads) results.push_back(&g);
+    return results;
+  }
+};
+
+// The CPU forward through the fake frame with this math; its y1 (or the failure).
+Outcome reversible_cpu_forward(ReversibleCase &c, int32_t math, std::vector<float> &y1_out) {
+  ReversibleAttrs attrs;
+  attrs.math = math;
+  size_t bytes = 0;
+  char message[512] = "";
+  const int64_t shape[3] = {2, 3, ReversibleCase::w};
+  const int status = flatmem_jax_reversible_workspace_size(
+      0, 1, ReversibleCase::w, attrs.heads, attrs.hidden, attrs.eps, 0, attrs.mode,
+      attrs.num_threads, 3, shape, 2, 32, &bytes, message, sizeof message);
+  if (status != 0) {
+    Outcome out;
+    out.message = message;
+    return out;
+  }
+  Buffer workspace(XLA_FFI_DataType_U8, {static_cast<int64_t>(bytes)}, bytes);
+  Buffer y1 = Buffer::f32({2, 3, ReversibleCase::w}, -7.0f);
+  Buffer y2 = Buffer::f32({2, 3, ReversibleCase::w}, -7.0f);
+  XLA_FFI_ExecutionContext ctx;
+  const Outcome out = call(flatmem_jax_reversible_forward_cpu, c.with_params({&c.x1, &c.x2}),
+                           {&y1, &y2, &workspace}, ctx, attrs.get());
+  y1_out.assign(y1.floats(), y1.floats() + 24);
+  return out;
+}
+
+// A CUDA reversible handler must fail without touching its results or holding scratch.
+void expect_reversible_refused(const char *name, XLA_FFI_Error *(*handler)(XLA_FFI_CallFrame *),
+                               std::vector<Buffer *> args, std::vector<Buffer *> rets) {
+  ReversibleAttrs attrs;
+  XLA_FFI_ExecutionContext ctx;
+  const Outcome out = call(handler, args, rets, ctx, attrs.get());
+  std::printf("      %s -> code %d (reversible): %s\n", name, static_cast<int>(out.code),
+              out.message.c_str());
+  expect(!out.ok && !out.message.empty(), std::string(name) + " fails with a message");
+  expect(out.message.find("Failed to decode") == std::string::npos,
+         std::string(name) + " fails in the handler, not in the attribute or operand decoding");
   bool untouched = true;
   for (Buffer *r : rets) untouched = untouched && all_equal(*r, -7.0f);
   expect(untouched, std::string(name) + " leaves its results untouched");
@@ -202,6 +335,46 @@ int main() {
                  {&q, &k, &s}, {&loss, &out_row});
   expect_refused("flatmem_jax_infonce_backward_cuda", flatmem_jax_infonce_backward_cuda,
                  {&q, &k, &s, &row_lse, &g, &labels}, {&dq, &dk, &ds});
+
+  // Reversible segments: the harness (attributes by name, remaining operands) on the CPU.
+  {
+    ReversibleCase c;
+    std::vector<float> fp32, tf32, bad;
+    const Outcome a = reversible_cpu_forward(c, 0, fp32), b = reversible_cpu_forward(c, 1, tf32);
+    std::printf("      reversible cpu forward: %s y1[0] %g\n", a.ok ? "ok" : a.message.c_str(),
+                fp32.empty() ? 0.0f : fp32[0]);
+    bool moved = false;
+    for (std::size_t i = 0; i < fp32.size(); ++i) moved = moved || fp32[i] != c.x1.floats()[i];
+    expect(a.ok && moved && fp32[0] != -7.0f,
+           "harness: flatmem_jax_reversible_forward_cpu succeeds and adds F(x2) to x1");
+    expect(b.ok && std::memcmp(fp32.data(), tf32.data(), fp32.size() * sizeof(float)) == 0,
+           "math = TF32 reaches the CPU blocks and gives the FP32 bytes");
+    ReversibleAttrs attrs;
+    attrs.math = 7;
+    Buffer y1 = Buffer::f32({2, 3, ReversibleCase::w}, -7.0f);
+    Buffer y2 = Buffer::f32({2, 3, ReversibleCase::w}, -7.0f);
+    Buffer workspace(XLA_FFI_DataType_U8, {4096}, 4096);
+    XLA_FFI_ExecutionContext ctx;
+    const Outcome out = call(flatmem_jax_reversible_forward_cpu, c.with_params({&c.x1, &c.x2}),
+                             {&y1, &y2, &workspace}, ctx, attrs.get());
+    std::printf("      reversible cpu forward, math 7 -> code %d: %s\n", static_cast<int>(out.code),
+                out.message.c_str());
+    expect(!out.ok && out.code == XLA_FFI_Error_Code_INVALID_ARGUMENT &&
+               out.message.find("options.math") != std::string::npos && all_equal(y1, -7.0f),
+           "math = 7 is flatmem's INVALID_ARGUMENT naming options.math, y1 untouched");
+  }
+  {
+    ReversibleCase c;
+    Buffer y1 = Buffer::f32({2, 3, ReversibleCase::w}, -7.0f), y2 = Buffer::f32({2, 3, 4}, -7.0f);
+    Buffer dy1 = Buffer::f32({2, 3, 4}, 0.5f), dy2 = Buffer::f32({2, 3, 4}, 0.25f);
+    Buffer dx1 = Buffer::f32({2, 3, 4}, -7.0f), dx2 = Buffer::f32({2, 3, 4}, -7.0f);
+    expect_reversible_refused("flatmem_jax_reversible_forward_cuda",
+                              flatmem_jax_reversible_forward_cuda, c.with_params({&c.x1, &c.x2}),
+                              {&y1, &y2});
+    expect_reversible_refused("flatmem_jax_reversible_backward_cuda",
+                              flatmem_jax_reversible_backward_cuda,
+                              c.with_params({&c.x1, &c.x2, &dy1, &dy2}), c.with_grads({&dx1, &dx2}));
+  }
 
   std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
   return failures ? 1 : 0;

@@ -16,7 +16,7 @@ import pytest
 import flatmem_jax
 from test_jax_values import unit_rows
 
-HANDLERS = [f"flatmem_jax_{loss}_{stage}" for loss in ("clip", "infonce")
+HANDLERS = [f"flatmem_jax_{loss}_{stage}" for loss in ("clip", "infonce", "reversible")
             for stage in ("forward", "backward")]
 
 
@@ -27,8 +27,7 @@ def test_exports_only_flatmem_jax_symbols():
     names = {line.split()[-1] for line in out.splitlines() if line.strip()}
     expected = {f"{h}_cpu" for h in HANDLERS} | {
         "flatmem_jax_header_version", "flatmem_jax_library_version", "flatmem_jax_has_cuda",
-        "flatmem_jax_workspace_size", "flatmem_jax_reversible_workspace_size",
-        "flatmem_jax_reversible_forward_cpu", "flatmem_jax_reversible_backward_cpu"}  # CPU only
+        "flatmem_jax_workspace_size", "flatmem_jax_reversible_workspace_size"}
     if flatmem_jax.has_cuda:
         expected |= {f"{h}_cuda" for h in HANDLERS}
     assert names == expected
@@ -82,6 +81,37 @@ def test_cuda_lowering_uses_the_same_targets_without_workspace_result():
     assert "ui8" not in text
 
 
+def reversible_lowering(platform, math):
+    import jax_reversible_reference as ref
+    params = ref.random_parameters(np.random.default_rng(0), 2, 12)
+    x = jnp.zeros((2, 5, 12), jnp.float32)
+
+    def loss(x, params):
+        y1, y2 = flatmem_jax.reversible_transformer(x, x, params, heads=3, math=math)
+        return jnp.sum(y1 * y2)
+
+    return lowered(jax.grad(loss, argnums=(0, 1)), x, params, platform=platform)
+
+
+def test_reversible_cpu_lowering_carries_math_and_a_workspace_result():
+    text = reversible_lowering("cpu", "tf32")
+    calls = re.findall(r"custom_call @(flatmem_reversible_\w+)\(.*", text)
+    assert sorted(calls) == ["flatmem_reversible_backward", "flatmem_reversible_forward"]
+    for call in re.findall(r"custom_call @flatmem_reversible_\w+\(.*", text):
+        assert "math = 1 : i32" in call, call
+        assert "xui8>" in call, call  # the workspace result
+
+
+@pytest.mark.skipif(not flatmem_jax.has_cuda, reason="libflatmem_jax.so built without nvcc")
+def test_reversible_cuda_lowering_uses_the_same_targets_without_workspace_result():
+    text = reversible_lowering("cuda", "fp32")
+    calls = re.findall(r"custom_call @(flatmem_reversible_\w+)\(.*", text)
+    assert sorted(calls) == ["flatmem_reversible_backward", "flatmem_reversible_forward"]
+    assert "ui8" not in text
+    for call in re.findall(r"custom_call @flatmem_reversible_\w+\(.*", text):
+        assert "math = 0 : i32" in call, call
+
+
 @pytest.mark.skipif(not flatmem_jax.has_cuda, reason="libflatmem_jax.so built without nvcc")
 def test_cuda_handlers_return_flatmems_unsupported_error():
     # No GPU here: cuda_handler_check.cpp calls the exported CUDA handlers through a
@@ -96,6 +126,9 @@ def test_cuda_handlers_return_flatmems_unsupported_error():
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASSED: 0 failure(s)" in run.stdout
     assert run.stdout.count("-> code 12: ") == 5  # XLA_FFI_Error_Code_UNIMPLEMENTED
+    # the reversible CUDA handlers fail in the handler (what refuses them depends on the
+    # flatmem build: its buffer checks, or no CUDA device for the gradient zeroing)
+    assert run.stdout.count("(reversible): ") == 2
 
 
 def test_concurrent_calls_from_threads():

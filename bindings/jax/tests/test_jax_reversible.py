@@ -178,6 +178,9 @@ def test_refused_arguments():
         f(x1, x2, params, heads=3, mode="standard")
     with pytest.raises(ValueError, match="mode 'fast'"):
         f(x1, x2, params, heads=3, mode="fast")
+    # STANDARD's number is refused by the handler library too (trace time)
+    with pytest.raises(flatmem_jax.FlatmemError, match="FLATMEM_REVERSIBLE_STANDARD keeps the activations"):
+        f(x1, x2, params, heads=3, mode=1)
     with pytest.raises(ValueError, match=r"x2 has shape \(2, 6, 12\)"):
         f(x1, x2[:, :6], params, heads=3)
     with pytest.raises(TypeError, match="x1: dtype bfloat16"):
@@ -193,6 +196,31 @@ def test_refused_arguments():
     assert info.value.status == "FLATMEM_STATUS_INVALID_ARGUMENT"
     with pytest.raises(flatmem_jax.FlatmemError, match="num_threads"):
         f(x1, x2, params, heads=3, num_threads=-3)
+
+
+def test_tf32_math_gives_the_fp32_bits_on_the_cpu():
+    """math reaches flatmem_block_options.math; the CPU blocks compute FP32 for
+    TF32 too, so values and gradients are the FP32 bits."""
+    params = ref.random_parameters(np.random.default_rng(7), 2, 12)
+    x1, x2, c1, c2 = inputs((2, 7, 12), seed=8)
+    results = [make_loss(flatmem_jax.reversible_transformer, heads=3, mode="vanilla", math=math)(
+        x1, x2, params, c1, c2) for math in ("fp32", "tf32", "TF32", 1)]
+    for other in results[1:]:
+        for a, b in zip(flat(results[0]), flat(other)):
+            assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_math_outside_the_enum_is_refused():
+    params = ref.random_parameters(np.random.default_rng(0), 1, 12)
+    x1, x2, _, _ = inputs((2, 7, 12))
+    f = flatmem_jax.reversible_transformer
+    with pytest.raises(ValueError, match=r"math 'fp16' is not one of \['fp32', 'tf32'\]"):
+        f(x1, x2, params, heads=3, math="fp16")
+    # a number goes to flatmem, which refuses it when the segment is made (trace time)
+    for bad in (2, -1):
+        with pytest.raises(flatmem_jax.FlatmemError, match="options.math") as info:
+            f(x1, x2, params, heads=3, math=bad)
+        assert info.value.status == "FLATMEM_STATUS_INVALID_ARGUMENT"
 
 
 def test_readme_reversible_snippet_runs(capsys):

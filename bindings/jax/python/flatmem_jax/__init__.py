@@ -46,8 +46,10 @@ Errors
     labels: labels[2] = 9 is outside [0, c = 4)".
 
 Platforms
-    CPU, and CUDA when libflatmem_jax.so was built with nvcc (``has_cuda``).
-    flatmem 0.1 has no CUDA backend: on a GPU the calls fail with XLA's
+    CPU, and CUDA when libflatmem_jax.so was built with nvcc (``has_cuda``):
+    the CUDA handlers hand XLA's device buffers and stream to flatmem, whose
+    CUDA code is compiled but has not run on a GPU yet (nor have these
+    handlers under XLA:GPU). A flatmem built without CUDA refuses them: XLA's
     UNIMPLEMENTED error carrying flatmem's FLATMEM_STATUS_UNSUPPORTED message.
 
 The handler library
@@ -156,6 +158,8 @@ _TARGETS = {
     "flatmem_clip_backward": "flatmem_jax_clip_backward",
     "flatmem_infonce_forward": "flatmem_jax_infonce_forward",
     "flatmem_infonce_backward": "flatmem_jax_infonce_backward",
+    "flatmem_reversible_forward": "flatmem_jax_reversible_forward",
+    "flatmem_reversible_backward": "flatmem_jax_reversible_backward",
 }
 for _name, _symbol in _TARGETS.items():
     jax.ffi.register_ffi_target(
@@ -329,18 +333,18 @@ _REVERSIBLE_MODES = {"auto": 0, "vanilla": 2, "overlapped": 3}
 _ATTENTION_NAMES = ("ln_weight", "ln_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias")
 _MLP_NAMES = ("ln_weight", "ln_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
 
+# flatmem_block_math values (reversible.h): the precision of the blocks' products.
+_BLOCK_MATHS = {"fp32": 0, "tf32": 1}
+
 _lib.flatmem_jax_reversible_workspace_size.restype = ctypes.c_int
 _lib.flatmem_jax_reversible_workspace_size.argtypes = [
     ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float,
-    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_int,
-    ctypes.c_int, ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t]
-for _name, _symbol in {"flatmem_reversible_forward": "flatmem_jax_reversible_forward_cpu",
-                       "flatmem_reversible_backward": "flatmem_jax_reversible_backward_cpu"}.items():
-    jax.ffi.register_ffi_target(_name, jax.ffi.pycapsule(getattr(_lib, _symbol)), platform="cpu")
+    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64),
+    ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t]
 
 
 class _ReversibleConfig(tuple):
-    """(heads, hidden, eps, mode, num_threads, seed, offset): static, hashable."""
+    """(heads, hidden, eps, mode, num_threads, seed, offset, math): static, hashable."""
 
     heads = property(lambda self: self[0])
     hidden = property(lambda self: self[1])
@@ -349,25 +353,28 @@ class _ReversibleConfig(tuple):
     num_threads = property(lambda self: self[4])
     seed = property(lambda self: self[5])
     offset = property(lambda self: self[6])
+    math = property(lambda self: self[7])
 
     def attributes(self):
         return dict(mode=np.int32(self.mode), num_threads=np.int32(self.num_threads),
                     seed=np.uint64(self.seed), offset=np.uint64(self.offset),
                     heads=np.int32(self.heads), hidden=np.int32(self.hidden),
-                    eps=np.float32(self.eps))
+                    eps=np.float32(self.eps), math=np.int32(self.math))
 
 
 @functools.lru_cache(maxsize=256)
 def _reversible_workspace_bytes(config, backward: bool, depth: int, shape) -> int:
     """Bytes of workspace the CPU handler needs (flatmem's own query, on the
-    cached segment of this configuration)."""
+    cached CPU segment of this configuration; what flatmem refuses in the
+    configuration -- heads, eps, math, mode, threads -- raises here, at trace
+    time, for either platform)."""
     size = ctypes.c_size_t(0)
     message = ctypes.create_string_buffer(1024)
     dims = (ctypes.c_int64 * len(shape))(*shape)
     status = _lib.flatmem_jax_reversible_workspace_size(
-        int(backward), depth, shape[-1], config.heads, config.hidden, config.eps, config.mode,
-        config.num_threads, len(shape), dims, _DL_FLOAT, 32, ctypes.byref(size), message,
-        len(message))
+        int(backward), depth, shape[-1], config.heads, config.hidden, config.eps, config.math,
+        config.mode, config.num_threads, len(shape), dims, _DL_FLOAT, 32, ctypes.byref(size),
+        message, len(message))
     if status != 0:
         name, _, text = message.value.decode(errors="replace").partition(": ")
         raise FlatmemError(name, text)
@@ -375,11 +382,24 @@ def _reversible_workspace_bytes(config, backward: bool, depth: int, shape) -> in
 
 
 def _reversible_call(target, config, results, operands, depth, shape, backward):
+    """One custom call, as _call for the losses: on CPU with the workspace as
+    an extra (dropped) result after (y1, y2) / (dx1, dx2), on CUDA without
+    (the handler takes XLA's scratch memory)."""
     ws = _reversible_workspace_bytes(config, backward, depth, shape)
-    shapes = list(results)
-    shapes.insert(2, jax.ShapeDtypeStruct((ws,), jnp.uint8))  # after (y1, y2) / (dx1, dx2)
-    out = jax.ffi.ffi_call(target, shapes, vmap_method="sequential")(*operands, **config.attributes())
-    return tuple(out[:2]) + tuple(out[3:])
+    attributes = config.attributes()
+
+    def cpu(*ops):
+        shapes = list(results)
+        shapes.insert(2, jax.ShapeDtypeStruct((ws,), jnp.uint8))
+        out = jax.ffi.ffi_call(target, shapes, vmap_method="sequential")(*ops, **attributes)
+        return tuple(out[:2]) + tuple(out[3:])
+
+    def cuda(*ops):
+        return tuple(jax.ffi.ffi_call(target, list(results), vmap_method="sequential")(*ops, **attributes))
+
+    if not has_cuda:
+        return cpu(*operands)
+    return jax.lax.platform_dependent(*operands, cpu=cpu, cuda=cuda)
 
 
 def _reversible_forward(config, x1, x2, flat):
@@ -454,7 +474,7 @@ def _flatten_parameters(params, width):
 
 
 def reversible_transformer(x1, x2, params, *, heads, mode="auto", seed=0, offset=0, eps=1e-6,
-                           num_threads=0):
+                           num_threads=0, math="fp32"):
     """A reversible transformer segment of flatmem's built-in blocks:
 
         for each block k:   y1 = x1 + Attention_k(x2),   y2 = x2 + MLP_k(y1)
@@ -480,9 +500,15 @@ def reversible_transformer(x1, x2, params, *, heads, mode="auto", seed=0, offset
     seed, offset   passed to flatmem (the built-in blocks draw no randomness)
     eps        LayerNorm epsilon
     num_threads    CPU threads of each call (0: $FLATMEM_JAX_NUM_THREADS, or all)
+    math       precision of the blocks' matrix products (flatmem_block_math):
+               "fp32" (default) or "tf32" (CUDA: inputs rounded to TF32 on
+               tensor cores, fp32 accumulation; the CPU computes FP32 for
+               either, so the results are the same there)
 
-    mode, seed, offset, eps, heads and num_threads are static (Python values).
-    CPU only.
+    mode, seed, offset, eps, heads, num_threads and math are static (Python
+    values). CPU, and CUDA when the handlers were built with nvcc
+    (``has_cuda``): parameters and states are then device buffers, the calls
+    run on XLA's stream (not yet run on a GPU).
     """
     x1, x2 = jnp.asarray(x1), jnp.asarray(x2)
     for name, x in (("x1", x1), ("x2", x2)):
@@ -504,7 +530,14 @@ def reversible_transformer(x1, x2, params, *, heads, mode="auto", seed=0, offset
             raise ValueError(f"flatmem_jax: mode '{mode}' is not one of {sorted(_REVERSIBLE_MODES)}") from None
     else:
         mode_value = int(mode)
+    if isinstance(math, str):
+        try:
+            math_value = _BLOCK_MATHS[math.lower()]
+        except KeyError:
+            raise ValueError(f"flatmem_jax: math '{math}' is not one of {sorted(_BLOCK_MATHS)}") from None
+    else:
+        math_value = int(math)  # flatmem judges numbers (FlatmemError at trace time)
     flat, hidden = _flatten_parameters(params, x1.shape[-1])
     config = _ReversibleConfig((int(heads), int(hidden), float(eps), mode_value, int(num_threads),
-                                int(seed), int(offset)))
+                                int(seed), int(offset), math_value))
     return _reversible(config, x1, x2, flat)
