@@ -25,6 +25,10 @@ void Accounting::begin(const flatmem_cyclic_action &action, Clock::time_point no
   r.step = action.step;
   r.activations_held = action.activations_held;
   r.activation_bytes = held_bytes_[std::size_t(action.activations_held)];
+  if (auto early = ahead_.find(action.time_step); early != ahead_.end()) {
+    r.bytes_scheduled = early->second;
+    ahead_.erase(early);
+  }
   current_start_ = now;
   totals_.time_steps = begun_;
   totals_.peak_activation_bytes = std::max(totals_.peak_activation_bytes, r.activation_bytes);
@@ -38,6 +42,8 @@ void Accounting::sent(std::int64_t bytes, std::int64_t scheduled) {
   const std::int64_t kept = std::min<std::int64_t>(begun_, std::int64_t(ring_.size()));
   if (scheduled >= begun_ - kept && scheduled < begun_)
     ring_[std::size_t(scheduled) % ring_.size()].bytes_scheduled += bytes;
+  else if (scheduled >= begun_)
+    ahead_[scheduled] += bytes;
   flatmem_cyclic_time_step_stats &r = current();
   r.bytes_sent += bytes;
   totals_.max_bytes_sent_per_time_step =

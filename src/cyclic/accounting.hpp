@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 namespace flatmem::cyclic {
@@ -22,7 +23,9 @@ class Accounting {
   // A new time step begins now (closes the previous one).
   void begin(const flatmem_cyclic_action &action, Clock::time_point now);
   // Gradient bytes posted for sending during the current time step, which
-  // the protocol assigns to time step `scheduled` (<= the current one).
+  // the protocol assigns to time step `scheduled`. That step may not have
+  // begun on this rank yet (NEWEST forwards an average as soon as it
+  // arrives, by the clock of rank N-1): its bytes then wait for it.
   void sent(std::int64_t bytes, std::int64_t scheduled);
   void waited(double seconds);
 
@@ -36,6 +39,7 @@ class Accounting {
   std::vector<std::int64_t> held_bytes_;  // [k] = bytes of stages 0 .. k-1
   std::vector<flatmem_cyclic_time_step_stats> ring_;
   std::int64_t begun_ = 0;  // records ever begun
+  std::map<std::int64_t, std::int64_t> ahead_;  // bytes_scheduled of time steps not begun yet
   Clock::time_point current_start_{}, first_start_{};
   flatmem_cyclic_summary totals_{};
 };
