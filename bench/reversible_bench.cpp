@@ -497,23 +497,9 @@ int run(int argc, char **argv) {
     write_csv(o.csv, rows, o, threads);
     std::printf("wrote %s\n", o.csv.c_str());
   }
-  bool ok = true;
-  for (const auto &r : rows)
-    if (!r.overlapped_bitwise || !r.auto_bitwise) {
-      std::fprintf(stderr, "reversible_bench: depth %d, batch %lld: dX of OVERLAPPED/AUTO differ from VANILLA's\n",
-                   r.depth, (long long)r.batch);
-      ok = false;
-    }
-  return ok ? 0 : 1;
+  return bench::reversible::bitwise_exit_status("reversible_bench", rows);
 }
 
 }  // namespace
 
-int main(int argc, char **argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception &e) {
-    std::fprintf(stderr, "reversible_bench: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char **argv) { return bench::reversible::guarded_main("reversible_bench", run, argc, argv); }

@@ -226,4 +226,13 @@ void print_peak_by_depth(const SegmentOptions &o, const PeakOf &peak,
   }
 }
 
+int guarded_main(const char *program, int (*run)(int, char **), int argc, char **argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return 1;
+  }
+}
+
 }  // namespace bench::reversible

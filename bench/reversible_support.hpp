@@ -11,6 +11,7 @@
 #include <flatmem/flatmem.h>
 
 #include <array>
+#include <cstdio>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -142,5 +143,23 @@ void print_peak_by_depth(const SegmentOptions &o, const PeakOf &peak,
 
 // peak(last depth) / peak(first depth) for one mode and batch (NAN with one depth).
 double depth_growth(const SegmentOptions &o, const PeakOf &peak, std::int64_t batch, int mode);
+
+// The exit status of a run: 1, with a line on stderr per (depth, batch) row,
+// when OVERLAPPED's or AUTO's dX differed from VANILLA's; else 0. Row has
+// depth, batch, overlapped_bitwise and auto_bitwise.
+template <typename Rows>
+int bitwise_exit_status(const char *program, const Rows &rows) {
+  int status = 0;
+  for (const auto &r : rows)
+    if (!r.overlapped_bitwise || !r.auto_bitwise) {
+      std::fprintf(stderr, "%s: depth %d, batch %lld: dX of OVERLAPPED/AUTO differ from VANILLA's\n", program,
+                   int(r.depth), (long long)r.batch);
+      status = 1;
+    }
+  return status;
+}
+
+// main's body: run(argc, argv), an exception printed as "<program>: <what>" (exit 1).
+int guarded_main(const char *program, int (*run)(int, char **), int argc, char **argv);
 
 }  // namespace bench::reversible
