@@ -119,6 +119,38 @@ public final class FlatmemTest {
     return true;
   }
 
+  /** A built-in attention block and MLP block of `width` (made with `math`, or
+   *  without the math argument when it is null), pointed at filled parameters
+   *  (LayerNorm weights near 1, biases and matrices small; attention seeds
+   *  seed + k, MLP seed + 10 + k) and zero gradients. Everything it makes is
+   *  added to `owned`. */
+  private static final class BlockPair {
+    final Block attention, mlp;
+    final Tensor[] attentionGradients = new Tensor[6], mlpGradients = new Tensor[6];
+
+    BlockPair(int width, int heads, int hidden, int seed, BlockMath math, List<AutoCloseable> owned) {
+      final long[][] attentionShapes = {{width}, {width}, {width, 3 * width}, {3 * width}, {width, width}, {width}};
+      final long[][] mlpShapes = {{width}, {width}, {width, hidden}, {hidden}, {hidden, width}, {width}};
+      Tensor[] ap = new Tensor[6], mp = new Tensor[6];
+      for (int k = 0; k < 6; ++k) {
+        double scale = k == 0 ? 0.1 : k % 2 == 0 ? 0.35 : 0.05, offset = k == 0 ? 1.0 : 0.0;
+        ap[k] = fill(Tensor.allocated(Flatmem.kDLFloat, 32, attentionShapes[k]), seed + k, scale, offset);
+        mp[k] = fill(Tensor.allocated(Flatmem.kDLFloat, 32, mlpShapes[k]), seed + 10 + k, scale, offset);
+        attentionGradients[k] = Tensor.allocated(Flatmem.kDLFloat, 32, attentionShapes[k]);
+        mlpGradients[k] = Tensor.allocated(Flatmem.kDLFloat, 32, mlpShapes[k]);
+        owned.addAll(Arrays.asList(ap[k], mp[k], attentionGradients[k], mlpGradients[k]));
+      }
+      attention = math == null ? new Block(BlockKind.BLOCK_ATTENTION, width, heads, 0)
+                               : new Block(BlockKind.BLOCK_ATTENTION, width, heads, 0, math);
+      owned.add(attention);
+      mlp = math == null ? new Block(BlockKind.BLOCK_MLP, width, 0, hidden)
+                         : new Block(BlockKind.BLOCK_MLP, width, 0, hidden, math);
+      owned.add(mlp);
+      attention.set_parameters(ap, attentionGradients);
+      mlp.set_parameters(mp, mlpGradients);
+    }
+  }
+
   /**
    * Two reversible blocks (F = built-in pre-LN attention, G = built-in MLP,
    * the same two Block objects in both: weight tying) on a (2, 5, 8) fp32
@@ -128,26 +160,11 @@ public final class FlatmemTest {
   private static void reversibleSegment() {
     final int width = 8, heads = 2, hidden = 16;
     final long[] state = {2, 5, width};
-    final long[][] attentionShapes = {{width}, {width}, {width, 3 * width}, {3 * width}, {width, width}, {width}};
-    final long[][] mlpShapes = {{width}, {width}, {width, hidden}, {hidden}, {hidden, width}, {width}};
     List<AutoCloseable> owned = new ArrayList<>();
     try {
-      Tensor[] ap = new Tensor[6], ag = new Tensor[6], mp = new Tensor[6], mg = new Tensor[6];
-      for (int k = 0; k < 6; ++k) {
-        // LayerNorm weights near 1, biases and matrices small.
-        double scale = k == 0 ? 0.1 : k % 2 == 0 ? 0.35 : 0.05, offset = k == 0 ? 1.0 : 0.0;
-        ap[k] = fill(Tensor.allocated(Flatmem.kDLFloat, 32, attentionShapes[k]), 10 + k, scale, offset);
-        mp[k] = fill(Tensor.allocated(Flatmem.kDLFloat, 32, mlpShapes[k]), 20 + k, scale, offset);
-        ag[k] = Tensor.allocated(Flatmem.kDLFloat, 32, attentionShapes[k]);
-        mg[k] = Tensor.allocated(Flatmem.kDLFloat, 32, mlpShapes[k]);
-        owned.addAll(Arrays.asList(ap[k], mp[k], ag[k], mg[k]));
-      }
-      Block attention = new Block(BlockKind.BLOCK_ATTENTION, width, heads, 0);
-      Block mlp = new Block(BlockKind.BLOCK_MLP, width, 0, hidden);
-      owned.add(attention);
-      owned.add(mlp);
-      attention.set_parameters(ap, ag);
-      mlp.set_parameters(mp, mg);
+      BlockPair pair = new BlockPair(width, heads, hidden, 10, null, owned);
+      Block attention = pair.attention, mlp = pair.mlp;
+      Tensor[] ag = pair.attentionGradients, mg = pair.mlpGradients;
 
       Tensor x1 = fill(Tensor.allocated(Flatmem.kDLFloat, 32, state), 1, 1.0, 0.0);
       Tensor x2 = fill(Tensor.allocated(Flatmem.kDLFloat, 32, state), 2, 1.0, 0.0);
@@ -225,25 +242,11 @@ public final class FlatmemTest {
   private static double[] blockRun(BlockMath math) {
     final int width = 8, heads = 2, hidden = 12;
     final long[] state = {2, 3, width};
-    final long[][] attentionShapes = {{width}, {width}, {width, 3 * width}, {3 * width}, {width, width}, {width}};
-    final long[][] mlpShapes = {{width}, {width}, {width, hidden}, {hidden}, {hidden, width}, {width}};
     List<AutoCloseable> owned = new ArrayList<>();
     try {
-      Tensor[] ap = new Tensor[6], ag = new Tensor[6], mp = new Tensor[6], mg = new Tensor[6];
-      for (int k = 0; k < 6; ++k) {
-        double scale = k == 0 ? 0.1 : k % 2 == 0 ? 0.35 : 0.05, offset = k == 0 ? 1.0 : 0.0;
-        ap[k] = fill(Tensor.allocated(Flatmem.kDLFloat, 32, attentionShapes[k]), 30 + k, scale, offset);
-        mp[k] = fill(Tensor.allocated(Flatmem.kDLFloat, 32, mlpShapes[k]), 40 + k, scale, offset);
-        ag[k] = Tensor.allocated(Flatmem.kDLFloat, 32, attentionShapes[k]);
-        mg[k] = Tensor.allocated(Flatmem.kDLFloat, 32, mlpShapes[k]);
-        owned.addAll(Arrays.asList(ap[k], mp[k], ag[k], mg[k]));
-      }
-      Block attention = new Block(BlockKind.BLOCK_ATTENTION, width, heads, 0, math);
-      Block mlp = new Block(BlockKind.BLOCK_MLP, width, 0, hidden, math);
-      owned.add(attention);
-      owned.add(mlp);
-      attention.set_parameters(ap, ag);
-      mlp.set_parameters(mp, mg);
+      BlockPair pair = new BlockPair(width, heads, hidden, 30, math, owned);
+      Block attention = pair.attention, mlp = pair.mlp;
+      Tensor[] ag = pair.attentionGradients, mg = pair.mlpGradients;
       Tensor x1 = fill(Tensor.allocated(Flatmem.kDLFloat, 32, state), 5, 1.0, 0.0);
       Tensor x2 = fill(Tensor.allocated(Flatmem.kDLFloat, 32, state), 6, 1.0, 0.0);
       Tensor dy1 = fill(Tensor.allocated(Flatmem.kDLFloat, 32, state), 7, 0.5, 0.0);
