@@ -147,6 +147,60 @@ typedef enum flatmem_nonfinite_policy {
   FLATMEM_NONFINITE_MAX = 0x7fffffff
 } flatmem_nonfinite_policy;
 
+/* ======================================================================== */
+/* CPU instruction set                                                      */
+/* ======================================================================== */
+/*
+ * The CPU backend's element-wise kernels (the exponentials and reductions of
+ * the contrastive loss, LayerNorm, softmax and GELU of the built-in blocks)
+ * are compiled once per instruction set; one of them runs, for the whole
+ * process:
+ *  - by default the best this processor (and its OS) supports;
+ *  - else the one the environment variable FLATMEM_CPU_ISA names when the
+ *    process first asks (avx512, avx2, baseline; empty or "auto" = the
+ *    best), the way ONEDNN_MAX_CPU_ISA or OPENBLAS_CORETYPE cap theirs;
+ *  - else the one flatmem_cpu_isa_set() chose last (it overrides the
+ *    variable).
+ * A value that names an instruction set the processor lacks is an error,
+ * never an illegal instruction: FLATMEM_STATUS_UNSUPPORTED (an unknown word:
+ * FLATMEM_STATUS_INVALID_ARGUMENT) from flatmem_cpu_isa_get, from
+ * flatmem_contrastive_create / _forward / _backward and from
+ * flatmem_block_create, the message naming the variable and what this
+ * processor has.
+ * Results are bitwise reproducible for one instruction set; different ones
+ * round differently (fused multiply-adds, vector widths), within the error
+ * bounds each function states. The BLAS (sgemm) picks its own kernels and is
+ * not covered by this setting.
+ */
+typedef enum flatmem_cpu_isa {
+  /** flatmem_cpu_isa_set(DEFAULT): back to FLATMEM_CPU_ISA, or the best. */
+  FLATMEM_CPU_ISA_DEFAULT = 0,
+  /** Any x86-64 (SSE2), and the only one on other processors. */
+  FLATMEM_CPU_ISA_BASELINE = 1,
+  /** x86-64-v3: AVX2 with FMA (BMI1/2, F16C). */
+  FLATMEM_CPU_ISA_AVX2 = 2,
+  /** x86-64-v4: AVX-512 F, BW, DQ and VL, 512-bit vectors. */
+  FLATMEM_CPU_ISA_AVX512 = 3,
+  FLATMEM_CPU_ISA_MAX = 0x7fffffff
+} flatmem_cpu_isa;
+
+/** *in_use: the instruction set the kernels run with now; *best: the best
+ *  this processor supports among those compiled in. Either pointer may be
+ *  NULL (not both). Fails (see above) when FLATMEM_CPU_ISA is malformed or
+ *  asks for more than *best. Thread-safe. */
+FLATMEM_API flatmem_status flatmem_cpu_isa_get(flatmem_cpu_isa *in_use, flatmem_cpu_isa *best);
+
+/** Selects the instruction set for the whole process (DEFAULT: back to the
+ *  environment's choice). FLATMEM_STATUS_UNSUPPORTED, and nothing changes,
+ *  when the processor lacks it. Thread-safe, but calls already running may
+ *  finish with the previous one: select before computing when bitwise
+ *  reproducibility matters. */
+FLATMEM_API flatmem_status flatmem_cpu_isa_set(flatmem_cpu_isa isa);
+
+/** "avx512", "avx2", "baseline", "default"; "unknown" for other values.
+ *  A static string. Thread-safe. */
+FLATMEM_API const char *flatmem_cpu_isa_name(flatmem_cpu_isa isa);
+
 /** A communicator (see <flatmem/comm.h>, included at the end of this file). */
 typedef struct flatmem_comm_s flatmem_comm_t;
 

@@ -1,5 +1,6 @@
 // extern "C" entry points of the built-in reversible blocks: argument checks,
 // then the block object; exceptions become statuses (core/error.hpp).
+#include "core/cpu_isa.hpp"
 #include "core/error.hpp"
 #include "reversible/blocks/block.hpp"
 #include "reversible/blocks/options.hpp"
@@ -29,6 +30,7 @@ flatmem_status flatmem_block_options_init(flatmem_block_options *options) {
 flatmem_status flatmem_block_create(flatmem_block_t **out, const flatmem_block_options *options) {
   return guarded([&] {
     check_out(out, "out");
+    cpu_isa::active();  // FLATMEM_CPU_ISA asking for more than the CPU has: refused here
     const blocks::BlockOptions resolved = blocks::resolve_block_options(options);
     *out = new flatmem_block_s(resolved);
   });

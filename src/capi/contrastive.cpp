@@ -10,6 +10,7 @@
 #include "contrastive/plan.hpp"
 #include "contrastive/ring/ring.hpp"
 #include "contrastive/validate.hpp"
+#include "core/cpu_isa.hpp"
 #include "core/error.hpp"
 
 #include <algorithm>
@@ -58,6 +59,7 @@ flatmem_status flatmem_contrastive_create(flatmem_contrastive_t **out,
                                           const flatmem_contrastive_options *options) {
   return guarded([&] {
     check_out(out, "out");
+    cpu_isa::active();  // FLATMEM_CPU_ISA asking for more than the CPU has: refused here
     const Options resolved = resolve_options(options);
     *out = new flatmem_contrastive_s(resolved);
   });
@@ -121,6 +123,7 @@ flatmem_status flatmem_contrastive_forward(flatmem_contrastive_t *handle, const 
   return guarded([&] {
     (void)stream;  // CUDA only
     check_handle(handle);
+    cpu_isa::active();
     if (handle->options.comm)
       return ring::forward(*handle, q, k, labels, logit_scale, loss, row_lse, col_lse, workspace,
                            workspace_bytes);
@@ -148,6 +151,7 @@ flatmem_status flatmem_contrastive_backward(flatmem_contrastive_t *handle, const
   return guarded([&] {
     (void)stream;  // CUDA only
     check_handle(handle);
+    cpu_isa::active();
     if (handle->options.comm)
       return ring::backward(*handle, q, k, labels, logit_scale, row_lse, col_lse, dloss, dq, dk,
                             dlogit_scale, workspace, workspace_bytes);

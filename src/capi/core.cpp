@@ -1,4 +1,5 @@
 // extern "C" entry points that belong to no handle: versions and statuses.
+#include "core/cpu_isa.hpp"
 #include "core/error.hpp"
 
 #define FLATMEM_STRINGIFY2(x) #x
@@ -30,6 +31,47 @@ const char *flatmem_status_string(flatmem_status status) {
     case FLATMEM_STATUS_MAX: break;
   }
   return "FLATMEM_STATUS_UNKNOWN";
+}
+
+}  // extern "C"
+
+// ---- CPU instruction set of the element-wise kernels --------------------------
+
+namespace {
+
+flatmem_cpu_isa to_c(flatmem::cpu_isa::Isa isa) { return flatmem_cpu_isa(int(isa)); }
+
+}  // namespace
+
+extern "C" {
+
+flatmem_status flatmem_cpu_isa_get(flatmem_cpu_isa *in_use, flatmem_cpu_isa *best) {
+  return flatmem::guarded([&] {
+    if (in_use == nullptr && best == nullptr) flatmem::invalid("in_use, best: both NULL, at least one is needed");
+    const auto active = flatmem::cpu_isa::active();  // throws for a bad FLATMEM_CPU_ISA
+    if (in_use) *in_use = to_c(active);
+    if (best) *best = to_c(flatmem::cpu_isa::detected());
+  });
+}
+
+flatmem_status flatmem_cpu_isa_set(flatmem_cpu_isa isa) {
+  return flatmem::guarded([&] {
+    if (isa == FLATMEM_CPU_ISA_DEFAULT) return flatmem::cpu_isa::reset();
+    if (isa != FLATMEM_CPU_ISA_BASELINE && isa != FLATMEM_CPU_ISA_AVX2 && isa != FLATMEM_CPU_ISA_AVX512)
+      flatmem::invalid("isa: ", int(isa), " is not a flatmem_cpu_isa value (0 .. 3)");
+    flatmem::cpu_isa::select(flatmem::cpu_isa::Isa(int(isa)));
+  });
+}
+
+const char *flatmem_cpu_isa_name(flatmem_cpu_isa isa) {
+  switch (isa) {
+    case FLATMEM_CPU_ISA_DEFAULT: return "default";
+    case FLATMEM_CPU_ISA_BASELINE: return "baseline";
+    case FLATMEM_CPU_ISA_AVX2: return "avx2";
+    case FLATMEM_CPU_ISA_AVX512: return "avx512";
+    case FLATMEM_CPU_ISA_MAX: break;
+  }
+  return "unknown";
 }
 
 }  // extern "C"

@@ -1,0 +1,105 @@
+#include "core/cpu_isa.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/error.hpp"
+#include "core/isa_variants.hpp"
+
+namespace flatmem::cpu_isa {
+namespace {
+
+Isa detect() {
+#if FLATMEM_ISA_VARIANTS
+  __builtin_cpu_init();
+  // GCC's checks include the OS's XSAVE support of the wider registers.
+  if (__builtin_cpu_supports("x86-64-v4")) return Isa::avx512;
+  if (__builtin_cpu_supports("x86-64-v3")) return Isa::avx2;
+#endif
+  return Isa::baseline;
+}
+
+// The environment's choice, or the error it makes (read once per process).
+struct EnvironmentChoice {
+  Isa isa = Isa::baseline;
+  flatmem_status status = FLATMEM_STATUS_SUCCESS;
+  std::string message;
+};
+
+EnvironmentChoice from_environment() {
+  EnvironmentChoice c;
+  const Isa best = detected();
+  c.isa = best;
+  const char *value = std::getenv("FLATMEM_CPU_ISA");
+  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "auto") == 0) return c;
+  Isa wanted;
+  if (std::strcmp(value, "avx512") == 0) wanted = Isa::avx512;
+  else if (std::strcmp(value, "avx2") == 0) wanted = Isa::avx2;
+  else if (std::strcmp(value, "baseline") == 0) wanted = Isa::baseline;
+  else {
+    c.status = FLATMEM_STATUS_INVALID_ARGUMENT;
+    c.message = std::string("environment variable FLATMEM_CPU_ISA='") + value +
+                "': expected avx512, avx2, baseline or auto";
+    return c;
+  }
+  if (int(wanted) > int(best)) {
+    c.status = FLATMEM_STATUS_UNSUPPORTED;
+    c.message = std::string("environment variable FLATMEM_CPU_ISA=") + value + " asks for " +
+                name(wanted) + " but this processor (or this build) runs at most " + name(best);
+    return c;
+  }
+  c.isa = wanted;
+  return c;
+}
+
+const EnvironmentChoice &environment() {
+  static const EnvironmentChoice choice = from_environment();
+  return choice;
+}
+
+// 0: follow the environment; otherwise an Isa selected by select().
+std::atomic<int> selected{0};
+
+}  // namespace
+
+Isa detected() {
+  static const Isa best = detect();
+  return best;
+}
+
+Isa active() {
+  const int s = selected.load(std::memory_order_relaxed);
+  if (s != 0) return Isa(s);
+  const EnvironmentChoice &env = environment();
+  if (env.status != FLATMEM_STATUS_SUCCESS) fail(env.status, env.message);
+  return env.isa;
+}
+
+Isa for_kernels() noexcept {
+  const int s = selected.load(std::memory_order_relaxed);
+  if (s != 0) return Isa(s);
+  const EnvironmentChoice &env = environment();
+  return env.status == FLATMEM_STATUS_SUCCESS ? env.isa : Isa::baseline;
+}
+
+void select(Isa isa) {
+  if (int(isa) > int(detected()))
+    fail(FLATMEM_STATUS_UNSUPPORTED, "isa: ", name(isa), " asked for, but this processor (or this build) runs at most ",
+         name(detected()));
+  selected.store(int(isa), std::memory_order_relaxed);
+}
+
+void reset() { selected.store(0, std::memory_order_relaxed); }
+
+const char *name(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return "avx512";
+    case Isa::avx2: return "avx2";
+    case Isa::baseline: return "baseline";
+  }
+  return "unknown";
+}
+
+}  // namespace flatmem::cpu_isa
