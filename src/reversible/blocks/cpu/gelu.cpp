@@ -1,10 +1,26 @@
+// GELU over a buffer, compiled once per CPU ISA (core/isa_variants.hpp).
+#ifndef FLATMEM_ISA_NS
 #include "reversible/blocks/cpu/gelu.hpp"
 
-#include "reversible/blocks/cpu/simd.hpp"
+#include "core/isa_variants.hpp"
+
+#define FLATMEM_ISA_SELF "reversible/blocks/cpu/gelu.cpp"
+#include "core/compile_per_isa.inc"
 
 namespace flatmem::blocks::cpu {
 
-FLATMEM_BLOCK_SIMD
+void gelu(const float *u, std::int64_t n, float *g) { FLATMEM_ISA_CALL(gelu, u, n, g); }
+
+void gelu_backward(const float *u, std::int64_t n, float *g, float *d) {
+  FLATMEM_ISA_CALL(gelu_backward, u, n, g, d);
+}
+
+}  // namespace flatmem::blocks::cpu
+
+#else  // ---- kernels, once per ISA ------------------------------------------------
+
+namespace flatmem::blocks::cpu::FLATMEM_ISA_NS {
+
 void gelu(const float *u, std::int64_t n, float *g) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i) {
@@ -14,7 +30,6 @@ void gelu(const float *u, std::int64_t n, float *g) {
   }
 }
 
-FLATMEM_BLOCK_SIMD
 void gelu_backward(const float *u, std::int64_t n, float *g, float *d) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i) {
@@ -25,4 +40,5 @@ void gelu_backward(const float *u, std::int64_t n, float *g, float *d) {
   }
 }
 
-}  // namespace flatmem::blocks::cpu
+}  // namespace flatmem::blocks::cpu::FLATMEM_ISA_NS
+#endif

@@ -1,13 +1,44 @@
+// LayerNorm rows, their backward and parameter gradients, compiled once per
+// CPU ISA (core/isa_variants.hpp).
+#ifndef FLATMEM_ISA_NS
 #include "reversible/blocks/cpu/layer_norm.hpp"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 
-#include "reversible/blocks/cpu/simd.hpp"
+#include "core/isa_variants.hpp"
+
+#define FLATMEM_ISA_SELF "reversible/blocks/cpu/layer_norm.cpp"
+#include "core/compile_per_isa.inc"
 
 namespace flatmem::blocks::cpu {
 
-FLATMEM_BLOCK_SIMD
+void layer_norm_rows(const float *x, std::int64_t rows, std::int64_t width, const float *gamma,
+                     const float *beta, float eps, float *y, float *mean, float *rstd) {
+  FLATMEM_ISA_CALL(layer_norm_rows, x, rows, width, gamma, beta, eps, y, mean, rstd);
+}
+
+void layer_norm_backward_rows(const float *x, const float *mean, const float *rstd,
+                              const float *dy, std::int64_t rows, std::int64_t width,
+                              const float *gamma, float *dx) {
+  FLATMEM_ISA_CALL(layer_norm_backward_rows, x, mean, rstd, dy, rows, width, gamma, dx);
+}
+
+void layer_norm_parameter_grads(const float *x, const float *mean, const float *rstd,
+                                const float *dy, std::int64_t rows, std::int64_t width,
+                                std::int64_t col_begin, std::int64_t col_end, float *dgamma,
+                                float *dbeta) {
+  FLATMEM_ISA_CALL(layer_norm_parameter_grads, x, mean, rstd, dy, rows, width, col_begin, col_end,
+                   dgamma, dbeta);
+}
+
+}  // namespace flatmem::blocks::cpu
+
+#else  // ---- kernels, once per ISA ------------------------------------------------
+
+namespace flatmem::blocks::cpu::FLATMEM_ISA_NS {
+
+
 void layer_norm_rows(const float *x, std::int64_t rows, std::int64_t width, const float *gamma,
                      const float *beta, float eps, float *y, float *mean, float *rstd) {
   const float inv_width = 1.0f / float(width);
@@ -29,7 +60,6 @@ void layer_norm_rows(const float *x, std::int64_t rows, std::int64_t width, cons
   }
 }
 
-FLATMEM_BLOCK_SIMD
 void layer_norm_backward_rows(const float *x, const float *mean, const float *rstd,
                               const float *dy, std::int64_t rows, std::int64_t width,
                               const float *gamma, float *dx) {
@@ -54,7 +84,6 @@ void layer_norm_backward_rows(const float *x, const float *mean, const float *rs
   }
 }
 
-FLATMEM_BLOCK_SIMD
 void layer_norm_parameter_grads(const float *x, const float *mean, const float *rstd,
                                 const float *dy, std::int64_t rows, std::int64_t width,
                                 std::int64_t col_begin, std::int64_t col_end, float *dgamma,
@@ -80,4 +109,5 @@ void layer_norm_parameter_grads(const float *x, const float *mean, const float *
   }
 }
 
-}  // namespace flatmem::blocks::cpu
+}  // namespace flatmem::blocks::cpu::FLATMEM_ISA_NS
+#endif

@@ -1,44 +1,34 @@
+// The affine maps of the blocks: GEMMs in the BLAS; the bias broadcast and
+// column sums compiled once per CPU ISA (core/isa_variants.hpp).
+#ifndef FLATMEM_ISA_NS
 #include "reversible/blocks/cpu/linear.hpp"
 
 #include <cblas.h>
 
 #include <algorithm>
 
-#include "reversible/blocks/cpu/simd.hpp"
+#include "core/isa_variants.hpp"
+
+#define FLATMEM_ISA_SELF "reversible/blocks/cpu/linear.cpp"
+#include "core/compile_per_isa.inc"
 
 namespace flatmem::blocks::cpu {
 namespace {
 
-FLATMEM_BLOCK_SIMD
-void broadcast_rows(const float *bias, std::int64_t rows, std::int64_t out, float *y) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    float *yr = y + r * out;
-#pragma omp simd
-    for (std::int64_t c = 0; c < out; ++c) yr[c] = bias[c];
-  }
+void broadcast_rows_isa(const float *bias, std::int64_t rows, std::int64_t out, float *y) {
+  FLATMEM_ISA_CALL(broadcast_rows, bias, rows, out, y);
 }
 
-FLATMEM_BLOCK_SIMD
-void column_sums(const float *a, std::int64_t rows, std::int64_t ld, std::int64_t col_begin,
-                 std::int64_t col_end, float *sums) {
-  constexpr std::int64_t chunk = 64;
-  for (std::int64_t c0 = col_begin; c0 < col_end; c0 += chunk) {
-    const std::int64_t n = std::min(chunk, col_end - c0);
-    double acc[chunk] = {};
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const float *ar = a + r * ld + c0;
-#pragma omp simd
-      for (std::int64_t c = 0; c < n; ++c) acc[c] += double(ar[c]);
-    }
-    for (std::int64_t c = 0; c < n; ++c) sums[c0 + c] += float(acc[c]);
-  }
+void column_sums_isa(const float *a, std::int64_t rows, std::int64_t ld, std::int64_t col_begin,
+                     std::int64_t col_end, float *sums) {
+  FLATMEM_ISA_CALL(column_sums, a, rows, ld, col_begin, col_end, sums);
 }
 
 }  // namespace
 
 void linear_rows(const float *x, std::int64_t rows, std::int64_t in, const float *weight,
                  const float *bias, std::int64_t out, float *y) {
-  broadcast_rows(bias, rows, out, y);
+  broadcast_rows_isa(bias, rows, out, y);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(out), int(in), 1.0f, x,
               int(in), weight, int(out), 1.0f, y, int(out));
 }
@@ -55,7 +45,38 @@ void linear_parameter_grads(const float *x, const float *dy, std::int64_t rows, 
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(in), int(col_end - col_begin),
               int(rows), 1.0f, x, int(in), dy + col_begin, int(out), 1.0f, dweight + col_begin,
               int(out));
-  column_sums(dy, rows, out, col_begin, col_end, dbias);
+  column_sums_isa(dy, rows, out, col_begin, col_end, dbias);
 }
 
 }  // namespace flatmem::blocks::cpu
+
+#else  // ---- kernels, once per ISA ------------------------------------------------
+
+namespace flatmem::blocks::cpu::FLATMEM_ISA_NS {
+
+
+void broadcast_rows(const float *bias, std::int64_t rows, std::int64_t out, float *y) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float *yr = y + r * out;
+#pragma omp simd
+    for (std::int64_t c = 0; c < out; ++c) yr[c] = bias[c];
+  }
+}
+
+void column_sums(const float *a, std::int64_t rows, std::int64_t ld, std::int64_t col_begin,
+                 std::int64_t col_end, float *sums) {
+  constexpr std::int64_t chunk = 64;
+  for (std::int64_t c0 = col_begin; c0 < col_end; c0 += chunk) {
+    const std::int64_t n = std::min(chunk, col_end - c0);
+    double acc[chunk] = {};
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float *ar = a + r * ld + c0;
+#pragma omp simd
+      for (std::int64_t c = 0; c < n; ++c) acc[c] += double(ar[c]);
+    }
+    for (std::int64_t c = 0; c < n; ++c) sums[c0 + c] += float(acc[c]);
+  }
+}
+
+}  // namespace flatmem::blocks::cpu::FLATMEM_ISA_NS
+#endif

@@ -1,13 +1,33 @@
+// Row softmax and its backward, compiled once per CPU ISA (core/isa_variants.hpp).
+#ifndef FLATMEM_ISA_NS
 #include "reversible/blocks/cpu/softmax.hpp"
 
 #include <limits>
 
 #include "core/fast_exp.hpp"
-#include "reversible/blocks/cpu/simd.hpp"
+#include "core/isa_variants.hpp"
+
+#define FLATMEM_ISA_SELF "reversible/blocks/cpu/softmax.cpp"
+#include "core/compile_per_isa.inc"
 
 namespace flatmem::blocks::cpu {
 
-FLATMEM_BLOCK_SIMD
+void softmax_rows(float *scores, std::int64_t rows, std::int64_t cols) {
+  FLATMEM_ISA_CALL(softmax_rows, scores, rows, cols);
+}
+
+void softmax_backward_rows(const float *p, float *dp, std::int64_t rows, std::int64_t cols,
+                           float scale) {
+  FLATMEM_ISA_CALL(softmax_backward_rows, p, dp, rows, cols, scale);
+}
+
+}  // namespace flatmem::blocks::cpu
+
+#else  // ---- kernels, once per ISA ------------------------------------------------
+
+namespace flatmem::blocks::cpu::FLATMEM_ISA_NS {
+
+
 void softmax_rows(float *scores, std::int64_t rows, std::int64_t cols) {
   for (std::int64_t i = 0; i < rows; ++i) {
     float *s = scores + i * cols;
@@ -31,7 +51,6 @@ void softmax_rows(float *scores, std::int64_t rows, std::int64_t cols) {
   }
 }
 
-FLATMEM_BLOCK_SIMD
 void softmax_backward_rows(const float *p, float *dp, std::int64_t rows, std::int64_t cols,
                            float scale) {
   for (std::int64_t i = 0; i < rows; ++i) {
@@ -45,4 +64,5 @@ void softmax_backward_rows(const float *p, float *dp, std::int64_t rows, std::in
   }
 }
 
-}  // namespace flatmem::blocks::cpu
+}  // namespace flatmem::blocks::cpu::FLATMEM_ISA_NS
+#endif
