@@ -22,7 +22,7 @@ char *openblas_get_corename(void) __attribute__((weak));
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define BENCH_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define BENCH_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define BENCH_SIMD_CLONES
 #endif

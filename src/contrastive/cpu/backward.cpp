@@ -61,14 +61,16 @@ void gradient_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const 
              [&](std::int64_t row_group, Range rows, Range cols, const Fp32Rows &q,
                  const Fp32Rows &k, const ThreadScratch &s) {
                tile_logits(q, k, rows.size(), cols.size(), plan.d, s.tile);
-               for (std::int64_t i = rows.begin; i < rows.end; ++i) {
-                 const std::int64_t y = in.positive(i);
-                 s.positives[i - rows.begin] = (y >= cols.begin && y < cols.end) ? y - cols.begin : -1;
-               }
-               group_ds[row_group] += gradient_tile(
-                   s.tile, rows.size(), cols.size(), in.scale, row_lse + rows.begin,
-                   col_lse ? col_lse + cols.begin : nullptr, coef.row, coef.col, s.positives,
-                   coef.positive);
+               tile_positives(in, rows, cols, s.positives);
+               GradientTerms terms;
+               terms.row_lse = row_lse + rows.begin;
+               terms.col_lse = col_lse ? col_lse + cols.begin : nullptr;
+               terms.row_coef = coef.row;
+               terms.col_coef = coef.col;
+               terms.positive_coef = coef.positive;
+               terms.positive_col = s.positives;
+               group_ds[row_group] += gradient_tile(s.tile, s.tile, rows.size(), cols.size(),
+                                                    in.scale, terms, s.math);
                if (dq.data)
                  accumulate_rows_times(s.tile, k, rows.size(), cols.size(), plan.d,
                                        dq.row(rows.begin), dq.ld);

@@ -22,25 +22,30 @@ struct LseStates {
 };
 
 // Folds every logit tile of in.q x in.k into `rows` (b states, running across
-// blocks) and, when cols.max is set, into `cols` (c states).
+// blocks) and, when cols.max is set, into `cols` (c states). positive_logit
+// (b) receives x_{i, y_i} for the rows whose positive column lies in in.k,
+// the very value its tile fed into the row's sum; other entries are untouched.
 void fold_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const LseStates &rows,
-                const LseStates &cols, const std::vector<ThreadScratch> &scratch);
+                const LseStates &cols, float *positive_logit,
+                const std::vector<ThreadScratch> &scratch);
 
-// group_sum[g] += s <q_i, k_{y_i}> over the rows i of row group g whose
-// positive column lies in in.k (in double).
-void add_positive_logits(ThreadPool &pool, const Plan &plan, const Inputs &in, double *group_sum);
+// out[i - rows.begin] = the positive column of row i relative to the tile
+// (rows x cols), or -1 when it lies outside.
+void tile_positives(const Inputs &in, Range rows, Range cols, std::int64_t *out);
 
 // Sum of values[0 .. n) in order, in double.
 double sum_in_order(const double *values, std::int64_t n);
 
-// lse_i = max_i + log(sum_i); returns sum_i lse_i in double.
-double finish_lse(const LseStates &states, std::int64_t n, float *lse);
+// lse_i = max_i + log(sum_i), written to lse in fp32; returns the sum of the
+// loss terms l_i = lse_i - positive_logit_i in double, each clamped at 0: a
+// term is >= 0 by construction (the positive is one of the summed logits) and
+// is kept so against rounding. NaN propagates.
+double finish_terms(const LseStates &states, const float *positive_logit, std::int64_t n,
+                    float *lse);
 
-// Sum over rows (and columns) of l_i times the loss's normaliser:
-// InfoNCE sum_i lse_i - x_{i,y_i}; symmetric sum lse - 2 sum x_ii. The loss is
-// this over `global_rows` (InfoNCE) or 2 * global_rows (symmetric).
-double loss_numerator(Loss loss, double lse_total, double positive_total);
-float mean_loss(Loss loss, double numerator, std::int64_t global_rows);
+// The loss from the sum of the row (and column) terms: their mean over
+// global_rows (InfoNCE) or, symmetric, 1/2 (row mean + column mean).
+float mean_loss(Loss loss, double term_total, std::int64_t global_rows);
 
 // The fp32 matrix a gradient accumulates into (row r at data + r * ld).
 struct Accumulator {

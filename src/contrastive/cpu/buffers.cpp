@@ -1,5 +1,7 @@
 #include "contrastive/cpu/buffers.hpp"
 
+#include "contrastive/cpu/tile_math.hpp"
+
 namespace flatmem::contrastive::cpu {
 
 std::vector<ThreadScratch> carve_thread_scratch(WorkspaceCarver &carver, const Plan &plan,
@@ -10,7 +12,7 @@ std::vector<ThreadScratch> carve_thread_scratch(WorkspaceCarver &carver, const P
     t.tile = carver.take<float>(plan.tile_rows * plan.tile_cols);
     t.q_rows = widen ? carver.take<float>(plan.tile_rows * plan.d) : nullptr;
     t.k_rows = widen ? carver.take<float>(plan.tile_cols * plan.d) : nullptr;
-    t.col_scratch = carver.take<float>(plan.tile_cols);
+    t.math = carver.take<float>(tile_math_scratch_floats(plan.tile_rows, plan.tile_cols));
     t.positives = carver.take<std::int64_t>(plan.tile_rows);
   }
   return out;
@@ -25,7 +27,7 @@ ForwardBuffers carve_forward(WorkspaceCarver &carver, const Plan &plan, Loss los
     f.col_max = carver.take<float>(plan.c);
     f.col_sum = carver.take<double>(plan.c);
   }
-  f.group_loss = carver.take<double>(plan.groups);
+  f.positive_logit = carver.take<float>(plan.b);
   f.threads = carve_thread_scratch(carver, plan, input, threads);
   return f;
 }

@@ -15,7 +15,7 @@ struct ThreadScratch {
   float *tile = nullptr;             // tile_rows x tile_cols logits / gradients
   float *q_rows = nullptr;           // widened q rows (16-bit inputs only)
   float *k_rows = nullptr;           // widened k rows (16-bit inputs only)
-  float *col_scratch = nullptr;      // tile_cols floats
+  float *math = nullptr;             // tile_math_scratch_floats(tile_rows, tile_cols)
   std::int64_t *positives = nullptr; // tile_rows positive-column slots
 };
 
@@ -24,7 +24,7 @@ struct ForwardBuffers {
   double *row_sum = nullptr;  // (b,)
   float *col_max = nullptr;   // (c,)  symmetric only
   double *col_sum = nullptr;  // (c,)
-  double *group_loss = nullptr;  // (G,) partial sums of the positive logits
+  float *positive_logit = nullptr;  // (b,) x_{i, y_i} as the tiles computed it
   std::vector<ThreadScratch> threads;
 };
 

@@ -1,6 +1,7 @@
 // Forward: one tile walk folds every logit tile into running (max, sum) pairs
 // for its rows and, for the symmetric loss, its columns; the b x c matrix never
-// exists. LSE = max + log(sum); loss from LSE and the positive logits.
+// exists. LSE = max + log(sum); the loss from LSE and the positive logits the
+// same tiles computed (so that every term lse_i - x_{i,y_i} is >= 0).
 #include "contrastive/cpu/forward.hpp"
 
 #include <cmath>
@@ -17,42 +18,33 @@ void LseStates::reset(std::int64_t n) const {
   std::fill(sum, sum + n, 0.0);
 }
 
+// Positive column of each row of the tile, relative to the tile, or -1.
+void tile_positives(const Inputs &in, Range rows, Range cols, std::int64_t *out) {
+  for (std::int64_t i = rows.begin; i < rows.end; ++i) {
+    const std::int64_t y = in.positive(i);
+    out[i - rows.begin] = (y >= cols.begin && y < cols.end) ? y - cols.begin : -1;
+  }
+}
+
 void fold_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const LseStates &rows,
-                const LseStates &cols, const std::vector<ThreadScratch> &scratch) {
+                const LseStates &cols, float *positive_logit,
+                const std::vector<ThreadScratch> &scratch) {
   walk_tiles(pool, plan, in, scratch,
              [&](std::int64_t, Range r, Range c, const Fp32Rows &q, const Fp32Rows &k,
                  const ThreadScratch &s) {
                tile_logits(q, k, r.size(), c.size(), plan.d, s.tile);
-               fold_rows(s.tile, r.size(), c.size(), in.scale, rows.max + r.begin,
-                         rows.sum + r.begin);
-               if (cols.max)
-                 fold_cols(s.tile, r.size(), c.size(), in.scale, cols.max + c.begin,
-                           cols.sum + c.begin, s.col_scratch);
+               tile_positives(in, r, c, s.positives);
+               FoldTargets t;
+               t.row_max = rows.max + r.begin;
+               t.row_sum = rows.sum + r.begin;
+               if (cols.max) {
+                 t.col_max = cols.max + c.begin;
+                 t.col_sum = cols.sum + c.begin;
+               }
+               t.positive_col = s.positives;
+               t.positive_logit = positive_logit + r.begin;
+               fold_tile(s.tile, r.size(), c.size(), in.scale, t, s.math);
              });
-}
-
-void add_positive_logits(ThreadPool &pool, const Plan &plan, const Inputs &in, double *group_sum) {
-  pool.run(plan.groups, [&](std::int64_t g, int) {
-    const Range rows = plan.row_group(g);
-    double total = 0.0;
-    for (std::int64_t i = rows.begin; i < rows.end; ++i) {
-      const std::int64_t y = in.positive(i);
-      if (y < 0 || y >= plan.c) continue;  // in another rank's column block
-      double dot = 0.0;
-      for (std::int64_t t = 0; t < plan.d; ++t) {
-        const auto element = [&](const MatrixView &m, std::int64_t r) -> double {
-          switch (m.dtype) {
-            case Dtype::bf16: return bf16_to_f32(m.row<const std::uint16_t>(r)[t]);
-            case Dtype::f16: return f16_to_f32(m.row<const std::uint16_t>(r)[t]);
-            default: return m.row<const float>(r)[t];
-          }
-        };
-        dot += element(in.q, i) * element(in.k, y);
-      }
-      total += double(in.scale) * dot;
-    }
-    group_sum[g] += total;
-  });
 }
 
 double sum_in_order(const double *values, std::int64_t n) {
@@ -61,24 +53,21 @@ double sum_in_order(const double *values, std::int64_t n) {
   return total;
 }
 
-double finish_lse(const LseStates &states, std::int64_t n, float *lse) {
+double finish_terms(const LseStates &states, const float *positive_logit, std::int64_t n,
+                    float *lse) {
   double total = 0.0;
   for (std::int64_t i = 0; i < n; ++i) {
     const double value = double(states.max[i]) + std::log(states.sum[i]);
     lse[i] = float(value);
-    total += value;
+    const double term = value - double(positive_logit[i]);
+    total += term < 0.0 ? 0.0 : term;  // NaN stays NaN
   }
   return total;
 }
 
-double loss_numerator(Loss loss, double lse_total, double positive_total) {
-  // symmetric: the positive x_ii is subtracted once for row i and once for column i
-  return loss == Loss::symmetric ? lse_total - 2.0 * positive_total : lse_total - positive_total;
-}
-
-float mean_loss(Loss loss, double numerator, std::int64_t global_rows) {
+float mean_loss(Loss loss, double term_total, std::int64_t global_rows) {
   // 1/2 (mean_i (row_lse_i - x_ii) + mean_j (col_lse_j - x_jj)), or mean_i l_i
-  return float(numerator / (loss == Loss::symmetric ? 2.0 * double(global_rows) : double(global_rows)));
+  return float(term_total / (loss == Loss::symmetric ? 2.0 * double(global_rows) : double(global_rows)));
 }
 
 std::size_t forward_workspace_bytes(const Plan &plan, Loss loss, Dtype input, int threads) {
@@ -97,15 +86,12 @@ void forward(ThreadPool &pool, const Plan &plan, const Inputs &in, const Forward
   rows.reset(plan.b);
   if (symmetric) cols.reset(plan.c);
 
-  fold_block(pool, plan, in, rows, cols, buf.threads);
+  fold_block(pool, plan, in, rows, cols, buf.positive_logit, buf.threads);
 
-  std::fill(buf.group_loss, buf.group_loss + plan.groups, 0.0);
-  add_positive_logits(pool, plan, in, buf.group_loss);
-  const double positive_total = sum_in_order(buf.group_loss, plan.groups);
-
-  double lse_total = finish_lse(rows, plan.b, out.row_lse);
-  if (symmetric) lse_total += finish_lse(cols, plan.c, out.col_lse);
-  *out.loss = mean_loss(in.loss, loss_numerator(in.loss, lse_total, positive_total), plan.b);
+  double total = finish_terms(rows, buf.positive_logit, plan.b, out.row_lse);
+  // symmetric: column j's positive is x_jj, row j's
+  if (symmetric) total += finish_terms(cols, buf.positive_logit, plan.c, out.col_lse);
+  *out.loss = mean_loss(in.loss, total, plan.b);
 }
 
 }  // namespace flatmem::contrastive::cpu

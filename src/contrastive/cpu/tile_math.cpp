@@ -1,13 +1,21 @@
+// The contrastive tile kernels, compiled once per CPU ISA (see tile_math.hpp
+// for the math and core/isa_variants.hpp for the mechanism). The part below
+// #else is the kernel code; it is included three times by
+// core/compile_per_isa.inc, inside namespace FLATMEM_ISA_NS.
+#ifndef FLATMEM_ISA_NS
 #include "contrastive/cpu/tile_math.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "core/fast_exp.hpp"
-#include "core/simd_clones.hpp"
+#include "core/isa_variants.hpp"
 
 namespace flatmem::contrastive::cpu {
 namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // Merges a block's (max, sum) pair into a running one: both sums rescaled to
 // the larger max. Inputs may be -inf (empty); NaN propagates.
@@ -24,38 +32,81 @@ inline void merge(float &running_max, double &running_sum, float block_max, doub
 }
 
 }  // namespace
+}  // namespace flatmem::contrastive::cpu
+
+#define FLATMEM_ISA_SELF "contrastive/cpu/tile_math.cpp"
+#include "core/compile_per_isa.inc"
+
+namespace flatmem::contrastive::cpu {
+
+std::int64_t tile_math_scratch_floats(std::int64_t rows, std::int64_t cols) {
+  return rows + 2 * cols;
+}
 
 void merge_states(float *running_max, double *running_sum, const float *block_max,
                   const double *block_sum, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) merge(running_max[i], running_sum[i], block_max[i], block_sum[i]);
 }
 
-FLATMEM_SIMD_CLONES
-void fold_rows(const float *raw, std::int64_t rows, std::int64_t cols, float scale, float *row_max,
-               double *row_sum) {
+void fold_tile(const float *raw, std::int64_t rows, std::int64_t cols, float scale,
+               const FoldTargets &t, float *scratch) {
+  FLATMEM_ISA_CALL(fold_tile, raw, rows, cols, scale, t, scratch);
+}
+
+double gradient_tile(const float *raw, float *out, std::int64_t rows, std::int64_t cols,
+                     float scale, const GradientTerms &g, float *scratch) {
+  FLATMEM_ISA_CALL(gradient_tile, raw, out, rows, cols, scale, g, scratch);
+}
+
+}  // namespace flatmem::contrastive::cpu
+
+#else  // ---- kernels, once per ISA ------------------------------------------------
+
+namespace flatmem::contrastive::cpu::FLATMEM_ISA_NS {
+namespace {
+
+// max_j raw_ij of one row; NaN is dropped here (the sums propagate it).
+inline float row_max_raw(const float *x, std::int64_t cols) {
+  float m = -kInf;
+#pragma omp simd reduction(max : m)
+  for (std::int64_t j = 0; j < cols; ++j) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+void record_positives(const float *raw, std::int64_t rows, std::int64_t cols, float scale,
+                      const FoldTargets &t) {
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const std::int64_t p = t.positive_col[i];
+    if (p >= 0) t.positive_logit[i] = scale * raw[i * cols + p];
+  }
+}
+
+// Two exponentials per element: rows and columns each against their own tile
+// maximum. For tiles whose spread defeats the common shift, and for NaN/Inf.
+void fold_rows_own_max(const float *raw, std::int64_t rows, std::int64_t cols, float scale,
+                       const FoldTargets &t) {
   for (std::int64_t i = 0; i < rows; ++i) {
     const float *x = raw + i * cols;
-    float tile_max = -std::numeric_limits<float>::infinity();
+    float tile_max = -kInf;
     float nan_probe = 0.0f;  // a max drops NaN: the probe puts it back so NaN poisons the row
 #pragma omp simd reduction(max : tile_max) reduction(+ : nan_probe)
     for (std::int64_t j = 0; j < cols; ++j) {
       const float v = scale * x[j];
-      tile_max = v > tile_max ? v : tile_max;  // not std::fmax: a libm call, 7x slower here
+      tile_max = v > tile_max ? v : tile_max;
       nan_probe += x[j] * 0.0f;
     }
     if (nan_probe != nan_probe) tile_max = nan_probe;
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (std::int64_t j = 0; j < cols; ++j) sum += fast_exp(scale * x[j] - tile_max);
-    merge(row_max[i], row_sum[i], tile_max, sum);
+    merge(t.row_max[i], t.row_sum[i], tile_max, sum);
   }
 }
 
-FLATMEM_SIMD_CLONES
-void fold_cols(const float *raw, std::int64_t rows, std::int64_t cols, float scale, float *col_max,
-               double *col_sum, float *scratch) {
+void fold_cols_own_max(const float *raw, std::int64_t rows, std::int64_t cols, float scale,
+                       const FoldTargets &t, float *scratch) {
   float *tile_max = scratch;
-  for (std::int64_t j = 0; j < cols; ++j) tile_max[j] = -std::numeric_limits<float>::infinity();
+  for (std::int64_t j = 0; j < cols; ++j) tile_max[j] = -kInf;
   for (std::int64_t i = 0; i < rows; ++i) {
     const float *x = raw + i * cols;
 #pragma omp simd
@@ -64,55 +115,165 @@ void fold_cols(const float *raw, std::int64_t rows, std::int64_t cols, float sca
       tile_max[j] = (v > tile_max[j] || v != v) ? v : tile_max[j];  // keeps NaN
     }
   }
-  // Sums in fp32 over at most `rows` terms, then merged in double.
-  for (std::int64_t j = 0; j < cols; ++j) {
-    const float m = tile_max[j];
-    merge(col_max[j], col_sum[j], m, 0.0);  // moves the running max first
-  }
-  // tile_max now free: reuse it as the per-column fp32 sum against col_max.
-  for (std::int64_t j = 0; j < cols; ++j) tile_max[j] = 0.0f;
+  for (std::int64_t j = 0; j < cols; ++j) merge(t.col_max[j], t.col_sum[j], tile_max[j], 0.0);
+  for (std::int64_t j = 0; j < cols; ++j) tile_max[j] = 0.0f;  // now the fp32 column sums
   for (std::int64_t i = 0; i < rows; ++i) {
     const float *x = raw + i * cols;
 #pragma omp simd
-    for (std::int64_t j = 0; j < cols; ++j) tile_max[j] += fast_exp(scale * x[j] - col_max[j]);
+    for (std::int64_t j = 0; j < cols; ++j) tile_max[j] += fast_exp(scale * x[j] - t.col_max[j]);
   }
-  for (std::int64_t j = 0; j < cols; ++j) col_sum[j] += tile_max[j];
+  for (std::int64_t j = 0; j < cols; ++j) t.col_sum[j] += tile_max[j];
 }
 
-FLATMEM_SIMD_CLONES
-double gradient_tile(float *raw, std::int64_t rows, std::int64_t cols, float scale,
-                     const float *row_lse, const float *col_lse, float row_coef, float col_coef,
-                     const std::int64_t *positive_col, float positive_coef) {
-  double ds = 0.0;
+// Row maxima (scaled) into row_max[i] and, when col_max is set, column maxima
+// of raw into col_max[j], in one sweep. s > 0, so max(s x) = s max(x) exactly.
+void tile_maxima(const float *raw, std::int64_t rows, std::int64_t cols, float scale,
+                 float *row_max, float *col_max) {
+  if (col_max == nullptr) {
+    for (std::int64_t i = 0; i < rows; ++i) row_max[i] = scale * row_max_raw(raw + i * cols, cols);
+    return;
+  }
+  for (std::int64_t j = 0; j < cols; ++j) col_max[j] = -kInf;
   for (std::int64_t i = 0; i < rows; ++i) {
-    float *x = raw + i * cols;
-    const std::int64_t p = positive_col[i];
-    const float raw_positive = p >= 0 ? x[p] : 0.0f;
-    const float lse = row_lse[i];
-    float row_ds = 0.0f;
-    if (col_lse != nullptr) {
-#pragma omp simd reduction(+ : row_ds)
+    const float *x = raw + i * cols;
+    float m = -kInf;
+#pragma omp simd reduction(max : m)
+    for (std::int64_t j = 0; j < cols; ++j) {
+      m = x[j] > m ? x[j] : m;
+      col_max[j] = x[j] > col_max[j] ? x[j] : col_max[j];
+    }
+    row_max[i] = scale * m;
+  }
+}
+
+// Whether every column maximum lies within kShiftSpread of the shift
+// (and everything is finite: the two-exponential path handles NaN/Inf).
+bool columns_near(const float *col_max_raw, std::int64_t cols, float scale, float shift) {
+  if (!(shift < kInf)) return false;
+  float lowest = kInf;
+#pragma omp simd reduction(min : lowest)
+  for (std::int64_t j = 0; j < cols; ++j) lowest = col_max_raw[j] < lowest ? col_max_raw[j] : lowest;
+  return scale * lowest >= shift - kShiftSpread;
+}
+
+}  // namespace
+
+void fold_tile(const float *raw, std::int64_t rows, std::int64_t cols, float scale,
+               const FoldTargets &t, float *scratch) {
+  if (t.positive_col) record_positives(raw, rows, cols, scale, t);
+  float *row_max = scratch, *col_max = scratch + rows, *col_acc = scratch + rows + cols;
+  tile_maxima(raw, rows, cols, scale, row_max, t.col_max ? col_max : nullptr);
+  float shift = -kInf;  // M, the tile maximum
+  for (std::int64_t i = 0; i < rows; ++i) shift = row_max[i] > shift ? row_max[i] : shift;
+  if (t.col_max && !columns_near(col_max, cols, scale, shift)) {
+    fold_rows_own_max(raw, rows, cols, scale, t);
+    fold_cols_own_max(raw, rows, cols, scale, t, scratch);
+    return;
+  }
+  if (t.col_max)
+    for (std::int64_t j = 0; j < cols; ++j) col_acc[j] = 0.0f;
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const float *x = raw + i * cols;
+    const float m = row_max[i];
+    float sum = 0.0f;
+    if (t.col_max) {
+      const float w = fast_exp(m - shift);  // in [e^-T, 1]
+#pragma omp simd reduction(+ : sum)
       for (std::int64_t j = 0; j < cols; ++j) {
-        const float logit = scale * x[j];
-        const float g = row_coef * fast_exp(logit - lse) + col_coef * fast_exp(logit - col_lse[j]);
-        row_ds += g * x[j];
-        x[j] = scale * g;
+        const float e = fast_exp(scale * x[j] - m);
+        sum += e;
+        col_acc[j] += w * e;
       }
     } else {
+#pragma omp simd reduction(+ : sum)
+      for (std::int64_t j = 0; j < cols; ++j) sum += fast_exp(scale * x[j] - m);
+    }
+    // A NaN in the row makes sum NaN (exp(NaN) is NaN; an Inf gives Inf - Inf).
+    merge(t.row_max[i], t.row_sum[i], m, sum);
+  }
+  if (t.col_max)
+    for (std::int64_t j = 0; j < cols; ++j) merge(t.col_max[j], t.col_sum[j], shift, col_acc[j]);
+}
+
+namespace {
+
+// Row i with two exponentials (or one, InfoNCE): the reference form.
+float gradient_row_two_exp(const float *x, float *o, std::int64_t cols, float scale, float lse,
+                           const GradientTerms &g) {
+  float row_ds = 0.0f;
+  if (g.col_lse != nullptr) {
+#pragma omp simd reduction(+ : row_ds)
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const float logit = scale * x[j];
+      const float v = g.row_coef * fast_exp(logit - lse) + g.col_coef * fast_exp(logit - g.col_lse[j]);
+      row_ds += v * x[j];
+      o[j] = scale * v;
+    }
+  } else {
+#pragma omp simd reduction(+ : row_ds)
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const float v = g.row_coef * fast_exp(scale * x[j] - lse);
+      row_ds += v * x[j];
+      o[j] = scale * v;
+    }
+  }
+  return row_ds;
+}
+
+// The factors of the one-exponential symmetric form, or false when the
+// tile's log-sum-exps spread too far for them (or are not finite).
+bool shared_shift_factors(const GradientTerms &g, std::int64_t rows, std::int64_t cols,
+                          float *row_factor, float *col_factor) {
+  float shift = -kInf, lowest = kInf;
+  for (std::int64_t i = 0; i < rows; ++i) {
+    shift = g.row_lse[i] > shift ? g.row_lse[i] : shift;
+    lowest = g.row_lse[i] < lowest ? g.row_lse[i] : lowest;
+  }
+  float highest_col = -kInf;
+  for (std::int64_t j = 0; j < cols; ++j) {
+    lowest = g.col_lse[j] < lowest ? g.col_lse[j] : lowest;
+    highest_col = g.col_lse[j] > highest_col ? g.col_lse[j] : highest_col;
+  }
+  // !(a >= b) also catches NaN; +Inf anywhere goes to the reference form.
+  if (!(shift < kInf) || !(highest_col < kInf) || !(lowest >= shift - kShiftSpread)) return false;
+  for (std::int64_t i = 0; i < rows; ++i) row_factor[i] = fast_exp(g.row_lse[i] - shift);  // [e^-T, 1]
+  for (std::int64_t j = 0; j < cols; ++j)
+    col_factor[j] = g.col_coef * fast_exp(shift - g.col_lse[j]);  // col_coef (0, e^T]
+  return true;
+}
+
+}  // namespace
+
+double gradient_tile(const float *raw, float *out, std::int64_t rows, std::int64_t cols,
+                     float scale, const GradientTerms &g, float *scratch) {
+  float *row_factor = scratch, *col_factor = scratch + rows;
+  const bool shared = g.col_lse != nullptr && shared_shift_factors(g, rows, cols, row_factor, col_factor);
+  double ds = 0.0;
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const float *x = raw + i * cols;
+    float *o = out + i * cols;
+    const float positive_share = g.positive_col[i] >= 0 ? raw[i * cols + g.positive_col[i]] : 0.0f;
+    float row_ds = 0.0f;
+    if (shared) {
+      const float lse = g.row_lse[i], a = row_factor[i], r = g.row_coef;
 #pragma omp simd reduction(+ : row_ds)
       for (std::int64_t j = 0; j < cols; ++j) {
-        const float g = row_coef * fast_exp(scale * x[j] - lse);
-        row_ds += g * x[j];
-        x[j] = scale * g;
+        const float v = fast_exp(scale * x[j] - lse) * (r + a * col_factor[j]);
+        row_ds += v * x[j];
+        o[j] = scale * v;
       }
+    } else {
+      row_ds = gradient_row_two_exp(x, o, cols, scale, g.row_lse[i], g);
     }
+    const std::int64_t p = g.positive_col[i];
     if (p >= 0) {
-      x[p] -= scale * positive_coef;
-      row_ds -= positive_coef * raw_positive;
+      o[p] -= scale * g.positive_coef;
+      row_ds -= g.positive_coef * positive_share;
     }
     ds += row_ds;
   }
   return ds;
 }
 
-}  // namespace flatmem::contrastive::cpu
+}  // namespace flatmem::contrastive::cpu::FLATMEM_ISA_NS
+#endif

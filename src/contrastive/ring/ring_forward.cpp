@@ -7,8 +7,9 @@
 //    block o from r - 1 (ranks o .. r - 1 folded in already, always in that
 //    order: deterministic), and sent on to r + 1. At t = n - 1 rank r = o - 1
 //    completes block o's state and sends it to its owner o = r + 1.
-// Positive logits are taken from whichever block holds them. The loss is one
-// all_reduce_sum of the ranks' partial sums (double), identical on all ranks.
+// Positive logits are taken from the tile of whichever block holds them. The
+// loss is one all_reduce_sum of the ranks' partial sums of their row (and own
+// column) terms (double), identical on all ranks.
 #include <algorithm>
 #include <cstring>
 
@@ -27,7 +28,7 @@ struct ForwardRingBuffers {
   char *fresh = nullptr;        // this rank's fold of the current block (PackedStates)
   cpu::LseStates rows;          // (b,) running over all blocks
   float *row_lse = nullptr, *col_lse = nullptr;  // results before they are written out
-  double *group_sums = nullptr;
+  float *positive_logit = nullptr;  // (b,) x_{i, y_i}, from the block that holds it
   std::vector<cpu::ThreadScratch> threads;
 };
 
@@ -44,7 +45,7 @@ ForwardRingBuffers carve(WorkspaceCarver &carver, const Layout &l, const Inputs 
   f.rows = {carver.take<float>(b), carver.take<double>(b)};
   f.row_lse = carver.take<float>(b);
   if (symmetric) f.col_lse = carver.take<float>(c);
-  f.group_sums = carver.take<double>(most_groups(plans));
+  f.positive_logit = carver.take<float>(b);
   f.threads = cpu::carve_thread_scratch(carver, widest(plans), in.q.dtype, threads);
   return f;
 }
@@ -63,7 +64,6 @@ void run_forward(flatmem_contrastive_s &h, comm::Communicator &comm, const Layou
   RingLink link(comm, "contrastive forward ring", stats);
 
   buf.rows.reset(in.b());
-  double positive_total = 0.0;
   MatrixView current = n > 1 ? compact_block(in.k, buf.blocks[0]) : in.k;
   RingLink::Pending state_in;  // the state of the next step's block, from r - 1
   for (int t = 0; t < n; ++t) {
@@ -87,10 +87,7 @@ void run_forward(flatmem_contrastive_s &h, comm::Communicator &comm, const Layou
     const PackedStates fresh{buf.fresh, cols};
     if (symmetric) fresh.states().reset(cols);
     cpu::fold_block(h.pool, plan, block, buf.rows, symmetric ? fresh.states() : cpu::LseStates{},
-                    buf.threads);
-    std::fill(buf.group_sums, buf.group_sums + plan.groups, 0.0);
-    cpu::add_positive_logits(h.pool, plan, block, buf.group_sums);
-    positive_total += cpu::sum_in_order(buf.group_sums, plan.groups);
+                    buf.positive_logit, buf.threads);
 
     if (symmetric && n > 1) {
       PackedStates merged = fresh;
@@ -113,9 +110,10 @@ void run_forward(flatmem_contrastive_s &h, comm::Communicator &comm, const Layou
     link.wait({&state_in});
     own_columns = PackedStates{buf.states[n % 2], own_cols};
   }
-  double lse_total = cpu::finish_lse(buf.rows, in.b(), buf.row_lse);
-  if (symmetric) lse_total += cpu::finish_lse(own_columns.states(), own_cols, buf.col_lse);
-  const double mine = cpu::loss_numerator(in.loss, lse_total, positive_total);
+  double mine = cpu::finish_terms(buf.rows, buf.positive_logit, in.b(), buf.row_lse);
+  // symmetric: b_r = c_r and global row g pairs with global column g, so own
+  // column j's positive is own row j's
+  if (symmetric) mine += cpu::finish_terms(own_columns.states(), buf.positive_logit, own_cols, buf.col_lse);
   double everyone = 0.0;
   comm.all_reduce_sum(&mine, &everyone, 1, comm::SumType::f64, comm.default_timeout(),
                       "contrastive forward ring: summing the loss over the ranks");
