@@ -7,7 +7,13 @@ holding only q, k, dq, dk) of flatmem and of the naive materialised loss. Where
 the naive loss was skipped because it would not fit, its projected need
 (2 b^2 fp32: logits and their gradient) is drawn dashed and labelled.
 
+Given also the CSV of `bench/jax_peer_bench.py --csv PATH` (optional second
+argument), it adds that run's plain-JAX materialised loss (XLA:CPU): its peak RSS
+minus that of a JAX process holding only the inputs and gradient-sized arrays.
+
     /usr/bin/python3 bench/plot_memory.py bench/contrastive_bench.csv -o bench/memory_vs_batch.png
+    /usr/bin/python3 bench/plot_memory.py bench/contrastive_bench.csv bench/jax_peer_bench.csv \
+        -o bench/memory_vs_batch.png
 """
 import argparse
 import csv
@@ -32,6 +38,9 @@ def number(text):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csv", help="CSV written by contrastive_bench --csv")
+    parser.add_argument("jax_csv", nargs="?",
+                        help="optional: CSV written by bench/jax_peer_bench.py --csv (adds its "
+                             "jax-materialised row)")
     parser.add_argument("-o", "--output", default="bench/memory_vs_batch.png")
     args = parser.parse_args()
 
@@ -40,6 +49,15 @@ def main():
     if not rows:
         raise SystemExit(f"{args.csv}: no rows")
     dim = rows[0]["dim"]
+    jax_rows = []
+    if args.jax_csv:
+        with open(args.jax_csv, newline="") as f:
+            jax_rows = [r for r in csv.DictReader(f) if r["variant"] == "jax-materialised"]
+        if not jax_rows:
+            raise SystemExit(f"{args.jax_csv}: no jax-materialised rows")
+        if any(r["dim"] != dim for r in jax_rows):
+            raise SystemExit(f"{args.jax_csv}: d = {jax_rows[0]['dim']}, {args.csv}: d = {dim}")
+    batches = sorted({int(x["batch"]) for x in rows} | {int(x["batch"]) for x in jax_rows})
     ram = number(rows[0].get("machine_ram_bytes"))
 
     def series(variant, status):
@@ -81,17 +99,27 @@ def main():
             ax.annotate(f"needs {y / 1024:.0f} GiB", (x, y), textcoords="offset points", xytext=(-70, 6),
                         fontsize=8, color="tab:red")
 
+    points = sorted((int(r["batch"]), number(r["extra_bytes"])) for r in jax_rows if r["status"] == "ok")
+    if points:
+        b = [x for x, _ in points]
+        mib = [max(y / MIB, FLOOR_MIB) for _, y in points]
+        ax.plot(b, mib, "^-", color="tab:orange",
+                label="plain JAX materialised (XLA:CPU), measured (jax_peer_bench)")
+        for x, y in zip(b, mib):
+            label = f"{y / 1024:.1f} GiB" if y >= 1024 else f"{y:.0f} MiB"
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8,
+                        color="tab:orange")
+
     if math.isfinite(ram):
         ax.axhline(ram / MIB, color="gray", lw=0.8)
-        ax.text(max(int(x["batch"]) for x in rows), ram / MIB / 1.3, f"machine RAM {ram / 2**30:.0f} GiB",
+        ax.text(batches[-1], ram / MIB / 1.3, f"machine RAM {ram / 2**30:.0f} GiB",
                 fontsize=8, color="gray", ha="right", va="top")
 
     ax.axhline(64.0, color="tab:green", lw=0.8, ls=":")
-    ax.text(max(int(x["batch"]) for x in rows), 64.0 / 1.2, "target for flatmem: 64 MiB at b = 65536",
+    ax.text(batches[-1], 64.0 / 1.2, "target for flatmem: 64 MiB at b = 65536",
             fontsize=8, color="tab:green", ha="right", va="top")
 
     ax.set_xscale("log", base=2)
-    batches = sorted({int(x["batch"]) for x in rows})
     ax.set_xticks(batches, [str(b) for b in batches])
     ax.minorticks_off()
     ax.set_yscale("log")
