@@ -15,6 +15,11 @@
 //   flatmem-blas1   OPENBLAS_NUM_THREADS=1
 //   naive, gemm4    OPENBLAS_NUM_THREADS unset: OpenBLAS threads each GEMM itself
 //   tilegemm        OPENBLAS_NUM_THREADS=1: one single-threaded sgemm per tile
+//   flatmem-cache   as flatmem, with options.logit_cache_bytes = 4 b^2 (every
+//                   logit tile kept for the backward: 6 b^2 d FLOPs)
+// The flatmem variants run once per CPU ISA of --isas (default: avx512 and
+// avx2 where the CPU has them), the child started with FLATMEM_CPU_ISA set;
+// the BLAS variants do not depend on it and run once.
 // (flatmem built with FLATMEM_BLAS=SERIAL_STATIC carries its own serial
 // OpenBLAS, which the variable does not reach; both rows then read the same.)
 #include <flatmem/flatmem.h>
@@ -44,7 +49,7 @@ constexpr double MiB = 1024.0 * 1024.0, GiB = 1024.0 * MiB;
 
 // Targets this benchmark reports against (README).
 constexpr std::int64_t target_batch = 16384;
-constexpr double target_vs_gemm4 = 1.30, target_vs_naive = 1.35;
+constexpr double target_vs_gemm4 = 1.15, target_vs_naive = 1.35;
 constexpr std::int64_t memory_target_batch = 65536;
 constexpr double memory_target_bytes = 64.0 * MiB;
 
@@ -57,7 +62,8 @@ struct Options {
   double mem_limit_gib = 20.0;
   std::int64_t strip = 2048, tile = 512, tilegemm_max_batch = 16384;
   int rounds = 2, large_rounds = 1;      // interleaved repetitions of all variants; "large": b > 16384
-  std::vector<std::string> variants{"flatmem", "flatmem-blas1", "naive", "gemm4", "tilegemm"};
+  std::vector<std::string> variants{"flatmem", "flatmem-cache", "flatmem-blas1", "naive", "gemm4", "tilegemm"};
+  std::vector<std::string> isas;  // FLATMEM_CPU_ISA values for the flatmem variants
   std::string csv;
 };
 
@@ -76,17 +82,22 @@ const VariantSpec specs[] = {
     {"naive", "naive", BlasEnv::all_cores, "naive materialised loss"},
     {"gemm4", "gemm4", BlasEnv::all_cores, "4 GEMMs in column strips"},
     {"tilegemm", "tilegemm", BlasEnv::one, "4 GEMMs in tiles, 1-thread sgemm per thread"},
+    {"flatmem-cache", "flatmem", BlasEnv::all_cores, "flatmem, logit cache 4 b^2 bytes"},
 };
+
+bool is_flatmem(const std::string &variant) { return variant.rfind("flatmem", 0) == 0; }
 
 const VariantSpec &spec(const std::string &name) {
   for (const auto &s : specs)
     if (name == s.name) return s;
-  throw std::runtime_error("unknown variant '" + name + "' (flatmem, flatmem-blas1, naive, gemm4, tilegemm)");
+  throw std::runtime_error("unknown variant '" + name +
+                           "' (flatmem, flatmem-cache, flatmem-blas1, naive, gemm4, tilegemm)");
 }
 
 struct Run {
   std::int64_t b = 0;
   std::string variant, status = "ok", note;  // status: ok | skipped | failed
+  std::string isa;                            // FLATMEM_CPU_ISA of a flatmem variant, else empty
   double peak_bytes = NAN, extra_bytes = NAN, planned_bytes = NAN;
   std::map<std::string, double> values;
   double value(const std::string &key) const {
@@ -99,7 +110,8 @@ struct Run {
 double flops(const std::string &variant, std::int64_t b, std::int64_t d) {
   const double bbd = double(b) * double(b) * double(d);
   if (variant == "inputs") return 0.0;
-  return variant == "naive" ? 6.0 * bbd : 8.0 * bbd;  // naive does not recompute the logits
+  // naive and the cached flatmem do not recompute the logits
+  return variant == "naive" || variant == "flatmem-cache" ? 6.0 * bbd : 8.0 * bbd;
 }
 
 // ---- formatting --------------------------------------------------------------
@@ -144,12 +156,13 @@ void set_blas_env(BlasEnv env) {
   if (env == BlasEnv::one) setenv("OPENBLAS_NUM_THREADS", "1", 1);
 }
 
-Run run_child(const Options &o, const std::string &variant, std::int64_t b) {
+Run run_child(const Options &o, const std::string &variant, std::int64_t b, const std::string &isa = "") {
   const VariantSpec &s = spec(variant);
   Run run;
   run.b = b;
   run.variant = variant;
-  run.planned_bytes = bench::planned_extra_bytes(s.worker, b, o.d, o.strip);
+  run.isa = isa;
+  run.planned_bytes = bench::planned_extra_bytes(s.name, b, o.d, o.strip);
   int fds[2];
   if (pipe(fds) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
   std::vector<std::string> args = {self_path(), "--worker", s.worker, "--batch", std::to_string(b),
@@ -157,12 +170,15 @@ Run run_child(const Options &o, const std::string &variant, std::int64_t b) {
                                    "--min-time", format("%.9g", o.min_time), "--max-reps",
                                    std::to_string(o.max_reps), "--strip", std::to_string(o.strip),
                                    "--tile", std::to_string(o.tile), "--result-fd", std::to_string(fds[1])};
+  if (variant == "flatmem-cache")
+    args.insert(args.end(), {"--logit-cache-bytes", std::to_string(4 * b * b)});
   std::fflush(stdout);
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
     close(fds[0]);
     set_blas_env(s.env);
+    if (!isa.empty()) setenv("FLATMEM_CPU_ISA", isa.c_str(), 1);
     std::vector<char *> argv;
     for (auto &a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -215,6 +231,7 @@ int worker_main(int argc, char **argv) {
     else if (key == "--strip") c.strip = std::stoll(value);
     else if (key == "--tile") c.tile = std::stoll(value);
     else if (key == "--result-fd") fd = std::stoi(value);
+    else if (key == "--logit-cache-bytes") c.logit_cache_bytes = std::stoull(value);
   }
   FILE *out = fd >= 0 ? fdopen(fd, "w") : stdout;
   try {
@@ -233,7 +250,8 @@ int worker_main(int argc, char **argv) {
 void usage() {
   std::printf(
       "usage: contrastive_bench [--sizes B1,B2,...] [--dim D] [--quick] [--csv PATH]\n"
-      "                         [--variants flatmem,flatmem-blas1,naive,gemm4,tilegemm]\n"
+      "                         [--variants flatmem,flatmem-cache,flatmem-blas1,naive,gemm4,tilegemm]\n"
+      "                         [--isas avx512,avx2,baseline]\n"
       "                         [--min-time S] [--max-reps N] [--mem-limit-gib G]\n"
       "                         [--strip W] [--tile T] [--tilegemm-max-batch B] [--scale S]\n"
       "                         [--rounds N] [--large-rounds N]\n"
@@ -243,7 +261,20 @@ void usage() {
       "  flatmem's GEMMs alone at its 512 x 512 tiles) up to b = 16384. All variants of one b\n"
       "  run in turn, --rounds times (default 2; --large-rounds, default 1, for b > 16384), and\n"
       "  each reports its fastest run: other work on the machine only ever adds time.\n"
+      "  flatmem variants run once per --isas entry (FLATMEM_CPU_ISA; default avx512 and avx2\n"
+      "  where the CPU has them, or the FLATMEM_CPU_ISA already set).\n"
       "  --quick: sizes 1024,4096, min-time 0.3 s, 1 round.\n");
+}
+
+// avx512 and avx2 where the CPU (and the library) has them, or the one
+// FLATMEM_CPU_ISA already names.
+std::vector<std::string> default_isas() {
+  const char *env = std::getenv("FLATMEM_CPU_ISA");
+  if (env && *env && std::string(env) != "auto") return {env};
+  flatmem_cpu_isa best = FLATMEM_CPU_ISA_BASELINE;
+  if (flatmem_cpu_isa_get(nullptr, &best) != FLATMEM_STATUS_SUCCESS) return {"baseline"};
+  if (best == FLATMEM_CPU_ISA_AVX512) return {"avx512", "avx2"};
+  return {flatmem_cpu_isa_name(best)};
 }
 
 Options parse(int argc, char **argv) {
@@ -275,6 +306,7 @@ Options parse(int argc, char **argv) {
     else if (a == "--rounds") o.rounds = std::stoi(value());
     else if (a == "--large-rounds") o.large_rounds = std::stoi(value());
     else if (a == "--variants") o.variants = bench::split(value());
+    else if (a == "--isas") o.isas = bench::split(value());
     else if (a == "--csv") o.csv = value();
     else throw std::runtime_error("unknown argument '" + a + "' (see --help)");
   }
@@ -282,6 +314,10 @@ Options parse(int argc, char **argv) {
   for (auto b : o.sizes)
     if (b < 1) throw std::runtime_error("--sizes: batch sizes must be >= 1");
   if (o.d < 1) throw std::runtime_error("--dim must be >= 1");
+  if (o.isas.empty()) o.isas = default_isas();
+  for (const auto &isa : o.isas)
+    if (isa != "avx512" && isa != "avx2" && isa != "baseline")
+      throw std::runtime_error("--isas: '" + isa + "'; expected avx512, avx2 or baseline");
   return o;
 }
 
@@ -298,7 +334,8 @@ double machine_ram_bytes() {
 }
 
 void print_progress(const Run &r, std::int64_t d) {
-  std::printf("  %-14s ", r.variant.c_str());
+  const std::string name = r.isa.empty() ? r.variant : r.variant + " [" + r.isa + "]";
+  std::printf("  %-24s ", name.c_str());
   if (!r.ok()) {
     std::printf("%s: %s\n", r.status.c_str(), r.note.c_str());
     return;
@@ -314,9 +351,11 @@ void print_progress(const Run &r, std::int64_t d) {
               r.variant == "inputs" ? "-" : bytes(r.extra_bytes).c_str(), blas_threading(r).c_str());
 }
 
-const Run *find(const std::vector<Run> &runs, std::int64_t b, const std::string &variant) {
+// The run of `variant` at b; for a flatmem variant the one under `isa`.
+const Run *find(const std::vector<Run> &runs, std::int64_t b, const std::string &variant,
+                const std::string &isa = "") {
   for (const auto &r : runs)
-    if (r.b == b && r.variant == variant) return &r;
+    if (r.b == b && r.variant == variant && (!is_flatmem(variant) || r.isa == isa)) return &r;
   return nullptr;
 }
 
@@ -339,7 +378,7 @@ std::string memory_cell(const Run *r) {
 void write_csv(const std::string &path, const std::vector<Run> &runs, const Options &o) {
   std::ofstream out(path);
   if (!out) throw std::runtime_error("cannot write " + path);
-  out << "batch,dim,variant,status,fwd_s,bwd_s,total_s,reps,gflops,peak_rss_bytes,extra_bytes,"
+  out << "batch,dim,variant,isa,status,fwd_s,bwd_s,total_s,reps,gflops,peak_rss_bytes,extra_bytes,"
          "planned_extra_bytes,workspace_bytes,median_total_s,loss,blas_threads,blas_parallel,machine_ram_bytes,note\n";
   for (const auto &r : runs) {
     const double total = r.value("total_s");
@@ -349,7 +388,7 @@ void write_csv(const std::string &path, const std::vector<Run> &runs, const Opti
     std::string note = r.note;
     for (auto &ch : note)
       if (ch == ',' || ch == '\n') ch = ';';
-    out << r.b << ',' << o.d << ',' << r.variant << ',' << r.status << ',' << num(r.value("fwd_s")) << ','
+    out << r.b << ',' << o.d << ',' << r.variant << ',' << r.isa << ',' << r.status << ',' << num(r.value("fwd_s")) << ','
         << num(r.value("bwd_s")) << ',' << num(total) << ',' << num(r.value("reps")) << ',' << num(gflops)
         << ',' << num(r.peak_bytes) << ',' << num(r.extra_bytes) << ',' << num(r.planned_bytes) << ','
         << num(ws) << ',' << num(r.value("median_total_s")) << ',' << num(r.value("loss")) << ',' << num(r.value("blas_threads")) << ','
@@ -360,35 +399,42 @@ void write_csv(const std::string &path, const std::vector<Run> &runs, const Opti
 void print_tables(const std::vector<Run> &runs, const Options &o) {
   std::printf("\n### Symmetric contrastive loss, forward + backward, fp32, d = %lld (%s, %d threads)\n\n",
               (long long)o.d, cpu_model().c_str(), bench::hardware_threads());
-  std::printf("| b | flatmem | naive (materialised) | 4 GEMMs (floor) | flatmem / 4 GEMMs | flatmem / naive "
-              "| flatmem GFLOP/s | extra memory: flatmem | extra memory: naive | flatmem workspace |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  for (auto b : o.sizes) {
-    const Run *f = find(runs, b, "flatmem"), *n = find(runs, b, "naive"), *g = find(runs, b, "gemm4");
-    const double tf = total_of(f), tn = total_of(n), tg = total_of(g);
-    const double ws = f && f->ok() ? std::fmax(f->value("workspace_forward"), f->value("workspace_backward")) : NAN;
-    std::printf("| %lld | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", (long long)b, time_cell(f).c_str(),
-                time_cell(n).c_str(), time_cell(g).c_str(), ratio(tf / tg).c_str(), ratio(tf / tn).c_str(),
-                std::isfinite(tf) ? format("%.0f", flops("flatmem", b, o.d) / tf / 1e9).c_str() : "-",
-                memory_cell(f).c_str(), memory_cell(n).c_str(), bytes(ws).c_str());
-  }
-  std::printf("\nflatmem and the 4 GEMMs: 8 b^2 d FLOPs; naive: 6 b^2 d (it keeps the logits instead of "
-              "recomputing them) plus 2 b^2 fp32 of memory. Extra memory: peak RSS of the variant's process "
-              "minus that of a process holding only q, k, dq, dk. Times: fastest timed run.\n");
+  std::printf("| b | CPU ISA | flatmem | flatmem, cache 4b^2 | naive (materialised) | 4 GEMMs (floor) "
+              "| flatmem / 4 GEMMs | cached / 4 GEMMs | flatmem / naive | flatmem GFLOP/s "
+              "| extra memory: flatmem | extra memory: cached | extra memory: naive | flatmem workspace |\n");
+  std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (auto b : o.sizes)
+    for (const auto &isa : o.isas) {
+      const Run *f = find(runs, b, "flatmem", isa), *fc = find(runs, b, "flatmem-cache", isa),
+                *n = find(runs, b, "naive"), *g = find(runs, b, "gemm4");
+      const double tf = total_of(f), tc = total_of(fc), tn = total_of(n), tg = total_of(g);
+      const double ws = f && f->ok() ? std::fmax(f->value("workspace_forward"), f->value("workspace_backward")) : NAN;
+      std::printf("| %lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", (long long)b,
+                  isa.c_str(), time_cell(f).c_str(), time_cell(fc).c_str(), time_cell(n).c_str(),
+                  time_cell(g).c_str(), ratio(tf / tg).c_str(), ratio(tc / tg).c_str(), ratio(tf / tn).c_str(),
+                  std::isfinite(tf) ? format("%.0f", flops("flatmem", b, o.d) / tf / 1e9).c_str() : "-",
+                  memory_cell(f).c_str(), memory_cell(fc).c_str(), memory_cell(n).c_str(), bytes(ws).c_str());
+    }
+  std::printf("\nflatmem and the 4 GEMMs: 8 b^2 d FLOPs; naive and flatmem with the logit cache: 6 b^2 d (they "
+              "keep the logits instead of recomputing them; naive also 2 b^2 fp32 of memory, the cache 1 b^2 "
+              "fp32). Extra memory: peak RSS of the variant's process minus that of a process holding only q, k, "
+              "dq, dk. Times: fastest timed run. CPU ISA: FLATMEM_CPU_ISA of the flatmem runs (the BLAS variants "
+              "do not depend on it).\n");
 
   std::printf("\n### Where the time goes, and BLAS threading\n\n");
-  std::printf("| b | flatmem forward | flatmem backward | flatmem (OpenBLAS default threads) | flatmem "
+  std::printf("| b | CPU ISA | flatmem forward | flatmem backward | flatmem (OpenBLAS default threads) | flatmem "
               "(OPENBLAS_NUM_THREADS=1) | tile GEMMs only (%lld^2 tiles) | 4 GEMMs in %lld-column strips |\n",
               (long long)o.tile, (long long)o.strip);
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|\n");
-  for (auto b : o.sizes) {
-    const Run *f = find(runs, b, "flatmem"), *f1 = find(runs, b, "flatmem-blas1"), *t = find(runs, b, "tilegemm"),
-              *g = find(runs, b, "gemm4");
-    std::printf("| %lld | %s | %s | %s | %s | %s | %s |\n", (long long)b,
-                f && f->ok() ? seconds(f->value("fwd_s")).c_str() : "-",
-                f && f->ok() ? seconds(f->value("bwd_s")).c_str() : "-", time_cell(f).c_str(),
-                time_cell(f1).c_str(), time_cell(t).c_str(), time_cell(g).c_str());
-  }
+  std::printf("|---:|---|---:|---:|---:|---:|---:|---:|\n");
+  for (auto b : o.sizes)
+    for (const auto &isa : o.isas) {
+      const Run *f = find(runs, b, "flatmem", isa), *f1 = find(runs, b, "flatmem-blas1", isa),
+                *t = find(runs, b, "tilegemm"), *g = find(runs, b, "gemm4");
+      std::printf("| %lld | %s | %s | %s | %s | %s | %s | %s |\n", (long long)b, isa.c_str(),
+                  f && f->ok() ? seconds(f->value("fwd_s")).c_str() : "-",
+                  f && f->ok() ? seconds(f->value("bwd_s")).c_str() : "-", time_cell(f).c_str(),
+                  time_cell(f1).c_str(), time_cell(t).c_str(), time_cell(g).c_str());
+    }
   for (const char *v : {"flatmem", "flatmem-blas1", "naive", "gemm4", "tilegemm"})
     for (const auto &r : runs)
       if (r.variant == v && r.ok()) {
@@ -399,26 +445,30 @@ void print_tables(const std::vector<Run> &runs, const Options &o) {
       }
 
   std::printf("\nloss, flatmem vs naive (same features):");
-  for (auto b : o.sizes) {
-    const Run *f = find(runs, b, "flatmem"), *n = find(runs, b, "naive");
-    if (f && n && f->ok() && n->ok())
-      std::printf("  b=%lld: %.6f vs %.6f (rel. diff %.1e)", (long long)b, f->value("loss"), n->value("loss"),
-                  std::fabs(f->value("loss") - n->value("loss")) / std::fabs(n->value("loss")));
-  }
+  for (auto b : o.sizes)
+    for (const auto &isa : o.isas) {
+      const Run *f = find(runs, b, "flatmem", isa), *n = find(runs, b, "naive");
+      if (f && n && f->ok() && n->ok())
+        std::printf("  b=%lld [%s]: %.6f vs %.6f (rel. diff %.1e)", (long long)b, isa.c_str(), f->value("loss"),
+                    n->value("loss"), std::fabs(f->value("loss") - n->value("loss")) / std::fabs(n->value("loss")));
+    }
   std::printf("\n");
 
   std::printf("\n### Targets\n\n");
-  const Run *f = find(runs, target_batch, "flatmem"), *g = find(runs, target_batch, "gemm4"),
-            *n = find(runs, target_batch, "naive"), *m = find(runs, memory_target_batch, "flatmem");
   auto verdict = [](double value, double limit) {
     return !std::isfinite(value) ? "not measured" : value <= limit ? "MET" : "MISSED";
   };
-  const double r1 = total_of(f) / total_of(g), r2 = total_of(f) / total_of(n);
+  const Run *g = find(runs, target_batch, "gemm4"), *n = find(runs, target_batch, "naive");
+  for (const auto &isa : o.isas) {
+    const Run *f = find(runs, target_batch, "flatmem", isa);
+    const double r1 = total_of(f) / total_of(g), r2 = total_of(f) / total_of(n);
+    std::printf("- [%s] flatmem <= %.2fx the 4-GEMM time at b = %lld: %s -> %s\n", isa.c_str(), target_vs_gemm4,
+                (long long)target_batch, ratio(r1).c_str(), verdict(r1, target_vs_gemm4));
+    std::printf("- [%s] flatmem <= %.2fx the naive loss at b = %lld: %s -> %s\n", isa.c_str(), target_vs_naive,
+                (long long)target_batch, ratio(r2).c_str(), verdict(r2, target_vs_naive));
+  }
+  const Run *m = find(runs, memory_target_batch, "flatmem", o.isas.front());
   const double mem = m && m->ok() ? m->extra_bytes : NAN;
-  std::printf("- flatmem <= %.2fx the 4-GEMM time at b = %lld: %s -> %s\n", target_vs_gemm4,
-              (long long)target_batch, ratio(r1).c_str(), verdict(r1, target_vs_gemm4));
-  std::printf("- flatmem <= %.2fx the naive loss at b = %lld: %s -> %s\n", target_vs_naive,
-              (long long)target_batch, ratio(r2).c_str(), verdict(r2, target_vs_naive));
   std::printf("- flatmem extra memory < %s at b = %lld: %s -> %s\n", bytes(memory_target_bytes).c_str(),
               (long long)memory_target_batch, bytes(mem).c_str(),
               !std::isfinite(mem) ? "not measured" : mem < memory_target_bytes ? "MET" : "MISSED");
@@ -431,6 +481,12 @@ int driver_main(int argc, char **argv) {
   std::printf("machine: %s, %d hardware threads, %s RAM\n", cpu_model().c_str(), bench::hardware_threads(),
               bytes(machine_ram_bytes()).c_str());
   std::printf("flatmem %s; benchmark BLAS: %s\n", flatmem_version_string(), bench::blas_config().c_str());
+  flatmem_cpu_isa best = FLATMEM_CPU_ISA_BASELINE;
+  flatmem_cpu_isa_get(nullptr, &best);
+  std::string isa_list;
+  for (const auto &isa : o.isas) isa_list += (isa_list.empty() ? "" : ", ") + isa;
+  std::printf("CPU ISA: best %s; flatmem runs under %s (FLATMEM_CPU_ISA)\n", flatmem_cpu_isa_name(best),
+              isa_list.c_str());
   double load[3] = {NAN, NAN, NAN};
   if (getloadavg(load, 3) == 3)  // other work on the machine slows every column: say how much ran
     std::printf("load average at start: %.2f %.2f %.2f\n", load[0], load[1], load[2]);
@@ -448,15 +504,22 @@ int driver_main(int argc, char **argv) {
     runs.push_back(baseline);
     if (!baseline.ok()) continue;
     const std::size_t first = runs.size();
+    std::vector<std::pair<std::string, std::string>> jobs;  // (variant, isa)
+    for (const auto &v : o.variants)
+      if (is_flatmem(v))
+        for (const auto &isa : o.isas) jobs.emplace_back(v, isa);
+      else
+        jobs.emplace_back(v, "");
     const int rounds = std::max(1, b > target_batch ? o.large_rounds : o.rounds);
     for (int round = 0; round < rounds; ++round) {
       if (rounds > 1) std::printf(" round %d of %d\n", round + 1, rounds);
-      for (std::size_t i = 0; i < o.variants.size(); ++i) {
-        const std::string &v = o.variants[i];
+      for (std::size_t i = 0; i < jobs.size(); ++i) {
+        const auto &[v, isa] = jobs[i];
         Run r;
         r.b = b;
         r.variant = v;
-        r.planned_bytes = bench::planned_extra_bytes(spec(v).worker, b, o.d, o.strip);
+        r.isa = isa;
+        r.planned_bytes = bench::planned_extra_bytes(v, b, o.d, o.strip);
         if (v == "tilegemm" && b > o.tilegemm_max_batch) {
           r.status = "skipped";
           r.note = "not run (diagnostic, --tilegemm-max-batch)";
@@ -464,7 +527,7 @@ int driver_main(int argc, char **argv) {
           r.status = "skipped";
           r.note = "n/a (needs " + bytes(r.planned_bytes) + ")";
         } else {
-          r = run_child(o, v, b);
+          r = run_child(o, v, b, isa);
           r.extra_bytes = r.peak_bytes - baseline.peak_bytes;
         }
         if (round == 0 || r.status != "skipped") print_progress(r, o.d);

@@ -121,6 +121,7 @@ Report run_flatmem(const VariantConfig &c) {
   DLTensor dscale_t = fp32_tensor(&dscale, 0, nullptr);
 
   flatmem_contrastive_options options = FLATMEM_CONTRASTIVE_OPTIONS_INIT;
+  options.logit_cache_bytes = c.logit_cache_bytes;
   flatmem_contrastive_t *raw = nullptr;
   check(flatmem_contrastive_create(&raw, &options), "flatmem_contrastive_create");
   std::unique_ptr<flatmem_contrastive_t, flatmem_status (*)(flatmem_contrastive_t *)> handle(
@@ -151,6 +152,10 @@ Report run_flatmem(const VariantConfig &c) {
   report.push_back({"dscale", dscale});
   report.push_back({"workspace_forward", double(forward_bytes)});
   report.push_back({"workspace_backward", double(backward_bytes)});
+  report.push_back({"logit_cache_bytes", double(c.logit_cache_bytes)});
+  flatmem_cpu_isa isa = FLATMEM_CPU_ISA_DEFAULT;
+  check(flatmem_cpu_isa_get(&isa, nullptr), "flatmem_cpu_isa_get");
+  report.push_back({"cpu_isa", double(isa)});
   return report;
 }
 
@@ -344,6 +349,7 @@ double planned_extra_bytes(const std::string &variant, std::int64_t b, std::int6
   const double bb = double(b) * double(b);
   if (variant == "naive") return 2.0 * 4.0 * bb;                          // X and G
   if (variant == "gemm4") return 4.0 * double(b) * double(std::min(strip, b));  // one strip
+  if (variant == "flatmem-cache") return 4.0 * bb;                        // every logit tile
   (void)d;
   return 0.0;  // flatmem, tilegemm: O(b + tile^2) -- negligible for the fit test
 }

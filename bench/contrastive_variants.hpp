@@ -5,7 +5,8 @@
 //   inputs     allocates and fills q, k and touches dq, dk (b x d fp32 each),
 //              nothing else: the baseline every other variant is compared to.
 //   flatmem    inputs + flatmem_contrastive_forward + _backward (symmetric
-//              loss, caller workspace from the size queries).
+//              loss, caller workspace from the size queries; logit cache of
+//              VariantConfig::logit_cache_bytes). Reports the CPU ISA in use.
 //   naive      inputs + the materialised loss: X = s Q K^T (b x b), row and
 //              column log-sum-exp, G = (P + Q - 2I) / (2b) into a second b x b
 //              matrix, dq = s G K, dk = s G^T Q. 3 GEMMs (6 b^2 d FLOPs),
@@ -35,6 +36,7 @@ struct VariantConfig {
   std::int64_t strip = 2048;  // gemm4: column strip width
   std::int64_t tile = 512;    // tilegemm: tile extent
   std::uint64_t seed = 1;
+  std::size_t logit_cache_bytes = 0;  // flatmem: options.logit_cache_bytes
 };
 
 // key = value pairs reported back to the driver (times in seconds, sizes in bytes).

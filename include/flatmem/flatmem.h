@@ -428,11 +428,36 @@ typedef struct flatmem_contrastive_options {
    *  communicator whose ranks share one global batch (see "Ring across
    *  ranks" above); it must outlive the handle. */
   flatmem_comm_t *comm;
+  /** Bytes the handle may hold to keep logit tiles from the forward for the
+   *  backward (0 = none, the default; see "Logit cache" below). CPU tensors
+   *  only; must be 0 with a communicator. */
+  size_t logit_cache_bytes;
 } flatmem_contrastive_options;
 
 #define FLATMEM_CONTRASTIVE_OPTIONS_INIT                                                  \
   { sizeof(flatmem_contrastive_options), FLATMEM_CONTRASTIVE_DEFAULT, 0, 0, 0,            \
-    FLATMEM_NONFINITE_ERROR, FLATMEM_FP32_PRECISION_DEFAULT, NULL }
+    FLATMEM_NONFINITE_ERROR, FLATMEM_FP32_PRECISION_DEFAULT, NULL, 0 }
+
+/*
+ * Logit cache (options.logit_cache_bytes), a memory/compute dial for the CPU
+ * backend. Without it the backward recomputes every logit tile (8 b c d
+ * FLOPs for forward + backward of the symmetric loss). With a budget of B
+ * bytes the forward also keeps the raw tiles <q_i, k_j> (fp32) that fit in
+ * B, in row-major tile order, and the next backward reads them instead of
+ * recomputing: 8 b c d - 2 min(B / 4, b c) d FLOPs, down to 6 b c d at
+ * B >= 4 b c (1 GiB for b = c = 16384; 64 MiB covers b = c = 4096).
+ * The cache is the handle's own memory, allocated by the first forward that
+ * uses it (min(B, 4 b c) bytes, kept and reused until the handle is
+ * destroyed; never more than B): FLATMEM_STATUS_OUT_OF_MEMORY naming the
+ * option when that allocation fails. It is not part of the workspace.
+ * Results are bitwise identical with and without the cache: the cached tiles
+ * are exactly the ones a recompute would produce. A backward uses them only
+ * when its q and k have the same shapes, dtype and contents as the last
+ * forward's (a 128-bit fingerprint of q and k taken by the forward, O(b d)
+ * time, checked by the backward); otherwise, or after a failed forward, it
+ * recomputes as without the cache. A call with kDLCUDA tensors neither
+ * fills nor uses it (the CUDA backend always recomputes).
+ */
 
 /** Fill *options with the defaults and struct_size (for languages that
  *  cannot expand the macro). Thread-safe. */

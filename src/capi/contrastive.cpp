@@ -129,6 +129,7 @@ flatmem_status flatmem_contrastive_forward(flatmem_contrastive_t *handle, const 
                            workspace_bytes);
     const Inputs in = check_inputs(handle->options, q, k, labels, logit_scale);
     const ForwardOutputs out = check_forward_outputs(in, loss, row_lse, col_lse);
+    handle->logit_cache.invalidate();  // a failed or CUDA forward leaves no tiles to trust
     if (on_cuda(in.q)) {
       FLATMEM_CUDA_ONLY(cuda::forward(handle->options, in, out, workspace, workspace_bytes, stream));
       return;
@@ -137,7 +138,9 @@ flatmem_status flatmem_contrastive_forward(flatmem_contrastive_t *handle, const 
     const std::size_t needed =
         cpu::forward_workspace_bytes(plan, in.loss, in.q.dtype, handle->pool.size());
     void *ws = handle->workspace.resolve(workspace, workspace_bytes, needed);
-    cpu::forward(handle->pool, plan, in, out, ws);
+    const cpu::CachedTiles cache = handle->logit_cache.begin_forward(handle->pool, plan, in);
+    cpu::forward(handle->pool, plan, in, out, ws, cache);
+    handle->logit_cache.finish_forward();
   });
 }
 
@@ -167,7 +170,8 @@ flatmem_status flatmem_contrastive_backward(flatmem_contrastive_t *handle, const
         plan, in.q.dtype, args.dq.data ? &args.dq.dtype : nullptr,
         args.dk.data ? &args.dk.dtype : nullptr, handle->pool.size());
     void *ws = handle->workspace.resolve(workspace, workspace_bytes, needed);
-    cpu::backward(handle->pool, plan, in, args, ws);
+    cpu::backward(handle->pool, plan, in, args, ws,
+                  handle->logit_cache.for_backward(handle->pool, plan, in));
   });
 }
 

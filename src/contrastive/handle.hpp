@@ -3,6 +3,7 @@
 // ring), and what the last ring calls measured.
 #pragma once
 
+#include "contrastive/cpu/logit_cache.hpp"
 #include "contrastive/problem.hpp"
 #include "contrastive/ring/stats.hpp"
 #include "core/blas.hpp"
@@ -11,12 +12,13 @@
 
 struct flatmem_contrastive_s {
   explicit flatmem_contrastive_s(const flatmem::contrastive::Options &o)
-      : options(o), pool(o.num_threads) {
+      : options(o), pool(o.num_threads), logit_cache(o.logit_cache_bytes) {
     flatmem::prepare_blas();
   }
 
   flatmem::contrastive::Options options;
   flatmem::ThreadPool pool;
   flatmem::OwnedWorkspace workspace;
+  flatmem::contrastive::cpu::LogitCache logit_cache;  // options.logit_cache_bytes
   flatmem::contrastive::ring::Stats ring_forward_stats, ring_backward_stats;
 };

@@ -6,6 +6,7 @@
 
 #include <flatmem/flatmem.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/tensor.hpp"
@@ -24,6 +25,7 @@ struct Options {
   flatmem_nonfinite_policy nonfinite = FLATMEM_NONFINITE_ERROR;
   Fp32Precision fp32_precision = Fp32Precision::tf32;
   flatmem_comm_t *comm = nullptr;  // non-null: the ring across its ranks (src/contrastive/ring/)
+  std::size_t logit_cache_bytes = 0;  // CPU: raw logit tiles kept for the backward (cpu/logit_cache.hpp)
 };
 
 // Inputs shared by forward and backward.

@@ -71,6 +71,10 @@ Options resolve_options(const flatmem_contrastive_options *given) {
     default: invalid("options.fp32_precision: ", o.fp32_precision, " is not a flatmem_fp32_precision");
   }
   r.comm = o.comm;
+  r.logit_cache_bytes = o.logit_cache_bytes;
+  if (r.comm && r.logit_cache_bytes != 0)
+    invalid("options.logit_cache_bytes: ", r.logit_cache_bytes,
+            " with options.comm set; the ring across ranks keeps no logit tiles, set it to 0");
   return r;
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "support/contrastive.hpp"
+#include "support/contrastive_bitwise.hpp"
 #include "support/random.hpp"
 #include "support/tensor.hpp"
 
@@ -18,72 +19,8 @@ using namespace flatmem_test;
 
 namespace {
 
-struct DeterminismCase {
-  flatmem_contrastive_loss loss = FLATMEM_CONTRASTIVE_SYMMETRIC;
-  Dtype dtype = Dtype::f32;
-  std::int64_t b = 0, c = 0, d = 0;
-  int tile_rows = 0, tile_cols = 0;
-  bool labels = false;
-  Dtype grad = Dtype::f32;
-  double scale = 20.0;
-};
-
-struct Results {
-  HostTensor loss, row_lse, col_lse, dq, dk, ds;
-};
-
-class Problem {
- public:
-  explicit Problem(const DeterminismCase &dc) : dc_(dc) {
-    Random rng(7);
-    q_ = HostTensor::matrix(dc.dtype, dc.b, dc.d);
-    k_ = HostTensor::matrix(dc.dtype, dc.c, dc.d);
-    fill_features(q_, rng, 1.0, true);
-    fill_features(k_, rng, 1.0, true);
-    if (dc.labels) {
-      labels_ = HostTensor::vector(Dtype::i64, dc.b);
-      for (std::int64_t i = 0; i < dc.b; ++i) labels_.set(i, double(rng.below(dc.c)));
-    }
-    scale_ = HostTensor::scalar(Dtype::f32, dc.scale);
-    dloss_ = HostTensor::scalar(Dtype::f32, 0.75);
-  }
-
-  bool symmetric() const { return dc_.loss != FLATMEM_CONTRASTIVE_INFONCE; }
-
-  Results run(int threads) const {
-    Handle h = create_handle(make_options(dc_.loss, threads, dc_.tile_rows, dc_.tile_cols));
-    Results r;
-    r.loss = HostTensor::scalar(Dtype::f32, 0.0);
-    r.row_lse = HostTensor::vector(Dtype::f32, dc_.b);
-    if (symmetric()) r.col_lse = HostTensor::vector(Dtype::f32, dc_.c);
-    const DLTensor *labels = dc_.labels ? labels_.dl() : nullptr;
-    flatmem_status status =
-        flatmem_contrastive_forward(h.get(), q_.dl(), k_.dl(), labels, scale_.dl(), r.loss.dl(), r.row_lse.dl(),
-                                    symmetric() ? r.col_lse.dl() : nullptr, nullptr, 0, nullptr);
-    REQUIRE_MESSAGE(status == FLATMEM_STATUS_SUCCESS, describe(status));
-    r.dq = HostTensor::matrix(dc_.grad, dc_.b, dc_.d);
-    r.dk = HostTensor::matrix(dc_.grad, dc_.c, dc_.d);
-    r.ds = HostTensor::scalar(Dtype::f32, 0.0);
-    status = flatmem_contrastive_backward(h.get(), q_.dl(), k_.dl(), labels, scale_.dl(), r.row_lse.dl(),
-                                          symmetric() ? r.col_lse.dl() : nullptr, dloss_.dl(), r.dq.dl(),
-                                          r.dk.dl(), r.ds.dl(), nullptr, 0, nullptr);
-    REQUIRE_MESSAGE(status == FLATMEM_STATUS_SUCCESS, describe(status));
-    return r;
-  }
-
- private:
-  DeterminismCase dc_;
-  HostTensor q_, k_, labels_, scale_, dloss_;
-};
-
-void check_identical(const Results &a, const Results &b, bool symmetric) {
-  CHECK_MESSAGE(a.loss.same_bits(b.loss), "loss ", a.loss.get(0), " vs ", b.loss.get(0));
-  CHECK_MESSAGE(a.row_lse.same_bits(b.row_lse), "row_lse differs");
-  if (symmetric) CHECK_MESSAGE(a.col_lse.same_bits(b.col_lse), "col_lse differs");
-  CHECK_MESSAGE(a.dq.same_bits(b.dq), "dq differs");
-  CHECK_MESSAGE(a.dk.same_bits(b.dk), "dk differs");
-  CHECK_MESSAGE(a.ds.same_bits(b.ds), "dlogit_scale ", a.ds.get(0), " vs ", b.ds.get(0));
-}
+using DeterminismCase = BitwiseCase;
+using Problem = BitwiseProblem;
 
 void check_determinism(const DeterminismCase &dc) {
   const Problem p(dc);

@@ -182,12 +182,16 @@ TEST_CASE("core/options/init-function-equals-init-macro") {
   CHECK(from_function.tile_rows == from_macro.tile_rows);
   CHECK(from_function.tile_cols == from_macro.tile_cols);
   CHECK(from_function.nonfinite == from_macro.nonfinite);
+  CHECK(from_function.comm == from_macro.comm);
+  CHECK(from_function.logit_cache_bytes == from_macro.logit_cache_bytes);
   // and the defaults are the documented ones
   CHECK(from_macro.loss == FLATMEM_CONTRASTIVE_DEFAULT);
   CHECK(from_macro.num_threads == 0);
   CHECK(from_macro.tile_rows == 0);
   CHECK(from_macro.tile_cols == 0);
   CHECK(from_macro.nonfinite == FLATMEM_NONFINITE_ERROR);
+  CHECK(from_macro.comm == nullptr);
+  CHECK(from_macro.logit_cache_bytes == 0);
 }
 
 TEST_CASE("core/options/init-NULL-is-invalid") {

@@ -56,11 +56,16 @@ GradientCoefficients gradient_coefficients(Loss loss, float dloss, std::int64_t 
 void gradient_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const float *row_lse,
                     const float *col_lse, const GradientCoefficients &coef,
                     const Accumulator &dq, const Accumulator &dk,
-                    const std::vector<ThreadScratch> &scratch, double *group_ds) {
+                    const std::vector<ThreadScratch> &scratch, double *group_ds,
+                    const CachedTiles &cache) {
   walk_tiles(pool, plan, in, scratch,
              [&](std::int64_t row_group, Range rows, Range cols, const Fp32Rows &q,
                  const Fp32Rows &k, const ThreadScratch &s) {
-               tile_logits(q, k, rows.size(), cols.size(), plan.d, s.tile);
+               const float *raw = cache.slot(rows, cols);  // the forward's tile, or recompute
+               if (raw == nullptr) {
+                 tile_logits(q, k, rows.size(), cols.size(), plan.d, s.tile);
+                 raw = s.tile;
+               }
                tile_positives(in, rows, cols, s.positives);
                GradientTerms terms;
                terms.row_lse = row_lse + rows.begin;
@@ -69,7 +74,7 @@ void gradient_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const 
                terms.col_coef = coef.col;
                terms.positive_coef = coef.positive;
                terms.positive_col = s.positives;
-               group_ds[row_group] += gradient_tile(s.tile, s.tile, rows.size(), cols.size(),
+               group_ds[row_group] += gradient_tile(raw, s.tile, rows.size(), cols.size(),
                                                     in.scale, terms, s.math);
                if (dq.data)
                  accumulate_rows_times(s.tile, k, rows.size(), cols.size(), plan.d,
@@ -88,7 +93,7 @@ std::size_t backward_workspace_bytes(const Plan &plan, Dtype input, const Dtype 
 }
 
 void backward(ThreadPool &pool, const Plan &plan, const Inputs &in, const BackwardArgs &args,
-              void *workspace) {
+              void *workspace, const CachedTiles &cache) {
   WorkspaceCarver carver(workspace);
   const BackwardBuffers buf = carve_backward(carver, plan, in.q.dtype, dtype_if_requested(args.dq),
                                              dtype_if_requested(args.dk), pool.size());
@@ -101,7 +106,7 @@ void backward(ThreadPool &pool, const Plan &plan, const Inputs &in, const Backwa
   const bool symmetric = in.loss == Loss::symmetric;
   gradient_block(pool, plan, in, args.row_lse, symmetric ? args.col_lse : nullptr,
                  gradient_coefficients(in.loss, args.dloss, plan.b), dq, dk, buf.threads,
-                 buf.group_ds);
+                 buf.group_ds, cache);
 
   store_gradient(dq, args.dq);
   store_gradient(dk, args.dk);

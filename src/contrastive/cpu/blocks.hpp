@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "contrastive/cpu/buffers.hpp"
+#include "contrastive/cpu/logit_cache.hpp"
 #include "contrastive/plan.hpp"
 #include "contrastive/problem.hpp"
 #include "core/thread_pool.hpp"
@@ -25,9 +26,11 @@ struct LseStates {
 // blocks) and, when cols.max is set, into `cols` (c states). positive_logit
 // (b) receives x_{i, y_i} for the rows whose positive column lies in in.k,
 // the very value its tile fed into the row's sum; other entries are untouched.
+// Tiles with a slot in `cache` are computed into it (and stay there for the
+// backward), the others into the thread's scratch.
 void fold_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const LseStates &rows,
                 const LseStates &cols, float *positive_logit,
-                const std::vector<ThreadScratch> &scratch);
+                const std::vector<ThreadScratch> &scratch, const CachedTiles &cache = {});
 
 // out[i - rows.begin] = the positive column of row i relative to the tile
 // (rows x cols), or -1 when it lies outside.
@@ -67,11 +70,14 @@ GradientCoefficients gradient_coefficients(Loss loss, float dloss, std::int64_t 
 // Recomputes every logit tile of in.q x in.k, turns it into s*G with the
 // global row_lse (q's rows) and col_lse (k's columns, symmetric; else
 // nullptr), adds s G K into dq and (s G)^T Q into dk (either may be absent),
-// and adds each tile's share of dL/ds into group_ds[row group].
+// and adds each tile's share of dL/ds into group_ds[row group]. Tiles with a
+// slot in `cache` (filled by the forward on the same q and k) are read from
+// it instead of recomputed.
 void gradient_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const float *row_lse,
                     const float *col_lse, const GradientCoefficients &coef,
                     const Accumulator &dq, const Accumulator &dk,
-                    const std::vector<ThreadScratch> &scratch, double *group_ds);
+                    const std::vector<ThreadScratch> &scratch, double *group_ds,
+                    const CachedTiles &cache = {});
 
 // Writes an fp32 accumulator into a gradient output: a copy for fp32 outputs
 // that are not the accumulator itself, a rounding for 16-bit ones.

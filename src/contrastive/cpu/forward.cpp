@@ -28,11 +28,13 @@ void tile_positives(const Inputs &in, Range rows, Range cols, std::int64_t *out)
 
 void fold_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const LseStates &rows,
                 const LseStates &cols, float *positive_logit,
-                const std::vector<ThreadScratch> &scratch) {
+                const std::vector<ThreadScratch> &scratch, const CachedTiles &cache) {
   walk_tiles(pool, plan, in, scratch,
              [&](std::int64_t, Range r, Range c, const Fp32Rows &q, const Fp32Rows &k,
                  const ThreadScratch &s) {
-               tile_logits(q, k, r.size(), c.size(), plan.d, s.tile);
+               float *const slot = cache.slot(r, c);
+               float *const raw = slot ? slot : s.tile;
+               tile_logits(q, k, r.size(), c.size(), plan.d, raw);
                tile_positives(in, r, c, s.positives);
                FoldTargets t;
                t.row_max = rows.max + r.begin;
@@ -43,7 +45,7 @@ void fold_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const LseS
                }
                t.positive_col = s.positives;
                t.positive_logit = positive_logit + r.begin;
-               fold_tile(s.tile, r.size(), c.size(), in.scale, t, s.math);
+               fold_tile(raw, r.size(), c.size(), in.scale, t, s.math);
              });
 }
 
@@ -77,7 +79,7 @@ std::size_t forward_workspace_bytes(const Plan &plan, Loss loss, Dtype input, in
 }
 
 void forward(ThreadPool &pool, const Plan &plan, const Inputs &in, const ForwardOutputs &out,
-             void *workspace) {
+             void *workspace, const CachedTiles &cache) {
   WorkspaceCarver carver(workspace);
   const ForwardBuffers buf = carve_forward(carver, plan, in.loss, in.q.dtype, pool.size());
   const bool symmetric = in.loss == Loss::symmetric;
@@ -86,7 +88,7 @@ void forward(ThreadPool &pool, const Plan &plan, const Inputs &in, const Forward
   rows.reset(plan.b);
   if (symmetric) cols.reset(plan.c);
 
-  fold_block(pool, plan, in, rows, cols, buf.positive_logit, buf.threads);
+  fold_block(pool, plan, in, rows, cols, buf.positive_logit, buf.threads, cache);
 
   double total = finish_terms(rows, buf.positive_logit, plan.b, out.row_lse);
   // symmetric: column j's positive is x_jj, row j's
