@@ -92,7 +92,17 @@ env -u FLATMEM_JAX_LIBRARY -u PYTHONPATH "${test_env[@]}" \
 rc=$?
 set -e
 case $rc in
-  0) echo "check-jax: OK" ;;
+  0) ;;
   5) fail "pytest collected no tests" ;;
   *) fail "pytest exit status $rc" ;;
 esac
+
+step "the numeric tests once per CPU instruction set ($(flatmem_cpu_isas "$prefix"))"
+for isa in $(flatmem_cpu_isas "$prefix"); do
+  echo "check-jax: FLATMEM_CPU_ISA=$isa"
+  env -u FLATMEM_JAX_LIBRARY -u PYTHONPATH "${test_env[@]}" FLATMEM_CPU_ISA="$isa" \
+    "$python" -m pytest -q -p no:cacheprovider bindings/jax/tests/test_jax_values.py \
+    bindings/jax/tests/test_jax_vmap.py bindings/jax/tests/test_jax_reversible.py ||
+    fail "the numeric tests under FLATMEM_CPU_ISA=$isa"
+done
+echo "check-jax: OK"

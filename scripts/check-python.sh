@@ -42,4 +42,11 @@ elif [ "$rc" -ne 0 ]; then
   echo "check-python: FAIL: pytest exit status $rc" >&2
   exit "$rc"
 fi
+step "the numeric tests once per CPU instruction set ($(flatmem_cpu_isas "$prefix"))"
+for isa in $(flatmem_cpu_isas "$prefix"); do
+  echo "check-python: FLATMEM_CPU_ISA=$isa"
+  FLATMEM_CPU_ISA=$isa "$python" -m pytest -q -p no:cacheprovider \
+    bindings/python/tests/test_python_values.py bindings/python/tests/test_python_reversible.py ||
+    { echo "check-python: FAIL: the numeric tests under FLATMEM_CPU_ISA=$isa" >&2; exit 1; }
+done
 echo "check-python: OK"

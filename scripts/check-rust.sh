@@ -74,3 +74,10 @@ if [ "$status" -ne 0 ]; then
   fail "cargo test exited with $status ($passed passed, $failed failed; $((SECONDS - start)) s)"
 fi
 echo "check-rust: OK: $passed tests passed, $failed failed, in $((SECONDS - start)) s ($rustc_version)"
+
+step "the numeric tests once per CPU instruction set ($(flatmem_cpu_isas "$prefix"))"
+for isa in $(flatmem_cpu_isas "$prefix"); do
+  echo "check-rust: FLATMEM_CPU_ISA=$isa"
+  (cd "$FLATMEM_ROOT/bindings/rust" && FLATMEM_CPU_ISA=$isa "$cargo" test --offline -q --test values --test reversible) ||
+    fail "the numeric tests under FLATMEM_CPU_ISA=$isa"
+done

@@ -157,7 +157,7 @@ typedef enum flatmem_nonfinite_policy {
  * process:
  *  - by default the best this processor (and its OS) supports;
  *  - else the one the environment variable FLATMEM_CPU_ISA names when the
- *    process first asks (avx512, avx2, baseline; empty or "auto" = the
+ *    process first asks (avx512, avx2, baseline, any case; empty or "auto" = the
  *    best), the way ONEDNN_MAX_CPU_ISA or OPENBLAS_CORETYPE cap theirs;
  *  - else the one flatmem_cpu_isa_set() chose last (it overrides the
  *    variable).

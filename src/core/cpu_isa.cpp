@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <strings.h>
 #include <string>
 
 #include "core/error.hpp"
@@ -33,11 +34,12 @@ EnvironmentChoice from_environment() {
   const Isa best = detected();
   c.isa = best;
   const char *value = std::getenv("FLATMEM_CPU_ISA");
-  if (value == nullptr || value[0] == '\0' || std::strcmp(value, "auto") == 0) return c;
+  // Case-insensitive, as users write ISA names both ways (AVX2, avx2).
+  if (value == nullptr || value[0] == '\0' || strcasecmp(value, "auto") == 0) return c;
   Isa wanted;
-  if (std::strcmp(value, "avx512") == 0) wanted = Isa::avx512;
-  else if (std::strcmp(value, "avx2") == 0) wanted = Isa::avx2;
-  else if (std::strcmp(value, "baseline") == 0) wanted = Isa::baseline;
+  if (strcasecmp(value, "avx512") == 0) wanted = Isa::avx512;
+  else if (strcasecmp(value, "avx2") == 0) wanted = Isa::avx2;
+  else if (strcasecmp(value, "baseline") == 0) wanted = Isa::baseline;
   else {
     c.status = FLATMEM_STATUS_INVALID_ARGUMENT;
     c.message = std::string("environment variable FLATMEM_CPU_ISA='") + value +
