@@ -41,6 +41,9 @@ struct ValueCase {
   double scale = 10.0;
   bool unit_rows = true;  // rows of norm 1 (CLIP features); else N(0, sigma^2) entries
   double sigma = 1.0;
+  // >= 0: k's row j is q's row j plus `matched` times a random unit row,
+  // renormalised (c = b): well-matched pairs, whose loss is about 0.
+  double matched = -1.0;
   Labels labels = Labels::none;
   std::int64_t q_pad = 0, k_pad = 0, dq_pad = 0, dk_pad = 0;  // row stride = d + pad
   Dtype dq_out = Dtype::f32, dk_out = Dtype::f32;
@@ -62,6 +65,20 @@ struct Inputs {
   const DLTensor *labels_dl() const { return has_labels ? labels.dl() : nullptr; }
 };
 
+// k_j = (q_j + noise k_j) / |q_j + noise k_j|, with k's random rows as noise.
+void match_rows(const HostTensor &q, HostTensor &k, double noise) {
+  REQUIRE(q.rows() == k.rows());
+  for (std::int64_t r = 0; r < k.rows(); ++r) {
+    std::vector<double> row(std::size_t(k.cols()));
+    double norm = 0.0;
+    for (std::int64_t t = 0; t < k.cols(); ++t) {
+      row[std::size_t(t)] = q.get(r, t) + noise * k.get(r, t);
+      norm += row[std::size_t(t)] * row[std::size_t(t)];
+    }
+    for (std::int64_t t = 0; t < k.cols(); ++t) k.set(r, t, row[std::size_t(t)] / std::sqrt(norm));
+  }
+}
+
 Inputs make_inputs(const ValueCase &vc) {
   Random rng(vc.seed);
   Inputs in;
@@ -70,6 +87,7 @@ Inputs make_inputs(const ValueCase &vc) {
   in.k = HostTensor::matrix(vc.dtype, c, vc.d, vc.d + vc.k_pad);
   fill_features(in.q, rng, vc.sigma, vc.unit_rows);
   fill_features(in.k, rng, vc.sigma, vc.unit_rows);
+  if (vc.matched >= 0.0) match_rows(in.q, in.k, vc.matched);
   if (vc.labels != Labels::none) {
     in.has_labels = true;
     in.labels = HostTensor::vector(Dtype::i64, vc.b);
@@ -181,6 +199,10 @@ void check_values(const ValueCase &vc) {
   // --- forward -------------------------------------------------------------
   const ForwardOut fwd = run_forward(h.get(), vc, in, vc.workspace);
   check_close("loss", fwd.loss, ref.loss, ftol.loss);
+  // Every term lse_i - x_{i, y_i} is >= 0 (the positive is one of the summed
+  // logits); the library computes x_{i, y_i} by the arithmetic that fed
+  // lse_i, so rounding cannot make the loss negative either.
+  CHECK_MESSAGE(fwd.loss.get(0) >= 0.0, "loss ", fwd.loss.get(0), " < 0");
   check_close("row_lse", fwd.row_lse, ref.row_lse, ftol.row_lse);
   if (symmetric) check_close("col_lse", fwd.col_lse, ref.col_lse, ftol.col_lse);
 
@@ -363,6 +385,24 @@ TEST_CASE("contrastive/symmetric/fp32/s=100,unit-norm,b=263,d=97,tile=16x24") {
 TEST_CASE("contrastive/symmetric/fp32/s=100,b=97,d=7") {
   check_values(with(sym(97, 7), [](ValueCase &v) { v.scale = 100.0; }));
 }
+// Matched pairs, where the exact loss is 0 or nearly so (5e-13 and below):
+// rounding once made it negative (-4.7e-7 at b = 600, d = 129, s = 100).
+TEST_CASE("contrastive/symmetric/fp32/matched,s=100,b=600,d=129") {
+  check_values(with(sym(600, 129), [](ValueCase &v) { v.scale = 100.0, v.matched = 0.01; }));
+}
+TEST_CASE("contrastive/symmetric/fp32/identical,k=q,s=100,b=600,d=129") {
+  check_values(with(sym(600, 129), [](ValueCase &v) { v.scale = 100.0, v.matched = 0.0; }));
+}
+TEST_CASE("contrastive/symmetric/fp32/identical,k=q,s=14.3,b=1,d=512") {
+  check_values(with(sym(1, 512), [](ValueCase &v) { v.scale = 14.3, v.matched = 0.0; }));
+}
+TEST_CASE("contrastive/infonce/fp32/matched,s=100,b=600,d=129,tile=16x24") {
+  check_values(with(nce(600, 600, 129, Labels::none, 16, 24), [](ValueCase &v) { v.scale = 100.0, v.matched = 0.01; }));
+}
+TEST_CASE("contrastive/symmetric/bf16/matched,s=100,b=97,d=64") {
+  check_values(with(sym(97, 64), [](ValueCase &v) { v.dtype = Dtype::bf16, v.scale = 100.0, v.matched = 0.01; }));
+}
+
 // s = 10^4 (valid: finite and > 0): logits up to 10^4, softmaxes one-hot;
 // only max subtraction keeps this finite.
 TEST_CASE("contrastive/symmetric/fp32/s=1e4,b=61,d=13") {
