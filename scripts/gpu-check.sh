@@ -345,7 +345,7 @@ fi
 
 if gated reversible; then
   parts=$build/check-parts
-  mkdir -p "$parts"
+  $dry_run || mkdir -p "$parts"
   for math in tf32 fp32; do
     rm -f "$parts/reversible_$math.csv"
     run_step "reversible $math" 150 reversible_cuda.log "$bench_dir/reversible_cuda_bench" --width 768 --heads 12 \
