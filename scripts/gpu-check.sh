@@ -1,0 +1,393 @@
+#!/usr/bin/env bash
+# The GPU check: the one command to run when a machine with an NVIDIA GPU is lent (an H100 or
+# H200 with 16 cores; at most 10 minutes a command), so that its minutes go to measuring.
+#
+#   bash scripts/gpu-check.sh [OUTDIR]            OUTDIR: default $OUT if set, else build-gpu/check
+#   bash scripts/gpu-check.sh --dry-run [OUTDIR]  print the steps and their time limits, run nothing
+#   bash scripts/gpu-check.sh --steps ctest,reversible [OUTDIR]   only these (the build always runs)
+#   bash scripts/gpu-check.sh --fetch-deps        on Debian 12 with apt: the .debs into .gpu-deps/
+#   Through the device tool: run, command `bash scripts/gpu-check.sh $OUT`, carry [".gpu-deps"].
+#
+# Without a GPU (`nvidia-smi -L` lists none) it prints "no GPU on this machine: nothing to check"
+# and exits 0 without building. With one, the steps, in order, each under `timeout`, each
+# appending its output to a log in OUTDIR, going on when one fails:
+#   1. deps        when .gpu-deps/*.deb exist (--fetch-deps; the GPU image may lack them and has
+#                  no network): unpacked into BUILD/deps, and configure is pointed at them
+#   2. configure   flatmem_configure BUILD, Release, FLATMEM_WITH_CUDA=ON, sm_90 (skipped when
+#                  BUILD is already configured: a warm machine keeps it between calls)
+#   3. build       flatmem_build BUILD, every core, only the library, the GPU tests and the CUDA
+#                  benchmarks
+#   4. probe       the CUDA runtime must see the device (else every GPU test would just skip)
+#   5. ctest       ctest -L gpu (the compute-sanitizer tests run in step 6 instead)
+#   6. sanitizer   compute-sanitizer memcheck and racecheck on two GPU test executables, filtered
+#                  to small cases
+#   7. contrastive bench/cuda/contrastive_cuda_bench (its fixed sweep: d 512, 768; b 16384,
+#                  65536, 262144)
+#   8. reversible  reversible_cuda_bench, width 768, 12 heads, MLP 3072, depths 12 and 24,
+#                  batches 8..128, TF32 then FP32 (rows of both in one CSV)
+#   9. infcl       bench/infcl_compare.py (d 768, b 16384 and 65536) when python3 imports inf_cl
+# The whole run is held to FLATMEM_GPU_CHECK_BUDGET seconds (default 530): a step gets the smaller
+# of its own limit and what is left; one that would get under 10 s is skipped. A warm rerun reuses
+# the build, so `--steps` can finish what ran out of time.
+#
+# OUTDIR gets at most 8 files (the device tool returns no more): summary.txt (the machine: GPU,
+# driver, nvcc, revision, CPU; then one line per step: status and seconds), build.log, ctest.log,
+# sanitizer.log, contrastive_cuda.log, reversible_cuda.log, reversible_cuda.csv, infcl.log; each
+# log cut to its last 6 MiB. Exit status: 0 when no step failed, timed out or ran out of time.
+# Environment: FLATMEM_GPU_CHECK_BUDGET, FLATMEM_GPU_CHECK_BUILD_DIR (default build-gpu),
+# FLATMEM_CUDA_ARCHITECTURES (default 90), FLATMEM_GPU_CHECK_CTEST_JOBS (default 8).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+self=${BASH_SOURCE[0]}
+usage() { sed -n '2,/^set -euo pipefail/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
+
+dry_run=false
+fetch_deps=false
+steps=all
+outdir=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --dry-run) dry_run=true ;;
+    --fetch-deps) fetch_deps=true ;;
+    --steps) [ $# -ge 2 ] || { echo "gpu-check: --steps needs a list" >&2; exit 2; }; steps=$2; shift ;;
+    --steps=*) steps=${1#--steps=} ;;
+    -h|--help) usage; exit 0 ;;
+    -*) echo "gpu-check: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *) [ -z "$outdir" ] || { echo "gpu-check: one OUTDIR only" >&2; exit 2; }; outdir=$1 ;;
+  esac
+  shift
+done
+for s in ${steps//,/ }; do
+  case $s in all|ctest|sanitizer|contrastive|reversible|infcl) ;;
+    *) echo "gpu-check: unknown step '$s' in --steps (all ctest sanitizer contrastive reversible infcl)" >&2
+       exit 2 ;;
+  esac
+done
+want() { [ "$steps" = all ] || [[ ",$steps," == *",$1,"* ]]; }
+
+# The Debian 12 packages of the build that the GPU machine's image is not known to have (its list:
+# CUDA, CMake, ninja, PyTorch; it cannot fetch anything): dlpack's header, doctest's CMake package,
+# OpenBLAS (the library links its static archive; bench/ wants the shared one too, whose link
+# check needs libgfortran). Fetched here, carried there, unpacked into BUILD/deps (step 1).
+deps_packages=(libdlpack-dev doctest-dev libopenblas-pthread-dev libopenblas0-pthread libgfortran5 libquadmath0)
+deps_src=$FLATMEM_ROOT/.gpu-deps
+if $fetch_deps; then
+  mkdir -p "$deps_src"
+  rm -f "$deps_src"/*.deb
+  cd "$deps_src"
+  apt-get download "${deps_packages[@]}"
+  ls -l "$deps_src"
+  echo "gpu-check: carry .gpu-deps with the run (it is git-ignored): run with carry [\".gpu-deps\"]"
+  exit 0
+fi
+
+build_rel=${FLATMEM_GPU_CHECK_BUILD_DIR:-build-gpu}
+case $build_rel in /*) build=$build_rel ;; *) build=$FLATMEM_ROOT/$build_rel ;; esac
+budget=${FLATMEM_GPU_CHECK_BUDGET:-530}
+reserve=5     # seconds kept for the summary
+min_step=10   # a step that would get less is skipped
+ctest_jobs=${FLATMEM_GPU_CHECK_CTEST_JOBS:-8}
+log_cap=$((6 * 1024 * 1024))
+outdir=${outdir:-${OUT:-$build/check}}
+# Relative to where the script was called from (it works in the checkout's root).
+case $outdir in /*) ;; *) outdir=$PWD/$outdir ;; esac
+cd "$FLATMEM_ROOT"
+
+# --- is there a GPU? ---------------------------------------------------------------------------
+gpu_list=
+have_gpu=false
+why_not="nvidia-smi not found"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  if gpu_list=$(timeout 30 nvidia-smi -L 2>&1) && grep -q '^GPU [0-9]' <<<"$gpu_list"; then
+    have_gpu=true
+  else
+    why_not="nvidia-smi -L lists no GPU: $(head -n 3 <<<"$gpu_list" | tr '\n' ' ')"
+  fi
+fi
+if ! $have_gpu && ! $dry_run; then
+  echo "no GPU on this machine: nothing to check ($why_not)"
+  exit 0
+fi
+
+# --- steps -------------------------------------------------------------------------------------
+names=() results=() seconds=()
+failed=0
+# record NAME STATUS SECS: one summary line, in summary.txt at once (it survives a kill).
+record() {
+  names+=("$1") results+=("$2") seconds+=("$3")
+  # Failures: a step that failed, timed out or ran out of time (not one skipped because of another).
+  case $2 in FAILED*|TIMEOUT*|skipped\ \(out\ of\ time*) failed=$((failed + 1)) ;; esac
+  $dry_run || printf '%-30s %-52s %5ss\n' "$1" "$2" "$3" >>"$outdir/summary.txt"
+  $dry_run || printf '    -> %s (%ss)\n' "$2" "$3"
+}
+quoted() { printf '%q ' "$@"; }
+# cap_log FILE: keep the last $log_cap bytes.
+cap_log() {
+  local f=$1
+  [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt "$log_cap" ] || return 0
+  { echo "[gpu-check: cut to the last $log_cap bytes]"; tail -c "$log_cap" "$f"; } >"$f.cut" && mv "$f.cut" "$f"
+}
+# run_step NAME LIMIT LOG CMD...: CMD (a program or an exported function) under timeout, for the
+# smaller of LIMIT and what is left of the budget, its output appended to OUTDIR/LOG.
+# Sets step_status (ok, FAILED (rc N), TIMEOUT (...), skipped (...)). Never fails itself.
+run_step() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  local left=$((budget - SECONDS - reserve))
+  [ "$limit" -le "$left" ] || limit=$left
+  if $dry_run; then
+    step "$name  (limit ${limit}s, log $log)"
+    printf '    $ %s\n' "$(quoted "$@")"
+    step_status=planned
+    return 0
+  fi
+  step "$name  (limit ${limit}s, log $log)"
+  if [ "$limit" -lt "$min_step" ]; then
+    step_status="skipped (out of time: ${left}s of ${budget}s left)"
+    record "$name" "$step_status" 0
+    return 0
+  fi
+  printf '\n==> %s  [%s UTC, limit %ss]\n$ %s\n' "$name" "$(date -u +%T)" "$limit" "$(quoted "$@")" >>"$outdir/$log"
+  local start=$SECONDS rc=0
+  timeout --kill-after=10 "$limit" bash -c '"$@"' run_step "$@" >>"$outdir/$log" 2>&1 </dev/null || rc=$?
+  case $rc in
+    0) step_status=ok ;;
+    124|137) step_status="TIMEOUT (limit ${limit}s)" ;;
+    *) step_status="FAILED (rc $rc)" ;;
+  esac
+  printf '==> %s: %s (%ss)\n' "$name" "$step_status" "$((SECONDS - start))" >>"$outdir/$log"
+  cap_log "$outdir/$log"
+  if [ "$step_status" != ok ]; then
+    echo "    last lines of $log:"
+    tail -n 15 "$outdir/$log" | sed 's/^/    | /'
+  fi
+  record "$name" "$step_status" "$((SECONDS - start))"
+}
+# skip NAME WHY: a step not run.
+skip() {
+  if $dry_run; then step "$1"; echo "    (skipped when $2)"; return 0; fi
+  step "$1"
+  record "$1" "skipped ($2)" 0
+}
+
+# unpack_deps PREFIX DEB...: the carried Debian packages into PREFIX (dpkg-deb, else ar + tar),
+# doctest's CMake package pointed at PREFIX/usr instead of /usr.
+unpack_deps() {
+  local prefix=$1 deb member
+  shift
+  mkdir -p "$prefix"
+  for deb in "$@"; do
+    echo "unpack $(basename "$deb")"
+    if command -v dpkg-deb >/dev/null; then
+      dpkg-deb -x "$deb" "$prefix"
+    else
+      member=$(ar t "$deb" | grep '^data\.tar')
+      (cd "$prefix" && ar x "$deb" "$member" && tar -xf "$member" && rm -f "$member")
+    fi
+  done
+  sed -i "s|^set(_IMPORT_PREFIX \"/usr\")|set(_IMPORT_PREFIX \"$prefix/usr\")|" \
+    "$prefix/usr/lib/cmake/doctest/doctestTargets.cmake"
+  ls -l "$prefix/usr/include/dlpack/dlpack.h" "$prefix/usr/lib/cmake/doctest/doctestConfig.cmake" \
+        "$prefix"/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.{a,so}
+}
+# probe_device EXE: the GPU tests' main answers whether the CUDA runtime sees a device.
+probe_device() {
+  local rc=0
+  "$1" --probe-device || rc=$?
+  case $rc in
+    0) echo "the CUDA runtime sees a device" ;;
+    77) echo "nvidia-smi lists a GPU but the CUDA runtime sees none: every GPU test would only skip"; return 1 ;;
+    *) echo "$1 --probe-device failed (rc $rc)"; return 1 ;;
+  esac
+}
+# with_deps CMD...: CMD with the unpacked libraries on LD_LIBRARY_PATH when there are some (FindBLAS
+# finds libopenblas.so there, and its link check libgfortran.so.5); configure and build only.
+with_deps() {
+  if [ -n "${GPU_CHECK_DEPS_LIB:-}" ]; then
+    export LD_LIBRARY_PATH=$GPU_CHECK_DEPS_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  fi
+  "$@"
+}
+export -f flatmem_configure flatmem_build unpack_deps probe_device with_deps
+export FLATMEM_ROOT FLATMEM_PYTHON FLATMEM_CUDA_ARCHS FLATMEM_JOBS
+
+# --- the machine ---------------------------------------------------------------------------------
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+sanitizer=$(command -v compute-sanitizer || true)
+for candidate in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+  [ -n "$sanitizer" ] || { [ -x "$candidate" ] && sanitizer=$candidate; }
+done
+try() { timeout 20 "$@" 2>&1 || echo "($1 failed)"; }
+machine_info() {
+  echo "flatmem gpu-check, $(date -u '+%Y-%m-%d %H:%M:%S') UTC; budget ${budget}s; steps: $steps"
+  local rev
+  rev=$(git rev-parse HEAD 2>/dev/null) || rev="unknown (no git checkout here)"
+  if git status --porcelain --untracked-files=no 2>/dev/null | grep -q .; then rev+=" with uncommitted changes"; fi
+  echo "revision: $rev"
+  echo "host: $(uname -srm); $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  echo "memory: $(free -g | awk '/^Mem:/ {print $2 " GiB, " $7 " GiB available"}')"
+  echo "gpu: $(try nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader)"
+  echo "nvcc: $(try "$nvcc" --version | tail -n 2 | tr '\n' ' ')"
+  echo "compiler: $(try "${CXX:-c++}" --version | head -n 1); cmake: $(try cmake --version | head -n 1); ninja: $(try ninja --version)"
+  echo "compute-sanitizer: ${sanitizer:-not found} $( [ -z "$sanitizer" ] || try "$sanitizer" --version | tail -n 1)"
+  echo "python3: $(try python3 --version) at $(command -v python3 || echo -)"
+  echo "build dir: $build; CUDA architectures: $FLATMEM_CUDA_ARCHS; jobs: $FLATMEM_JOBS"
+  echo
+  try nvidia-smi
+  echo
+  printf '%-30s %-52s %6s\n' step status time
+}
+
+if $dry_run; then
+  cat <<EOF
+gpu-check, dry run: the steps a GPU machine runs, in order, each under timeout with its output
+appended to OUTDIR/<log>, going on when one fails. The whole run is held to ${budget}s: a step gets
+the smaller of its limit and what is left; one that would get under ${min_step}s is skipped.
+OUTDIR: $outdir    build dir: $build    CUDA architectures: $FLATMEM_CUDA_ARCHS    steps: $steps
+GPU here: $($have_gpu && echo yes || echo "none ($why_not): a real run stops here with \"no GPU on this machine: nothing to check\"")
+EOF
+  step "machine -> summary.txt (nvidia-smi, nvcc --version, git rev-parse HEAD, CPU, memory)"
+else
+  mkdir -p "$outdir"
+  rm -f "$outdir"/{summary.txt,build.log,ctest.log,sanitizer.log,contrastive_cuda.log,reversible_cuda.log,reversible_cuda.csv,infcl.log}
+  step "machine -> $outdir/summary.txt"
+  machine_info >"$outdir/summary.txt"
+  grep -E '^(revision|host|gpu|nvcc):' "$outdir/summary.txt" | sed 's/^/    /'
+fi
+
+# --- deps, configure, build ------------------------------------------------------------------
+deps_prefix=$build/deps
+debs=()
+for deb in "$deps_src"/*.deb; do [ -e "$deb" ] && debs+=("$deb"); done
+configure_flags=(-DCMAKE_BUILD_TYPE=Release -DFLATMEM_WITH_CUDA=ON)
+if [ ${#debs[@]} -gt 0 ]; then
+  arch_lib=$deps_prefix/usr/lib/x86_64-linux-gnu
+  blas_inc=$deps_prefix/usr/include/x86_64-linux-gnu/openblas-pthread
+  export GPU_CHECK_DEPS_LIB=$arch_lib:$arch_lib/openblas-pthread
+  configure_flags+=(-DCMAKE_PREFIX_PATH="$deps_prefix/usr" -DDLPACK_INCLUDE_DIR="$deps_prefix/usr/include"
+                    -DFLATMEM_OPENBLAS_ARCHIVE="$arch_lib/openblas-pthread/libopenblas.a"
+                    -DFLATMEM_OPENBLAS_INCLUDE_DIR="$blas_inc" -DBENCH_CBLAS_INCLUDE_DIR="$blas_inc"
+                    -DCMAKE_LIBRARY_PATH="$arch_lib/openblas-pthread")
+fi
+command -v ninja >/dev/null 2>&1 && configure_flags+=(-G Ninja)
+
+configured=false
+[ -f "$build/CMakeCache.txt" ] && { [ -f "$build/build.ninja" ] || [ -f "$build/Makefile" ]; } && configured=true
+if $configured; then
+  skip deps "not needed: $build_rel is configured"
+  skip configure "reused: $build_rel is configured"
+  configure_ok=true
+else
+  if [ ${#debs[@]} -gt 0 ]; then
+    run_step deps 60 build.log unpack_deps "$deps_prefix" "${debs[@]}"
+  else
+    skip deps "none carried (.gpu-deps/*.deb): the system's are used"
+  fi
+  run_step configure 120 build.log with_deps flatmem_configure "$build" "${configure_flags[@]}"
+  configure_ok=$([ "$step_status" = ok ] || [ "$step_status" = planned ] && echo true || echo false)
+fi
+
+targets=(flatmem test_gpu_contrastive_values test_gpu_contrastive_determinism test_gpu_contrastive_bad_input
+         test_gpu_reversible_segment test_gpu_reversible_blocks contrastive_cuda_bench reversible_cuda_bench)
+# test_gpu_comm exists when configure found NCCL.
+grep -qs test_gpu_comm "$build/tests/CTestTestfile.cmake" && targets+=(test_gpu_comm)
+if $dry_run; then echo "    (+ test_gpu_comm when configure found NCCL)"; fi
+if $configure_ok; then
+  run_step build 300 build.log with_deps flatmem_build "$build" --target "${targets[@]}"
+  build_ok=$([ "$step_status" = ok ] || [ "$step_status" = planned ] && echo true || echo false)
+else
+  skip build "no configure"
+  build_ok=false
+fi
+
+# --- the GPU: tests, sanitizer, benchmarks -------------------------------------------------------
+tests_dir=$build/tests
+bench_dir=$build/bench
+gpu_ok=false
+if $build_ok; then
+  run_step probe 30 ctest.log probe_device "$tests_dir/test_gpu_contrastive_values"
+  gpu_ok=$([ "$step_status" = ok ] || [ "$step_status" = planned ] && echo true || echo false)
+else
+  skip probe "no build"
+fi
+# gated STEP: whether STEP runs (selected, the build and the device there); records why not.
+gated() {
+  if ! want "$1"; then skip "$1" "not selected: --steps $steps"; return 1; fi
+  if ! $build_ok; then skip "$1" "no build"; return 1; fi
+  if ! $gpu_ok; then skip "$1" "the probe failed"; return 1; fi
+}
+
+if gated ctest; then
+  run_step ctest 150 ctest.log ctest --test-dir "$build" -L gpu -E compute-sanitizer --output-on-failure \
+    --no-tests=error -j "$ctest_jobs" --timeout 120
+fi
+
+if gated sanitizer; then
+  if [ -z "$sanitizer" ] && ! $dry_run; then
+    skip sanitizer "compute-sanitizer not found (PATH, /usr/local/cuda)"
+  else
+    san=${sanitizer:-compute-sanitizer}
+    for tool in memcheck racecheck; do
+      # The contrastive loss's small case (what ctest's gpu/contrastive/compute-sanitizer/* run) ...
+      run_step "sanitizer $tool contrastive" 45 sanitizer.log "$san" --tool "$tool" --error-exitcode 1 \
+        "$tests_dir/test_gpu_contrastive_determinism" '--test-case=*sanitizer-case*'
+      # ... and attention + MLP blocks of (2, 31, 96) in FP32 and TF32 (flatmem's kernels, cuBLASLt).
+      run_step "sanitizer $tool blocks" 45 sanitizer.log "$san" --tool "$tool" --error-exitcode 1 \
+        "$tests_dir/test_gpu_reversible_blocks" '--test-case=gpu/blocks/math/*'
+    done
+  fi
+fi
+
+if gated contrastive; then
+  run_step contrastive 150 contrastive_cuda.log "$bench_dir/contrastive_cuda_bench"
+fi
+
+if gated reversible; then
+  parts=$build/check-parts
+  $dry_run || mkdir -p "$parts"
+  for math in tf32 fp32; do
+    rm -f "$parts/reversible_$math.csv"
+    run_step "reversible $math" 150 reversible_cuda.log "$bench_dir/reversible_cuda_bench" --width 768 --heads 12 \
+      --hidden 3072 --depths 12,24 --batches 8,16,32,64,128 --math "$math" --csv "$parts/reversible_$math.csv"
+    # One CSV, both maths (the rows name theirs); the bench writes its CSV only when it finishes.
+    if ! $dry_run && [ -s "$parts/reversible_$math.csv" ]; then
+      if [ -s "$outdir/reversible_cuda.csv" ]; then
+        tail -n +2 "$parts/reversible_$math.csv" >>"$outdir/reversible_cuda.csv"
+      else
+        cp "$parts/reversible_$math.csv" "$outdir/reversible_cuda.csv"
+      fi
+    fi
+  done
+fi
+
+if gated infcl; then
+  if $dry_run || timeout 60 python3 -c 'import inf_cl' >/dev/null 2>&1; then
+    run_step infcl 90 infcl.log env PYTHONUNBUFFERED=1 python3 bench/infcl_compare.py \
+      --lib "$build/src/libflatmem.so" --d 768 --b 16384 65536 --reps 3
+    if $dry_run; then echo "    (only when python3 -c 'import inf_cl' works)"; fi
+  else
+    skip infcl "inf_cl not importable by $(command -v python3 || echo python3)"
+  fi
+fi
+
+# --- summary -------------------------------------------------------------------------------------
+if $dry_run; then
+  echo
+  echo "gpu-check, dry run: nothing was run. Files in OUTDIR: summary.txt, build.log, ctest.log, sanitizer.log,"
+  echo "contrastive_cuda.log, reversible_cuda.log, reversible_cuda.csv, infcl.log (at most 8)."
+  exit 0
+fi
+{
+  echo
+  echo "total: ${SECONDS}s of ${budget}s; $failed step(s) failed, timed out or ran out of time"
+  [ "$failed" -eq 0 ] || echo "a warm machine keeps $build: rerun with --steps <names> to finish or repeat steps"
+} >>"$outdir/summary.txt"
+step "summary ($outdir/summary.txt)"
+printf '%-30s %-52s %6s\n' step status time
+for i in "${!names[@]}"; do
+  printf '%-30s %-52s %5ss\n' "${names[$i]}" "${results[$i]}" "${seconds[$i]}"
+done
+tail -n 2 "$outdir/summary.txt"
+echo "files: $(cd "$outdir" && printf '%s ' *)"
+[ "$failed" -eq 0 ]
