@@ -467,6 +467,10 @@ int run(int argc, char **argv) {
   std::printf("machine: %s, %d hardware threads; segment num_threads %d%s; flatmem %s\n",
               bench::cpu_model_name().c_str(), bench::hardware_threads(), threads,
               o.threads == 0 ? " (0 = all online)" : "", flatmem_version_string());
+  flatmem_cpu_isa in_use = FLATMEM_CPU_ISA_DEFAULT, best = FLATMEM_CPU_ISA_DEFAULT;
+  if (flatmem_cpu_isa_get(&in_use, &best) == FLATMEM_STATUS_SUCCESS)
+    std::printf("CPU ISA of the blocks' element-wise kernels: %s (best %s; FLATMEM_CPU_ISA caps it)\n",
+                flatmem_cpu_isa_name(in_use), flatmem_cpu_isa_name(best));
   std::printf("glibc M_MMAP_THRESHOLD: 1 MiB while measuring memory, %s while timing\n",
               bytes_str(double(o.timing_mmap_threshold)).c_str());
   double load[3] = {NAN, NAN, NAN};
