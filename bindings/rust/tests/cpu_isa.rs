@@ -16,7 +16,7 @@ use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 
 use common::{assert_close, backward_tolerance, forward_tolerance, reference, widen, Problem, Rng};
-use flatmem::{cpu_isa, set_cpu_isa, CpuIsa, Dtype, Features, Loss, Options, Status};
+use flatmem::{cpu_isa, set_cpu_isa, sys, CpuIsa, Dtype, Features, Loss, Options, Status};
 
 static SELECTION: Mutex<()> = Mutex::new(());
 
@@ -46,15 +46,8 @@ fn names_and_order() {
     assert_eq!(names, ["baseline", "avx2", "avx512"]);
     assert_eq!(CpuIsa::Avx512.to_string(), "avx512");
     assert!(CpuIsa::Baseline < CpuIsa::Avx2 && CpuIsa::Avx2 < CpuIsa::Avx512);
-    let raw: Vec<u32> = CpuIsa::ALL.iter().map(|isa| isa.raw()).collect();
-    assert_eq!(
-        raw,
-        [
-            flatmem::sys::FLATMEM_CPU_ISA_BASELINE,
-            flatmem::sys::FLATMEM_CPU_ISA_AVX2,
-            flatmem::sys::FLATMEM_CPU_ISA_AVX512
-        ]
-    );
+    let raw: Vec<sys::flatmem_cpu_isa> = CpuIsa::ALL.iter().map(|isa| isa.raw()).collect();
+    assert_eq!(raw, [sys::FLATMEM_CPU_ISA_BASELINE, sys::FLATMEM_CPU_ISA_AVX2, sys::FLATMEM_CPU_ISA_AVX512]);
 }
 
 #[test]
