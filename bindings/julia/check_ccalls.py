@@ -1138,9 +1138,10 @@ def self_test_cases(header, js):
                 raise LookupError(f"cannot apply: struct {jname} with >= 2 fields not found")
             src = files[s.file]
             f0, f1, flast = s.fields[0], s.fields[1], s.fields[-1]
-            line0, line1 = src[f0[2] : f0[3]], src[f1[2] : f1[3]]
-            if how == "swap":
-                new = src[: f0[2]] + line1 + "\n" + line0 + src[f1[3] :]
+            line0 = src[f0[2] : f0[3]]
+            if how in ("swap", "swap-last"):  # the first two fields, or the last two (adjacent lines)
+                a, b = (f0, f1) if how == "swap" else (s.fields[-2], flast)
+                new = src[: a[2]] + src[b[2] : b[3]] + "\n" + src[a[2] : a[3]] + src[b[3] :]
             elif how == "retype":
                 new = src[: f0[2]] + re.sub(r"::.*$", "::Float64", line0) + src[f0[3] :]
             elif how == "drop-last":
@@ -1248,6 +1249,14 @@ def self_test_cases(header, js):
         ("cyclic options mirror field retyped", "struct-mirror", edit_struct("CyclicOptions", "retype")),
         ("cyclic summary mirror field dropped", "struct-mirror", edit_struct("CyclicSummary", "drop-last")),
         ("cyclic rule value wrong", "constant-value", edit_const("FLATMEM_CYCLIC_NEWEST", "Cint(2)")),
+        # The CPU instruction set and the contrastive options' appended logit_cache_bytes.
+        ("instruction set passed as Csize_t", "arg-type", append("ccall((:flatmem_cpu_isa_set, libflatmem), Cint, (Csize_t,), i)")),
+        ("instruction set out-parameter as Ref{UInt8}", "arg-type",
+         append("ccall((:flatmem_cpu_isa_get, libflatmem), Cint, (Ref{UInt8}, Ref{Cint}), i, b)")),
+        ("instruction set value wrong", "constant-value", edit_const("FLATMEM_CPU_ISA_AVX2", "Cint(3)")),
+        ("contrastive options without the appended logit_cache_bytes field", "struct-mirror",
+         edit_struct("ContrastiveOptions", "drop-last")),
+        ("contrastive options with logit_cache_bytes before comm", "struct-mirror", edit_struct("ContrastiveOptions", "swap-last")),
     ]  # fmt: skip
 
 
