@@ -1036,10 +1036,7 @@ function last_mode(s::Segment)
     ensure_open(s)
     mode = Ref{Cint}(FLATMEM_REVERSIBLE_AUTO)
     check(ccall((:flatmem_reversible_last_mode, libflatmem), Cint, (Ptr{ReversibleHandle}, Ref{Cint}), s, mode))
-    for (name, value) in pairs(MODES)
-        value == mode[] && return name
-    end
-    throw(FlatmemError(FLATMEM_STATUS_INTERNAL, status_string(FLATMEM_STATUS_INTERNAL), "unknown mode $(mode[])"))
+    return enum_symbol(MODES, mode[], "mode")
 end
 
 """
@@ -1263,12 +1260,7 @@ function cyclic_action(s::CyclicSchedule, rank::Integer, time_step::Integer)
 end
 
 """`action_kind(a::CyclicAction) -> Symbol`: `:idle`, `:forward`, `:backward` or `:done`."""
-function action_kind(a::CyclicAction)
-    for (name, value) in pairs(CYCLIC_KINDS)
-        value == a.kind && return name
-    end
-    throw(FlatmemError(FLATMEM_STATUS_INTERNAL, status_string(FLATMEM_STATUS_INTERNAL), "unknown action kind $(a.kind)"))
-end
+action_kind(a::CyclicAction) = enum_symbol(CYCLIC_KINDS, a.kind, "action kind")
 
 # flatmem-check: not wrapped: flatmem_cyclic_options_init: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
 # flatmem-check: not wrapped: flatmem_cyclic_create: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
