@@ -19,7 +19,7 @@ module Flatmem
 using Libdl
 
 export Contrastive, FlatmemError, BF16, contrastive_loss, forward_workspace_size,
-       backward_workspace_size, library_version, version_string,
+       backward_workspace_size, library_version, version_string, cpu_isa, set_cpu_isa!,
        Block, Segment, set_parameters!, zero_gradients!, parameter_sizes, forward!, backward!,
        last_mode, rebuild_error, block_seed,
        CyclicSchedule, CyclicAction, cyclic_schedule, cyclic_offset, cyclic_delay, cyclic_length,
@@ -57,6 +57,12 @@ const FLATMEM_STATUS_COMM_POISONED = Cint(9)
 const FLATMEM_NONFINITE_ERROR = Cint(0)
 const FLATMEM_NONFINITE_PROPAGATE = Cint(1)
 
+# flatmem_cpu_isa (the instruction set of the CPU kernels: cpu_isa(), set_cpu_isa!)
+const FLATMEM_CPU_ISA_DEFAULT = Cint(0)
+const FLATMEM_CPU_ISA_BASELINE = Cint(1)
+const FLATMEM_CPU_ISA_AVX2 = Cint(2)
+const FLATMEM_CPU_ISA_AVX512 = Cint(3)
+
 # flatmem_fp32_precision (CUDA tensor cores; the CPU always multiplies in fp32)
 const FLATMEM_FP32_PRECISION_DEFAULT = Cint(0)
 const FLATMEM_FP32_PRECISION_TF32 = Cint(1)
@@ -76,7 +82,7 @@ const kDLBfloat = UInt8(4)
 
 # ---------------------------------------------------------------------------
 # C struct mirrors: same field order, names and C types (checked), so Julia's
-# isbits layout equals the C layout (DLTensor: 48 bytes, options: 32 bytes).
+# isbits layout equals the C layout (DLTensor: 48 bytes, options: 56 bytes).
 # ---------------------------------------------------------------------------
 
 """DLPack `DLDevice`: `device_type` is a `DLDeviceType` (a C enum, `Cint`)."""
@@ -117,6 +123,7 @@ struct ContrastiveOptions
     nonfinite::Cint
     fp32_precision::Int64
     comm::Ptr{CommHandle}  # flatmem_comm_t *: always null here (communicators are not wrapped)
+    logit_cache_bytes::Csize_t  # appended after comm: logit tiles kept for the backward (0 = none)
 end
 
 """Opaque C handle type `flatmem_contrastive_t`; only ever behind a `Ptr`."""
@@ -186,6 +193,76 @@ function __init__()
     end
     return nothing
 end
+
+# The name (a Symbol) of a C enum value in `table` (a NamedTuple name => value);
+# a value this file does not know is a FlatmemError naming `what`.
+function enum_symbol(table::NamedTuple, value::Integer, what::String)
+    for (name, v) in pairs(table)
+        v == value && return name
+    end
+    throw(FlatmemError(FLATMEM_STATUS_INTERNAL, status_string(FLATMEM_STATUS_INTERNAL), "unknown $what $value"))
+end
+
+# ---------------------------------------------------------------------------
+# CPU instruction set
+# ---------------------------------------------------------------------------
+#
+# The CPU kernels (the contrastive loss's exponentials and reductions, the
+# built-in blocks' LayerNorm, softmax and GELU) are compiled once per
+# instruction set and one runs for the whole process: the best this processor
+# supports, capped by the environment variable FLATMEM_CPU_ISA (avx512, avx2,
+# baseline; empty or auto = the best) when the process first asks, unless
+# set_cpu_isa! chose one since. Results are bitwise reproducible for one
+# instruction set, not across them.
+
+const CPU_ISAS = (baseline = FLATMEM_CPU_ISA_BASELINE, avx2 = FLATMEM_CPU_ISA_AVX2, avx512 = FLATMEM_CPU_ISA_AVX512)
+
+"""
+    cpu_isa() -> (in_use, best)
+
+The instruction set the CPU kernels run with now and the best this processor supports
+(`flatmem_cpu_isa_get`), as Symbols: `:baseline`, `:avx2` or `:avx512`, least capable
+first. Throws a `FlatmemError` when `FLATMEM_CPU_ISA` is malformed
+(`FLATMEM_STATUS_INVALID_ARGUMENT`) or asks for more than `best`
+(`FLATMEM_STATUS_UNSUPPORTED`), unless `set_cpu_isa!` chose one since.
+"""
+function cpu_isa()
+    in_use = Ref{Cint}(FLATMEM_CPU_ISA_DEFAULT)
+    best = Ref{Cint}(FLATMEM_CPU_ISA_DEFAULT)
+    check(ccall((:flatmem_cpu_isa_get, libflatmem), Cint, (Ref{Cint}, Ref{Cint}), in_use, best))
+    return enum_symbol(CPU_ISAS, in_use[], "instruction set"), enum_symbol(CPU_ISAS, best[], "instruction set")
+end
+
+"""
+    set_cpu_isa!(isa::Symbol)
+    set_cpu_isa!(nothing)
+
+Selects the instruction set of the CPU kernels for the whole process
+(`flatmem_cpu_isa_set`): `:baseline`, `:avx2` or `:avx512`; `nothing` goes back to the
+default (`FLATMEM_CPU_ISA`, else the best). One above the best of `cpu_isa()` throws a
+`FlatmemError` (`FLATMEM_STATUS_UNSUPPORTED`) and changes nothing. Select before
+computing when the bits matter: a call already running may finish with the previous one.
+"""
+function set_cpu_isa!(isa::Union{Nothing,Symbol})
+    value = isa === nothing ? FLATMEM_CPU_ISA_DEFAULT : cpu_isa_value(isa)
+    check(ccall((:flatmem_cpu_isa_set, libflatmem), Cint, (Cint,), value))
+    return nothing
+end
+
+function cpu_isa_value(isa::Symbol)
+    haskey(CPU_ISAS, isa) || throw(ArgumentError("isa must be one of $(keys(CPU_ISAS)) or nothing, not :$isa"))
+    return CPU_ISAS[isa]
+end
+
+"""
+    cpu_isa_name(isa) -> String
+
+The library's name of an instruction set (`flatmem_cpu_isa_name`), given as a Symbol of
+`cpu_isa()` or a `FLATMEM_CPU_ISA_*` value: "avx512", "avx2", "baseline", "default";
+"unknown" for other values.
+"""
+cpu_isa_name(isa::Symbol) = cpu_isa_name(cpu_isa_value(isa))
+cpu_isa_name(isa::Integer) = unsafe_string(ccall((:flatmem_cpu_isa_name, libflatmem), Cstring, (Cint,), isa))
 
 # ---------------------------------------------------------------------------
 # Element types
@@ -294,7 +371,8 @@ end
 # ---------------------------------------------------------------------------
 
 """
-    Contrastive(; symmetric=true, num_threads=0, tile_rows=0, tile_cols=0, propagate_nonfinite=false)
+    Contrastive(; symmetric=true, num_threads=0, tile_rows=0, tile_cols=0, propagate_nonfinite=false,
+                logit_cache_bytes=0)
 
 A `flatmem_contrastive_t` handle: the symmetric CLIP loss (`symmetric=true`)
 or the one-way InfoNCE loss (`symmetric=false`, optional labels). It owns
@@ -303,13 +381,21 @@ or the one-way InfoNCE loss (`symmetric=false`, optional labels). It owns
 Use one handle from one task at a time. Zero means the library default for
 the tile extents; `propagate_nonfinite=true` selects FLATMEM_NONFINITE_PROPAGATE
 (no NaN/Inf scan of the inputs).
+
+`logit_cache_bytes` trades memory for compute: the forward keeps the raw logit
+tiles that fit in that many bytes (the handle's own memory, `min(bytes, 4 b c)`
+from its first forward until it is closed) and the next backward reads them
+instead of recomputing them (6 instead of 8 `b c d` FLOPs for forward + backward
+of the symmetric loss at `4 b c` bytes). The results are bitwise those without
+it; a backward whose `q` or `k` differ from the last forward's recomputes. 0
+(the default) keeps none.
 """
 mutable struct Contrastive
     ptr::Ptr{ContrastiveHandle}
     symmetric::Bool
 
     function Contrastive(; symmetric::Bool=true, num_threads::Integer=0, tile_rows::Integer=0,
-                         tile_cols::Integer=0, propagate_nonfinite::Bool=false)
+                         tile_cols::Integer=0, propagate_nonfinite::Bool=false, logit_cache_bytes::Integer=0)
         options = Ref{ContrastiveOptions}()
         check(ccall((:flatmem_contrastive_options_init, libflatmem), Cint,
                     (Ref{ContrastiveOptions},), options))
@@ -318,7 +404,7 @@ mutable struct Contrastive
                                        symmetric ? FLATMEM_CONTRASTIVE_SYMMETRIC : FLATMEM_CONTRASTIVE_INFONCE,
                                        Int32(num_threads), Int32(tile_rows), Int32(tile_cols),
                                        propagate_nonfinite ? FLATMEM_NONFINITE_PROPAGATE : FLATMEM_NONFINITE_ERROR,
-                                       defaults.fp32_precision, Ptr{CommHandle}(C_NULL))
+                                       defaults.fp32_precision, Ptr{CommHandle}(C_NULL), Csize_t(logit_cache_bytes))
         out = Ref{Ptr{ContrastiveHandle}}(C_NULL)
         check(ccall((:flatmem_contrastive_create, libflatmem), Cint,
                     (Ref{Ptr{ContrastiveHandle}}, Ref{ContrastiveOptions}), out, options))
@@ -467,7 +553,7 @@ function backward_pass(c::Contrastive, q::AbstractMatrix{T}, k::AbstractMatrix{T
 end
 
 """
-    contrastive_loss(q, k, logit_scale; labels=nothing, symmetric=true) -> (loss, backward)
+    contrastive_loss(q, k, logit_scale; labels=nothing, symmetric=true, logit_cache_bytes=0) -> (loss, backward)
     contrastive_loss(c::Contrastive, q, k, logit_scale; labels=nothing) -> (loss, backward)
 
 The mean contrastive loss of features `q` (d x b: one sample per column) and
@@ -486,8 +572,9 @@ gradients of `dloss * loss` with `dq` (d x b) and `dk` (d x c) new arrays of
 the features' element type and `dlogit_scale` a `Float32` (the gradient with
 respect to the scale itself, not its logarithm). `backward` reads `q` and `k`
 when it is called: do not mutate them in between. The first form creates a
-handle for this loss (freed with the `backward` closure); the second reuses
-`c` (its loss kind applies) and must not be used by two tasks at once.
+handle for this loss (freed with the `backward` closure; `logit_cache_bytes` as
+for `Contrastive`); the second reuses `c` (its loss kind and logit cache apply)
+and must not be used by two tasks at once.
 """
 function contrastive_loss(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix, logit_scale::Real;
                           labels::Union{Nothing,AbstractVector{<:Integer}}=nothing)
@@ -508,8 +595,10 @@ function contrastive_loss(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix, 
 end
 
 function contrastive_loss(q::AbstractMatrix, k::AbstractMatrix, logit_scale::Real;
-                          labels::Union{Nothing,AbstractVector{<:Integer}}=nothing, symmetric::Bool=true)
-    return contrastive_loss(Contrastive(; symmetric=symmetric), q, k, logit_scale; labels=labels)
+                          labels::Union{Nothing,AbstractVector{<:Integer}}=nothing, symmetric::Bool=true,
+                          logit_cache_bytes::Integer=0)
+    c = Contrastive(; symmetric=symmetric, logit_cache_bytes=logit_cache_bytes)
+    return contrastive_loss(c, q, k, logit_scale; labels=labels)
 end
 
 # ---------------------------------------------------------------------------
@@ -947,10 +1036,7 @@ function last_mode(s::Segment)
     ensure_open(s)
     mode = Ref{Cint}(FLATMEM_REVERSIBLE_AUTO)
     check(ccall((:flatmem_reversible_last_mode, libflatmem), Cint, (Ptr{ReversibleHandle}, Ref{Cint}), s, mode))
-    for (name, value) in pairs(MODES)
-        value == mode[] && return name
-    end
-    throw(FlatmemError(FLATMEM_STATUS_INTERNAL, status_string(FLATMEM_STATUS_INTERNAL), "unknown mode $(mode[])"))
+    return enum_symbol(MODES, mode[], "mode")
 end
 
 """
@@ -1174,12 +1260,7 @@ function cyclic_action(s::CyclicSchedule, rank::Integer, time_step::Integer)
 end
 
 """`action_kind(a::CyclicAction) -> Symbol`: `:idle`, `:forward`, `:backward` or `:done`."""
-function action_kind(a::CyclicAction)
-    for (name, value) in pairs(CYCLIC_KINDS)
-        value == a.kind && return name
-    end
-    throw(FlatmemError(FLATMEM_STATUS_INTERNAL, status_string(FLATMEM_STATUS_INTERNAL), "unknown action kind $(a.kind)"))
-end
+action_kind(a::CyclicAction) = enum_symbol(CYCLIC_KINDS, a.kind, "action kind")
 
 # flatmem-check: not wrapped: flatmem_cyclic_options_init: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
 # flatmem-check: not wrapped: flatmem_cyclic_create: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet

@@ -14,7 +14,9 @@ Julia sources and fails unless:
   3. the Julia struct mirrors (STRUCT_MIRRORS) have the C fields in the C
      order, with the same names and compatible types, and are immutable
      (isbits, so their layout is C's; C function pointers, typedef'd or not, are
-     Ptr{Cvoid}); opaque handle types exist, fieldless;
+     Ptr{Cvoid}); opaque handle types exist, fieldless; every positional
+     call `Mirror(args...)` passes one value per field (a field appended to a
+     mirror but not to its constructions would fail only when Julia runs);
   4. every `const` named like a header constant (FLATMEM_*, kDL*) has the
      header's value; every flatmem enum value (but the *_MAX sentinels) and
      the FLATMEM_VERSION* macros are defined; no FLATMEM_*/kDL* const is
@@ -736,6 +738,16 @@ class JuliaConst:
 
 
 @dataclass
+class JuliaConstruction:
+    """A call `Mirror(args...)` of a struct mirror's default constructor."""
+
+    name: str
+    args: int  # positional arguments
+    checkable: bool  # False with a splat or keyword arguments
+    where: str
+
+
+@dataclass
 class PreserveRegion:
     start: int
     end: int
@@ -753,6 +765,7 @@ class JuliaSources:
     not_wrapped: dict = field(default_factory=dict)  # name -> reason
     problems: list = field(default_factory=list)  # Issues found while reading
     init_bodies: list = field(default_factory=list)
+    constructions: list = field(default_factory=list)  # [JuliaConstruction]
 
 
 def parse_julia(files):
@@ -860,6 +873,17 @@ def parse_julia(files):
                     others.append(stripped)
                 offset += len(line) + 1
             js.structs[name] = JuliaStruct(name, mutable, header_rest.strip(), fields, others, where(pos), path)
+
+        # calls of the struct mirrors' constructors (not Ref{Mirror}(), Type{Mirror}, x.Mirror(...))
+        mirrors = "|".join(sorted(set(STRUCT_MIRRORS.values())))
+        for m in re.finditer(rf"(?<![\w.{{:])({mirrors})\s*\(", code):
+            close_at = matching_paren(code, m.end() - 1)
+            if close_at < 0:
+                continue
+            inner = code[m.end() : close_at]
+            args = [a.strip() for a, _ in split_top(inner)] if inner.strip() else []
+            checkable = not any(";" in a or a.endswith("...") for a in args)
+            js.constructions.append(JuliaConstruction(m.group(1), len(args), checkable, where(m.start())))
 
         # consts (top-level style: `const NAME = expr` on one line)
         for m in re.finditer(r"^[ \t]*const[ \t]+(\w+)[ \t]*=[ \t]*(.+?)[ \t]*$", code, re.M):
@@ -1016,6 +1040,21 @@ def check(header, js):
                 )
         if len(rep.issues) == before:
             rep.ok(f"struct {jname} mirrors {cname} ({len(cfields)} fields)")
+    # A mirror built positionally gets one value per field: a field appended to the
+    # mirror without its value at every construction fails only when Julia runs it.
+    for c in js.constructions:
+        js_struct = js.structs.get(c.name)
+        if js_struct is None or not c.checkable:
+            continue
+        if c.args != len(js_struct.fields):
+            rep.fail(
+                "struct-construct",
+                c.where,
+                f"{c.name}(...) with {c.args} arguments; the struct has {len(js_struct.fields)} fields: "
+                + ", ".join(f for f, _, _, _ in js_struct.fields),
+            )
+        else:
+            rep.ok(f"{c.name}(...) at {c.where} gives its {c.args} fields")
     for cname, jname in OPAQUE_HANDLES.items():
         if cname not in header.opaque:
             rep.fail("struct-mirror", cname, f"OPAQUE_HANDLES names {cname}, which the header does not declare")
@@ -1138,9 +1177,10 @@ def self_test_cases(header, js):
                 raise LookupError(f"cannot apply: struct {jname} with >= 2 fields not found")
             src = files[s.file]
             f0, f1, flast = s.fields[0], s.fields[1], s.fields[-1]
-            line0, line1 = src[f0[2] : f0[3]], src[f1[2] : f1[3]]
-            if how == "swap":
-                new = src[: f0[2]] + line1 + "\n" + line0 + src[f1[3] :]
+            line0 = src[f0[2] : f0[3]]
+            if how in ("swap", "swap-last"):  # the first two fields, or the last two (adjacent lines)
+                a, b = (f0, f1) if how == "swap" else (s.fields[-2], flast)
+                new = src[: a[2]] + src[b[2] : b[3]] + "\n" + src[a[2] : a[3]] + src[b[3] :]
             elif how == "retype":
                 new = src[: f0[2]] + re.sub(r"::.*$", "::Float64", line0) + src[f0[3] :]
             elif how == "drop-last":
@@ -1248,6 +1288,18 @@ def self_test_cases(header, js):
         ("cyclic options mirror field retyped", "struct-mirror", edit_struct("CyclicOptions", "retype")),
         ("cyclic summary mirror field dropped", "struct-mirror", edit_struct("CyclicSummary", "drop-last")),
         ("cyclic rule value wrong", "constant-value", edit_const("FLATMEM_CYCLIC_NEWEST", "Cint(2)")),
+        # The CPU instruction set and the contrastive options' appended logit_cache_bytes.
+        ("instruction set passed as Csize_t", "arg-type", append("ccall((:flatmem_cpu_isa_set, libflatmem), Cint, (Csize_t,), i)")),
+        ("instruction set out-parameter as Ref{UInt8}", "arg-type",
+         append("ccall((:flatmem_cpu_isa_get, libflatmem), Cint, (Ref{UInt8}, Ref{Cint}), i, b)")),
+        ("instruction set value wrong", "constant-value", edit_const("FLATMEM_CPU_ISA_AVX2", "Cint(3)")),
+        ("contrastive options without the appended logit_cache_bytes field", "struct-mirror",
+         edit_struct("ContrastiveOptions", "drop-last")),
+        ("contrastive options with logit_cache_bytes before comm", "struct-mirror", edit_struct("ContrastiveOptions", "swap-last")),
+        ("contrastive options built without the logit_cache_bytes value", "struct-construct",
+         replace_in_julia(r", Csize_t\(logit_cache_bytes\)\)", ")", "drop the last ContrastiveOptions(...) argument")),
+        ("block options built with an extra value", "struct-construct",
+         replace_in_julia(r"\bBlockOptions\(defaults\.struct_size,", "BlockOptions(defaults.struct_size, 0,", "add a BlockOptions(...) argument")),
     ]  # fmt: skip
 
 

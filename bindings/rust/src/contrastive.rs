@@ -65,11 +65,12 @@ pub struct Options {
     tile_rows: usize,
     tile_cols: usize,
     nonfinite: NonFinite,
+    logit_cache_bytes: usize,
 }
 
 impl Options {
     /// All defaults: symmetric loss, all online processors, 512 x 512
-    /// tiles, NaN / Inf are errors.
+    /// tiles, NaN / Inf are errors, no logit cache.
     pub fn new() -> Options {
         Options::default()
     }
@@ -99,6 +100,20 @@ impl Options {
         self
     }
 
+    /// Bytes the handle may hold to keep logit tiles from the forward for
+    /// the backward (0 = none, the default): a memory/compute dial. With
+    /// `bytes >= 4 b c` every tile is kept and the backward skips their
+    /// recompute (6 instead of 8 `b c d` FLOPs for forward + backward of the
+    /// symmetric loss); a smaller budget keeps the tiles that fit. The
+    /// handle allocates `min(bytes, 4 b c)` at its first forward and keeps
+    /// it until dropped. Results are bitwise identical with and without the
+    /// cache: a backward whose `q` or `k` differ from the last forward's
+    /// recomputes.
+    pub fn logit_cache_bytes(mut self, bytes: usize) -> Options {
+        self.logit_cache_bytes = bytes;
+        self
+    }
+
     /// The C options struct (`flatmem_contrastive_options_init` + fields).
     pub fn to_raw(&self) -> Result<sys::flatmem_contrastive_options> {
         let mut raw = sys::flatmem_contrastive_options {
@@ -110,6 +125,7 @@ impl Options {
             nonfinite: 0,
             fp32_precision: 0,
             comm: std::ptr::null_mut(),
+            logit_cache_bytes: 0,
         };
         // SAFETY: a valid, writable options struct of this declaration.
         check(unsafe { sys::flatmem_contrastive_options_init(&mut raw) })?;
@@ -119,6 +135,7 @@ impl Options {
         raw.tile_rows = int32("options.tile_rows", self.tile_rows)?;
         raw.tile_cols = int32("options.tile_cols", self.tile_cols)?;
         raw.nonfinite = self.nonfinite.raw();
+        raw.logit_cache_bytes = self.logit_cache_bytes;
         Ok(raw)
     }
 

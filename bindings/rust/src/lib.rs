@@ -6,6 +6,8 @@
 //!   against the installed header by `tests/header_sync.rs`), with the
 //!   DLPack structs of [`dlpack`].
 //! - [`contrastive`]: the tiled contrastive loss handle [`Contrastive`].
+//! - [`cpu_isa`](mod@cpu_isa): the instruction set of the CPU kernels
+//!   ([`CpuIsa`], [`cpu_isa()`], [`set_cpu_isa`]).
 //! - [`reversible`]: reversible segments [`Segment`] over built-in transformer
 //!   [`Block`]s or Rust functions ([`ReversibleFunction`], closures).
 //! - [`cyclic`]: the cyclic data-parallel schedule of `flatmem/cyclic.h` as
@@ -21,6 +23,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod contrastive;
+pub mod cpu_isa;
 pub mod cyclic;
 pub mod dlpack;
 mod error;
@@ -32,6 +35,7 @@ mod tensor;
 mod version;
 
 pub use contrastive::{Contrastive, ForwardOutput, Gradients, GradientsMut, Loss, NonFinite, Options, Saved};
+pub use cpu_isa::{cpu_isa, set_cpu_isa, CpuIsa};
 pub use error::{Error, Result, Status};
 pub use handle::live_handles;
 pub use reversible::{Block, BlockMath, BlockOptions, Layer, Parameters, ReversibleFunction, Segment, SegmentOptions};

@@ -61,6 +61,20 @@ pub const FLATMEM_FP32_PRECISION_TF32: flatmem_fp32_precision = 1;
 pub const FLATMEM_FP32_PRECISION_FULL: flatmem_fp32_precision = 2;
 pub const FLATMEM_FP32_PRECISION_MAX: flatmem_fp32_precision = 0x7fffffff;
 
+// ---------------------------------------------------------------------------
+// CPU instruction set
+// ---------------------------------------------------------------------------
+
+/// The instruction set the CPU kernels run with, for the whole process
+/// (`flatmem_cpu_isa_get` / `_set`; the environment variable
+/// `FLATMEM_CPU_ISA` caps the default).
+pub type flatmem_cpu_isa = c_uint;
+pub const FLATMEM_CPU_ISA_DEFAULT: flatmem_cpu_isa = 0;
+pub const FLATMEM_CPU_ISA_BASELINE: flatmem_cpu_isa = 1;
+pub const FLATMEM_CPU_ISA_AVX2: flatmem_cpu_isa = 2;
+pub const FLATMEM_CPU_ISA_AVX512: flatmem_cpu_isa = 3;
+pub const FLATMEM_CPU_ISA_MAX: flatmem_cpu_isa = 0x7fffffff;
+
 /// Opaque communicator (`typedef struct flatmem_comm_s flatmem_comm_t`;
 /// its functions are declared under "Communicators" below).
 #[repr(C)]
@@ -98,6 +112,9 @@ pub struct flatmem_contrastive_options {
     pub fp32_precision: i64,
     /// NULL: this process alone; else the ring across the communicator's ranks.
     pub comm: *mut flatmem_comm_t,
+    /// Appended after `comm`: bytes of logit tiles the forward may keep for
+    /// the backward (0 = none; CPU only; must be 0 with a communicator).
+    pub logit_cache_bytes: usize,
 }
 
 // ---------------------------------------------------------------------------
@@ -388,6 +405,16 @@ extern "C" {
     pub fn flatmem_status_string(status: flatmem_status) -> *const c_char;
 
     pub fn flatmem_last_error() -> *const c_char;
+
+    // CPU instruction set
+
+    pub fn flatmem_cpu_isa_get(in_use: *mut flatmem_cpu_isa, best: *mut flatmem_cpu_isa) -> flatmem_status;
+
+    pub fn flatmem_cpu_isa_set(isa: flatmem_cpu_isa) -> flatmem_status;
+
+    pub fn flatmem_cpu_isa_name(isa: flatmem_cpu_isa) -> *const c_char;
+
+    // Tiled contrastive loss
 
     pub fn flatmem_contrastive_options_init(options: *mut flatmem_contrastive_options) -> flatmem_status;
 

@@ -702,7 +702,8 @@ fn rust_layouts() -> BTreeMap<String, Layout> {
             tile_cols,
             nonfinite,
             fp32_precision,
-            comm
+            comm,
+            logit_cache_bytes
         }),
         rust_layout!(sys::flatmem_reversible_options { struct_size, mode, num_threads }),
         rust_layout!(sys::flatmem_reversible_context {
@@ -1214,7 +1215,16 @@ fn the_check_reads_both_sides() {
         assert_eq!(api.functions["flatmem_version_string"].ret, "*const c_char");
         assert_eq!(api.functions["flatmem_version"].params, vec![]);
         assert_eq!(api.structs["DLTensor"].len(), 7);
-        assert_eq!(api.structs["flatmem_contrastive_options"].len(), 8);
+        assert_eq!(api.structs["flatmem_contrastive_options"].len(), 9);
+        assert_eq!(
+            api.structs["flatmem_contrastive_options"].last().map(|d| d.to_string()).unwrap(),
+            "logit_cache_bytes: usize"
+        );
+        assert_eq!(
+            join(&api.functions["flatmem_cpu_isa_get"].params),
+            "in_use: *mut flatmem_cpu_isa, best: *mut flatmem_cpu_isa"
+        );
+        assert_eq!(api.functions["flatmem_cpu_isa_name"].ret, "*const c_char");
         assert!(api.opaque.contains("flatmem_contrastive_t"));
         // comm.h (included by flatmem.h): functions, opaque types, the array field
         assert_eq!(
@@ -1327,6 +1337,26 @@ fn the_check_catches_differences() {
         // comm.h: a new status, the options' comm field, an array length, a function
         ("pub const FLATMEM_STATUS_TIMEOUT: flatmem_status = 7;\n", "", "FLATMEM_STATUS_TIMEOUT"),
         ("    pub comm: *mut flatmem_comm_t,\n", "", "struct flatmem_contrastive_options: fields"),
+        // the options' appended logit_cache_bytes: dropped, or moved before comm
+        ("    pub logit_cache_bytes: usize,\n", "", "struct flatmem_contrastive_options: fields"),
+        (
+            "    pub comm: *mut flatmem_comm_t,\n    /// Appended after `comm`: bytes of logit tiles the forward may keep for\n    /// the backward (0 = none; CPU only; must be 0 with a communicator).\n    pub logit_cache_bytes: usize,",
+            "    pub logit_cache_bytes: usize,\n    pub comm: *mut flatmem_comm_t,",
+            "struct flatmem_contrastive_options: fields",
+        ),
+        // the CPU instruction set: an enumerator, a parameter, a function
+        ("pub const FLATMEM_CPU_ISA_AVX2: flatmem_cpu_isa = 2;", "pub const FLATMEM_CPU_ISA_AVX2: flatmem_cpu_isa = 3;", "2 in C, 3"),
+        ("pub const FLATMEM_CPU_ISA_AVX512: flatmem_cpu_isa = 3;\n", "", "FLATMEM_CPU_ISA_AVX512"),
+        (
+            "pub fn flatmem_cpu_isa_set(isa: flatmem_cpu_isa)",
+            "pub fn flatmem_cpu_isa_set(isa: *const flatmem_cpu_isa)",
+            "flatmem_cpu_isa_set: parameter 1",
+        ),
+        (
+            "    pub fn flatmem_cpu_isa_name(isa: flatmem_cpu_isa) -> *const c_char;\n",
+            "",
+            "flatmem_cpu_isa_name: in the header",
+        ),
         (
             "pub internal: [c_uchar; FLATMEM_COMM_UNIQUE_ID_BYTES],",
             "pub internal: [c_uchar; 64],",
@@ -1388,9 +1418,9 @@ fn options_init_matches_macro() {
     // FLATMEM_CONTRASTIVE_OPTIONS_INIT as the compiler expands it, against
     // the function the crate calls.
     let out = c_program(
-        "  flatmem_contrastive_options o = FLATMEM_CONTRASTIVE_OPTIONS_INIT;\n  printf(\"%zu %d %d %d %d %d %lld %d\\n\", \
+        "  flatmem_contrastive_options o = FLATMEM_CONTRASTIVE_OPTIONS_INIT;\n  printf(\"%zu %d %d %d %d %d %lld %d %zu\\n\", \
          o.struct_size, (int)o.loss, (int)o.num_threads, (int)o.tile_rows, (int)o.tile_cols, (int)o.nonfinite, \
-         (long long)o.fp32_precision, o.comm == NULL);\n",
+         (long long)o.fp32_precision, o.comm == NULL, o.logit_cache_bytes);\n",
     );
     let mut raw = sys::flatmem_contrastive_options {
         struct_size: 0,
@@ -1401,11 +1431,12 @@ fn options_init_matches_macro() {
         nonfinite: 9,
         fp32_precision: 9,
         comm: std::ptr::NonNull::dangling().as_ptr(),
+        logit_cache_bytes: 9,
     };
     // SAFETY: a valid options struct.
     assert_eq!(unsafe { sys::flatmem_contrastive_options_init(&mut raw) }, sys::FLATMEM_STATUS_SUCCESS);
     let rust = format!(
-        "{} {} {} {} {} {} {} {}",
+        "{} {} {} {} {} {} {} {} {}",
         raw.struct_size,
         raw.loss,
         raw.num_threads,
@@ -1413,12 +1444,17 @@ fn options_init_matches_macro() {
         raw.tile_cols,
         raw.nonfinite,
         raw.fp32_precision,
-        raw.comm.is_null() as i32
+        raw.comm.is_null() as i32,
+        raw.logit_cache_bytes
     );
     assert_eq!(out.trim(), rust);
-    // The crate's own options start from the same defaults, without a communicator.
+    // The crate's own options start from the same defaults, without a
+    // communicator; the builder sets the logit cache budget and nothing else.
     let built = flatmem::Options::new().to_raw().unwrap();
     assert!(built.comm.is_null());
+    assert_eq!(built.logit_cache_bytes, raw.logit_cache_bytes);
+    let cached = flatmem::Options::new().logit_cache_bytes(4096).to_raw().unwrap();
+    assert_eq!(cached, sys::flatmem_contrastive_options { logit_cache_bytes: 4096, ..built });
 }
 
 #[test]

@@ -1,0 +1,105 @@
+//! The instruction set of the CPU kernels (`flatmem_cpu_isa_*`).
+//!
+//! The CPU backend's element-wise kernels (the exponentials and reductions
+//! of the contrastive loss, the built-in blocks' LayerNorm, softmax and
+//! GELU) are compiled once per instruction set, and one of them runs for
+//! the whole process: by default the best this processor supports, capped
+//! by the environment variable `FLATMEM_CPU_ISA` (`avx512`, `avx2`,
+//! `baseline`; empty or `auto` = the best) when the process first asks,
+//! unless [`set_cpu_isa`] chose one since.
+//!
+//! Results are bitwise reproducible for one instruction set; different ones
+//! round differently, within the error bounds of each function. Select the
+//! instruction set before computing when the bits matter: a call already
+//! running may finish with the previous one. The BLAS picks its own
+//! kernels.
+
+use std::ffi::CStr;
+use std::fmt;
+
+use crate::error::{check, Error, Result, Status};
+use crate::sys;
+
+/// An instruction set of the CPU kernels, ordered from the least to the
+/// most capable (`Baseline < Avx2 < Avx512`), so that `isa <= best` says
+/// whether this processor can run it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CpuIsa {
+    /// Any x86-64 (SSE2), and the only one on other processors.
+    Baseline,
+    /// x86-64-v3: AVX2 with FMA (BMI1/2, F16C).
+    Avx2,
+    /// x86-64-v4: AVX-512 F, BW, DQ and VL, 512-bit vectors.
+    Avx512,
+}
+
+impl CpuIsa {
+    /// Every instruction set, least capable first.
+    pub const ALL: [CpuIsa; 3] = [CpuIsa::Baseline, CpuIsa::Avx2, CpuIsa::Avx512];
+
+    /// The raw `flatmem_cpu_isa` value.
+    pub fn raw(self) -> sys::flatmem_cpu_isa {
+        match self {
+            CpuIsa::Baseline => sys::FLATMEM_CPU_ISA_BASELINE,
+            CpuIsa::Avx2 => sys::FLATMEM_CPU_ISA_AVX2,
+            CpuIsa::Avx512 => sys::FLATMEM_CPU_ISA_AVX512,
+        }
+    }
+
+    /// The instruction set of a raw value the library returned; an
+    /// `Unsupported` error for a value this crate does not know.
+    fn from_raw(raw: sys::flatmem_cpu_isa, what: &str) -> Result<CpuIsa> {
+        CpuIsa::ALL.iter().copied().find(|isa| isa.raw() == raw).ok_or_else(|| {
+            Error::new(
+                Status::Unsupported,
+                format!(
+                    "flatmem_cpu_isa_get: *{} = {} ({:?}), an instruction set this crate does not know",
+                    what,
+                    raw,
+                    raw_name(raw)
+                ),
+            )
+        })
+    }
+
+    /// The library's name for it (`flatmem_cpu_isa_name`): `"baseline"`,
+    /// `"avx2"` or `"avx512"`, the words `FLATMEM_CPU_ISA` accepts.
+    pub fn name(self) -> &'static str {
+        raw_name(self.raw())
+    }
+}
+
+impl fmt::Display for CpuIsa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+fn raw_name(raw: sys::flatmem_cpu_isa) -> &'static str {
+    // SAFETY: flatmem_cpu_isa_name returns a static NUL-terminated string for
+    // every value, known or not.
+    unsafe { CStr::from_ptr(sys::flatmem_cpu_isa_name(raw)) }.to_str().unwrap_or("unknown")
+}
+
+/// `(in_use, best)`: the instruction set the kernels run with now, and the
+/// best this processor supports among those compiled in
+/// (`flatmem_cpu_isa_get`). Fails when `FLATMEM_CPU_ISA` is malformed
+/// (`InvalidArgument`) or asks for more than `best` (`Unsupported`), the
+/// message naming the variable, unless [`set_cpu_isa`] chose one since.
+pub fn cpu_isa() -> Result<(CpuIsa, CpuIsa)> {
+    let (mut in_use, mut best) = (sys::FLATMEM_CPU_ISA_DEFAULT, sys::FLATMEM_CPU_ISA_DEFAULT);
+    // SAFETY: two valid out-pointers; thread-safe.
+    check(unsafe { sys::flatmem_cpu_isa_get(&mut in_use, &mut best) })?;
+    Ok((CpuIsa::from_raw(in_use, "in_use")?, CpuIsa::from_raw(best, "best")?))
+}
+
+/// Selects the instruction set for the whole process
+/// (`flatmem_cpu_isa_set`); `None` goes back to the default (the
+/// environment's choice, else the best). An instruction set above the best
+/// this processor supports is refused with `Unsupported`, and nothing
+/// changes.
+pub fn set_cpu_isa(isa: Option<CpuIsa>) -> Result<()> {
+    let raw = isa.map_or(sys::FLATMEM_CPU_ISA_DEFAULT, CpuIsa::raw);
+    // SAFETY: a plain value; thread-safe.
+    check(unsafe { sys::flatmem_cpu_isa_set(raw) })
+}
