@@ -1,5 +1,6 @@
 // extern "C" entry points that belong to no handle: versions and statuses.
 #include "core/cpu_isa.hpp"
+#include "core/options.hpp"
 #include "core/error.hpp"
 
 #define FLATMEM_STRINGIFY2(x) #x
@@ -17,7 +18,7 @@ const char *flatmem_version_string(void) {
 const char *flatmem_last_error(void) { return flatmem::last_error(); }
 
 const char *flatmem_status_string(flatmem_status status) {
-  switch (status) {
+  switch (flatmem::enum_value(status)) {  // a C caller may pass any int
     case FLATMEM_STATUS_SUCCESS: return "FLATMEM_STATUS_SUCCESS";
     case FLATMEM_STATUS_INVALID_ARGUMENT: return "FLATMEM_STATUS_INVALID_ARGUMENT";
     case FLATMEM_STATUS_UNSUPPORTED: return "FLATMEM_STATUS_UNSUPPORTED";
@@ -28,9 +29,8 @@ const char *flatmem_status_string(flatmem_status status) {
     case FLATMEM_STATUS_TIMEOUT: return "FLATMEM_STATUS_TIMEOUT";
     case FLATMEM_STATUS_PEER_FAILURE: return "FLATMEM_STATUS_PEER_FAILURE";
     case FLATMEM_STATUS_COMM_POISONED: return "FLATMEM_STATUS_COMM_POISONED";
-    case FLATMEM_STATUS_MAX: break;
+    default: return "FLATMEM_STATUS_UNKNOWN";
   }
-  return "FLATMEM_STATUS_UNKNOWN";
 }
 
 }  // extern "C"
@@ -56,22 +56,22 @@ flatmem_status flatmem_cpu_isa_get(flatmem_cpu_isa *in_use, flatmem_cpu_isa *bes
 
 flatmem_status flatmem_cpu_isa_set(flatmem_cpu_isa isa) {
   return flatmem::guarded([&] {
-    if (isa == FLATMEM_CPU_ISA_DEFAULT) return flatmem::cpu_isa::reset();
-    if (isa != FLATMEM_CPU_ISA_BASELINE && isa != FLATMEM_CPU_ISA_AVX2 && isa != FLATMEM_CPU_ISA_AVX512)
-      flatmem::invalid("isa: ", int(isa), " is not a flatmem_cpu_isa value (0 .. 3)");
-    flatmem::cpu_isa::select(flatmem::cpu_isa::Isa(int(isa)));
+    const std::int32_t value = flatmem::enum_value(isa);  // a C caller may pass any int
+    if (value == FLATMEM_CPU_ISA_DEFAULT) return flatmem::cpu_isa::reset();
+    if (value != FLATMEM_CPU_ISA_BASELINE && value != FLATMEM_CPU_ISA_AVX2 && value != FLATMEM_CPU_ISA_AVX512)
+      flatmem::invalid("isa: ", value, " is not a flatmem_cpu_isa value (0 .. 3)");
+    flatmem::cpu_isa::select(flatmem::cpu_isa::Isa(value));
   });
 }
 
 const char *flatmem_cpu_isa_name(flatmem_cpu_isa isa) {
-  switch (isa) {
+  switch (flatmem::enum_value(isa)) {
     case FLATMEM_CPU_ISA_DEFAULT: return "default";
     case FLATMEM_CPU_ISA_BASELINE: return "baseline";
     case FLATMEM_CPU_ISA_AVX2: return "avx2";
     case FLATMEM_CPU_ISA_AVX512: return "avx512";
-    case FLATMEM_CPU_ISA_MAX: break;
+    default: return "unknown";
   }
-  return "unknown";
 }
 
 }  // extern "C"
