@@ -6,7 +6,9 @@
 // rebuilds its input in the backward, and OVERLAPPED gives VANILLA's bits;
 // blocks made with BLOCK_MATH_TF32 give the FP32 bits on the CPU and a math
 // value outside the enum is refused; the cyclic schedule queries follow the
-// closed forms of cyclic.h.
+// closed forms of cyclic.h; ContrastiveOptions.logit_cache_bytes gives the
+// bits of a handle without it; the CPU instruction set can be read and set
+// (CpuIsa), and one above the processor's best is refused.
 // Built and run by scripts/check-java.sh; exits 1 on failure.
 import flatmem.Block;
 import flatmem.BlockKind;
@@ -14,6 +16,7 @@ import flatmem.BlockMath;
 import flatmem.Contrastive;
 import flatmem.ContrastiveLoss;
 import flatmem.ContrastiveOptions;
+import flatmem.CpuIsa;
 import flatmem.CyclicAction;
 import flatmem.CyclicActionKind;
 import flatmem.CyclicRule;
@@ -358,6 +361,75 @@ public final class FlatmemTest {
                   "schedule.world_size: 0");
   }
 
+  /** Forward + backward (every output) of one handle made with `options`. */
+  private static double[] contrastiveRun(ContrastiveOptions options, Tensor q, Tensor k, Tensor s) {
+    final long b = q.shape(0), d = q.shape(1);
+    try (Contrastive h = new Contrastive(options);
+         Tensor loss = Tensor.allocated(Flatmem.kDLFloat, 32);
+         Tensor rowLse = Tensor.allocated(Flatmem.kDLFloat, 32, b);
+         Tensor colLse = Tensor.allocated(Flatmem.kDLFloat, 32, b);
+         Tensor dq = Tensor.allocated(Flatmem.kDLFloat, 32, b, d);
+         Tensor dk = Tensor.allocated(Flatmem.kDLFloat, 32, b, d);
+         Tensor ds = Tensor.allocated(Flatmem.kDLFloat, 32)) {
+      h.forward(q, k, null, s, loss, rowLse, colLse);
+      h.backward(q, k, null, s, rowLse, colLse, null, dq, dk, ds);
+      return values(loss, rowLse, colLse, dq, dk, ds);
+    }
+  }
+
+  /** ContrastiveOptions.logit_cache_bytes (0 by default): with every tile
+   *  cached, or a few of them, the results are the bits of a handle without
+   *  the cache (9 x 9 features in 2 x 2 tiles: 25 tiles of 16 bytes each). */
+  private static void logitCache() {
+    final int b = 9, d = 5;
+    try (ContrastiveOptions options = new ContrastiveOptions();
+         Tensor q = fill(Tensor.allocated(Flatmem.kDLFloat, 32, b, d), 41, 0.6, 0.0);
+         Tensor k = fill(Tensor.allocated(Flatmem.kDLFloat, 32, b, d), 42, 0.6, 0.0);
+         Tensor s = Tensor.allocated(Flatmem.kDLFloat, 32)) {
+      s.set(0, 6.0);
+      options.setTile_rows(2);
+      options.setTile_cols(2);
+      check(options.getLogit_cache_bytes() == 0, "ContrastiveOptions: logit_cache_bytes 0 by default");
+      double[] reference = contrastiveRun(options, q, k, s);
+      for (long budget : new long[] {4L * b * b, 4 * 16 * 3 + 5}) {
+        options.setLogit_cache_bytes(budget);
+        check(options.getLogit_cache_bytes() == budget, "ContrastiveOptions: logit_cache_bytes " + budget);
+        check(sameBits(contrastiveRun(options, q, k, s), reference),
+              "logit_cache_bytes " + budget + ": the bits of no cache (" + reference.length + " values)");
+      }
+    }
+  }
+
+  /** cpu_isa_in_use / _best / _set / _name (flatmem_cpu_isa_*): every
+   *  instruction set up to the best can be selected, DEFAULT goes back to
+   *  where the process started, one above the best is refused. */
+  private static void cpuIsa() {
+    CpuIsa start = Flatmem.cpu_isa_in_use(), best = Flatmem.cpu_isa_best();
+    check(Flatmem.cpu_isa_name(CpuIsa.CPU_ISA_AVX512).equals("avx512")
+              && Flatmem.cpu_isa_name(CpuIsa.CPU_ISA_AVX2).equals("avx2")
+              && Flatmem.cpu_isa_name(CpuIsa.CPU_ISA_BASELINE).equals("baseline")
+              && Flatmem.cpu_isa_name(CpuIsa.CPU_ISA_DEFAULT).equals("default"),
+          "cpu_isa_name");
+    check(start.swigValue() >= 1 && start.swigValue() <= best.swigValue(),
+          "cpu_isa_in_use " + Flatmem.cpu_isa_name(start) + " <= cpu_isa_best " + Flatmem.cpu_isa_name(best));
+    try {
+      for (CpuIsa isa : new CpuIsa[] {CpuIsa.CPU_ISA_BASELINE, CpuIsa.CPU_ISA_AVX2, CpuIsa.CPU_ISA_AVX512}) {
+        if (isa.swigValue() > best.swigValue()) {
+          CpuIsa before = Flatmem.cpu_isa_in_use();
+          expectFailure("cpu_isa_set(" + isa + ") above the best is refused", () -> Flatmem.cpu_isa_set(isa),
+                        RuntimeException.class, "FLATMEM_STATUS_UNSUPPORTED", Flatmem.cpu_isa_name(isa));
+          check(Flatmem.cpu_isa_in_use() == before, "a refused cpu_isa_set changes nothing");
+          continue;
+        }
+        Flatmem.cpu_isa_set(isa);
+        check(Flatmem.cpu_isa_in_use() == isa && Flatmem.cpu_isa_best() == best, "cpu_isa_set(" + isa + ")");
+      }
+    } finally {
+      Flatmem.cpu_isa_set(CpuIsa.CPU_ISA_DEFAULT);
+    }
+    check(Flatmem.cpu_isa_in_use() == start, "cpu_isa_set(CPU_ISA_DEFAULT) goes back to " + start);
+  }
+
   public static void main(String[] args) {
     System.out.println("flatmem " + Flatmem.version_string() + ": header FLATMEM_VERSION "
                        + Flatmem.VERSION + ", library flatmem_version() " + Flatmem.version());
@@ -428,6 +500,8 @@ public final class FlatmemTest {
     reversibleSegment();
     blockMath();
     cyclicSchedule();
+    logitCache();
+    cpuIsa();
 
     System.out.println(failures == 0 ? "FlatmemTest: OK" : "FlatmemTest: " + failures + " FAILED");
     System.exit(failures == 0 ? 0 : 1);

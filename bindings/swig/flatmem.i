@@ -9,9 +9,13 @@
  *   version(), version_string(), last_error(), status_string(int)
  *   VERSION, VERSION_MAJOR/MINOR/PATCH      the header this wrapper was built from
  *   STATUS_*, NONFINITE_*, CONTRASTIVE_*     enum values
+ *   CPU_ISA_*, cpu_isa_in_use(), cpu_isa_best(), cpu_isa_set(isa), cpu_isa_name(isa)
+ *                        the CPU instruction set (flatmem_cpu_isa_get / _set / _name;
+ *                        Java: the CpuIsa enum), see "CPU instruction set" below
  *   REVERSIBLE_*, BLOCK_ATTENTION/MLP, BLOCK_MATH_FP32/TF32   reversible.h's enum values
  *   kDLCPU, kDLCUDA, kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex   DLPack codes
- *   ContrastiveOptions   flatmem_contrastive_options, initialised to the defaults
+ *   ContrastiveOptions   flatmem_contrastive_options, initialised to the defaults (every
+ *                        field but struct_size and comm settable, logit_cache_bytes included)
  *   Contrastive          flatmem_contrastive_t: constructor = *_create, destructor = *_destroy,
  *                        forward/backward and the two workspace queries as methods
  *   Tensor               a DLTensor together with the shape and strides it points to
@@ -495,6 +499,11 @@ const char *flatmem_swig_version_mismatch(void);
 %ignore FLATMEM_STATUS_MAX;
 %ignore FLATMEM_NONFINITE_MAX;
 %ignore FLATMEM_CONTRASTIVE_LOSS_MAX;
+%ignore FLATMEM_CPU_ISA_MAX;
+/* Out-pointers and a status: wrapped below as cpu_isa_in_use(), cpu_isa_best()
+ * and cpu_isa_set(isa). */
+%ignore flatmem_cpu_isa_get;
+%ignore flatmem_cpu_isa_set;
 /* Communicators (<flatmem/comm.h>, which this interface does not %include)
  * are not wrapped yet: the options' comm stays NULL, as
  * flatmem_contrastive_options_init sets it (a handle of this process alone). */
@@ -503,6 +512,7 @@ const char *flatmem_swig_version_mismatch(void);
 %rename(Status) flatmem_status;
 %rename(NonfinitePolicy) flatmem_nonfinite_policy;
 %rename(ContrastiveLoss) flatmem_contrastive_loss;
+%rename(CpuIsa) flatmem_cpu_isa;
 %rename(ContrastiveOptions) flatmem_contrastive_options;
 %rename(Contrastive) flatmem_contrastive_s;
 
@@ -598,6 +608,34 @@ const char *flatmem_swig_version_mismatch(void);
 const char *flatmem_status_string_of(int status) {
   return flatmem_status_string((flatmem_status)status);
 }
+%}
+
+/* ------------------------------------------------------------------------ */
+/* CPU instruction set (flatmem_cpu_isa_get / _set)                          */
+/* ------------------------------------------------------------------------ */
+/* cpu_isa_in_use(): the instruction set the CPU kernels run with now;
+ * cpu_isa_best(): the best this processor supports among those compiled in.
+ * Both fail as flatmem_cpu_isa_get does (a malformed FLATMEM_CPU_ISA:
+ * INVALID_ARGUMENT; one asking for more than the processor has: UNSUPPORTED).
+ * cpu_isa_set(isa): flatmem_cpu_isa_set, for the whole process (CPU_ISA_DEFAULT:
+ * back to FLATMEM_CPU_ISA or the best); UNSUPPORTED, and nothing changes, for
+ * an instruction set this processor lacks. cpu_isa_name(isa) is the
+ * library's own ("avx512", "avx2", "baseline", "default"). */
+%rename(cpu_isa_in_use) flatmem_swig_cpu_isa_in_use;
+%rename(cpu_isa_best) flatmem_swig_cpu_isa_best;
+%rename(cpu_isa_set) flatmem_swig_cpu_isa_set;
+%inline %{
+flatmem_cpu_isa flatmem_swig_cpu_isa_in_use(void) {
+  flatmem_cpu_isa isa = FLATMEM_CPU_ISA_DEFAULT;
+  flatmem_swig_check(flatmem_cpu_isa_get(&isa, NULL));
+  return isa;
+}
+flatmem_cpu_isa flatmem_swig_cpu_isa_best(void) {
+  flatmem_cpu_isa isa = FLATMEM_CPU_ISA_DEFAULT;
+  flatmem_swig_check(flatmem_cpu_isa_get(NULL, &isa));
+  return isa;
+}
+void flatmem_swig_cpu_isa_set(flatmem_cpu_isa isa) { flatmem_swig_check(flatmem_cpu_isa_set(isa)); }
 %}
 
 /* DLPack codes (dlpack.h is not wrapped: Tensor below builds DLTensors). */
@@ -880,7 +918,9 @@ flatmem_swig_tensor *flatmem_swig_tensor_from_dlpack(PyObject *capsule) {
 
 %extend flatmem_contrastive_options {
   /* The defaults (flatmem_contrastive_options_init): symmetric loss, all
-   * processors, 512 x 512 tiles, non-finite inputs refused. */
+   * processors, 512 x 512 tiles, non-finite inputs refused, no logit cache
+   * (logit_cache_bytes 0: the bytes of raw logit tiles a handle keeps from a
+   * forward for the next backward on the same q, k; CPU only, see flatmem.h). */
   flatmem_contrastive_options() {
     flatmem_contrastive_options *o = (flatmem_contrastive_options *)calloc(1, sizeof *o);
     if (!o) {

@@ -11,11 +11,15 @@
 //   infonce backward  q, k, logit_scale, row_lse, dloss
 //                       -> dq, dk, dlogit_scale [, workspace], labels?
 //
+// Every one of them has one attribute, logit_cache_bytes (u64), after the
+// buffers: options.logit_cache_bytes of the pooled handle (handle_pool.hpp).
+//
 // xla::ffi::Binding can only be extended (its move constructor is private),
 // so every step below calls a member on an rvalue and hands the new binder on
 // by reference.
 #pragma once
 
+#include <cstdint>
 #include <utility>
 
 #include "xla/ffi/api/ffi.h"
@@ -44,30 +48,36 @@ auto rets(Binder &&b) {
     return rets<N - 1>(std::move(b).template Ret<B>());
 }
 
+// The attributes, after the buffers.
+template <typename Binder>
+auto attrs(Binder &&b) {
+  return std::move(b).template Attr<uint64_t>("logit_cache_bytes");
+}
+
 }  // namespace binding_detail
 
 template <bool Workspace, typename Binder>
 auto clip_forward_binding(Binder &&b) {
   using namespace binding_detail;
-  return rets<3 + Workspace>(args<3>(std::move(b)));
+  return attrs(rets<3 + Workspace>(args<3>(std::move(b))));
 }
 
 template <bool Workspace, typename Binder>
 auto clip_backward_binding(Binder &&b) {
   using namespace binding_detail;
-  return rets<3 + Workspace>(args<6>(std::move(b)));
+  return attrs(rets<3 + Workspace>(args<6>(std::move(b))));
 }
 
 template <bool Workspace, typename Binder>
 auto infonce_forward_binding(Binder &&b) {
   using namespace binding_detail;
-  return rets<2 + Workspace>(args<3>(std::move(b))).template OptionalArg<B>();
+  return attrs(rets<2 + Workspace>(args<3>(std::move(b))).template OptionalArg<B>());
 }
 
 template <bool Workspace, typename Binder>
 auto infonce_backward_binding(Binder &&b) {
   using namespace binding_detail;
-  return rets<3 + Workspace>(args<5>(std::move(b))).template OptionalArg<B>();
+  return attrs(rets<3 + Workspace>(args<5>(std::move(b))).template OptionalArg<B>());
 }
 
 }  // namespace flatmem_jax

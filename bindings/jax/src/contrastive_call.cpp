@@ -71,8 +71,9 @@ ffi::Error flatmem_error(flatmem_status status, const char *function, const char
                                             flatmem_status_string(status) + ": " + message);
 }
 
-ffi::Error run_forward(flatmem_contrastive_loss loss, DLDevice device, void *stream,
-                       const ForwardBuffers &io, WorkspaceSource &workspace) {
+ffi::Error run_forward(flatmem_contrastive_loss loss, std::size_t logit_cache_bytes,
+                       DLDevice device, void *stream, const ForwardBuffers &io,
+                       WorkspaceSource &workspace) {
   Views v(device);
   const DLTensor *q = v.add(io.q, "q");
   const DLTensor *k = v.add(io.k, "k");
@@ -83,7 +84,8 @@ ffi::Error run_forward(flatmem_contrastive_loss loss, DLDevice device, void *str
   DLTensor *col_lse = v.out(io.col_lse, "col_lse");
   if (v.error().failure()) return v.error();
 
-  PooledHandle handle(loss, device.device_type == kDLCUDA);
+  const Inputs inputs{q->data, k->data};
+  PooledHandle handle({loss, device.device_type == kDLCUDA, logit_cache_bytes}, inputs);
   if (handle.status() != FLATMEM_STATUS_SUCCESS)
     return flatmem_error(handle.status(), "flatmem_contrastive_create");
   ffi::ErrorOr<Workspace> space = workspace.get(handle.get(), *q, *k, nullptr, nullptr);
@@ -91,12 +93,14 @@ ffi::Error run_forward(flatmem_contrastive_loss loss, DLDevice device, void *str
   const flatmem_status status =
       flatmem_contrastive_forward(handle.get(), q, k, labels, logit_scale, loss_out, row_lse,
                                   col_lse, space->data, space->bytes, stream);
+  handle.forward_done(status == FLATMEM_STATUS_SUCCESS, inputs);
   if (status != FLATMEM_STATUS_SUCCESS) return flatmem_error(status, "flatmem_contrastive_forward");
   return ffi::Error::Success();
 }
 
-ffi::Error run_backward(flatmem_contrastive_loss loss, DLDevice device, void *stream,
-                        const BackwardBuffers &io, WorkspaceSource &workspace) {
+ffi::Error run_backward(flatmem_contrastive_loss loss, std::size_t logit_cache_bytes,
+                        DLDevice device, void *stream, const BackwardBuffers &io,
+                        WorkspaceSource &workspace) {
   Views v(device);
   const DLTensor *q = v.add(io.q, "q");
   const DLTensor *k = v.add(io.k, "k");
@@ -110,9 +114,11 @@ ffi::Error run_backward(flatmem_contrastive_loss loss, DLDevice device, void *st
   DLTensor *dlogit_scale = v.out(io.dlogit_scale, "dlogit_scale");
   if (v.error().failure()) return v.error();
 
-  PooledHandle handle(loss, device.device_type == kDLCUDA);
+  const bool cuda = device.device_type == kDLCUDA;
+  PooledHandle handle({loss, cuda, logit_cache_bytes}, Inputs{q->data, k->data});
   if (handle.status() != FLATMEM_STATUS_SUCCESS)
     return flatmem_error(handle.status(), "flatmem_contrastive_create");
+  if (logit_cache_bytes != 0 && !cuda) count_cached_backward(handle.found_inputs());
   ffi::ErrorOr<Workspace> space = workspace.get(handle.get(), *q, *k, dq, dk);
   if (!space) return space.error();
   const flatmem_status status = flatmem_contrastive_backward(

@@ -1,7 +1,8 @@
 // The platform-independent body of the contrastive-loss handlers: DLPack views
-// of the XLA buffers, a pooled flatmem handle, the workspace, one call of the
-// C ABI, and its status turned into an XLA FFI error carrying flatmem's
-// message. handlers_cpu.cpp and handlers_cuda.cu only bind operands and say
+// of the XLA buffers, a pooled flatmem handle (of the call's loss, device kind
+// and logit-cache budget, preferring the one whose last forward read the
+// call's q and k: handle_pool.hpp), the workspace, one call of the C ABI, and
+// its status turned into an XLA FFI error carrying flatmem's message. handlers_cpu.cpp and handlers_cuda.cu only bind operands and say
 // where the device, the stream and the workspace come from.
 #pragma once
 
@@ -55,10 +56,14 @@ struct BackwardBuffers {
   ffi::AnyBuffer dloss, dq, dk, dlogit_scale;
 };
 
-ffi::Error run_forward(flatmem_contrastive_loss loss, DLDevice device, void *stream,
-                       const ForwardBuffers &io, WorkspaceSource &workspace);
+// logit_cache_bytes: options.logit_cache_bytes of the pooled handle (the
+// handlers' attribute of that name; CPU only -- the CUDA handlers pass 0).
+ffi::Error run_forward(flatmem_contrastive_loss loss, std::size_t logit_cache_bytes,
+                       DLDevice device, void *stream, const ForwardBuffers &io,
+                       WorkspaceSource &workspace);
 
-ffi::Error run_backward(flatmem_contrastive_loss loss, DLDevice device, void *stream,
-                        const BackwardBuffers &io, WorkspaceSource &workspace);
+ffi::Error run_backward(flatmem_contrastive_loss loss, std::size_t logit_cache_bytes,
+                        DLDevice device, void *stream, const BackwardBuffers &io,
+                        WorkspaceSource &workspace);
 
 }  // namespace flatmem_jax

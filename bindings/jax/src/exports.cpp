@@ -1,6 +1,7 @@
 // The helpers of flatmem_jax.h that are not handlers: versions, whether the
-// CUDA handlers are in, and the workspace query the Python module calls at
-// trace time to size the CPU handlers' workspace result.
+// CUDA handlers are in, the workspace query the Python module calls at
+// trace time to size the CPU handlers' workspace result, and the contrastive
+// pool's counters.
 #include <cstdio>
 
 #include "flatmem_jax.h"
@@ -57,7 +58,8 @@ int flatmem_jax_workspace_size(int loss, int backward, int q_code, int q_bits, i
   int64_t k_shape[2] = {c, dk};
   const DLTensor q = shape_only(dlpack_type(q_code, q_bits), q_shape);
   const DLTensor k = shape_only(dlpack_type(k_code, k_bits), k_shape);
-  flatmem_jax::PooledHandle handle(static_cast<flatmem_contrastive_loss>(loss), /*cuda=*/false);
+  // Any CPU handle of the loss answers (the logit cache is not part of the workspace).
+  flatmem_jax::PooledHandle handle({static_cast<flatmem_contrastive_loss>(loss), /*cuda=*/false, 0});
   flatmem_status status = handle.status();
   if (status == FLATMEM_STATUS_SUCCESS)
     status = backward  // dq like q and dk like k: the handlers return gradients in the input dtype
@@ -65,6 +67,15 @@ int flatmem_jax_workspace_size(int loss, int backward, int q_code, int q_bits, i
                  : flatmem_contrastive_forward_workspace_size(handle.get(), &q, &k, bytes);
   if (status != FLATMEM_STATUS_SUCCESS) write_message(status, message, message_size);
   return status;
+}
+
+void flatmem_jax_contrastive_pool_stats(int64_t *handles, int64_t *cached_backwards,
+                                        int64_t *cached_backwards_on_forward_handle) {
+  const flatmem_jax::PoolStats stats = flatmem_jax::pool_stats();
+  if (handles != nullptr) *handles = stats.handles;
+  if (cached_backwards != nullptr) *cached_backwards = stats.cached_backwards;
+  if (cached_backwards_on_forward_handle != nullptr)
+    *cached_backwards_on_forward_handle = stats.cached_backwards_on_forward_handle;
 }
 
 }  // extern "C"

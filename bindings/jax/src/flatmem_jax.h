@@ -15,6 +15,11 @@
  *   flatmem_jax_infonce_backward_{cpu,cuda}
  *       q, k, s, row_lse, g [, labels]  -> dq (b,d), dk (c,d), ds () [, workspace]
  *
+ * Attribute (every one of them): logit_cache_bytes (u64), the logit-cache
+ * budget of the pooled handle, flatmem_contrastive_options.logit_cache_bytes
+ * (0: none). CPU only: the *_cuda handlers accept it and ignore it (flatmem's
+ * CUDA backend recomputes the tiles in any case).
+ *
  * q and k are f32, bf16 or f16 (both the same); s, loss, lse, g and ds are f32;
  * dq and dk have the dtype of q and k. labels are s64 (b,), or s32 (b, 2)
  * holding each int64 label as its (low, high) 32-bit words, which is what an
@@ -30,9 +35,14 @@
  * device allocator XLA itself uses, stream-ordered on XLA's stream.
  *
  * Handles: flatmem handles are lent from a process-wide pool, one call per
- * handle at a time (flatmem's thread rule; XLA may run two calls at once).
- * They are created with num_threads = $FLATMEM_JAX_NUM_THREADS, read once
- * (unset or 0: all online processors), and live until the process exits.
+ * handle at a time (flatmem's thread rule; XLA may run two calls at once),
+ * kept per (loss, platform, logit_cache_bytes). They are created with
+ * num_threads = $FLATMEM_JAX_NUM_THREADS, read once (unset or 0: all online
+ * processors), and live until the process exits, each with its logit cache
+ * once filled. A call takes the idle handle whose last forward read its q
+ * and k (same data addresses) when there is one, so that a backward finds
+ * the tiles its forward cached; flatmem itself checks that they are q's and
+ * k's (a fingerprint of the contents) and recomputes otherwise.
  */
 #ifndef FLATMEM_JAX_H
 #define FLATMEM_JAX_H
@@ -65,6 +75,14 @@ FLATMEM_JAX_API int flatmem_jax_workspace_size(int loss, int backward, int q_cod
                                                int64_t b, int64_t dq, int k_code, int k_bits,
                                                int64_t c, int64_t dk, size_t *bytes,
                                                char *message, size_t message_size);
+
+/** Counters of the contrastive handle pool, for tests: handles created so
+ *  far; backward calls with a logit cache (CPU); how many of those got the
+ *  handle whose last forward read their q and k. Any pointer may be NULL.
+ *  Thread-safe. */
+FLATMEM_JAX_API void flatmem_jax_contrastive_pool_stats(int64_t *handles,
+                                                        int64_t *cached_backwards,
+                                                        int64_t *cached_backwards_on_forward_handle);
 
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_clip_forward_cpu(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_clip_backward_cpu(XLA_FFI_CallFrame *frame);

@@ -1,7 +1,8 @@
 // XLA FFI handlers of the contrastive loss for XLA:CPU. The workspace is the
 // handler's last result, a u8 buffer sized at trace time by
 // flatmem_jax_workspace_size (exports.cpp), so XLA owns and plans it like any
-// other buffer; XLA:CPU has no scratch allocator for FFI handlers.
+// other buffer; XLA:CPU has no scratch allocator for FFI handlers. The
+// attribute logit_cache_bytes picks the pooled handle's cache budget.
 #include "contrastive_bindings.hpp"
 #include "contrastive_call.hpp"
 #include "flatmem_jax.h"
@@ -28,30 +29,31 @@ class ResultWorkspace final : public WorkspaceSource {
 };
 
 ffi::Error clip_forward(Buffer q, Buffer k, Buffer s, Out loss, Out row_lse, Out col_lse,
-                        Out workspace) {
+                        Out workspace, uint64_t logit_cache_bytes) {
   ResultWorkspace ws(*workspace);
-  return run_forward(FLATMEM_CONTRASTIVE_SYMMETRIC, kCpu, nullptr,
+  return run_forward(FLATMEM_CONTRASTIVE_SYMMETRIC, logit_cache_bytes, kCpu, nullptr,
                      {q, k, s, std::nullopt, *loss, *row_lse, *col_lse}, ws);
 }
 
 ffi::Error clip_backward(Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer col_lse, Buffer g,
-                         Out dq, Out dk, Out ds, Out workspace) {
+                         Out dq, Out dk, Out ds, Out workspace, uint64_t logit_cache_bytes) {
   ResultWorkspace ws(*workspace);
-  return run_backward(FLATMEM_CONTRASTIVE_SYMMETRIC, kCpu, nullptr,
+  return run_backward(FLATMEM_CONTRASTIVE_SYMMETRIC, logit_cache_bytes, kCpu, nullptr,
                       {q, k, s, std::nullopt, row_lse, col_lse, g, *dq, *dk, *ds}, ws);
 }
 
 ffi::Error infonce_forward(Buffer q, Buffer k, Buffer s, Out loss, Out row_lse, Out workspace,
-                           std::optional<Buffer> labels) {
+                           std::optional<Buffer> labels, uint64_t logit_cache_bytes) {
   ResultWorkspace ws(*workspace);
-  return run_forward(FLATMEM_CONTRASTIVE_INFONCE, kCpu, nullptr,
+  return run_forward(FLATMEM_CONTRASTIVE_INFONCE, logit_cache_bytes, kCpu, nullptr,
                      {q, k, s, labels, *loss, *row_lse, std::nullopt}, ws);
 }
 
 ffi::Error infonce_backward(Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer g, Out dq, Out dk,
-                            Out ds, Out workspace, std::optional<Buffer> labels) {
+                            Out ds, Out workspace, std::optional<Buffer> labels,
+                            uint64_t logit_cache_bytes) {
   ResultWorkspace ws(*workspace);
-  return run_backward(FLATMEM_CONTRASTIVE_INFONCE, kCpu, nullptr,
+  return run_backward(FLATMEM_CONTRASTIVE_INFONCE, logit_cache_bytes, kCpu, nullptr,
                       {q, k, s, labels, row_lse, std::nullopt, g, *dq, *dk, *ds}, ws);
 }
 

@@ -9,6 +9,13 @@
 // flatmem built without CUDA refuses kDLCUDA tensors with
 // FLATMEM_STATUS_UNSUPPORTED, which these handlers return as XLA's
 // UNIMPLEMENTED error with flatmem's message, touching no memory.
+//
+// The logit cache is the CPU backend's (flatmem.h: a call with kDLCUDA
+// tensors neither fills nor reads it), so these handlers take the
+// logit_cache_bytes attribute the Python side passes to both platforms --
+// one jitted function lowers for either -- and ignore it: their handles are
+// pooled without a budget, and code that asks for a cache runs on a GPU
+// unchanged, recomputing the tiles as without one.
 #include <cuda_runtime_api.h>
 
 #include "contrastive_bindings.hpp"
@@ -50,33 +57,35 @@ class ScratchWorkspace final : public WorkspaceSource {
 };
 
 ffi::Error clip_forward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
-                        Buffer q, Buffer k, Buffer s, Out loss, Out row_lse, Out col_lse) {
+                        Buffer q, Buffer k, Buffer s, Out loss, Out row_lse, Out col_lse,
+                        uint64_t /*logit_cache_bytes: CPU only*/) {
   ScratchWorkspace ws(scratch);
-  return run_forward(FLATMEM_CONTRASTIVE_SYMMETRIC, cuda_device(ordinal), stream,
+  return run_forward(FLATMEM_CONTRASTIVE_SYMMETRIC, 0, cuda_device(ordinal), stream,
                      {q, k, s, std::nullopt, *loss, *row_lse, *col_lse}, ws);
 }
 
 ffi::Error clip_backward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
                          Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer col_lse, Buffer g,
-                         Out dq, Out dk, Out ds) {
+                         Out dq, Out dk, Out ds, uint64_t /*logit_cache_bytes: CPU only*/) {
   ScratchWorkspace ws(scratch);
-  return run_backward(FLATMEM_CONTRASTIVE_SYMMETRIC, cuda_device(ordinal), stream,
+  return run_backward(FLATMEM_CONTRASTIVE_SYMMETRIC, 0, cuda_device(ordinal), stream,
                       {q, k, s, std::nullopt, row_lse, col_lse, g, *dq, *dk, *ds}, ws);
 }
 
 ffi::Error infonce_forward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
                            Buffer q, Buffer k, Buffer s, Out loss, Out row_lse,
-                           std::optional<Buffer> labels) {
+                           std::optional<Buffer> labels, uint64_t /*logit_cache_bytes: CPU only*/) {
   ScratchWorkspace ws(scratch);
-  return run_forward(FLATMEM_CONTRASTIVE_INFONCE, cuda_device(ordinal), stream,
+  return run_forward(FLATMEM_CONTRASTIVE_INFONCE, 0, cuda_device(ordinal), stream,
                      {q, k, s, labels, *loss, *row_lse, std::nullopt}, ws);
 }
 
 ffi::Error infonce_backward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
                             Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer g, Out dq, Out dk,
-                            Out ds, std::optional<Buffer> labels) {
+                            Out ds, std::optional<Buffer> labels,
+                            uint64_t /*logit_cache_bytes: CPU only*/) {
   ScratchWorkspace ws(scratch);
-  return run_backward(FLATMEM_CONTRASTIVE_INFONCE, cuda_device(ordinal), stream,
+  return run_backward(FLATMEM_CONTRASTIVE_INFONCE, 0, cuda_device(ordinal), stream,
                       {q, k, s, labels, row_lse, std::nullopt, g, *dq, *dk, *ds}, ws);
 }
 

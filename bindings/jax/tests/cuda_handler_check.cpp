@@ -8,7 +8,9 @@
 // untouched and hold no scratch memory afterwards. (On a machine with a GPU
 // the host buffers are refused as not being device memory instead.) The CPU
 // forward handler through the same fake frame must succeed, which shows the
-// harness itself is sound.
+// harness itself is sound. The contrastive handlers get their one attribute,
+// logit_cache_bytes: 0 and a budget (the CPU forward gives the same loss bits;
+// the CUDA handlers accept it and refuse the host buffers all the same).
 //
 // The reversible-segment handlers (attributes decoded by name, parameters as
 // remaining operands, gradients as remaining results) get the same fake
@@ -113,6 +115,35 @@ struct Outcome {
   std::string message;
 };
 
+// The contrastive handlers' attribute (contrastive_bindings.hpp) in an XLA_FFI_Attrs.
+// Not copyable: it points into itself.
+struct ContrastiveAttrs {
+  uint64_t logit_cache_bytes = 0;
+
+  explicit ContrastiveAttrs(uint64_t bytes) : logit_cache_bytes(bytes) {}
+  ContrastiveAttrs(const ContrastiveAttrs &) = delete;
+  ContrastiveAttrs &operator=(const ContrastiveAttrs &) = delete;
+
+  const XLA_FFI_Attrs *get() {
+    static const char name[] = "logit_cache_bytes";
+    span_ = XLA_FFI_ByteSpan{name, sizeof name - 1};
+    span_ptr_ = &span_;
+    scalar_ = XLA_FFI_Scalar{XLA_FFI_DataType_U64, &logit_cache_bytes};
+    ptr_ = &scalar_;
+    type_ = XLA_FFI_AttrType_SCALAR;
+    attrs_ = XLA_FFI_Attrs{XLA_FFI_Attrs_STRUCT_SIZE, nullptr, 1, &type_, &span_ptr_, &ptr_};
+    return &attrs_;
+  }
+
+ private:
+  XLA_FFI_ByteSpan span_;
+  XLA_FFI_ByteSpan *span_ptr_;
+  XLA_FFI_Scalar scalar_;
+  void *ptr_;
+  XLA_FFI_AttrType type_;
+  XLA_FFI_Attrs attrs_;
+};
+
 // The reversible handlers' attributes (ReversibleAttrs of reversible_call.hpp) in
 // an XLA_FFI_Attrs, sorted by name as XLA passes them. Not copyable: it points
 // into itself.
@@ -200,9 +231,11 @@ bool all_equal(Buffer &b, float value) {
 }
 
 void expect_refused(const char *name, XLA_FFI_Error *(*handler)(XLA_FFI_CallFrame *),
-                    std::vector<Buffer *> args, std::vector<Buffer *> rets) {
+                    std::vector<Buffer *> args, std::vector<Buffer *> rets,
+                    uint64_t logit_cache_bytes = 0) {
+  ContrastiveAttrs attrs(logit_cache_bytes);
   XLA_FFI_ExecutionContext ctx;
-  const Outcome out = call(handler, args, rets, ctx);
+  const Outcome out = call(handler, args, rets, ctx, attrs.get());
   std::printf("      %s -> code %d: %s\n", name, static_cast<int>(out.code), out.message.c_str());
   expect(!out.ok && out.code == XLA_FFI_Error_Code_UNIMPLEMENTED,
          std::string(name) + " returns UNIMPLEMENTED");
@@ -307,22 +340,31 @@ int main() {
   Buffer dq = Buffer::f32({b, d}, -7.0f), dk = Buffer::f32({b, d}, -7.0f),
          ds = Buffer::f32({}, -7.0f);
 
-  // The harness: the CPU forward through the same frame works (loss = log b for equal rows).
+  // The harness: the CPU forward through the same frame works (loss = log b for equal rows),
+  // with the same bits under a logit cache of every tile.
   {
     size_t bytes = 0;
     char message[256] = "";
     const int status = flatmem_jax_workspace_size(1, 0, 2, 32, b, d, 2, 32, b, d, &bytes, message,
                                                   sizeof message);
     Buffer workspace(XLA_FFI_DataType_U8, {static_cast<int64_t>(bytes)}, bytes);
-    XLA_FFI_ExecutionContext ctx;
-    Buffer cpu_loss = Buffer::f32({}, -7.0f), cpu_row = Buffer::f32({b}, -7.0f),
-           cpu_col = Buffer::f32({b}, -7.0f);
-    const Outcome out = call(flatmem_jax_clip_forward_cpu, {&q, &k, &s},
-                             {&cpu_loss, &cpu_row, &cpu_col, &workspace}, ctx);
-    std::printf("      cpu forward: %s loss %g\n", out.ok ? "ok" : out.message.c_str(),
-                cpu_loss.floats()[0]);
-    expect(status == 0 && out.ok && std::fabs(cpu_loss.floats()[0] - std::log(4.0f)) < 1e-5f,
-           "harness: flatmem_jax_clip_forward_cpu succeeds with loss log(4)");
+    float losses[2] = {-7.0f, -7.0f};
+    for (int cached = 0; cached < 2; ++cached) {
+      ContrastiveAttrs attrs(cached ? 4 * b * b : 0);
+      XLA_FFI_ExecutionContext ctx;
+      Buffer cpu_loss = Buffer::f32({}, -7.0f), cpu_row = Buffer::f32({b}, -7.0f),
+             cpu_col = Buffer::f32({b}, -7.0f);
+      const Outcome out = call(flatmem_jax_clip_forward_cpu, {&q, &k, &s},
+                               {&cpu_loss, &cpu_row, &cpu_col, &workspace}, ctx, attrs.get());
+      std::printf("      cpu forward (logit_cache_bytes %llu): %s loss %g\n",
+                  static_cast<unsigned long long>(attrs.logit_cache_bytes),
+                  out.ok ? "ok" : out.message.c_str(), cpu_loss.floats()[0]);
+      expect(status == 0 && out.ok && std::fabs(cpu_loss.floats()[0] - std::log(4.0f)) < 1e-5f,
+             "harness: flatmem_jax_clip_forward_cpu succeeds with loss log(4)");
+      losses[cached] = cpu_loss.floats()[0];
+    }
+    expect(std::memcmp(&losses[0], &losses[1], sizeof(float)) == 0,
+           "logit_cache_bytes reaches the CPU handler and gives the same loss bits");
   }
 
   expect_refused("flatmem_jax_clip_forward_cuda", flatmem_jax_clip_forward_cuda, {&q, &k, &s},
@@ -335,6 +377,11 @@ int main() {
                  {&q, &k, &s}, {&loss, &out_row});
   expect_refused("flatmem_jax_infonce_backward_cuda", flatmem_jax_infonce_backward_cuda,
                  {&q, &k, &s, &row_lse, &g, &labels}, {&dq, &dk, &ds});
+  expect_refused("flatmem_jax_clip_forward_cuda (logit_cache_bytes 1 MiB)",
+                 flatmem_jax_clip_forward_cuda, {&q, &k, &s}, {&loss, &out_row, &out_col}, 1 << 20);
+  expect_refused("flatmem_jax_clip_backward_cuda (logit_cache_bytes 1 MiB)",
+                 flatmem_jax_clip_backward_cuda, {&q, &k, &s, &row_lse, &col_lse, &g},
+                 {&dq, &dk, &ds}, 1 << 20);
 
   // Reversible segments: the harness (attributes by name, remaining operands) on the CPU.
   {

@@ -7,6 +7,7 @@ and reversible segments of flatmem's built-in transformer blocks.
     loss = clip_loss(q, k, logit_scale)                    # symmetric CLIP, q and k (b, d)
     loss = infonce_loss(q, k, logit_scale, labels=None)    # rows -> columns, k (c, d)
     dq, dk, ds = jax.grad(clip_loss, argnums=(0, 1, 2))(q, k, logit_scale)
+    loss = clip_loss(q, k, logit_scale, logit_cache_bytes=4 * b * b)   # a logit cache, below
     y1, y2 = reversible_transformer(x1, x2, params, heads=4)   # see its docstring
 
 (What follows is about the losses; reversible_transformer's docstring covers it.)
@@ -25,6 +26,20 @@ Arguments
                  converted to a float32 0-d array; differentiable.
     labels       InfoNCE only: integer (b,) in [0, c), or None for labels
                  0..b-1 (then c >= b). Not differentiable.
+    logit_cache_bytes
+                 keyword, static (a Python int below 2**63, not traced),
+                 default 0: a memory/compute dial (flatmem.h, "Logit
+                 cache"). The forward keeps the raw logit tiles <q_i, k_j>
+                 (fp32) that fit in this many bytes inside its flatmem
+                 handle, and the backward reads them instead of
+                 recomputing: forward + backward take
+                 8 b c d - 2 min(bytes / 4, b c) d FLOPs instead of 8 b c d,
+                 i.e. 6 b c d at 4 b c bytes (64 MiB for b = c = 4096). The
+                 values and gradients are bitwise the same with and without
+                 it. Memory: min(bytes, 4 b c) bytes per pooled handle of
+                 that budget, outside XLA's buffers, held until the process
+                 exits (see "Handles"). CPU only; under XLA:CUDA it is
+                 accepted and ignored (flatmem's CUDA backend recomputes).
 
 Differentiation
     Reverse mode, first order (jax.grad, jax.vjp). Forward mode (jax.jvp,
@@ -44,6 +59,19 @@ Errors
     a result is read) whose text holds flatmem's status and message, e.g.
     "INVALID_ARGUMENT: flatmem_contrastive_forward: FLATMEM_STATUS_INVALID_ARGUMENT:
     labels: labels[2] = 9 is outside [0, c = 4)".
+
+Handles
+    Each custom call borrows a flatmem handle from a process-wide pool kept
+    per (loss, platform, logit_cache_bytes): calls with different budgets
+    never share one, and each budget in use costs its own handle (worker
+    threads, and the cache once filled). The backward takes the handle whose
+    last forward read its q and k, so a forward followed by its backward --
+    one training step under ``jax.jit(jax.value_and_grad(...))``, or eager
+    calls -- reads the cached tiles. A backward that finds another forward's
+    tiles there (two cached losses interleaved in one step, or the loop of
+    ``jax.vmap``: only the last forward's tiles survive) recomputes instead:
+    correct, only without the saving (flatmem checks a fingerprint of q and
+    k).
 
 Platforms
     CPU, and CUDA when libflatmem_jax.so was built with nvcc (``has_cuda``):
@@ -67,6 +95,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 import os
 import re
 import sys
@@ -132,6 +161,8 @@ def _load_library():
         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
         ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
         ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p, ctypes.c_size_t]
+    lib.flatmem_jax_contrastive_pool_stats.restype = None
+    lib.flatmem_jax_contrastive_pool_stats.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 3
     return lib, path
 
 
@@ -213,6 +244,30 @@ def _scale(logit_scale):
     return s.reshape(())
 
 
+def _cache_budget(logit_cache_bytes) -> int:
+    """logit_cache_bytes as the u64 attribute the handlers take: a static
+    integer in [0, 2**63), else TypeError / ValueError (at trace time). JAX
+    cannot lower a u64 attribute of 2**63 or more; no budget needs one (the
+    cache never exceeds 4 b c bytes)."""
+    try:
+        n = operator.index(logit_cache_bytes)
+    except TypeError:
+        raise TypeError(f"flatmem_jax: logit_cache_bytes must be a static Python integer (bytes; "
+                        f"0 = no cache), not {logit_cache_bytes!r}") from None
+    if not 0 <= n < 2**63:
+        raise ValueError(f"flatmem_jax: logit_cache_bytes: {n}; expected bytes in [0, 2**63) "
+                         "(0 = no cache)")
+    return n
+
+
+def _pool_stats():
+    """(handles, cached_backwards, cached_backwards_on_forward_handle): the
+    contrastive handle pool's counters (flatmem_jax.h), for tests."""
+    values = [ctypes.c_int64(0) for _ in range(3)]
+    _lib.flatmem_jax_contrastive_pool_stats(*(ctypes.byref(v) for v in values))
+    return tuple(v.value for v in values)
+
+
 def _labels_operand(labels):
     """labels as the handlers take them: int64 (b,) when x64 is on, else the
     int32 (b, 2) pairs (low word, sign-extended high word) that are the same
@@ -229,17 +284,20 @@ def _labels_operand(labels):
     return jnp.stack([low, high], axis=-1)
 
 
-def _call(target: str, results, operands, workspace_bytes: int):
+def _call(target: str, results, operands, workspace_bytes: int, cache_bytes: int):
     """One custom call: on CPU with the workspace as an extra (dropped) result,
-    on CUDA without (the handler takes XLA's scratch memory)."""
+    on CUDA without (the handler takes XLA's scratch memory); both with the
+    logit_cache_bytes attribute (which the CUDA handlers ignore)."""
+    attributes = dict(logit_cache_bytes=np.uint64(cache_bytes))
 
     def cpu(*ops):
         shapes = list(results) + [jax.ShapeDtypeStruct((workspace_bytes,), jnp.uint8)]
-        out = jax.ffi.ffi_call(target, shapes, vmap_method="sequential")(*ops)
+        out = jax.ffi.ffi_call(target, shapes, vmap_method="sequential")(*ops, **attributes)
         return tuple(out[:-1])
 
     def cuda(*ops):
-        return tuple(jax.ffi.ffi_call(target, list(results), vmap_method="sequential")(*ops))
+        call = jax.ffi.ffi_call(target, list(results), vmap_method="sequential")
+        return tuple(call(*ops, **attributes))
 
     if not has_cuda:
         return cpu(*operands)
@@ -253,7 +311,7 @@ def _call(target: str, results, operands, workspace_bytes: int):
 _F32 = jnp.float32
 
 
-def _forward(loss, q, k, s, labels):
+def _forward(loss, cache_bytes, q, k, s, labels):
     b, c = q.shape[0], k.shape[0]
     results = [jax.ShapeDtypeStruct((), _F32), jax.ShapeDtypeStruct((b,), _F32)]
     if loss == _SYMMETRIC:
@@ -261,11 +319,11 @@ def _forward(loss, q, k, s, labels):
     target = "flatmem_clip_forward" if loss == _SYMMETRIC else "flatmem_infonce_forward"
     operands = (q, k, s) if labels is None else (q, k, s, labels)
     ws = _workspace_bytes(loss, False, q.dtype, q.shape, k.dtype, k.shape)
-    out = _call(target, results, operands, ws)
+    out = _call(target, results, operands, ws, cache_bytes)
     return out[0], out[1], (out[2] if loss == _SYMMETRIC else None)
 
 
-def _backward(loss, q, k, s, labels, row_lse, col_lse, g):
+def _backward(loss, cache_bytes, q, k, s, labels, row_lse, col_lse, g):
     results = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
                jax.ShapeDtypeStruct((), _F32)]
     g = jnp.asarray(g, _F32).reshape(())
@@ -276,50 +334,62 @@ def _backward(loss, q, k, s, labels, row_lse, col_lse, g):
     if labels is not None:
         operands += (labels,)
     ws = _workspace_bytes(loss, True, q.dtype, q.shape, k.dtype, k.shape)
-    dq, dk, ds = _call(target, results, operands, ws)
+    dq, dk, ds = _call(target, results, operands, ws, cache_bytes)
     return dq, dk, ds
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _contrastive(loss, q, k, s, labels):
-    return _forward(loss, q, k, s, labels)[0]
+# loss and cache_bytes are static: Python ints that select the custom call
+# and its attribute.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _contrastive(loss, cache_bytes, q, k, s, labels):
+    return _forward(loss, cache_bytes, q, k, s, labels)[0]
 
 
-def _contrastive_fwd(loss, q, k, s, labels):
-    value, row_lse, col_lse = _forward(loss, q, k, s, labels)
+def _contrastive_fwd(loss, cache_bytes, q, k, s, labels):
+    value, row_lse, col_lse = _forward(loss, cache_bytes, q, k, s, labels)
     return value, (q, k, s, labels, row_lse, col_lse)
 
 
-def _contrastive_bwd(loss, residuals, g):
+def _contrastive_bwd(loss, cache_bytes, residuals, g):
     q, k, s, labels, row_lse, col_lse = residuals
-    dq, dk, ds = _backward(loss, q, k, s, labels, row_lse, col_lse, g)
+    dq, dk, ds = _backward(loss, cache_bytes, q, k, s, labels, row_lse, col_lse, g)
     return dq, dk, ds, None  # labels: integers, no cotangent
 
 
 _contrastive.defvjp(_contrastive_fwd, _contrastive_bwd)
 
 
-def clip_loss(q, k, logit_scale):
+def clip_loss(q, k, logit_scale, *, logit_cache_bytes=0):
     """Symmetric CLIP loss of row features q (b, d) and column features k (b, d):
 
         L = 1/2 [ mean_i (LSE_j s<q_i,k_j> - s<q_i,k_i>) + mean_j (LSE_i s<q_i,k_j> - s<q_j,k_j>) ]
 
     Returns a float32 scalar; differentiable in q, k and logit_scale.
+    logit_cache_bytes (static int, default 0 = off): bytes of logit tiles the
+    forward keeps for the backward -- 6 b^2 d instead of 8 b^2 d FLOPs for
+    forward + backward at 4 b^2 bytes, bitwise the same results, CPU only;
+    see the module's docstring.
     """
     q, k = _features(q, k)
-    return _contrastive(_SYMMETRIC, q, k, _scale(logit_scale), None)
+    return _contrastive(_SYMMETRIC, _cache_budget(logit_cache_bytes), q, k, _scale(logit_scale),
+                        None)
 
 
-def infonce_loss(q, k, logit_scale, labels=None):
+def infonce_loss(q, k, logit_scale, labels=None, *, logit_cache_bytes=0):
     """InfoNCE loss of rows q (b, d) against columns k (c, d), c >= b allowed:
 
         L = mean_i (LSE_j s<q_i,k_j> - s<q_i,k_{y_i}>),   y = labels or 0..b-1
 
     Returns a float32 scalar; differentiable in q, k and logit_scale.
+    logit_cache_bytes (static int, default 0 = off): bytes of logit tiles the
+    forward keeps for the backward -- 6 b c d instead of 8 b c d FLOPs for
+    forward + backward at 4 b c bytes, bitwise the same results, CPU only;
+    see the module's docstring.
     """
     q, k = _features(q, k)
     labels = None if labels is None else _labels_operand(labels)
-    return _contrastive(_INFONCE, q, k, _scale(logit_scale), labels)
+    return _contrastive(_INFONCE, _cache_budget(logit_cache_bytes), q, k, _scale(logit_scale),
+                        labels)
 
 
 # ---------------------------------------------------------------------------
@@ -395,7 +465,8 @@ def _reversible_call(target, config, results, operands, depth, shape, backward):
         return tuple(out[:2]) + tuple(out[3:])
 
     def cuda(*ops):
-        return tuple(jax.ffi.ffi_call(target, list(results), vmap_method="sequential")(*ops, **attributes))
+        call = jax.ffi.ffi_call(target, list(results), vmap_method="sequential")
+        return tuple(call(*ops, **attributes))
 
     if not has_cuda:
         return cpu(*operands)

@@ -11,6 +11,9 @@
     s = flatmem.CyclicSchedule(world_size=8, stages=4, steps=3)         # cyclic schedule
     s.offset(5), s.action(5, 7)                                         # pure queries
 
+    flatmem.cpu_isa()                  # ('avx512', 'avx512'): CPU instruction set in use, best
+    flatmem.set_cpu_isa("avx2")        # for the whole process; None: back to $FLATMEM_CPU_ISA
+
 flatmem.capi is the SWIG module generated from bindings/swig/flatmem.i (the C
 ABI one to one: Contrastive, ContrastiveOptions, Reversible, Block, Tensor,
 CyclicSchedule, version(), ...);
@@ -32,6 +35,7 @@ from .capi import (
     WorkspaceTooSmallError,
 )
 from .contrastive import Contrastive, ForwardResult, contrastive_loss
+from .cpu import CPU_ISAS, cpu_isa, set_cpu_isa
 from .cyclic import CyclicAction, CyclicSchedule
 from .reversible import Block, Context, Function, ReversibleSegment
 
@@ -45,6 +49,7 @@ def library_version():
 
 __all__ = [
     "Block",
+    "CPU_ISAS",
     "CommPoisonedError",
     "CommTimeoutError",
     "Context",
@@ -64,5 +69,7 @@ __all__ = [
     "WorkspaceTooSmallError",
     "capi",
     "contrastive_loss",
+    "cpu_isa",
     "library_version",
+    "set_cpu_isa",
 ]

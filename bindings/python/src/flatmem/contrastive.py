@@ -14,6 +14,7 @@ log-scale).
 """
 from __future__ import annotations
 
+import operator
 import threading
 from typing import NamedTuple, Optional
 
@@ -41,6 +42,22 @@ def _option(value, names, what):
     return int(value)
 
 
+_SIZE_MAX = 2**64 - 1  # size_t
+
+
+def _cache_bytes(value):
+    """logit_cache_bytes as the size_t the library takes: an integer in
+    [0, 2**64), else TypeError / ValueError naming the option."""
+    try:
+        n = operator.index(value)
+    except TypeError:
+        message = f"logit_cache_bytes: {value!r} is not an integer (bytes; 0 = no cache)"
+        raise TypeError(message) from None
+    if not 0 <= n <= _SIZE_MAX:
+        raise ValueError(f"logit_cache_bytes: {n}; expected bytes in [0, 2**64) (0 = no cache)")
+    return n
+
+
 class ForwardResult(NamedTuple):
     """What Contrastive.forward returns: the mean loss (0-d float32) and the
     saved log-sum-exp vectors the backward needs (col_lse None for InfoNCE)."""
@@ -60,6 +77,20 @@ class Contrastive:
     tile_rows, tile_cols   tile extents (0 = 512); results depend on them
                 (summation order), not on num_threads
     nonfinite   "error" (NaN/Inf inputs raise NonFiniteError) or "propagate"
+    logit_cache_bytes   a memory/compute dial, in bytes (default 0: off).
+                The forward keeps the raw logit tiles <q_i, k_j> (fp32) that
+                fit in this budget inside the handle, and the next backward
+                on the same q and k reads them instead of recomputing them:
+                forward + backward take 8 b c d - 2 min(budget / 4, b c) d
+                FLOPs instead of 8 b c d, i.e. 6 b c d at a budget of 4 b c
+                bytes (64 MiB for b = c = 4096). The handle allocates
+                min(budget, 4 b c) bytes at its first forward and keeps them
+                until it is closed (OutOfMemoryError naming the option when
+                that fails). Results are bitwise identical with and without
+                the cache; a backward whose q or k differ from the last
+                forward's (shapes, dtype or contents, checked by a 128-bit
+                fingerprint) recomputes. CPU tensors only (CUDA calls ignore
+                it).
 
     Inputs are NumPy arrays (float32, ml_dtypes.bfloat16 or float16 features,
     any row stride; int64 labels) or objects with __dlpack__; outputs are new
@@ -69,19 +100,21 @@ class Contrastive:
     """
 
     def __init__(self, loss="symmetric", *, num_threads=0, tile_rows=0, tile_cols=0,
-                 nonfinite="error"):
+                 nonfinite="error", logit_cache_bytes=0):
         options = capi.ContrastiveOptions()
         options.loss = _option(loss, _LOSSES, "loss")
         options.num_threads = int(num_threads)
         options.tile_rows = int(tile_rows)
         options.tile_cols = int(tile_cols)
         options.nonfinite = _option(nonfinite, _NONFINITE, "nonfinite")
+        options.logit_cache_bytes = _cache_bytes(logit_cache_bytes)
         self._symmetric = options.loss in (capi.CONTRASTIVE_DEFAULT, capi.CONTRASTIVE_SYMMETRIC)
         self._lock = threading.Lock()
         self._handle = capi.Contrastive(options)
         self.options = {"loss": "symmetric" if self._symmetric else "infonce",
                         "num_threads": options.num_threads, "tile_rows": options.tile_rows,
-                        "tile_cols": options.tile_cols, "nonfinite": options.nonfinite}
+                        "tile_cols": options.tile_cols, "nonfinite": options.nonfinite,
+                        "logit_cache_bytes": options.logit_cache_bytes}
 
     @property
     def symmetric(self):
@@ -201,22 +234,24 @@ class Contrastive:
 _shared = threading.local()
 
 
-def _shared_handle(loss, num_threads, tile_rows, tile_cols, nonfinite):
+def _shared_handle(loss, num_threads, tile_rows, tile_cols, nonfinite, logit_cache_bytes):
     """The calling thread's handle for these options, kept for later calls
-    (creating one starts its worker threads)."""
-    key = (loss, num_threads, tile_rows, tile_cols, nonfinite)
+    (creating one starts its worker threads; one with a logit cache keeps its
+    cache too)."""
+    key = (loss, num_threads, tile_rows, tile_cols, nonfinite, _cache_bytes(logit_cache_bytes))
     handles = getattr(_shared, "handles", None)
     if handles is None:
         handles = _shared.handles = {}
     handle = handles.get(key)
     if handle is None:
         handle = handles[key] = Contrastive(loss, num_threads=num_threads, tile_rows=tile_rows,
-                                            tile_cols=tile_cols, nonfinite=nonfinite)
+                                            tile_cols=tile_cols, nonfinite=nonfinite,
+                                            logit_cache_bytes=key[-1])
     return handle
 
 
 def contrastive_loss(q, k, logit_scale, labels=None, symmetric=True, *, num_threads=0,
-                     tile_rows=0, tile_cols=0, nonfinite="error"):
+                     tile_rows=0, tile_cols=0, nonfinite="error", logit_cache_bytes=0):
     """The contrastive loss of row features q (b, d) against column features
     k (c, d) at logit scale s: returns (loss, backward).
 
@@ -231,11 +266,18 @@ def contrastive_loss(q, k, logit_scale, labels=None, symmetric=True, *, num_thre
     vectors, which it keeps alive.
 
     Options as for Contrastive; a handle per thread and option set is kept
-    between calls. Errors raise flatmem.Error subclasses whose message is
+    between calls. logit_cache_bytes (bytes, default 0 = off) trades memory
+    for FLOPs as Contrastive's does: the forward keeps up to that many bytes
+    of logit tiles in the thread's handle for these options (held until the
+    thread ends), and backward() reads them instead of recomputing -- down to
+    6 b c d FLOPs for forward + backward instead of 8 b c d at 4 b c bytes.
+    Each forward replaces the tiles: backward() hits when no other forward
+    with the same options ran on this thread since its own (otherwise it
+    recomputes; the results are bitwise the same either way). Errors raise flatmem.Error subclasses whose message is
     flatmem's (which argument, its shape or value, what was expected).
     """
     handle = _shared_handle("symmetric" if symmetric else "infonce", num_threads, tile_rows,
-                            tile_cols, nonfinite)
+                            tile_cols, nonfinite, logit_cache_bytes)
     q, k = as_arg(q, "q"), as_arg(k, "k")
     s, labels = as_scalar_arg(logit_scale, "logit_scale"), as_arg(labels, "labels")
     saved = handle._forward(q, k, s, labels, None)

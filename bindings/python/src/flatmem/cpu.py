@@ -1,0 +1,64 @@
+"""The CPU instruction set flatmem's element-wise kernels run with
+(flatmem_cpu_isa_get / _set / _name of include/flatmem/flatmem.h).
+
+    flatmem.cpu_isa()            # ('avx512', 'avx512'): (in use, best this processor has)
+    flatmem.set_cpu_isa("avx2")  # every later call of this process, any thread
+    flatmem.set_cpu_isa(None)    # back to $FLATMEM_CPU_ISA, or the best
+
+The kernels (the exponentials and reductions of the contrastive loss, the
+built-in blocks' LayerNorm, softmax and GELU) are compiled once per
+instruction set; one of them runs for the whole process: the best the
+processor supports, capped by the environment variable FLATMEM_CPU_ISA
+(avx512, avx2, baseline; read when the process first asks), overridden by
+set_cpu_isa(). Results are bitwise reproducible for one instruction set;
+different ones round differently, within each function's error bounds. The
+BLAS (sgemm) picks its own kernels and is not covered.
+"""
+from __future__ import annotations
+
+from . import capi
+
+#: The instruction sets, from the most capable down, by their flatmem names.
+CPU_ISAS = tuple(capi.cpu_isa_name(isa)
+                 for isa in (capi.CPU_ISA_AVX512, capi.CPU_ISA_AVX2, capi.CPU_ISA_BASELINE))
+_BY_NAME = {capi.cpu_isa_name(isa): isa
+            for isa in (capi.CPU_ISA_AVX512, capi.CPU_ISA_AVX2, capi.CPU_ISA_BASELINE,
+                        capi.CPU_ISA_DEFAULT)}
+
+
+def cpu_isa():
+    """(in_use, best): the instruction set the CPU kernels run with now and
+    the best this processor supports among those compiled into libflatmem,
+    as names ("avx512", "avx2" or "baseline").
+
+    Raises flatmem.InvalidArgumentError when $FLATMEM_CPU_ISA is not one of
+    those names (or empty / "auto"), flatmem.UnsupportedError when it names
+    one above the best; the message names the variable and what this
+    processor has.
+    """
+    return capi.cpu_isa_name(capi.cpu_isa_in_use()), capi.cpu_isa_name(capi.cpu_isa_best())
+
+
+def set_cpu_isa(isa):
+    """Selects the instruction set of the CPU kernels for the whole process:
+    "avx512", "avx2", "baseline", or None (also "default") to go back to
+    $FLATMEM_CPU_ISA, or the best when it is unset. It overrides the
+    variable. An integer is passed on as a flatmem_cpu_isa value.
+
+    Raises flatmem.UnsupportedError, and nothing changes, when this processor
+    lacks that instruction set (flatmem.InvalidArgumentError for an integer
+    that is no flatmem_cpu_isa value; ValueError for an unknown name). Calls
+    already running may finish with the previous one: select before computing
+    when bitwise reproducibility matters.
+    """
+    if isa is None:
+        value = capi.CPU_ISA_DEFAULT
+    elif isinstance(isa, str):
+        try:
+            value = _BY_NAME[isa.lower()]
+        except KeyError:
+            raise ValueError(f"set_cpu_isa: '{isa}' is not one of {sorted(_BY_NAME)} "
+                             "(or None)") from None
+    else:
+        value = int(isa)  # the library judges numbers
+    capi.cpu_isa_set(value)
