@@ -77,7 +77,7 @@ class Variant:
     runner: str                  # "jax": a child of this script; "c": contrastive_bench --worker
     kind: str                    # jax: "inputs" | "materialised" | "flatmem"; c: the worker's name
     baseline: Optional[str]      # the variant whose peak is subtracted; None for a baseline itself
-    role: str                    # "baseline" | "peer" | "flatmem" | "cache"
+    role: str                    # "baseline" | "peer" | "flatmem" | "cache" | "floor"
     # jax: keyword arguments of the loss; c: extra worker flags -- both from (b, d)
     options: Callable[[int, int], dict] = _none
     # bytes beyond the inputs known before running (skip above --mem-limit-gib)
@@ -97,6 +97,10 @@ VARIANTS = [
             "flatmem", "inputs-jax", "cache", _cache_budget, lambda b, d: 4.0 * b * b),
     Variant("flatmem-c-cache", "flatmem C API, --logit-cache-bytes b^2*4", "c", "flatmem",
             "inputs-c", "cache", _cache_flag, lambda b, d: 4.0 * b * b),
+    # What this machine's sgemm needs for flatmem's FLOPs: four b x b x d products (8 b^2 d, the
+    # default path; the cache path does three of them). A time target below it cannot be met here.
+    Variant("gemm4-c", "4 GEMMs of b x b x d (contrastive_bench --worker gemm4): flatmem's floor", "c",
+            "gemm4", "inputs-c", "floor"),
 ]
 BY_NAME = {v.name: v for v in VARIANTS}
 PEER = "jax-materialised"
@@ -620,6 +624,16 @@ def print_tables(runs, o):
                    else "MET")
         print(f"- {n} (cache budget b^2*4 bytes) <= {CACHE_TARGET_TIME:.2f}x JAX's time at both "
               f"b = {' and '.join(map(str, CACHE_TARGET_BATCHES))}: {'; '.join(parts)} -> {overall}")
+
+    floors = [(b, find(runs, b, "gemm4-c"), find(runs, b, PEER)) for b in o.sizes]
+    floors = [(b, f.time / p.time) for b, f, p in floors if f and p and f.ok and p.ok]
+    if floors:
+        print("- the floor on this machine: four GEMMs of b x b x d (flatmem's 8 b^2 d FLOPs at default "
+              "options) take " + ", ".join(f"{ratio(x)} JAX's time at b = {b}" for b, x in floors) +
+              "; the three of the cache path about 3/4 of that ("
+              + ", ".join(f"{ratio(0.75 * x)} at b = {b}" for b, x in floors) +
+              "). A target below its floor cannot be met on this machine by any fp32 implementation "
+              "with these FLOPs.")
 
     print("\nloss agreement (relative difference to jax-materialised):", end="")
     for b in o.sizes:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import flatmem_jax
-from test_jax_values import unit_rows
+from jax_checks import unit_rows
 
 # What XLA raises for a failed custom call: JaxRuntimeError, or ValueError when
 # the failure surfaces while a result is being read.

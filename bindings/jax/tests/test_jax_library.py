@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import flatmem_jax
-from test_jax_values import unit_rows
+from jax_checks import unit_rows
 
 HANDLERS = [f"flatmem_jax_{loss}_{stage}" for loss in ("clip", "infonce", "reversible")
             for stage in ("forward", "backward")]

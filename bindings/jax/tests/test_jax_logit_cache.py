@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import flatmem_jax
-from test_jax_values import unit_rows
+from jax_checks import unit_rows
 
 SHAPES = [(1, 4), (7, 13), (31, 5), (521, 7)]  # (b, d)
 DTYPES = [jnp.float32, jnp.bfloat16]
