@@ -19,9 +19,10 @@ the order of the sums, which the bounds do not depend on. Two kinds:
     chains evaluations whose errors carry on with Jacobians of order one
     (residual streams, LayerNorm), so the bound is that times the number of
     evaluations the result depends on: 2 depth for the forward (F and G of
-    every layer); 4 depth for the backward (the rebuilt inputs' error, 2 depth
-    evaluations' worth -- see test_return_inputs_and_rebuild_error -- then
-    2 depth VJPs carry their own on through dx).
+    every layer); 4 depth for the backward: the VJP of a block sees its
+    input with the forward error of the blocks below and the rebuild error
+    of the blocks above (2 depth evaluations' worth together -- see
+    test_return_inputs_and_rebuild_error), then 2 depth VJPs add their own.
   * Python tanh-linear functions (toy_tol), reusing
     tests/reversible/test_segment_values.cpp: one F or G adds at most
     (width + 8) u relative (a width-term dot product, tanh, the residual
@@ -188,7 +189,7 @@ def test_builtin_backward_matches_reference(shape, depth, mode):
     dx1, dx2 = t.segment.backward(y1, y2, dy1, dy2)
     _, _, tape = ref.segment_forward(x1, x2, t.layers, t.heads, EPS)
     r1, r2, rgrads = ref.segment_backward(dy1, dy2, t.layers, t.heads, tape)
-    # rebuild (2 depth evaluations) + VJPs (2 depth); parameter gradients sum over the rows
+    # inputs of the VJPs (2 depth evaluations) + VJPs (2 depth); parameter gradients sum over the rows
     tokens, rows = shape[-2], math.prod(shape[:-1])
     close(dx1, r1, builtin_tol(4 * depth, t.width, t.hidden, tokens))
     close(dx2, r2, builtin_tol(4 * depth, t.width, t.hidden, tokens))
