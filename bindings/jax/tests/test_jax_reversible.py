@@ -2,18 +2,33 @@
 jax_reversible_reference.py (values, and gradients from jax.grad of the
 reference).
 
-Tolerances (relative to the largest reference entry of each array). Both
-sides compute in float32 (u = 6e-8) and each has its own rounding: GEMMs of
-length <= hidden = 48, LayerNorm sums over width = 12, a softmax over <= 7
-tokens; the worst-case bound of a length-K dot product is K u (3e-6), the
-typical error sqrt(K) u. flatmem's backward also rebuilds each block's input
-from its output (relative error ~1e-7 per block, see the SWIG binding's
-rebuild_error) and parameter gradients sum over batch * tokens rows.
-Measured here: values <= 4e-7, gradients <= 2e-6 (depth 3). Bounds: values
-3e-6 * depth, gradients 2e-5 * depth -- 8-20x above what is measured, far below
-what any real mistake gives (a wrong head split, a missing LayerNorm term or
-a stale parameter are O(1e-1)).
+Tolerances: formulas of the shapes, bounding the largest error of an array
+relative to its largest reference entry (close()), reusing
+tests/support/block_case.hpp: one fp32 block evaluation (LayerNorm, GEMMs,
+softmax, GELU) is within c u sqrt(K) max|output| of the exact value, u =
+2^-24, c = 16, K = max(3 width, hidden, tokens), plus the batch * tokens rows
+a parameter gradient sums over; a chain of them errs by that times the
+number of evaluations it depends on (Jacobians of order one carry the
+errors on). Both sides compute in float32 with their own rounding (the
+CPU instruction set, FLATMEM_CPU_ISA, and XLA's choices change only the
+order of sums, which the bound does not depend on), so their difference is
+bounded by the sum of their counts:
+  * values: flatmem's 2 depth (F and G of every layer) + the reference's
+    2 depth = 4 depth;
+  * gradients: flatmem's 4 depth (a VJP sees its input with the forward
+    error of the blocks below and the rebuild error of the blocks above,
+    2 depth together, then the 2 depth VJPs add theirs) + the reference's
+    4 depth (its activations carry its forward error, then its VJPs) =
+    8 depth;
+  * a scalar loss: the values' bound carried through the loss (errors of
+    random sign: |sum dy c| <= max|dy| sqrt(sum c^2)) plus both sides'
+    rounding of its sum.
+A real defect (a wrong head split, a missing LayerNorm term, a stale
+parameter) is an O(1e-1) relative error, >= 10^2-10^3 times these bounds.
+FLATMEM_TEST_VERBOSE=1 (pytest -s) prints every error / tolerance.
 """
+import math
+import os
 import threading
 
 import jax
@@ -28,14 +43,49 @@ EPS = 1e-6
 MODES = ["auto", "vanilla", "overlapped"]
 
 
+U32 = 2.0**-24  # float32 unit roundoff
+C_BLOCK = 16  # tests/support/block_case.hpp: fp32_tolerance_factor
+
+
+def builtin_tol(evaluations, width, hidden, tokens, rows=0):
+    """Relative bound for a result of `evaluations` chained fp32 block
+    evaluations: c u sqrt(K) each, K = max(3 width, hidden, tokens) (+ rows
+    for a parameter gradient)."""
+    return evaluations * C_BLOCK * U32 * math.sqrt(max(3 * width, hidden, tokens) + rows)
+
+
+def report(err, tol, what=""):
+    if os.environ.get("FLATMEM_TEST_VERBOSE"):
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        print(f"\nerror/tolerance {err / tol:.3g} (error {err:.3g}, tolerance {tol:.3g}) {test} {what}")
+    assert err <= tol, f"relative error {err:.3g} > {tol:.3g}"
+
+
 def rel_err(actual, expected):
     expected = np.asarray(expected, np.float64)
     return np.abs(np.asarray(actual, np.float64) - expected).max() / max(np.abs(expected).max(), 1e-30)
 
 
 def close(actual, expected, tol):
-    err = rel_err(actual, expected)
-    assert err <= tol, f"relative error {err:.3g} > {tol:.3g}"
+    """max |actual - expected| <= tol max |expected|."""
+    report(rel_err(actual, expected), tol)
+
+
+def close_pairing(value, want, r, c, tol_y):
+    """value, want: sum_i (y1 c1 + y2 c2) of flatmem's y and of the
+    reference's r = (r1, r2), cotangents c = (c1, c2), n terms. Each y_i is
+    within tol_y max|r| of r_i; with errors of random sign (as in
+    block_case.hpp) sum_i dy_i c_i stays within tol_y max|r| sqrt(sum c^2),
+    and each side's fp32 sum of the n products within 16 u sqrt(n)
+    sqrt(sum (r c)^2). Reported relative to sum|r c|, the sum's natural scale
+    (the value itself can cancel)."""
+    r = [np.asarray(a, np.float64).ravel() for a in r]
+    c = [np.asarray(a, np.float64).ravel() for a in c]
+    r_max = max(np.abs(a).max() for a in r)
+    rc, cc = np.concatenate([a * b for a, b in zip(r, c)]), np.concatenate(c)
+    bound = tol_y * r_max * np.sqrt(np.square(cc).sum()) + 2 * C_BLOCK * U32 * np.sqrt(rc.size * np.square(rc).sum())
+    scale = np.abs(rc).sum()
+    report(abs(float(value) - float(want)) / scale, bound / scale, "pairing")
 
 
 def inputs(shape, seed=1):
@@ -69,14 +119,20 @@ def test_values_and_gradients_match_plain_jax(shape, depth, mode):
     y1, y2 = jax.jit(lambda a, b, p: flatmem_jax.reversible_transformer(a, b, p, heads=3, mode=mode))(x1, x2, params)
     r1, r2 = ref.reversible_transformer(x1, x2, params, 3, EPS)
     assert y1.shape == y2.shape == shape and y1.dtype == jnp.float32
-    close(y1, r1, 3e-6 * depth)
-    close(y2, r2, 3e-6 * depth)
+    width, hidden, tokens, rows = 12, 48, shape[-2], math.prod(shape[:-1])
+    tol_y = builtin_tol(4 * depth, width, hidden, tokens)
+    close(y1, r1, tol_y)
+    close(y2, r2, tol_y)
     value, grads = make_loss(flatmem_jax.reversible_transformer, heads=3, mode=mode)(x1, x2, params, c1, c2)
     want_value, want = make_loss(ref.reversible_transformer, heads=3)(x1, x2, params, c1, c2)
-    close(value, want_value, 3e-6 * depth)
-    for got, expected in zip(flat(grads), flat(want)):
+    close_pairing(value, want_value, (r1, r2), (c1, c2), tol_y)
+    dx, dparams = flat(grads)[:2], flat(grads)[2:]
+    for got, expected in zip(dx, flat(want)[:2]):
         assert got.shape == expected.shape and got.dtype == jnp.float32
-        close(got, expected, 2e-5 * depth)
+        close(got, expected, builtin_tol(8 * depth, width, hidden, tokens))
+    for got, expected in zip(dparams, flat(want)[2:]):
+        assert got.shape == expected.shape and got.dtype == jnp.float32
+        close(got, expected, builtin_tol(8 * depth, width, hidden, tokens, rows))
 
 
 def test_eager_grad_and_vjp():
@@ -86,9 +142,13 @@ def test_eager_grad_and_vjp():
     dx1, dx2, dparams = vjp((c1, c2))
     (r1, r2), rvjp = jax.vjp(lambda a, b, p: ref.reversible_transformer(a, b, p, 4), x1, x2, params)
     want = rvjp((c1, c2))
-    close(y1, r1, 6e-6)
-    for got, expected in zip(flat((dx1, dx2, dparams)), flat(want)):
-        close(got, expected, 4e-5)
+    depth, width, hidden, tokens, rows = 2, 12, 20, 5, 10
+    close(y1, r1, builtin_tol(4 * depth, width, hidden, tokens))
+    close(y2, r2, builtin_tol(4 * depth, width, hidden, tokens))
+    for got, expected in zip(flat((dx1, dx2)), flat(want)[:2]):
+        close(got, expected, builtin_tol(8 * depth, width, hidden, tokens))
+    for got, expected in zip(flat(dparams), flat(want)[2:]):
+        close(got, expected, builtin_tol(8 * depth, width, hidden, tokens, rows))
 
 
 def test_only_the_outputs_are_saved(capsys):
@@ -134,7 +194,8 @@ def test_new_parameters_every_call():
     pb = ref.random_parameters(np.random.default_rng(11), 2, 12)
     for p in (pa, pb, pa):
         y1, _ = fn(x1, x2, p)
-        close(y1, ref.reversible_transformer(x1, x2, p, 3, EPS)[0], 6e-6)
+        # values of a depth-2 segment (width 12, hidden 48, 7 tokens): 4 depth evaluations
+        close(y1, ref.reversible_transformer(x1, x2, p, 3, EPS)[0], builtin_tol(4 * 2, 12, 48, 7))
 
 
 def test_concurrent_calls():
@@ -241,4 +302,15 @@ def test_readme_reversible_snippet_runs(capsys):
     x, params = namespace["x"], namespace["params"]
     y1, y2 = ref.reversible_transformer(x, x, params, namespace["heads"], EPS)
     want = jnp.mean(jnp.square(0.5 * (y1 + y2)))
-    close(namespace["loss"], want, 1e-5 * 6)
+    # loss = mean z^2 over n elements, z = (y1 + y2) / 2: each z_i within
+    # tol_y max|y| of the reference's; with errors of random sign (as in
+    # block_case.hpp) d loss = (2/n) sum z dz stays within 2 tol_y max|y|
+    # sqrt(sum z^2) / n, i.e. 2 tol_y max|y| / sqrt(sum z^2) relative; plus
+    # each side's fp32 mean of n positive terms, c u sqrt(n) relative.
+    depth, width, hidden = len(params), namespace["width"], namespace["hidden"]
+    tokens, n = x.shape[-2], x.size
+    tol_y = builtin_tol(4 * depth, width, hidden, tokens)
+    z = 0.5 * (np.asarray(y1, np.float64) + np.asarray(y2, np.float64))
+    y_max = max(np.abs(np.asarray(y1)).max(), np.abs(np.asarray(y2)).max())
+    tol = 2 * tol_y * y_max / np.sqrt(np.square(z).sum()) + 2 * C_BLOCK * U32 * math.sqrt(n)
+    close(namespace["loss"], want, tol)
