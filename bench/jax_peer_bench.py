@@ -632,8 +632,8 @@ def print_tables(runs, o):
               "options) take " + ", ".join(f"{ratio(x)} JAX's time at b = {b}" for b, x in floors) +
               "; the three of the cache path about 3/4 of that ("
               + ", ".join(f"{ratio(0.75 * x)} at b = {b}" for b, x in floors) +
-              "). A target below its floor cannot be met on this machine by any fp32 implementation "
-              "with these FLOPs.")
+              "). A target below its floor cannot be met on this machine without fewer FLOPs or a "
+              "faster sgemm than this OpenBLAS's.")
 
     print("\nloss agreement (relative difference to jax-materialised):", end="")
     for b in o.sizes:

@@ -61,10 +61,13 @@ def main():
     ram = number(rows[0].get("machine_ram_bytes"))
 
     def series(variant, status):
-        points = sorted(
-            (int(r["batch"]), r) for r in rows if r["variant"] == variant and r["status"] == status
-        )
-        return [b for b, _ in points], [r for _, r in points]
+        # one row per batch: a variant run under several CPU ISAs (the isa column) uses the same
+        # memory under each, so the first is kept
+        first = {}
+        for r in rows:
+            if r["variant"] == variant and r["status"] == status:
+                first.setdefault(int(r["batch"]), r)
+        return sorted(first), [first[b] for b in sorted(first)]
 
     fig, ax = plt.subplots(figsize=(7.5, 5.0), dpi=120)
 
