@@ -35,7 +35,6 @@ import argparse
 import csv
 import dataclasses
 import glob
-import json
 import math
 import os
 import re

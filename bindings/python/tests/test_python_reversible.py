@@ -253,13 +253,13 @@ def test_tf32_math_gives_the_fp32_bits_on_the_cpu():
     """flatmem_block_options.math: the CPU runs FP32 for TF32 too, so a
     segment of TF32 blocks gives the FP32 segment's bits."""
     results = {}
-    for math in ("fp32", "tf32", flatmem.capi.BLOCK_MATH_TF32):
-        t = Transformer(2, 12, 3, mode="vanilla", math=math)
+    for block_math in ("fp32", "tf32", flatmem.capi.BLOCK_MATH_TF32):
+        t = Transformer(2, 12, 3, mode="vanilla", math=block_math)
         x1, x2 = states((2, 7, 12))
         dy1, dy2 = states((2, 7, 12), seed=3)
         y1, y2 = t.segment.forward(x1, x2)
         dx1, dx2 = t.segment.backward(y1, y2, dy1, dy2)
-        results[math] = [y1, y2, dx1, dx2] + [g for ga, gm in t.grads for g in ga + gm]
+        results[block_math] = [y1, y2, dx1, dx2] + [g for ga, gm in t.grads for g in ga + gm]
     assert t.blocks[0][0].math == "tf32"
     assert "math='tf32'" in repr(t.blocks[0][0])
     for other in ("tf32", flatmem.capi.BLOCK_MATH_TF32):
