@@ -19,6 +19,8 @@ packages=(
   libucx-dev                  # the communicators: UCX bootstrap + host transport (ucx.pc)
   swig                        # bindings/swig/flatmem.i -> Python and Java
   openjdk-17-jdk-headless     # the Java SWIG module and its test (javac, JNI headers)
+  openmpi-bin                 # mpirun: the launcher check runs the Python multi-process example under it
+  bindgen                     # the Rust -sys crate's declarations are checked against a fresh bindgen run
 )
 
 missing=()
