@@ -94,18 +94,19 @@ def _buffer(a, name, writable):
     return as_output(a, name) if writable else as_arg(a, name)
 
 
-def _timeout(timeout_ms):
-    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, np.integer)):
-        raise TypeError(f"timeout_ms: expected an int (milliseconds), not {type(timeout_ms).__name__}")
+def int_arg(value, name):
+    """An integer argument (Python or NumPy int, not bool), or TypeError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, not {type(value).__name__}")
+    return int(value)
+
+
+def _timeout(timeout_ms, name="timeout_ms"):
+    """Milliseconds >= 0 (0 = the communicator's default)."""
+    timeout_ms = int_arg(timeout_ms, name)
     if timeout_ms < 0:
-        raise ValueError(f"timeout_ms: {timeout_ms}; expected >= 0 (0 = the communicator's default)")
-    return int(timeout_ms)
-
-
-def _peer(peer):
-    if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)):
-        raise TypeError(f"peer: expected an int rank, not {type(peer).__name__}")
-    return int(peer)  # the library names a peer out of range
+        raise ValueError(f"{name}: {timeout_ms}; expected milliseconds >= 0 (0 = the default)")
+    return timeout_ms
 
 
 class Request:
@@ -172,11 +173,9 @@ class Communicator:
             if not isinstance(unique_id, UniqueId):
                 raise TypeError(f"unique_id: expected a flatmem.UniqueId, its hex() or bytes, "
                                 f"not {type(unique_id).__name__}")
-            for name, v in (("rank", rank), ("world_size", world_size)):
-                if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                    raise TypeError(f"{name}: expected an int, not {type(v).__name__}")
-            _raw = capi.Communicator(int(rank), int(world_size), unique_id._raw, _timeout(timeout_ms),
-                                     _timeout(connect_timeout_ms))
+            _raw = capi.Communicator(int_arg(rank, "rank"), int_arg(world_size, "world_size"),
+                                     unique_id._raw, _timeout(timeout_ms),
+                                     _timeout(connect_timeout_ms, "connect_timeout_ms"))
         self._raw = _raw
         self._lock = threading.Lock()
         self._outstanding = set()   # Requests not yet waited for (they keep their buffers)
@@ -184,13 +183,13 @@ class Communicator:
 
     @classmethod
     def from_env(cls, *, timeout_ms=0, connect_timeout_ms=0):
-        return cls(None, None, None, _raw=capi.Communicator.from_env(_timeout(timeout_ms),
-                                                                     _timeout(connect_timeout_ms)))
+        return cls(None, None, None, _raw=capi.Communicator.from_env(
+            _timeout(timeout_ms), _timeout(connect_timeout_ms, "connect_timeout_ms")))
 
     @classmethod
     def create_local(cls, world_size, *, timeout_ms=0):
         """[rank 0, ..., rank world_size-1] of one group inside this process."""
-        group = capi.CommLocalGroup(int(world_size), _timeout(timeout_ms))
+        group = capi.CommLocalGroup(int_arg(world_size, "world_size"), _timeout(timeout_ms))
         return [cls(None, None, None, _raw=group.take(r)) for r in range(group.world_size())]
 
     # ---- properties -------------------------------------------------------
@@ -235,8 +234,8 @@ class Communicator:
         return self._post(self._raw.irecv, arg, buffer, peer, tag)
 
     def _post(self, method, arg, buffer, peer, tag):
-        peer = _peer(peer)
-        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag < 2**32:
+        peer = int_arg(peer, "peer")  # the library names a peer out of range
+        if not 0 <= int_arg(tag, "tag") < 2**32:
             raise ValueError(f"tag: {tag!r}; expected an int in [0, 2**32)")
         with self._lock:
             request = Request(method(arg.tensor, peer, int(tag)), self, buffer)

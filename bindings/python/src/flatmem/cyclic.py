@@ -42,7 +42,8 @@ import numpy as np
 
 from . import capi
 from ._tensors import as_arg
-from .comm import check_communicator
+from .comm import check_communicator, int_arg
+from .contrastive import _NONFINITE, _option
 
 _RULES = {"delay1": capi.CYCLIC_DELAY1, "newest": capi.CYCLIC_NEWEST, "sync": capi.CYCLIC_SYNC}
 _RULE_NAMES = {v: k for k, v in _RULES.items()}
@@ -81,12 +82,7 @@ class CyclicAction(NamedTuple):
 
 
 def _rule_code(rule):
-    if isinstance(rule, str):
-        try:
-            return _RULES[rule.lower()]
-        except KeyError:
-            raise ValueError(f"rule: '{rule}' is not one of {sorted(_RULES)}") from None
-    return int(rule)  # the library judges numbers it does not know
+    return _option(rule, _RULES, "rule")
 
 
 class CyclicSchedule:
@@ -178,15 +174,6 @@ class CyclicSummary(NamedTuple):
     seconds: float
 
 
-_NONFINITE = {"error": capi.NONFINITE_ERROR, "propagate": capi.NONFINITE_PROPAGATE}
-
-
-def _int_option(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, not {type(value).__name__}")
-    return int(value)
-
-
 class Cyclic:
     """One rank of the cyclic data-parallel runtime (flatmem_cyclic_t) over a
     flatmem.Communicator; creation is collective (every rank passes the same
@@ -215,25 +202,22 @@ class Cyclic:
     def __init__(self, comm, *, stages, steps, rule="delay1", activation_bytes=None, timeout_ms=0,
                  nonfinite="error", history=0):
         check_communicator(comm, "comm")
-        stages = _int_option(stages, "stages")
+        stages = int_arg(stages, "stages")
         accounting = None
         if activation_bytes is not None:
             accounting = np.ascontiguousarray(activation_bytes, dtype=np.int64)
             if accounting.shape != (stages,):
                 raise ValueError(f"activation_bytes: shape {accounting.shape}; expected ({stages},), "
                                  "bytes per stage")
-        if isinstance(nonfinite, str):
-            if nonfinite not in _NONFINITE:
-                raise ValueError(f"nonfinite: '{nonfinite}' is not one of {sorted(_NONFINITE)}")
-            nonfinite = _NONFINITE[nonfinite]
+        nonfinite = _option(nonfinite, _NONFINITE, "nonfinite")
         self.comm = comm
         self._lock = threading.Lock()
         self._held = {}  # (stage, step) -> the gradient array the handle owns
         accounting_arg = as_arg(accounting, "activation_bytes")  # None stays None
-        self._raw = capi.Cyclic(comm._raw, stages, _int_option(steps, "steps"), _rule_code(rule),
+        self._raw = capi.Cyclic(comm._raw, stages, int_arg(steps, "steps"), _rule_code(rule),
                                 accounting_arg and accounting_arg.tensor,
-                                _int_option(timeout_ms, "timeout_ms"), int(nonfinite),
-                                _int_option(history, "history"))
+                                int_arg(timeout_ms, "timeout_ms"), nonfinite,
+                                int_arg(history, "history"))
         self.schedule = CyclicSchedule._from_capi(self._raw.schedule())
         self._step = None  # the step of the current BACKWARD (for reduce's bookkeeping)
 
@@ -258,7 +242,7 @@ class Cyclic:
         if not (gradient.flags.c_contiguous and gradient.flags.writeable):
             raise ValueError("gradient: expected a writable C-contiguous NumPy array")
         arg = as_arg(gradient, "gradient")
-        stage = _int_option(stage, "stage")
+        stage = int_arg(stage, "stage")
         with self._lock:
             self._raw.reduce(stage, arg.tensor)
             self._held[(stage, self._step)] = gradient
