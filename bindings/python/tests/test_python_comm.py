@@ -511,3 +511,63 @@ def test_from_env_names_the_missing_variable(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     with raises_flatmem(flatmem.InvalidArgumentError, capi.STATUS_INVALID_ARGUMENT, "FLATMEM_COORDINATOR"):
         flatmem.Communicator.from_env()
+
+
+def test_ring_loss_arguments_that_differ_between_ranks_are_named(local_group):
+    """Every rank must pass the same logit scale: each rank raises
+    InvalidArgumentError naming both ranks' values, and nothing hangs."""
+    comms = local_group(2, timeout_ms=5000)
+    q = np.eye(2, 3, dtype=np.float32)
+
+    def job(comm, _):
+        with pytest.raises(flatmem.InvalidArgumentError, match="logit_scale: rank 0 has 10, rank 1 has 20"):
+            flatmem.contrastive_loss(q, q, 10.0 * (comm.rank + 1), comm=comm)
+
+    run_threads(comms, job)
+
+
+def test_cyclic_non_finite_gradient_fails_every_rank(local_group):
+    """A NaN handed to reduce() raises NonFiniteError on its rank (naming the
+    stage) and, on the other, PeerFailureError or CommPoisonedError (both
+    ConnectionErrors) naming that rank, well within the timeout."""
+    comms = local_group(2, timeout_ms=5000)
+
+    def job(comm, _):
+        with flatmem.Cyclic(comm, stages=1, steps=2, rule="sync", timeout_ms=5000) as cyc:
+            assert cyc.next().kind == "forward" and cyc.next().kind == "backward"
+            g = np.full(3, np.nan if comm.rank == 0 else 1.0)
+            if comm.rank == 0:
+                with pytest.raises(flatmem.NonFiniteError, match="stage 0"):
+                    cyc.reduce(0, g)
+                return "nan"
+            with pytest.raises(ConnectionError, match="rank 0") as info:
+                cyc.reduce(0, g)  # fails here if rank 0's notice came first,
+                cyc.next()        # else here, waiting for the average
+            assert isinstance(info.value, (flatmem.PeerFailureError, flatmem.CommPoisonedError))
+            return "peer"
+
+    start = time.monotonic()
+    assert run_threads(comms, job) == ["nan", "peer"]
+    assert time.monotonic() - start < 5.0
+
+
+def test_cyclic_reduce_refuses_what_it_cannot_own(local_group):
+    comms = local_group(1)
+    with flatmem.Cyclic(comms[0], stages=1, steps=1) as cyc:
+        cyc.next(), cyc.next()
+        with pytest.raises(TypeError, match="gradient: expected a NumPy array, not list"):
+            cyc.reduce(0, [1.0])
+        with pytest.raises(ValueError, match="gradient: expected a writable C-contiguous"):
+            cyc.reduce(0, np.ones((2, 2))[:, 0])
+        with raises_flatmem(flatmem.InvalidArgumentError, capi.STATUS_INVALID_ARGUMENT, "gradient"):
+            cyc.reduce(0, np.ones(2, np.int32))
+        g = np.ones(2)
+        cyc.reduce(0, g)
+        assert list(cyc._held.values()) == [g]  # the handle keeps the array it owns
+        for _ in range(10):  # DELAY1: the update comes in a drain time step
+            assert cyc._held
+            a = cyc.next()
+            if a.update_stage is not None:
+                break
+        assert (a.update_stage, a.update_step) == (0, 0) and not cyc._held
+        assert g.tolist() == [1.0, 1.0]  # the average over one rank
