@@ -402,7 +402,7 @@ def test_a_dropped_communicator_proxy_is_kept_alive_by_its_users():
 
     losses = run_threads([0, 1], forward)
     assert losses[0] == losses[1] > 0
-    del handles  # the last users: the communicators are destroyed now
+    handles.clear()  # the last users: the communicators are destroyed now
 
 
 def raises_binding(error_class, *fragments):
