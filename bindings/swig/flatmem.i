@@ -46,11 +46,17 @@
  * flatmem_reversible_t plus what the binding keeps for it), with Python
  * functions as F/G through C trampolines; see "Reversible segments" below.
  *
- * Cyclic data parallelism (<flatmem/cyclic.h>): the schedule only --
- * CyclicSchedule (flatmem_cyclic_schedule) with the pure queries as methods,
- * CyclicAction, CYCLIC_* rules and action kinds; see "Cyclic schedule" below.
+ * Cyclic data parallelism (<flatmem/cyclic.h>): CyclicSchedule
+ * (flatmem_cyclic_schedule) with the pure queries as methods, CyclicAction,
+ * CYCLIC_* rules and action kinds; see "Cyclic schedule" below. The runtime
+ * (Cyclic, CyclicTimeStepStats, CyclicSummary) is in comm.i.
  *
- * Adding a handle kind (communicators): an empty struct
+ * Communicators (<flatmem/comm.h>): comm.i -- UniqueId, Communicator,
+ * CommRequest, CommLocalGroup, and Contrastive(options, comm) for the ring
+ * loss. Timeouts and peer failures raise (Python) CommTimeoutError
+ * (TimeoutError), PeerFailureError and CommPoisonedError (ConnectionError).
+ *
+ * Adding a handle kind: an empty struct
  * for SWIG, %extend it with a constructor calling *_create and a destructor
  * calling *_destroy, %ignore the raw functions, and let every method pass the
  * status of its C call to flatmem_swig_check(). Sizes and other results come
@@ -166,7 +172,7 @@ static int flatmem_swig_make_exceptions(PyObject *module) {
       {FLATMEM_STATUS_INTERNAL, "InternalError", NULL},
       {FLATMEM_STATUS_TIMEOUT, "CommTimeoutError", &PyExc_TimeoutError},
       {FLATMEM_STATUS_PEER_FAILURE, "PeerFailureError", &PyExc_ConnectionError},
-      {FLATMEM_STATUS_COMM_POISONED, "CommPoisonedError", NULL},
+      {FLATMEM_STATUS_COMM_POISONED, "CommPoisonedError", &PyExc_ConnectionError},
   };
   char qualified[128];
   size_t i;
@@ -358,7 +364,10 @@ static int flatmem_swig_error_code(int status) {
   @Override public void close() { delete(); }
 
   /** A handle with the default options. */
-  public Contrastive() { this(null); }
+  public Contrastive() { this(null, null); }
+
+  /** A handle of this process alone (no communicator). */
+  public Contrastive(ContrastiveOptions options) { this(options, null); }
 
   /** forward() with the handle's own workspace, on the CPU. */
   public void forward(Tensor q, Tensor k, Tensor labels, Tensor logit_scale, Tensor loss,
@@ -504,9 +513,8 @@ const char *flatmem_swig_version_mismatch(void);
  * and cpu_isa_set(isa). */
 %ignore flatmem_cpu_isa_get;
 %ignore flatmem_cpu_isa_set;
-/* Communicators (<flatmem/comm.h>, which this interface does not %include)
- * are not wrapped yet: the options' comm stays NULL, as
- * flatmem_contrastive_options_init sets it (a handle of this process alone). */
+/* The options' comm is not a field here: Contrastive(options, comm) takes a
+ * Communicator (comm.i) and keeps a reference to it. */
 %ignore flatmem_contrastive_options::comm;
 
 %rename(Status) flatmem_status;
@@ -564,9 +572,8 @@ const char *flatmem_swig_version_mismatch(void);
  * FLATMEM_CYCLIC_SCHEDULE_INIT and has the library check it; offset, delay,
  * length and action are the pure flatmem_cyclic_schedule_* queries (below).
  * CyclicAction is what action() returns (read-only; -1 = none). The runtime
- * (flatmem_cyclic_t: create / next / reduce / stats) runs over a
- * communicator, which this interface does not wrap yet: its functions and
- * structs are ignored. */
+ * (flatmem_cyclic_t: create / next / reduce / stats) is wrapped as Cyclic in
+ * comm.i: its raw functions are ignored here. */
 %ignore flatmem_cyclic_schedule_offset;
 %ignore flatmem_cyclic_schedule_delay;
 %ignore flatmem_cyclic_schedule_length;
@@ -580,8 +587,6 @@ const char *flatmem_swig_version_mismatch(void);
 %ignore flatmem_cyclic_stats;
 %ignore flatmem_cyclic_summary_get;
 %ignore flatmem_cyclic_options;
-%ignore flatmem_cyclic_time_step_stats;
-%ignore flatmem_cyclic_summary;
 %ignore flatmem_cyclic_s;
 %ignore FLATMEM_CYCLIC_SCHEDULE_INIT;
 %ignore FLATMEM_CYCLIC_OPTIONS_INIT;
@@ -591,6 +596,26 @@ const char *flatmem_swig_version_mismatch(void);
 %rename(CyclicActionKind) flatmem_cyclic_action_kind;
 %rename(CyclicSchedule) flatmem_cyclic_schedule;
 %rename(CyclicAction) flatmem_cyclic_action;
+/* The runtime's results (the runtime itself, Cyclic, is in comm.i): read-only. */
+%rename(CyclicTimeStepStats) flatmem_cyclic_time_step_stats;
+%rename(CyclicSummary) flatmem_cyclic_summary;
+%immutable flatmem_cyclic_time_step_stats::time_step;
+%immutable flatmem_cyclic_time_step_stats::kind;
+%immutable flatmem_cyclic_time_step_stats::stage;
+%immutable flatmem_cyclic_time_step_stats::step;
+%immutable flatmem_cyclic_time_step_stats::activations_held;
+%immutable flatmem_cyclic_time_step_stats::activation_bytes;
+%immutable flatmem_cyclic_time_step_stats::bytes_sent;
+%immutable flatmem_cyclic_time_step_stats::seconds;
+%immutable flatmem_cyclic_time_step_stats::wait_seconds;
+%immutable flatmem_cyclic_time_step_stats::bytes_scheduled;
+%immutable flatmem_cyclic_summary::time_steps;
+%immutable flatmem_cyclic_summary::bytes_sent;
+%immutable flatmem_cyclic_summary::messages_sent;
+%immutable flatmem_cyclic_summary::max_bytes_sent_per_time_step;
+%immutable flatmem_cyclic_summary::peak_activation_bytes;
+%immutable flatmem_cyclic_summary::wait_seconds;
+%immutable flatmem_cyclic_summary::seconds;
 %immutable flatmem_cyclic_schedule::struct_size;
 %immutable flatmem_cyclic_action::time_step;
 %immutable flatmem_cyclic_action::kind;
@@ -1014,16 +1039,40 @@ static void *flatmem_swig_workspace(const flatmem_swig_tensor *w, size_t *bytes)
 }
 %}
 
+%include "comm.i"
+
 struct flatmem_contrastive_s {};
 %extend flatmem_contrastive_s {
-  /* flatmem_contrastive_create(options); None/null = defaults. */
-  flatmem_contrastive_s(const flatmem_contrastive_options *options = NULL) {
+  /* flatmem_contrastive_create(options); None/null = defaults. comm: a
+   * Communicator whose ranks share one global batch (the ring loss,
+   * options.comm; see "Ring across ranks" in flatmem.h), or None/null. The
+   * handle then holds a reference to it: Communicator.close() is refused
+   * until the handle is destroyed. */
+  flatmem_contrastive_s(const flatmem_contrastive_options *options = NULL,
+                        flatmem_swig_comm *comm = NULL) {
     flatmem_contrastive_t *handle = NULL;
-    flatmem_swig_check(flatmem_contrastive_create(&handle, options));
+    flatmem_contrastive_options o;
+    if (!comm) {
+      flatmem_swig_check(flatmem_contrastive_create(&handle, options));
+      return handle;
+    }
+    if (!flatmem_swig_comm_open(comm, "Contrastive: comm")) return NULL;
+    if (options) o = *options;
+    else if (!flatmem_swig_check(flatmem_contrastive_options_init(&o))) return NULL;
+    o.comm = comm->handle;
+    if (!flatmem_swig_check(flatmem_contrastive_create(&handle, &o))) return NULL;
+    if (!flatmem_swig_comm_user_add(handle, comm)) {
+      flatmem_contrastive_destroy(handle);
+      return NULL;
+    }
     return handle;
   }
-  /* flatmem_contrastive_destroy: joins the handle's threads. */
-  ~flatmem_contrastive_s() { flatmem_contrastive_destroy($self); }
+  /* flatmem_contrastive_destroy: joins the handle's threads; then releases
+   * its communicator, if any. */
+  ~flatmem_contrastive_s() {
+    flatmem_contrastive_destroy($self);
+    flatmem_swig_comm_user_remove($self);
+  }
 
   size_t forward_workspace_size(const flatmem_swig_tensor *q, const flatmem_swig_tensor *k) const {
     size_t bytes = 0;

@@ -217,7 +217,7 @@ def test_import_refuses_a_library_of_another_version(tmp_path):
     ("InternalError", "INTERNAL", None),
     ("CommTimeoutError", "TIMEOUT", TimeoutError),
     ("PeerFailureError", "PEER_FAILURE", ConnectionError),
-    ("CommPoisonedError", "COMM_POISONED", None),
+    ("CommPoisonedError", "COMM_POISONED", ConnectionError),
 ])
 def test_every_status_has_its_exception_class(name, status, builtin):
     """Each failing status of the header has a flatmem.Error subclass (also the
@@ -235,5 +235,5 @@ def test_every_status_has_its_exception_class(name, status, builtin):
 def test_statuses_are_those_of_the_header():
     assert (capi.STATUS_TIMEOUT, capi.STATUS_PEER_FAILURE, capi.STATUS_COMM_POISONED) == (7, 8, 9)
     assert capi.status_string(capi.STATUS_COMM_POISONED + 1) == "FLATMEM_STATUS_UNKNOWN"
-    # communicators are not wrapped: the options carry no comm attribute
+    # the communicator is not an options field: Contrastive(options, comm) takes it
     assert not hasattr(capi.ContrastiveOptions(), "comm")

@@ -11,15 +11,21 @@
     s = flatmem.CyclicSchedule(world_size=8, stages=4, steps=3)         # cyclic schedule
     s.offset(5), s.action(5, 7)                                         # pure queries
 
+    comm = flatmem.Communicator.from_env()        # ranks over UCX (mpirun, srun, torchrun, ...)
+    loss, backward = flatmem.contrastive_loss(q_r, k_r, 10.0, comm=comm)  # ring loss of the global batch
+    with flatmem.Cyclic(comm, stages=4, steps=3) as cyc: ...           # cyclic data parallelism
+
     flatmem.cpu_isa()                  # ('avx512', 'avx512'): CPU instruction set in use, best
     flatmem.set_cpu_isa("avx2")        # for the whole process; None: back to $FLATMEM_CPU_ISA
 
 flatmem.capi is the SWIG module generated from bindings/swig/flatmem.i (the C
 ABI one to one: Contrastive, ContrastiveOptions, Reversible, Block, Tensor,
-CyclicSchedule, version(), ...);
+CyclicSchedule, Communicator, Cyclic, version(), ...);
 importing it checks that the header it was built with matches the loaded
 libflatmem. Failed calls raise flatmem.Error (subclasses per status, e.g.
-InvalidArgumentError, also a ValueError) with flatmem's message.
+InvalidArgumentError, also a ValueError) with flatmem's message; communicator
+failures raise CommTimeoutError (a TimeoutError), PeerFailureError and
+CommPoisonedError (ConnectionErrors).
 """
 from . import capi
 from .capi import (
@@ -34,9 +40,10 @@ from .capi import (
     UnsupportedError,
     WorkspaceTooSmallError,
 )
+from .comm import Communicator, Request, UniqueId
 from .contrastive import Contrastive, ForwardResult, contrastive_loss
 from .cpu import CPU_ISAS, cpu_isa, set_cpu_isa
-from .cyclic import CyclicAction, CyclicSchedule
+from .cyclic import Cyclic, CyclicAction, CyclicSchedule, CyclicSummary, CyclicTimeStepStats
 from .reversible import Block, Context, Function, ReversibleSegment
 
 __version__ = "0.1.0"
@@ -53,9 +60,13 @@ __all__ = [
     "CommPoisonedError",
     "CommTimeoutError",
     "Context",
+    "Communicator",
     "Contrastive",
+    "Cyclic",
     "CyclicAction",
     "CyclicSchedule",
+    "CyclicSummary",
+    "CyclicTimeStepStats",
     "Error",
     "ForwardResult",
     "Function",
@@ -64,7 +75,9 @@ __all__ = [
     "NonFiniteError",
     "OutOfMemoryError",
     "PeerFailureError",
+    "Request",
     "ReversibleSegment",
+    "UniqueId",
     "UnsupportedError",
     "WorkspaceTooSmallError",
     "capi",

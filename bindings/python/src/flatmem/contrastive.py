@@ -7,6 +7,16 @@ Two levels:
 * ``Contrastive``: the handle itself, with its options, ``forward``,
   ``backward`` and the workspace queries (the pattern later handles follow).
 
+Both take ``comm=`` (a flatmem.Communicator): the ring loss, where each rank
+passes ITS rows q_r and columns k_r of one global batch (see "Ring across
+ranks" in flatmem.h). The loss is that of the concatenated batch (the GLOBAL
+mean, identical bits on every rank), and the gradients are the exact
+gradients of that global loss w.r.t. this rank's q_r, k_r and s -- nothing
+is summed over ranks (a data-parallel wrapper that averages parameter
+gradients over N ranks must pass dloss = N). InfoNCE labels are GLOBAL column
+indices. Calls are collective: every rank calls forward / backward in the
+same order with the same loss, d, dtype, logit scale and dloss.
+
 Formulas, shapes, dtypes and the gradient convention are those of
 include/flatmem/flatmem.h: the loss is the mean over the b rows, and
 ``dlogit_scale`` is d/ds of the scale s itself (multiply by s for a learned
@@ -14,6 +24,7 @@ log-scale).
 """
 from __future__ import annotations
 
+import contextlib
 import operator
 import threading
 from typing import NamedTuple, Optional
@@ -22,6 +33,7 @@ import numpy as np
 
 from . import capi
 from ._tensors import Arg, as_arg, as_output, as_scalar_arg, as_workspace, dlpack_dtype, output
+from .comm import check_communicator
 
 _LOSSES = {
     "symmetric": capi.CONTRASTIVE_SYMMETRIC,
@@ -92,15 +104,21 @@ class Contrastive:
                 fingerprint) recomputes. CPU tensors only (CUDA calls ignore
                 it).
 
+    comm        a flatmem.Communicator (default None: this process alone): the
+                ring loss over its ranks (module docstring; CPU tensors, no
+                workspace, no logit cache). The handle keeps a reference to
+                it, and comm.close() raises until this handle is closed.
+
     Inputs are NumPy arrays (float32, ml_dtypes.bfloat16 or float16 features,
     any row stride; int64 labels) or objects with __dlpack__; outputs are new
     NumPy arrays. Calls on one handle are serialised by a lock (the C thread
-    rule: one thread at a time per handle); the GIL is released while the
-    library computes.
+    rule: one thread at a time per handle; with comm, also the communicator's
+    lock); the GIL is released while the library computes and while the ring
+    waits for its peers.
     """
 
     def __init__(self, loss="symmetric", *, num_threads=0, tile_rows=0, tile_cols=0,
-                 nonfinite="error", logit_cache_bytes=0):
+                 nonfinite="error", logit_cache_bytes=0, comm=None):
         options = capi.ContrastiveOptions()
         options.loss = _option(loss, _LOSSES, "loss")
         options.num_threads = int(num_threads)
@@ -110,7 +128,10 @@ class Contrastive:
         options.logit_cache_bytes = _cache_bytes(logit_cache_bytes)
         self._symmetric = options.loss in (capi.CONTRASTIVE_DEFAULT, capi.CONTRASTIVE_SYMMETRIC)
         self._lock = threading.Lock()
-        self._handle = capi.Contrastive(options)
+        if comm is not None:
+            check_communicator(comm, "comm")
+        self.comm = comm
+        self._handle = capi.Contrastive(options, comm._raw if comm is not None else None)
         self.options = {"loss": "symmetric" if self._symmetric else "infonce",
                         "num_threads": options.num_threads, "tile_rows": options.tile_rows,
                         "tile_cols": options.tile_cols, "nonfinite": options.nonfinite,
@@ -121,9 +142,16 @@ class Contrastive:
         return self._symmetric
 
     def close(self):
-        """Destroy the handle now (joins its threads, frees its workspace)."""
+        """Destroy the handle now (joins its threads, frees its workspace) and
+        release its communicator, if any."""
         with self._lock:
             self._handle = None
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """The handle's lock and, for a ring, its communicator's."""
+        with self._lock, (self.comm._lock if self.comm is not None else contextlib.nullcontext()):
+            yield self._h()
 
     def __enter__(self):
         return self
@@ -197,8 +225,8 @@ class Contrastive:
         loss, loss_t = output((), np.float32, "loss")
         row_lse, row_t = output((b,), np.float32, "row_lse")
         col_lse, col_t = output((c,), np.float32, "col_lse") if self._symmetric else (None, None)
-        with self._lock:
-            self._h().forward(q.tensor, k.tensor, labels and labels.tensor, s.tensor, loss_t.tensor,
+        with self._locked() as h:
+            h.forward(q.tensor, k.tensor, labels and labels.tensor, s.tensor, loss_t.tensor,
                               row_t.tensor, col_t and col_t.tensor, ws and ws.tensor)
         return ForwardResult(loss, row_lse, col_lse)
 
@@ -210,8 +238,8 @@ class Contrastive:
         ds, ds_t = (None, None)
         if dlogit_scale:
             ds, ds_t = output(s.shape if s.ndim == 1 else (), np.float32, "dlogit_scale")
-        with self._lock:
-            self._h().backward(q.tensor, k.tensor, labels and labels.tensor, s.tensor,
+        with self._locked() as h:
+            h.backward(q.tensor, k.tensor, labels and labels.tensor, s.tensor,
                                row_lse.tensor, col_lse and col_lse.tensor, dloss and dloss.tensor,
                                dq_t and dq_t.tensor, dk_t and dk_t.tensor, ds_t and ds_t.tensor,
                                ws and ws.tensor)
@@ -250,8 +278,20 @@ def _shared_handle(loss, num_threads, tile_rows, tile_cols, nonfinite, logit_cac
     return handle
 
 
+def _ring_handle(comm, loss, num_threads, tile_rows, tile_cols, nonfinite):
+    """The handle kept by comm for these options (closed by comm.close())."""
+    check_communicator(comm, "comm")
+    key = (loss, num_threads, tile_rows, tile_cols, nonfinite)
+    handle = comm._contrastive.get(key)
+    if handle is None:
+        handle = comm._contrastive[key] = Contrastive(loss, num_threads=num_threads,
+                                                      tile_rows=tile_rows, tile_cols=tile_cols,
+                                                      nonfinite=nonfinite, comm=comm)
+    return handle
+
+
 def contrastive_loss(q, k, logit_scale, labels=None, symmetric=True, *, num_threads=0,
-                     tile_rows=0, tile_cols=0, nonfinite="error", logit_cache_bytes=0):
+                     tile_rows=0, tile_cols=0, nonfinite="error", logit_cache_bytes=0, comm=None):
     """The contrastive loss of row features q (b, d) against column features
     k (c, d) at logit scale s: returns (loss, backward).
 
@@ -275,9 +315,23 @@ def contrastive_loss(q, k, logit_scale, labels=None, symmetric=True, *, num_thre
     with the same options ran on this thread since its own (otherwise it
     recomputes; the results are bitwise the same either way). Errors raise flatmem.Error subclasses whose message is
     flatmem's (which argument, its shape or value, what was expected).
+
+    comm: a flatmem.Communicator -> the ring loss of the global batch whose
+    rows q and columns k on this rank are this rank's shard (labels: GLOBAL
+    column indices). Collective: every rank calls it, and backward(), in the
+    same order. The loss is the global one on every rank; backward() gives
+    the exact gradients of the global loss w.r.t. this rank's q, k and s
+    (nothing summed over ranks). The handle is kept by the communicator
+    (closed by comm.close(); backward() afterwards raises). No logit cache.
     """
-    handle = _shared_handle("symmetric" if symmetric else "infonce", num_threads, tile_rows,
-                            tile_cols, nonfinite, logit_cache_bytes)
+    if comm is not None:
+        if logit_cache_bytes:
+            raise ValueError("logit_cache_bytes: the ring loss (comm=...) has no logit cache; pass 0")
+        handle = _ring_handle(comm, "symmetric" if symmetric else "infonce", num_threads, tile_rows,
+                              tile_cols, nonfinite)
+    else:
+        handle = _shared_handle("symmetric" if symmetric else "infonce", num_threads, tile_rows,
+                                tile_cols, nonfinite, logit_cache_bytes)
     q, k = as_arg(q, "q"), as_arg(k, "k")
     s, labels = as_scalar_arg(logit_scale, "logit_scale"), as_arg(labels, "labels")
     saved = handle._forward(q, k, s, labels, None)

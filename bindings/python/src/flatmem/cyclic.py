@@ -12,14 +12,38 @@ forward in step s + 1 + delay(r, j).
 
 Ranks, stages, steps and time steps are 0-based, as in C. The queries are the
 library's flatmem_cyclic_schedule_* functions (closed forms, no handle, safe
-from any thread). The runtime (flatmem_cyclic_create / next / reduce) runs over
-a communicator, which this binding does not wrap yet.
+from any thread).
+
+The runtime, ``Cyclic(comm, stages=, steps=, rule=, ...)``, drives one rank of
+that schedule over a flatmem.Communicator from a plain NumPy training loop:
+
+    with flatmem.Cyclic(comm, stages=L, steps=S, rule="sync") as cyc:
+        while (a := cyc.next()).kind != "done":        # may wait (GIL released)
+            if a.update_stage is not None:              # grads[...] now holds the average
+                params[a.update_stage] -= lr * grads[a.update_stage][a.update_step % 2]
+            if a.kind == "forward":
+                ...forward of stage a.stage on micro-batch a.step
+            elif a.kind == "backward":
+                g = grads[a.stage][a.step % 2]          # compute into it, then hand it over:
+                cyc.reduce(a.stage, g)
+
+A gradient array belongs to the handle from reduce() until the next() that
+returns its update (it then holds the AVERAGE over ranks, 1/N times the sum);
+the handle keeps a reference to it meanwhile, so it cannot be freed, but do
+not read or write it. Under "delay1" / "newest" step s's gradient is still in
+flight during step s + 1's backward: alternate two buffers per stage (s % 2).
 """
 from __future__ import annotations
 
+import threading
 from typing import NamedTuple, Optional
 
+import numpy as np
+
 from . import capi
+from ._tensors import as_arg
+from .comm import check_communicator, int_arg
+from .contrastive import _NONFINITE, _option
 
 _RULES = {"delay1": capi.CYCLIC_DELAY1, "newest": capi.CYCLIC_NEWEST, "sync": capi.CYCLIC_SYNC}
 _RULE_NAMES = {v: k for k, v in _RULES.items()}
@@ -57,6 +81,10 @@ class CyclicAction(NamedTuple):
                    some(a.update_step), int(a.activations_held), some(a.phase))
 
 
+def _rule_code(rule):
+    return _option(rule, _RULES, "rule")
+
+
 class CyclicSchedule:
     """The shape of a cyclic schedule: world_size ranks, `stages` stages, `steps`
     training steps per rank, and the update rule: "delay1" (default; every stage
@@ -65,14 +93,7 @@ class CyclicSchedule:
     checks the ranges at once (flatmem.InvalidArgumentError naming the field)."""
 
     def __init__(self, world_size, stages, steps, rule="delay1"):
-        if isinstance(rule, str):
-            try:
-                code = _RULES[rule.lower()]
-            except KeyError:
-                raise ValueError(f"rule: '{rule}' is not one of {sorted(_RULES)}") from None
-        else:
-            code = int(rule)  # the library judges numbers it does not know
-        self._raw = capi.CyclicSchedule(int(world_size), int(stages), int(steps), code)
+        self._raw = capi.CyclicSchedule(int(world_size), int(stages), int(steps), _rule_code(rule))
 
     @property
     def world_size(self):
@@ -114,6 +135,154 @@ class CyclicSchedule:
         """The actions of `rank` at every time step of the run, 0 .. length() - 1."""
         return [self.action(rank, t) for t in range(self.length())]
 
+    @classmethod
+    def _from_capi(cls, raw):
+        self = cls.__new__(cls)
+        self._raw = raw
+        return self
+
     def __repr__(self):
         return (f"flatmem.CyclicSchedule(world_size={self.world_size}, stages={self.stages}, "
                 f"steps={self.steps}, rule={self.rule!r})")
+
+
+class CyclicTimeStepStats(NamedTuple):
+    """What happened in one time step of this rank (flatmem_cyclic_time_step_stats;
+    bytes in bytes, times in seconds)."""
+
+    time_step: int
+    kind: str
+    stage: Optional[int]
+    step: Optional[int]
+    activations_held: int
+    activation_bytes: int
+    bytes_sent: int
+    seconds: float
+    wait_seconds: float
+    bytes_scheduled: int
+
+
+class CyclicSummary(NamedTuple):
+    """Totals since the handle was created (flatmem_cyclic_summary)."""
+
+    time_steps: int
+    bytes_sent: int
+    messages_sent: int
+    max_bytes_sent_per_time_step: int
+    peak_activation_bytes: int
+    wait_seconds: float
+    seconds: float
+
+
+class Cyclic:
+    """One rank of the cyclic data-parallel runtime (flatmem_cyclic_t) over a
+    flatmem.Communicator; creation is collective (every rank passes the same
+    stages, steps and rule).
+
+    comm              the Communicator (kept referenced; comm.close() raises
+                      until this handle is closed). One Cyclic per
+                      communicator at a time.
+    stages, steps     L stages, training steps per rank
+    rule              "delay1" (default), "newest" or "sync" (plain data
+                      parallelism: every step's average applied before the next)
+    activation_bytes  None or L ints: bytes of activations each stage keeps
+                      (accounting for stats() only; None = 1 per stage)
+    timeout_ms        deadline of every wait (0 = the communicator's default)
+    nonfinite         "error" (reduce() of a NaN/Inf gradient raises
+                      NonFiniteError and poisons the communicator) or "propagate"
+    history           time steps of stats() kept (0 = 65536)
+
+    next() -> CyclicAction, reduce(stage, gradient), stats(), summary(),
+    schedule, close() / with-block. Thread rule: one thread drives the handle
+    (a lock enforces it); next() releases the GIL while it waits.
+    Failures (a dead peer, a timeout) raise PeerFailureError /
+    CommTimeoutError naming the stage, step and peer.
+    """
+
+    def __init__(self, comm, *, stages, steps, rule="delay1", activation_bytes=None, timeout_ms=0,
+                 nonfinite="error", history=0):
+        check_communicator(comm, "comm")
+        stages = int_arg(stages, "stages")
+        accounting = None
+        if activation_bytes is not None:
+            accounting = np.ascontiguousarray(activation_bytes, dtype=np.int64)
+            if accounting.shape != (stages,):
+                raise ValueError(f"activation_bytes: shape {accounting.shape}; expected ({stages},), "
+                                 "bytes per stage")
+        nonfinite = _option(nonfinite, _NONFINITE, "nonfinite")
+        self.comm = comm
+        self._lock = threading.Lock()
+        self._held = {}  # (stage, step) -> the gradient array the handle owns
+        accounting_arg = as_arg(accounting, "activation_bytes")  # None stays None
+        self._raw = capi.Cyclic(comm._raw, stages, int_arg(steps, "steps"), _rule_code(rule),
+                                accounting_arg and accounting_arg.tensor,
+                                int_arg(timeout_ms, "timeout_ms"), nonfinite,
+                                int_arg(history, "history"))
+        self.schedule = CyclicSchedule._from_capi(self._raw.schedule())
+        self._step = None  # the step of the current BACKWARD (for reduce's bookkeeping)
+
+    def next(self):
+        """Advance one time step; returns its CyclicAction. When update_stage is
+        not None, the gradient array handed over for (update_stage,
+        update_step) now holds the average and is the caller's again."""
+        with self._lock:
+            a = CyclicAction.from_capi(self._raw.next())
+            if a.update_stage is not None:
+                self._held.pop((a.update_stage, a.update_step), None)
+            self._step = a.step if a.kind == "backward" else None
+        return a
+
+    def reduce(self, stage, gradient):
+        """Hand over the gradient of `stage` computed in this time step's
+        BACKWARD: a C-contiguous float32/float64 NumPy array, the same dtype
+        and size on every rank. It belongs to the handle (kept referenced)
+        until next() returns its update."""
+        if not isinstance(gradient, np.ndarray):
+            raise TypeError(f"gradient: expected a NumPy array, not {type(gradient).__name__}")
+        if not (gradient.flags.c_contiguous and gradient.flags.writeable):
+            raise ValueError("gradient: expected a writable C-contiguous NumPy array")
+        arg = as_arg(gradient, "gradient")
+        stage = int_arg(stage, "stage")
+        with self._lock:
+            self._raw.reduce(stage, arg.tensor)
+            self._held[(stage, self._step)] = gradient
+
+    def stats(self, first=0, count=None):
+        """Per-time-step statistics still kept (the last `history` ones), as a
+        list of CyclicTimeStepStats from time step `first` on."""
+        with self._lock:
+            n = self._raw.load_stats(int(first), int(count if count is not None else 1 << 20))
+            raw = [self._raw.stat(i) for i in range(n)]
+        return [CyclicTimeStepStats(int(s.time_step), _KINDS.get(s.kind, s.kind),
+                                    None if s.stage < 0 else int(s.stage),
+                                    None if s.step < 0 else int(s.step), int(s.activations_held),
+                                    int(s.activation_bytes), int(s.bytes_sent), float(s.seconds),
+                                    float(s.wait_seconds), int(s.bytes_scheduled)) for s in raw]
+
+    def summary(self):
+        with self._lock:
+            s = self._raw.summary()
+        return CyclicSummary(int(s.time_steps), int(s.bytes_sent), int(s.messages_sent),
+                             int(s.max_bytes_sent_per_time_step), int(s.peak_activation_bytes),
+                             float(s.wait_seconds), float(s.seconds))
+
+    @property
+    def closed(self):
+        return not self._raw.is_open()
+
+    def close(self):
+        """flatmem_cyclic_destroy: quick when every gradient was applied; with
+        reductions in flight it poisons the communicator (the peers fail naming
+        this rank). Releases the communicator and the held gradients."""
+        with self._lock:
+            self._raw.close()
+            self._held.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"flatmem.Cyclic({self.schedule!r}, rank={self.comm.rank}, {'closed' if self.closed else 'open'})"

@@ -1,0 +1,596 @@
+/* comm.i -- communicators (<flatmem/comm.h>), the ring loss's communicator
+ * and the cyclic runtime (<flatmem/cyclic.h>), %include'd by flatmem.i after
+ * Contrastive. Language-neutral: structs with %extend methods; Python sugar
+ * lives in bindings/python/src/flatmem/comm.py and cyclic.py.
+ *
+ * What the target language sees:
+ *   UniqueId             flatmem_comm_unique_id: UniqueId(address) = rank 0's
+ *                        flatmem_comm_unique_id_create; hex() / UniqueId.from_hex(text)
+ *                        (256 hex digits) to hand it to the other ranks.
+ *   Communicator         a flatmem_comm_t: Communicator(rank, world_size, id,
+ *                        timeout_ms, connect_timeout_ms), Communicator.from_env(...),
+ *                        rank(), world_size(), check_health(), isend / irecv -> CommRequest,
+ *                        all_reduce, ring_shift, barrier, close(), abort(), is_open(), users().
+ *   CommLocalGroup       flatmem_comm_create_local: take(rank) -> Communicator.
+ *   CommRequest          wait(timeout_ms), test().
+ *   Cyclic               a flatmem_cyclic_t over a Communicator: next(), reduce(),
+ *                        schedule(), load_stats() / stat(i), summary(), close().
+ *   CyclicTimeStepStats, CyclicSummary   read-only results.
+ * Times are in milliseconds; 0 = the communicator's default (options.timeout_ms).
+ *
+ * Lifetime (the same for every language). A Communicator is a small
+ * reference-counted record around the C handle: the proxy, each CommRequest
+ * and each Contrastive / Cyclic created on it hold a reference, so the record
+ * is freed by the last of them (never a dangling pointer, whatever order a
+ * garbage collector finalises them in).
+ *  - close() / abort() release the C handle at once, but REFUSE
+ *    (INVALID_ARGUMENT "Communicator.close: still used by 2 handle(s) ...")
+ *    while a Contrastive or Cyclic created on it is alive: close those first.
+ *    Outstanding requests do not block them (the C library cancels them; a
+ *    later wait() raises INVALID_ARGUMENT "... closed").
+ *  - A proxy that is finalised without close() releases the handle when its
+ *    last user goes (deferred; never under a user's feet).
+ *  - Every call on a closed communicator raises INVALID_ARGUMENT naming it.
+ * Thread rule: the C one (one thread at a time per communicator, its
+ * Contrastive handles being its users); the Python package holds a lock.
+ * Python releases the GIL in every call here (threads="1"): waits, all-reduce,
+ * barrier, ring forward/backward and Cyclic.next block without it.
+ */
+
+%{
+#include <pthread.h>
+
+typedef struct flatmem_swig_comm {
+  flatmem_comm_t *handle; /* NULL once closed or aborted */
+  int32_t rank, world_size;
+  int users;              /* live Contrastive / Cyclic handles on it */
+  int refs;               /* proxy + requests + users; freed at 0 */
+} flatmem_swig_comm;
+
+static flatmem_swig_comm *flatmem_swig_comm_new(flatmem_comm_t *handle) {
+  flatmem_swig_comm *c = (flatmem_swig_comm *)calloc(1, sizeof *c);
+  if (!c) {
+    flatmem_comm_destroy(handle);
+    flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "Communicator: out of memory");
+    return NULL;
+  }
+  c->handle = handle;
+  c->refs = 1;
+  flatmem_comm_rank(handle, &c->rank);
+  flatmem_comm_world_size(handle, &c->world_size);
+  return c;
+}
+
+static void flatmem_swig_comm_ref(flatmem_swig_comm *c) { __atomic_add_fetch(&c->refs, 1, __ATOMIC_ACQ_REL); }
+
+/* Drops a reference; the last one destroys a handle still open (orderly). */
+static void flatmem_swig_comm_unref(flatmem_swig_comm *c) {
+  if (c && __atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+    flatmem_comm_destroy(c->handle);
+    free(c);
+  }
+}
+
+/* The open C handle, or NULL with INVALID_ARGUMENT naming `what`. */
+static flatmem_comm_t *flatmem_swig_comm_open(const flatmem_swig_comm *c, const char *what) {
+  if (!c) {
+    flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "%s: comm is NULL", what);
+    return NULL;
+  }
+  if (!c->handle)
+    flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
+                      "%s: the communicator (rank %d of %d) is closed", what, (int)c->rank,
+                      (int)c->world_size);
+  return c->handle;
+}
+
+/* A user (Contrastive, Cyclic) starts / stops using c. */
+static void flatmem_swig_comm_use(flatmem_swig_comm *c) {
+  flatmem_swig_comm_ref(c);
+  __atomic_add_fetch(&c->users, 1, __ATOMIC_ACQ_REL);
+}
+static void flatmem_swig_comm_unuse(flatmem_swig_comm *c) {
+  if (!c) return;
+  __atomic_sub_fetch(&c->users, 1, __ATOMIC_ACQ_REL);
+  flatmem_swig_comm_unref(c);
+}
+
+/* close() / abort(): refused while users are alive. */
+static int flatmem_swig_comm_releasable(flatmem_swig_comm *c, const char *what) {
+  const int users = __atomic_load_n(&c->users, __ATOMIC_ACQUIRE);
+  if (users == 0) return 1;
+  flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
+                    "%s: still used by %d handle(s) (Contrastive or Cyclic created with this "
+                    "communicator); close them first",
+                    what, users);
+  return 0;
+}
+
+static flatmem_comm_options flatmem_swig_comm_options(int64_t timeout_ms, int64_t connect_timeout_ms) {
+  flatmem_comm_options o = FLATMEM_COMM_OPTIONS_INIT;
+  o.timeout_ms = timeout_ms;
+  o.connect_timeout_ms = connect_timeout_ms;
+  return o;
+}
+
+/* The communicator of each Contrastive handle made with one (the handle is
+ * the library's own struct: its destructor finds its communicator here). */
+typedef struct flatmem_swig_comm_user {
+  const void *handle;
+  flatmem_swig_comm *comm;
+  struct flatmem_swig_comm_user *next;
+} flatmem_swig_comm_user;
+static flatmem_swig_comm_user *flatmem_swig_comm_user_list = NULL;
+static pthread_mutex_t flatmem_swig_comm_user_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int flatmem_swig_comm_user_add(const void *handle, flatmem_swig_comm *comm) {
+  flatmem_swig_comm_user *u = (flatmem_swig_comm_user *)malloc(sizeof *u);
+  if (!u) {
+    flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "Contrastive: out of memory");
+    return 0;
+  }
+  flatmem_swig_comm_use(comm);
+  u->handle = handle;
+  u->comm = comm;
+  pthread_mutex_lock(&flatmem_swig_comm_user_lock);
+  u->next = flatmem_swig_comm_user_list;
+  flatmem_swig_comm_user_list = u;
+  pthread_mutex_unlock(&flatmem_swig_comm_user_lock);
+  return 1;
+}
+
+/* Forgets handle (after it was destroyed) and releases its communicator. */
+static void flatmem_swig_comm_user_remove(const void *handle) {
+  flatmem_swig_comm_user **p, *found = NULL;
+  pthread_mutex_lock(&flatmem_swig_comm_user_lock);
+  for (p = &flatmem_swig_comm_user_list; *p; p = &(*p)->next)
+    if ((*p)->handle == handle) {
+      found = *p;
+      *p = found->next;
+      break;
+    }
+  pthread_mutex_unlock(&flatmem_swig_comm_user_lock);
+  if (found) {
+    flatmem_swig_comm_unuse(found->comm);
+    free(found);
+  }
+}
+
+typedef struct flatmem_swig_request {
+  flatmem_swig_comm *comm;          /* a reference */
+  flatmem_comm_request_t *request;  /* NULL once waited */
+  int32_t peer;
+  int32_t receive;
+} flatmem_swig_request;
+
+static flatmem_swig_request *flatmem_swig_post(flatmem_swig_comm *c, const flatmem_swig_tensor *buffer,
+                                               int32_t peer, uint32_t tag, int receive) {
+  const char *what = receive ? "Communicator.irecv" : "Communicator.isend";
+  flatmem_comm_t *h = flatmem_swig_comm_open(c, what);
+  flatmem_comm_request_t *request = NULL;
+  flatmem_swig_request *r;
+  flatmem_status status;
+  if (!h) return NULL;
+  if (!buffer) {
+    flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "%s: buffer is NULL", what);
+    return NULL;
+  }
+  r = (flatmem_swig_request *)calloc(1, sizeof *r);
+  if (!r) {
+    flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "%s: out of memory", what);
+    return NULL;
+  }
+  status = receive ? flatmem_comm_irecv(h, (DLTensor *)&buffer->dl, peer, tag, &request, NULL)
+                   : flatmem_comm_isend(h, &buffer->dl, peer, tag, &request, NULL);
+  if (!flatmem_swig_check(status)) {
+    free(r);
+    return NULL;
+  }
+  flatmem_swig_comm_ref(c);
+  r->comm = c;
+  r->request = request;
+  r->peer = peer;
+  r->receive = receive;
+  return r;
+}
+
+typedef struct flatmem_swig_comm_group {
+  int32_t world_size;
+  flatmem_comm_t **comms; /* NULL once taken */
+} flatmem_swig_comm_group;
+
+typedef struct flatmem_swig_cyclic {
+  flatmem_cyclic_t *handle; /* NULL once closed */
+  flatmem_swig_comm *comm;  /* a user reference, dropped by close */
+  flatmem_cyclic_time_step_stats *stats;
+  int64_t stats_count;
+} flatmem_swig_cyclic;
+
+static flatmem_cyclic_t *flatmem_swig_cyclic_open(const flatmem_swig_cyclic *s, const char *what) {
+  if (!s->handle) flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "%s: the Cyclic handle is closed", what);
+  return s->handle;
+}
+
+static void flatmem_swig_cyclic_release(flatmem_swig_cyclic *s) {
+  if (s->handle) flatmem_swig_check(flatmem_cyclic_destroy(s->handle));
+  s->handle = NULL;
+  flatmem_swig_comm_unuse(s->comm);
+  s->comm = NULL;
+}
+%}
+
+/* ------------------------------------------------------------------------ */
+/* UniqueId                                                                  */
+/* ------------------------------------------------------------------------ */
+%rename(UniqueId) flatmem_comm_unique_id;
+%newobject flatmem_comm_unique_id::from_hex;
+%newobject flatmem_comm_unique_id::hex;
+struct flatmem_comm_unique_id {};
+%extend flatmem_comm_unique_id {
+  /* Rank 0: flatmem_comm_unique_id_create(address): opens the bootstrap
+   * listener ("host:port", ":0", "" = $FLATMEM_COMM_ADDRESS or any free port
+   * on this machine's first address). */
+  flatmem_comm_unique_id(const char *address = NULL) {
+    flatmem_comm_unique_id *id = (flatmem_comm_unique_id *)calloc(1, sizeof *id);
+    if (!id) {
+      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "UniqueId: out of memory");
+      return NULL;
+    }
+    if (!flatmem_swig_check(flatmem_comm_unique_id_create(address, id))) {
+      free(id);
+      return NULL;
+    }
+    return id;
+  }
+  ~flatmem_comm_unique_id() { free($self); }
+
+  /* The 128 bytes as 256 lower-case hex digits. */
+  char *hex() const {
+    static const char digits[] = "0123456789abcdef";
+    char *text = (char *)malloc(2 * FLATMEM_COMM_UNIQUE_ID_BYTES + 1);
+    int i;
+    if (!text) {
+      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "UniqueId.hex: out of memory");
+      return NULL;
+    }
+    for (i = 0; i < FLATMEM_COMM_UNIQUE_ID_BYTES; ++i) {
+      text[2 * i] = digits[$self->internal[i] >> 4];
+      text[2 * i + 1] = digits[$self->internal[i] & 15];
+    }
+    text[2 * FLATMEM_COMM_UNIQUE_ID_BYTES] = '\0';
+    return text;
+  }
+
+  /* The id hex() printed (256 hex digits, either case). */
+  static flatmem_comm_unique_id *from_hex(const char *text) {
+    flatmem_comm_unique_id *id;
+    int i;
+    if (!text || strlen(text) != 2 * FLATMEM_COMM_UNIQUE_ID_BYTES) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
+                        "UniqueId.from_hex: text: %d characters; expected %d hex digits",
+                        text ? (int)strlen(text) : -1, 2 * FLATMEM_COMM_UNIQUE_ID_BYTES);
+      return NULL;
+    }
+    id = (flatmem_comm_unique_id *)calloc(1, sizeof *id);
+    if (!id) {
+      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "UniqueId: out of memory");
+      return NULL;
+    }
+    for (i = 0; i < 2 * FLATMEM_COMM_UNIQUE_ID_BYTES; ++i) {
+      const char ch = text[i];
+      const int v = ch >= '0' && ch <= '9' ? ch - '0'
+                    : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                    : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+      if (v < 0) {
+        free(id);
+        flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
+                          "UniqueId.from_hex: text: character %d ('%c') is not a hex digit", i, ch);
+        return NULL;
+      }
+      id->internal[i / 2] = (unsigned char)(id->internal[i / 2] << 4 | v);
+    }
+    return id;
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Communicator, CommRequest, CommLocalGroup                                 */
+/* ------------------------------------------------------------------------ */
+%rename(Communicator) flatmem_swig_comm;
+%rename(CommRequest) flatmem_swig_request;
+%rename(CommLocalGroup) flatmem_swig_comm_group;
+%newobject flatmem_swig_comm::from_env;
+%newobject flatmem_swig_comm::isend;
+%newobject flatmem_swig_comm::irecv;
+%newobject flatmem_swig_comm_group::take;
+#ifdef SWIGJAVA
+/* Object.wait(long) is final in Java. */
+%rename(waitFor) flatmem_swig_request::wait;
+#endif
+
+struct flatmem_swig_comm {};
+%extend flatmem_swig_comm {
+  /* flatmem_comm_create (collective): this rank of world_size, with rank 0's id. */
+  flatmem_swig_comm(int32_t rank, int32_t world_size, const flatmem_comm_unique_id *id,
+                    int64_t timeout_ms = 0, int64_t connect_timeout_ms = 0) {
+    const flatmem_comm_options o = flatmem_swig_comm_options(timeout_ms, connect_timeout_ms);
+    flatmem_comm_t *h = NULL;
+    if (!id) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Communicator: id is NULL");
+      return NULL;
+    }
+    if (!flatmem_swig_check(flatmem_comm_create(&h, rank, world_size, id, &o))) return NULL;
+    return flatmem_swig_comm_new(h);
+  }
+  /* flatmem_comm_create_from_env: FLATMEM_COORDINATOR and FLATMEM_RANK /
+   * _WORLD_SIZE or a launcher's variables (mpirun, srun, torchrun). */
+  static flatmem_swig_comm *from_env(int64_t timeout_ms = 0, int64_t connect_timeout_ms = 0) {
+    const flatmem_comm_options o = flatmem_swig_comm_options(timeout_ms, connect_timeout_ms);
+    flatmem_comm_t *h = NULL;
+    if (!flatmem_swig_check(flatmem_comm_create_from_env(&h, &o))) return NULL;
+    return flatmem_swig_comm_new(h);
+  }
+  ~flatmem_swig_comm() { flatmem_swig_comm_unref($self); }
+
+  int32_t rank() const { return $self->rank; }
+  int32_t world_size() const { return $self->world_size; }
+  bool is_open() const { return $self->handle != NULL; }
+  /* Live Contrastive / Cyclic handles created on it. */
+  int32_t users() const { return __atomic_load_n(&$self->users, __ATOMIC_ACQUIRE); }
+
+  /* flatmem_comm_health: raises the status that poisoned the handle. */
+  void check_health() {
+    flatmem_comm_t *h = flatmem_swig_comm_open($self, "Communicator.check_health");
+    if (h) flatmem_swig_check(flatmem_comm_health(h));
+  }
+
+  /* Non-blocking messages: buffer (kDLCPU, compact) must stay alive and, for
+   * a send, unchanged until the request's wait() returns. */
+  flatmem_swig_request *isend(const flatmem_swig_tensor *buffer, int32_t peer, uint32_t tag = 0) {
+    return flatmem_swig_post($self, buffer, peer, tag, 0);
+  }
+  flatmem_swig_request *irecv(flatmem_swig_tensor *buffer, int32_t peer, uint32_t tag = 0) {
+    return flatmem_swig_post($self, buffer, peer, tag, 1);
+  }
+
+  /* recv = sum over ranks of send (bitwise the same on every rank); recv may be send. */
+  void all_reduce(const flatmem_swig_tensor *send, flatmem_swig_tensor *recv, int64_t timeout_ms = 0) {
+    flatmem_comm_t *h = flatmem_swig_comm_open($self, "Communicator.all_reduce");
+    if (h) flatmem_swig_check(flatmem_comm_all_reduce(h, flatmem_swig_dl(send), flatmem_swig_dl_out(recv), timeout_ms, NULL));
+  }
+  /* send to rank + 1, recv from rank - 1 (mod world_size). */
+  void ring_shift(const flatmem_swig_tensor *send, flatmem_swig_tensor *recv, int64_t timeout_ms = 0) {
+    flatmem_comm_t *h = flatmem_swig_comm_open($self, "Communicator.ring_shift");
+    if (h) flatmem_swig_check(flatmem_comm_ring_shift(h, flatmem_swig_dl(send), flatmem_swig_dl_out(recv), timeout_ms, NULL));
+  }
+  void barrier(int64_t timeout_ms = 0) {
+    flatmem_comm_t *h = flatmem_swig_comm_open($self, "Communicator.barrier");
+    if (h) flatmem_swig_check(flatmem_comm_barrier(h, timeout_ms));
+  }
+
+  /* flatmem_comm_destroy (orderly); refused while a Contrastive/Cyclic uses it.
+   * A no-op when already closed. */
+  void close() {
+    flatmem_comm_t *h = $self->handle;
+    if (!h || !flatmem_swig_comm_releasable($self, "Communicator.close")) return;
+    $self->handle = NULL;
+    flatmem_swig_check(flatmem_comm_destroy(h));
+  }
+  /* flatmem_comm_abort: the peers fail naming this rank. Refused while a
+   * Contrastive/Cyclic uses it. A no-op when already closed. */
+  void abort() {
+    flatmem_comm_t *h = $self->handle;
+    if (!h || !flatmem_swig_comm_releasable($self, "Communicator.abort")) return;
+    $self->handle = NULL;
+    flatmem_swig_check(flatmem_comm_abort(h));
+  }
+}
+
+struct flatmem_swig_request {};
+%extend flatmem_swig_request {
+  ~flatmem_swig_request() {
+    /* an unwaited request stays the library's until its communicator is
+     * closed (which cancels it) */
+    flatmem_swig_comm_unref($self->comm);
+    free($self);
+  }
+  int32_t peer() const { return $self->peer; }
+  bool is_receive() const { return $self->receive != 0; }
+  /* Whether wait() has returned. */
+  bool is_done() const { return $self->request == NULL; }
+  /* flatmem_comm_wait: at most timeout_ms (0 = the communicator's default). */
+  void wait(int64_t timeout_ms = 0) {
+    flatmem_comm_request_t *r = $self->request;
+    flatmem_comm_t *h = flatmem_swig_comm_open($self->comm, "CommRequest.wait");
+    if (!h) return;
+    if (!r) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "CommRequest.wait: the request was already waited for");
+      return;
+    }
+    $self->request = NULL;
+    flatmem_swig_check(flatmem_comm_wait(h, r, timeout_ms));
+  }
+  /* flatmem_comm_test: true when complete (finish it with wait()). */
+  bool test() {
+    int32_t done = 0;
+    flatmem_comm_t *h = flatmem_swig_comm_open($self->comm, "CommRequest.test");
+    if (!h) return false;
+    if (!$self->request) return true;
+    flatmem_swig_check(flatmem_comm_test(h, $self->request, &done));
+    return done != 0;
+  }
+}
+
+struct flatmem_swig_comm_group {};
+%extend flatmem_swig_comm_group {
+  /* flatmem_comm_create_local: world_size ranks inside this process; each
+   * is then used by its own thread. */
+  flatmem_swig_comm_group(int32_t world_size, int64_t timeout_ms = 0) {
+    const flatmem_comm_options o = flatmem_swig_comm_options(timeout_ms, 0);
+    flatmem_swig_comm_group *g;
+    if (world_size < 1 || world_size > 4096) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "CommLocalGroup: world_size %d; expected 1 to 4096",
+                        (int)world_size);
+      return NULL;
+    }
+    g = (flatmem_swig_comm_group *)calloc(1, sizeof *g);
+    if (g) g->comms = (flatmem_comm_t **)calloc((size_t)world_size, sizeof *g->comms);
+    if (!g || !g->comms) {
+      if (g) free(g->comms);
+      free(g);
+      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "CommLocalGroup: out of memory");
+      return NULL;
+    }
+    if (!flatmem_swig_check(flatmem_comm_create_local(g->comms, world_size, &o))) {
+      free(g->comms);
+      free(g);
+      return NULL;
+    }
+    g->world_size = world_size;
+    return g;
+  }
+  ~flatmem_swig_comm_group() {
+    int32_t r;
+    for (r = 0; r < $self->world_size; ++r) flatmem_comm_destroy($self->comms[r]);
+    free($self->comms);
+    free($self);
+  }
+  int32_t world_size() const { return $self->world_size; }
+  /* Rank r's Communicator (each rank once). */
+  flatmem_swig_comm *take(int32_t rank) {
+    flatmem_comm_t *h;
+    if (rank < 0 || rank >= $self->world_size || !$self->comms[rank]) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
+                        "CommLocalGroup.take: rank %d is out of range [0, %d) or already taken",
+                        (int)rank, (int)$self->world_size);
+      return NULL;
+    }
+    h = $self->comms[rank];
+    $self->comms[rank] = NULL;
+    return flatmem_swig_comm_new(h);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Cyclic: the runtime (flatmem_cyclic_t)                                    */
+/* ------------------------------------------------------------------------ */
+%rename(Cyclic) flatmem_swig_cyclic;
+
+struct flatmem_swig_cyclic {};
+%extend flatmem_swig_cyclic {
+  /* flatmem_cyclic_create (collective). activation_bytes: NULL or a (stages,)
+   * int64 Tensor (accounting only, copied). rule: a CyclicRule; nonfinite: a
+   * NonfinitePolicy; timeout_ms 0 = the communicator's; history 0 = 65536. */
+  flatmem_swig_cyclic(flatmem_swig_comm *comm, int32_t stages, int64_t steps,
+                      int32_t rule = FLATMEM_CYCLIC_DELAY1,
+                      const flatmem_swig_tensor *activation_bytes = NULL, int64_t timeout_ms = 0,
+                      int32_t nonfinite = FLATMEM_NONFINITE_ERROR, int64_t history = 0) {
+    flatmem_cyclic_options o = FLATMEM_CYCLIC_OPTIONS_INIT;
+    flatmem_comm_t *h = flatmem_swig_comm_open(comm, "Cyclic");
+    flatmem_swig_cyclic *s;
+    if (!h) return NULL;
+    if (activation_bytes) {
+      const DLTensor *t = &activation_bytes->dl;
+      if (t->dtype.code != kDLInt || t->dtype.bits != 64 || t->dtype.lanes != 1 || t->ndim != 1 ||
+          t->shape[0] != stages || t->strides || t->device.device_type != kDLCPU || !t->data) {
+        flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
+                          "Cyclic: activation_bytes: expected a compact (%d,) int64 CPU tensor, one "
+                          "entry per stage",
+                          (int)stages);
+        return NULL;
+      }
+      o.activation_bytes = (const int64_t *)((const char *)t->data + t->byte_offset);
+    }
+    o.stages = stages;
+    o.steps = steps;
+    o.rule = (flatmem_cyclic_rule)rule;
+    o.timeout_ms = timeout_ms;
+    o.nonfinite = (flatmem_nonfinite_policy)nonfinite;
+    o.history = history;
+    s = (flatmem_swig_cyclic *)calloc(1, sizeof *s);
+    if (!s) {
+      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "Cyclic: out of memory");
+      return NULL;
+    }
+    if (!flatmem_swig_check(flatmem_cyclic_create(&s->handle, h, &o))) {
+      free(s);
+      return NULL;
+    }
+    flatmem_swig_comm_use(comm);
+    s->comm = comm;
+    return s;
+  }
+  ~flatmem_swig_cyclic() {
+    flatmem_swig_cyclic_release($self);
+    free($self->stats);
+    free($self);
+  }
+  /* flatmem_cyclic_destroy now (see cyclic.h: poisons the communicator when
+   * reductions are in flight); releases the communicator. No-op when closed. */
+  void close() { flatmem_swig_cyclic_release($self); }
+  bool is_open() const { return $self->handle != NULL; }
+
+  flatmem_cyclic_schedule schedule() {
+    flatmem_cyclic_schedule s = FLATMEM_CYCLIC_SCHEDULE_INIT;
+    flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.schedule");
+    if (h) flatmem_swig_check(flatmem_cyclic_get_schedule(h, &s));
+    return s;
+  }
+  /* flatmem_cyclic_next: may wait (start token, the update's average). */
+  flatmem_cyclic_action next() {
+    flatmem_cyclic_action a;
+    flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.next");
+    memset(&a, 0, sizeof a);
+    if (h) flatmem_swig_check(flatmem_cyclic_next(h, &a));
+    return a;
+  }
+  /* flatmem_cyclic_reduce: the buffer belongs to the handle until next()
+   * returns its update (keep it alive and untouched meanwhile). */
+  void reduce(int32_t stage, flatmem_swig_tensor *gradient) {
+    flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.reduce");
+    if (h) flatmem_swig_check(flatmem_cyclic_reduce(h, stage, flatmem_swig_dl_out(gradient)));
+  }
+  /* flatmem_cyclic_stats into the handle: returns how many were copied; read
+   * them with stat(0 .. n-1). */
+  int64_t load_stats(int64_t first, int64_t count) {
+    int64_t written = 0;
+    flatmem_cyclic_time_step_stats *buffer;
+    flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.load_stats");
+    if (!h) return 0;
+    if (count < 0 || count > (int64_t)1 << 24) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Cyclic.load_stats: count %lld; expected 0 to 2^24",
+                        (long long)count);
+      return 0;
+    }
+    buffer = (flatmem_cyclic_time_step_stats *)calloc((size_t)(count > 0 ? count : 1), sizeof *buffer);
+    if (!buffer) {
+      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "Cyclic.load_stats: out of memory");
+      return 0;
+    }
+    if (!flatmem_swig_check(flatmem_cyclic_stats(h, first, count, buffer, &written))) {
+      free(buffer);
+      return 0;
+    }
+    free($self->stats);
+    $self->stats = buffer;
+    $self->stats_count = written;
+    return written;
+  }
+  flatmem_cyclic_time_step_stats stat(int64_t index) const {
+    flatmem_cyclic_time_step_stats s;
+    memset(&s, 0, sizeof s);
+    if (index < 0 || index >= $self->stats_count)
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Cyclic.stat: index %lld out of range [0, %lld)",
+                        (long long)index, (long long)$self->stats_count);
+    else
+      s = $self->stats[index];
+    return s;
+  }
+  flatmem_cyclic_summary summary() {
+    flatmem_cyclic_summary s;
+    flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.summary");
+    memset(&s, 0, sizeof s);
+    if (h) flatmem_swig_check(flatmem_cyclic_summary_get(h, &s));
+    return s;
+  }
+}
