@@ -3,7 +3,9 @@
 # 1. Debian packages (scripts/install-deps.sh)
 # 2. Release build in build/ (CUDA kernels compiled for sm_90 when nvcc is found; GPU tests skip without a GPU)
 # 3. the install check (scripts/check-install.sh), then an install into build/prefix that
-#    the bindings' checks (scripts/check-<binding>.sh) build and test against
+#    the bindings' checks (scripts/check-<binding>.sh) build and test against, and the
+#    launcher check (scripts/check-launchers.sh: the multi-process Python example under mpirun and
+#    under a shell loop)
 # 4. the ASan+UBSan build in build-asan/ and its ctest (scripts/test-sanitize.sh)
 # 5. the ThreadSanitizer build of the threaded tests in build-tsan/ (scripts/test-tsan.sh)
 # 6. ctest in build/ -- last, so that its summary is the last thing printed.
@@ -22,7 +24,7 @@ bash scripts/check-install.sh build
 step "install into $FLATMEM_PREFIX for the bindings"
 rm -rf "$FLATMEM_PREFIX"
 cmake --install build --prefix "$FLATMEM_PREFIX" >/dev/null
-for binding in python java jax rust julia readme; do
+for binding in python launchers java jax rust julia readme; do
   step "bindings: $binding"
   bash "scripts/check-$binding.sh" "$FLATMEM_PREFIX"
 done
