@@ -4,9 +4,11 @@
 #
 # Plain `ccall`s on the C ABI, nothing compiled. The library is
 # ENV["FLATMEM_LIBRARY"] (a path or a name) or "libflatmem", found by the
-# dynamic loader. Every ccall below is checked against the C header by
-# bindings/julia/check_ccalls.py (scripts/check-julia.sh); this file is not
-# run on the project's machines, which have no Julia (see README.md).
+# dynamic loader. Communicators live in comm.jl and the cyclic runtime in
+# cyclic.jl, both included below. Every ccall of the three files is checked
+# against the C headers by bindings/julia/check_ccalls.py
+# (scripts/check-julia.sh); they are not run on the project's machines, which
+# have no Julia (see README.md).
 #
 # Layout. A Julia d x b matrix stores each column (sample) contiguously: it is,
 # byte for byte, the row-major b x d matrix the C ABI calls q (b, d). So users

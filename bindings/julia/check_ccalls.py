@@ -9,22 +9,37 @@ Julia sources and fails unless:
      function of the header, with as many argument types as C parameters, as
      many values as argument types, and each Julia type compatible with the C
      type under the table below (pointees of handles and structs included);
-  2. every function of the header is ccall'd somewhere, or listed in a Julia
-     comment `# flatmem-check: not wrapped: NAME: reason`;
+  2. every public function of include/flatmem/*.h (flatmem.h, what it
+     includes, and any other header beside it) is ccall'd somewhere, or on the
+     allow-list: a Julia comment `# flatmem-check: not wrapped: NAME: reason`
+     (an entry without a reason, for a function that is wrapped or that the
+     headers lack, is an error too);
   3. the Julia struct mirrors (STRUCT_MIRRORS) have the C fields in the C
      order, with the same names and compatible types, and are immutable
      (isbits, so their layout is C's; C function pointers, typedef'd or not, are
      Ptr{Cvoid}); opaque handle types exist, fieldless; every positional
      call `Mirror(args...)` passes one value per field (a field appended to a
      mirror but not to its constructions would fail only when Julia runs);
+     C array fields `T name[N]` are NTuple{N, T'} (N as a number or the
+     header's macro); each mirror's field offsets, size and alignment,
+     computed from its Julia field types by the C rules, equal the C struct's
+     as the C compiler measures them (offsetof/sizeof of a program that
+     includes the header; without a compiler, or with --no-cc, the checker's
+     own model of the C layout);
   4. every `const` named like a header constant (FLATMEM_*, kDL*) has the
      header's value; every flatmem enum value (but the *_MAX sentinels) and
      the FLATMEM_VERSION* macros are defined; no FLATMEM_*/kDL* const is
      unknown to the header;
   5. `__init__` exists and compares with FLATMEM_VERSION;
-  6. every ccall passing a raw `Ptr` (other than a handle or a null literal)
-     sits inside `GC.@preserve v1 v2 ... begin ... end` whose variables
-     cover the names the value is computed from.
+  6. every ccall passing a raw `Ptr` (other than a handle, a null literal or
+     a `Ptr`-typed parameter of the enclosing function: an address the caller
+     owns, such as a CUDA stream) sits inside `GC.@preserve v1 v2 ... begin
+     ... end` whose variables cover the names the value is computed from;
+  7. every ccall of a function that may wait (BLOCKING_FUNCTIONS: collectives,
+     request waits, cyclic next, the contrastive passes) sits between
+     `gc_safe_enter()` and `gc_safe_leave(...)` in its own function;
+  8. the only ccalls without a library are the Julia runtime's
+     JULIA_RUNTIME_CALLS (jl_gc_safe_enter/leave), with their exact types.
 
 The header is read as a C compiler without FLATMEM_EXPERIMENTAL and without
 __cplusplus would read it (conditionals evaluated, comments dropped); of its
@@ -34,7 +49,7 @@ includes, those named with a folder (<dlpack/dlpack.h>) are read too.
 type, an unknown name, and more) to the real sources and asserts that each
 one is reported, so that the checker cannot silently pass.
 
-Usage: check_ccalls.py [--header H] [--include-dir D ...] [--self-test] [-v] [JULIA_DIR_OR_FILE]
+Usage: check_ccalls.py [--header H] [--include-dir D ...] [--self-test] [--no-cc] [-v] [JULIA_DIR_OR_FILE]
 Exit status: 0 when everything matches (or every self-test mistake is found).
 """
 

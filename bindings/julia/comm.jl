@@ -52,7 +52,7 @@ function CommUniqueId(hex::AbstractString)
         throw(ArgumentError("hex: not a string of hex digits (a CommUniqueId is $(2n) of them)"))
     end
     length(bytes) == n || throw(ArgumentError("hex: $(length(bytes)) bytes; a CommUniqueId has $n ($(2n) hex digits)"))
-    return CommUniqueId(ntuple(i -> bytes[i], n))
+    return CommUniqueId(ntuple(i -> bytes[i], Val(FLATMEM_COMM_UNIQUE_ID_BYTES)))
 end
 
 Base.print(io::IO, id::CommUniqueId) = print(io, bytes2hex(collect(id.internal)))
@@ -105,10 +105,10 @@ mutable struct Comm
     # Wraps a created handle (rank and size read once: they never change).
     function Comm(ptr::Ptr{CommHandle})
         rank = Ref{Int32}(0)
-        size = Ref{Int32}(0)
+        nranks = Ref{Int32}(0)
         status = ccall((:flatmem_comm_rank, libflatmem), Cint, (Ptr{CommHandle}, Ref{Int32}), ptr, rank)
         if status == FLATMEM_STATUS_SUCCESS
-            status = ccall((:flatmem_comm_world_size, libflatmem), Cint, (Ptr{CommHandle}, Ref{Int32}), ptr, size)
+            status = ccall((:flatmem_comm_world_size, libflatmem), Cint, (Ptr{CommHandle}, Ref{Int32}), ptr, nranks)
         end
         if status != FLATMEM_STATUS_SUCCESS
             err = FlatmemError(status)
@@ -117,7 +117,7 @@ mutable struct Comm
             gc_safe_leave(state)
             throw(err)
         end
-        c = new(ptr, Int(rank[]), Int(size[]), 0, false, Set{Any}())
+        c = new(ptr, Int(rank[]), Int(nranks[]), 0, false, Set{Any}())
         finalizer(finalize_comm, c)
         return c
     end
