@@ -102,25 +102,30 @@ mutable struct Comm
     finalized::Bool           # unreachable: destroyed when users reaches 0
     pending::Set{Any}         # outstanding Requests (and so their buffers), until waited on
 
-    # Wraps a created handle (rank and size read once: they never change).
-    function Comm(ptr::Ptr{CommHandle})
-        rank = Ref{Int32}(0)
-        nranks = Ref{Int32}(0)
-        status = ccall((:flatmem_comm_rank, libflatmem), Cint, (Ptr{CommHandle}, Ref{Int32}), ptr, rank)
-        if status == FLATMEM_STATUS_SUCCESS
-            status = ccall((:flatmem_comm_world_size, libflatmem), Cint, (Ptr{CommHandle}, Ref{Int32}), ptr, nranks)
-        end
-        if status != FLATMEM_STATUS_SUCCESS
-            err = FlatmemError(status)
-            state = gc_safe_enter()
-            ccall((:flatmem_comm_destroy, libflatmem), Cint, (Ptr{CommHandle},), ptr)
-            gc_safe_leave(state)
-            throw(err)
-        end
-        c = new(ptr, Int(rank[]), Int(nranks[]), 0, false, Set{Any}())
+    # Wraps a created handle of this rank and size (they never change).
+    function Comm(ptr::Ptr{CommHandle}, rank::Integer, world_size::Integer)
+        c = new(ptr, Int(rank), Int(world_size), 0, false, Set{Any}())
         finalizer(finalize_comm, c)
         return c
     end
+end
+
+# Wraps a created handle whose rank and size the caller does not know (from the environment).
+function wrap_queried(ptr::Ptr{CommHandle})
+    rank = Ref{Int32}(0)
+    nranks = Ref{Int32}(0)
+    status = ccall((:flatmem_comm_rank, libflatmem), Cint, (Ptr{CommHandle}, Ref{Int32}), ptr, rank)
+    if status == FLATMEM_STATUS_SUCCESS
+        status = ccall((:flatmem_comm_world_size, libflatmem), Cint, (Ptr{CommHandle}, Ref{Int32}), ptr, nranks)
+    end
+    if status != FLATMEM_STATUS_SUCCESS
+        err = FlatmemError(status)
+        state = gc_safe_enter()
+        ccall((:flatmem_comm_destroy, libflatmem), Cint, (Ptr{CommHandle},), ptr)
+        gc_safe_leave(state)
+        throw(err)
+    end
+    return Comm(ptr, rank[], nranks[])
 end
 
 function Comm(rank::Integer, world_size::Integer, id::CommUniqueId; timeout_ms::Integer=0, connect_timeout_ms::Integer=0)
@@ -134,7 +139,7 @@ function Comm(rank::Integer, world_size::Integer, id::CommUniqueId; timeout_ms::
                    (Ref{Ptr{CommHandle}}, Int32, Int32, Ref{CommUniqueId}, Ref{CommOptions}), out, r, n, idref, options)
     gc_safe_leave(state)
     check(status)
-    return Comm(out[])
+    return Comm(out[], r, n)
 end
 
 """
@@ -154,7 +159,7 @@ function comm_from_env(; timeout_ms::Integer=0, connect_timeout_ms::Integer=0)
     status = ccall((:flatmem_comm_create_from_env, libflatmem), Cint, (Ref{Ptr{CommHandle}}, Ref{CommOptions}), out, options)
     gc_safe_leave(state)
     check(status)
-    return Comm(out[])
+    return wrap_queried(out[])
 end
 
 """
@@ -175,16 +180,7 @@ function local_comms(world_size::Integer; timeout_ms::Integer=0)
               pointer(handles), Int32(world_size), options)
     end
     check(status)
-    comms = Comm[]
-    try
-        for h in handles
-            push!(comms, Comm(h))
-        end
-    catch
-        foreach(destroy, comms)   # the handles not wrapped yet are leaked: their rank query failed
-        rethrow()
-    end
-    return comms
+    return Comm[Comm(handles[r + 1], r, world_size) for r in 0:(world_size - 1)]
 end
 
 """
@@ -296,9 +292,8 @@ function health(c::Comm)
     return status == FLATMEM_STATUS_SUCCESS ? nothing : FlatmemError(status)
 end
 
-# The DLPack dtype of a message's elements: any bits type of 1, 2, 4 or 8 bytes.
-message_dtype(::Type{T}) where {T} = throw(ArgumentError(
-    "buffer: element type $T has no DLPack dtype here; use a Float64/32/16, BF16, (U)Int8/16/32/64 or Bool array"))
+# The DLPack dtype of a message's elements (nothing: no dtype for T here).
+message_dtype(::Type) = nothing
 message_dtype(::Type{T}) where {T<:Union{Float16,Float32,Float64}} = DLDataType(kDLFloat, 8sizeof(T), 1)
 message_dtype(::Type{T}) where {T<:Union{Int8,Int16,Int32,Int64}} = DLDataType(kDLInt, 8sizeof(T), 1)
 message_dtype(::Type{T}) where {T<:Union{UInt8,UInt16,UInt32,UInt64,Bool}} = DLDataType(kDLUInt, 8sizeof(T), 1)
@@ -310,7 +305,10 @@ end
 # A message buffer: a dense Array (C reads or writes its memory), as a compact tensor.
 function message_tensor(A::AbstractArray, name::String)
     A isa Array || throw(ArgumentError("$name must be a dense Array (C reads or writes its memory in place); got $(typeof(A))"))
-    return dense_tensor(A, message_dtype(eltype(A)))
+    dtype = message_dtype(eltype(A))
+    dtype === nothing && throw(ArgumentError(
+        "$name: element type $(eltype(A)) has no DLPack dtype here; use a Float64/32/16, BF16, (U)Int8/16/32/64 or Bool array"))
+    return dense_tensor(A, dtype)
 end
 
 function tag_arg(tag::Integer)

@@ -173,12 +173,12 @@ Drive it from one task, one time step per `cyclic_next!`:
         a = cyclic_next!(h)                       # may wait (start token, averaged gradients)
         action_kind(a) === :done && break
         if a.update_stage >= 0                    # the buffer handed over for (update_stage,
-            apply!(a.update_stage, grad[a.update_stage + 1][a.update_step % 2 + 1])  # update_step) holds the average
+            optimizer_step!(a.update_stage, grad[a.update_stage + 1][a.update_step % 2 + 1])  # update_step) holds the average
         end
-        action_kind(a) === :forward && forward!(a.stage, batch(a.step))
+        action_kind(a) === :forward && model_forward!(a.stage, batch(a.step))
         if action_kind(a) === :backward
             g = grad[a.stage + 1][a.step % 2 + 1]  # two buffers per stage, alternating on the step's parity
-            backward!(a.stage, g)
+            model_backward!(a.stage, g)
             cyclic_reduce!(h, a.stage, g)         # hands g over until its update comes back
         end
     end
