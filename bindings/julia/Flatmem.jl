@@ -175,21 +175,33 @@ function check(status::Cint)
     return nothing
 end
 
-# A thread blocked in a flatmem call -- a collective waiting for its peers, a cyclic
-# next waiting for a gradient, a long contrastive pass -- marks itself GC-safe first,
-# as CUDA.jl does around its blocking calls: otherwise a garbage collection another
-# Julia thread starts meanwhile waits for it, and with an in-process group
-# (local_comms: the ranks are threads of this process) that other thread may be the
-# very peer the call is waiting for. The pattern, always:
-#     args = ...                      # every conversion first: nothing between enter and
-#     state = gc_safe_enter()         # leave may allocate or throw (field loads, tensor_ptr
-#     status = ccall(...)             # and literals do neither)
-#     gc_safe_leave(state)
-#     check(status)
-# Julia's GC does not move objects, so pointers into preserved arrays stay valid while
-# another thread collects.
 gc_safe_enter() = ccall(:jl_gc_safe_enter, Int8, ())
 gc_safe_leave(state::Int8) = ccall(:jl_gc_safe_leave, Cvoid, (Int8,), state)
+
+"""
+    @gc_safe ccall(...)
+
+Makes the ccall with the calling thread marked GC-safe (`jl_gc_safe_enter` / `_leave`, as
+CUDA.jl does around its blocking calls) and returns its result. For every flatmem call that
+may wait -- a collective waiting for its peers, a request wait, `cyclic_next!`, a long
+contrastive pass: otherwise a garbage collection another Julia thread starts meanwhile waits
+for this one, and in an in-process group (`local_comms`, ranks as threads of this process)
+that other thread may be the very peer this call waits for. The ccall's arguments are
+evaluated inside the region, so they must neither allocate nor throw: compute conversions
+first and pass locals, field loads (a handle's `ptr` via `unsafe_convert`), `tensor_ptr(t)`
+and literals. Julia's GC does not move objects, so pointers into preserved arrays stay
+valid while another thread collects.
+"""
+macro gc_safe(call)
+    (call isa Expr && call.head === :call && call.args[1] === :ccall) ||
+        throw(ArgumentError("@gc_safe takes one ccall(...) expression"))
+    return quote
+        local state = gc_safe_enter()
+        local result = $(esc(call))
+        gc_safe_leave(state)
+        result
+    end
+end
 
 # An Int32 argument of a C call, or an ArgumentError naming it.
 function int32_arg(value::Integer, name::String)
@@ -577,14 +589,11 @@ function forward_pass(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix,
     row_t = vector_tensor(row_lse)
     col_t = col_lse === nothing ? nothing : vector_tensor(col_lse)
     status = GC.@preserve q_t k_t labels_t scale_t loss_t row_t col_t begin
-        state = gc_safe_enter()   # a long pass, and with a communicator a wait for the peers
-        s = ccall((:flatmem_contrastive_forward, libflatmem), Cint,
-                  (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
-                   Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}, Csize_t, Ptr{Cvoid}),
-                  c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(labels_t), tensor_ptr(scale_t),
-                  tensor_ptr(loss_t), tensor_ptr(row_t), tensor_ptr(col_t), C_NULL, Csize_t(0), C_NULL)
-        gc_safe_leave(state)
-        s
+        @gc_safe ccall((:flatmem_contrastive_forward, libflatmem), Cint,
+                       (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
+                        Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}, Csize_t, Ptr{Cvoid}),
+                       c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(labels_t), tensor_ptr(scale_t),
+                       tensor_ptr(loss_t), tensor_ptr(row_t), tensor_ptr(col_t), C_NULL, Csize_t(0), C_NULL)
     end
     check(status)
     return loss[1], row_lse, col_lse
@@ -612,16 +621,13 @@ function backward_pass(c::Contrastive, q::AbstractMatrix{T}, k::AbstractMatrix{T
     dk_t = matrix_tensor(dk)
     dscale_t = scalar_tensor(dscale)
     status = GC.@preserve q_t k_t labels_t scale_t row_t col_t g_t dq_t dk_t dscale_t begin
-        state = gc_safe_enter()
-        s = ccall((:flatmem_contrastive_backward, libflatmem), Cint,
-                  (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
-                   Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
-                   Ptr{Cvoid}, Csize_t, Ptr{Cvoid}),
-                  c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(labels_t), tensor_ptr(scale_t),
-                  tensor_ptr(row_t), tensor_ptr(col_t), tensor_ptr(g_t), tensor_ptr(dq_t),
-                  tensor_ptr(dk_t), tensor_ptr(dscale_t), C_NULL, Csize_t(0), C_NULL)
-        gc_safe_leave(state)
-        s
+        @gc_safe ccall((:flatmem_contrastive_backward, libflatmem), Cint,
+                       (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
+                        Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
+                        Ptr{Cvoid}, Csize_t, Ptr{Cvoid}),
+                       c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(labels_t), tensor_ptr(scale_t),
+                       tensor_ptr(row_t), tensor_ptr(col_t), tensor_ptr(g_t), tensor_ptr(dq_t),
+                       tensor_ptr(dk_t), tensor_ptr(dscale_t), C_NULL, Csize_t(0), C_NULL)
     end
     check(status)
     return dq, dk, dscale[1]

@@ -36,8 +36,8 @@ Julia sources and fails unless:
      owns, such as a CUDA stream) sits inside `GC.@preserve v1 v2 ... begin
      ... end` whose variables cover the names the value is computed from;
   7. every ccall of a function that may wait (BLOCKING_FUNCTIONS: collectives,
-     request waits, cyclic next, the contrastive passes) sits between
-     `gc_safe_enter()` and `gc_safe_leave(...)` in its own function;
+     request waits, cyclic next, the contrastive passes) is `@gc_safe ccall(...)`,
+     and `macro gc_safe` runs gc_safe_enter(), the call, gc_safe_leave(...);
   8. the only ccalls without a library are the Julia runtime's
      JULIA_RUNTIME_CALLS (jl_gc_safe_enter/leave), with their exact types.
 
@@ -142,10 +142,10 @@ JULIA_RUNTIME_CALLS = {
 }
 
 # flatmem functions that may wait (for peers, a deadline, a long computation): their ccall
-# must sit between `gc_safe_enter()` and `gc_safe_leave(...)` in the function that makes
-# it, so that a Julia thread waiting in C never holds up a garbage collection (which, with
-# an in-process group whose ranks are Julia threads, could wait for the very peer this
-# thread waits for).
+# must be the argument of the binding's `@gc_safe` macro (`@gc_safe ccall(...)`), whose
+# definition must call gc_safe_enter() and gc_safe_leave(...), so that a Julia thread
+# waiting in C never holds up a garbage collection (which, with an in-process group whose
+# ranks are Julia threads, could wait for the very peer this thread waits for).
 BLOCKING_FUNCTIONS = {
     "flatmem_comm_create", "flatmem_comm_create_from_env", "flatmem_comm_destroy", "flatmem_comm_abort",
     "flatmem_comm_wait", "flatmem_comm_ring_shift", "flatmem_comm_all_reduce", "flatmem_comm_barrier",
@@ -866,6 +866,7 @@ class JuliaSources:
     problems: list = field(default_factory=list)  # Issues found while reading
     init_bodies: list = field(default_factory=list)
     functions: list = field(default_factory=list)  # [FunctionRegion] of `function ... end` blocks
+    macro_bodies: list = field(default_factory=list)  # [(body text, where)] of `macro gc_safe(...) ... end`
     constructions: list = field(default_factory=list)  # [JuliaConstruction]
 
 
@@ -1003,6 +1004,11 @@ def parse_julia(files):
             params = code[m.end() : close_at] if close_at > 0 else ""
             ptrs = set(re.findall(r"\b(\w+)\s*::\s*Ptr\{", params))
             js.functions.append(FunctionRegion(m.start(), ends[m.start()], max(close_at, m.end()), ptrs, path))
+
+        # macro gc_safe(call) ... end (interpolations are code: kept by blank_julia)
+        for m in re.finditer(r"\bmacro\s+gc_safe\s*\(", code):
+            if m.start() in ends:
+                js.macro_bodies.append((src[m.end() : ends[m.start()]], where(m.start())))
 
         # function __init__()
         for m in re.finditer(r"\bfunction\s+__init__\s*\(\s*\)", code):
@@ -1386,6 +1392,7 @@ def check(header, js, compiled=None):
             rep.ok(f"opaque {jname} stands for {cname}")
 
     check_layouts(header, js, rep, compiled)
+    check_gc_safe_macro(js, rep)
 
     # 4. constants
     jvalues = {}
@@ -1444,29 +1451,35 @@ def enclosing_function(js, call):
 
 
 def check_gc_safe(js, call, rep):
-    """A blocking ccall must be preceded by gc_safe_enter() and followed by gc_safe_leave(
-    inside its own function (see BLOCKING_FUNCTIONS)."""
+    """A blocking ccall (BLOCKING_FUNCTIONS) must be the argument of @gc_safe:
+    `@gc_safe ccall(...)` or `@gc_safe(ccall(...))`."""
     if call.name not in BLOCKING_FUNCTIONS:
         return
-    fn = enclosing_function(js, call)
-    code = js.codes[call.file]
-    if fn is None:
-        rep.fail("gc-safe", call.where, f"{call.name} may wait: make it in a `function ... end` between gc_safe_enter() and gc_safe_leave(state)")
-        return
-    close_at = matching_paren(code, code.index("(", call.offset))
-    before = code[fn.body_start : call.offset]
-    after = code[close_at : fn.end]
-    enter = [m.start() for m in re.finditer(r"\bgc_safe_enter\s*\(\s*\)", before)]
-    leave_before = [m.start() for m in re.finditer(r"\bgc_safe_leave\s*\(", before)]
-    if not enter or (leave_before and leave_before[-1] > enter[-1]) or not re.search(r"\bgc_safe_leave\s*\(", after):
+    before = js.codes[call.file][max(0, call.offset - 40) : call.offset]
+    if re.search(r"@gc_safe(\s+|\s*\(\s*)$", before):
+        rep.ok(f"{call.name} ({call.where}) runs GC-safe")
+    else:
         rep.fail(
             "gc-safe",
             call.where,
-            f"{call.name} may wait for peers or a deadline: bracket the ccall with `state = gc_safe_enter()` "
-            "before and `gc_safe_leave(state)` after (arguments computed first)",
+            f"{call.name} may wait for peers or a deadline: write `@gc_safe ccall(...)` (arguments computed first)",
         )
+
+
+def check_gc_safe_macro(js, rep):
+    """The @gc_safe macro exists and marks the thread GC-safe around its ccall."""
+    bodies = [(b, w) for b, w in js.macro_bodies if b is not None]
+    if not bodies:
+        rep.fail("gc-safe", "julia", "no `macro gc_safe(call)`: blocking ccalls must run GC-safe")
+        return
+    body, where = bodies[0]
+    enter = re.search(r"\bgc_safe_enter\s*\(\s*\)", body)
+    call = re.search(r"\$\(\s*esc\(\s*call\s*\)\s*\)", body)
+    leave = re.search(r"\bgc_safe_leave\s*\(", body)
+    if enter and call and leave and enter.start() < call.start() < leave.start():
+        rep.ok(f"macro gc_safe ({where}) brackets its ccall with gc_safe_enter / gc_safe_leave")
     else:
-        rep.ok(f"{call.name} ({call.where}) runs GC-safe")
+        rep.fail("gc-safe", where, "macro gc_safe must run gc_safe_enter(), then $(esc(call)), then gc_safe_leave(state)")
 
 
 def check_preserve(header, js, call, rep):
@@ -1685,11 +1698,13 @@ def self_test_cases(header, js):
         ("a stream parameter without a Ptr type passed as a raw pointer", "gc-preserve",
          append(f"function selftest_sync(c, stream)\n    state = gc_safe_enter()\n    ccall((:flatmem_comm_synchronize, libflatmem), Cint, ({cm}, Ptr{{Cvoid}}, Int64), c, stream, 0)\n    gc_safe_leave(state)\nend")),
         # Blocking calls run GC-safe; the Julia runtime's own functions.
-        ("cyclic next without gc_safe_enter", "gc-safe",
-         replace_in_julia(r"state = gc_safe_enter\(\)(\n\s*status = ccall\(\(:flatmem_cyclic_next)", r"state = Int8(0)\1", "drop gc_safe_enter in cyclic_next!")),
-        ("comm wait without gc_safe_leave", "gc-safe",
-         replace_in_julia(r"(:flatmem_comm_wait,[^\n]*\n[^\n]*\n)(\s*)gc_safe_leave\(state\)", r"\1\2nothing", "drop gc_safe_leave in wait")),
-        ("blocking call outside a function", "gc-safe", append(f"ccall((:flatmem_comm_barrier, libflatmem), Cint, ({cm}, Int64), c, 0)")),
+        ("cyclic next without @gc_safe", "gc-safe",
+         replace_in_julia(r"@gc_safe (ccall\(\(:flatmem_cyclic_next,)", r"\1", "drop @gc_safe in cyclic_next!")),
+        ("comm abort without @gc_safe", "gc-safe",
+         replace_in_julia(r"@gc_safe\((ccall\(\(:flatmem_comm_abort,[^\n]*\))\)", r"(\1)", "drop @gc_safe( ) around the abort ccall")),
+        ("blocking call without @gc_safe", "gc-safe", append(f"ccall((:flatmem_comm_barrier, libflatmem), Cint, ({cm}, Int64), c, 0)")),
+        ("the @gc_safe macro without gc_safe_leave", "gc-safe",
+         replace_in_julia(r"(local result = \$\(esc\(call\)\)\n)(\s*)gc_safe_leave\(state\)", r"\1\2nothing", "drop gc_safe_leave in macro gc_safe")),
         ("runtime call with a wrong signature", "runtime-call", append("ccall(:jl_gc_safe_leave, Cvoid, (Int32,), s)")),
         ("bare-symbol ccall of a flatmem function (no library)", "ccall-form", append("ccall(:flatmem_version, Cint, ())")),
         # Cyclic runtime (cyclic.jl).

@@ -25,7 +25,7 @@
 #
 # Threads. One task (thread) at a time per Comm, and per handle over it. A
 # blocking call (create, wait, the collectives, the ring loss, cyclic_next!)
-# marks its thread GC-safe while it waits (gc_safe_enter in Flatmem.jl), so the
+# marks its thread GC-safe while it waits (@gc_safe in Flatmem.jl), so the
 # ranks of an in-process group may be Julia threads (Threads.@spawn, one per
 # rank) that allocate while their peers wait.
 
@@ -120,9 +120,7 @@ function wrap_queried(ptr::Ptr{CommHandle})
     end
     if status != FLATMEM_STATUS_SUCCESS
         err = FlatmemError(status)
-        state = gc_safe_enter()
-        ccall((:flatmem_comm_destroy, libflatmem), Cint, (Ptr{CommHandle},), ptr)
-        gc_safe_leave(state)
+        @gc_safe ccall((:flatmem_comm_destroy, libflatmem), Cint, (Ptr{CommHandle},), ptr)
         throw(err)
     end
     return Comm(ptr, rank[], nranks[])
@@ -134,10 +132,8 @@ function Comm(rank::Integer, world_size::Integer, id::CommUniqueId; timeout_ms::
     options = comm_options(timeout_ms, connect_timeout_ms)
     out = Ref{Ptr{CommHandle}}(C_NULL)
     idref = Ref(id)
-    state = gc_safe_enter()
-    status = ccall((:flatmem_comm_create, libflatmem), Cint,
-                   (Ref{Ptr{CommHandle}}, Int32, Int32, Ref{CommUniqueId}, Ref{CommOptions}), out, r, n, idref, options)
-    gc_safe_leave(state)
+    status = @gc_safe ccall((:flatmem_comm_create, libflatmem), Cint,
+                            (Ref{Ptr{CommHandle}}, Int32, Int32, Ref{CommUniqueId}, Ref{CommOptions}), out, r, n, idref, options)
     check(status)
     return Comm(out[], r, n)
 end
@@ -155,9 +151,7 @@ Collective, as `Comm(rank, world_size, id)`.
 function comm_from_env(; timeout_ms::Integer=0, connect_timeout_ms::Integer=0)
     options = comm_options(timeout_ms, connect_timeout_ms)
     out = Ref{Ptr{CommHandle}}(C_NULL)
-    state = gc_safe_enter()
-    status = ccall((:flatmem_comm_create_from_env, libflatmem), Cint, (Ref{Ptr{CommHandle}}, Ref{CommOptions}), out, options)
-    gc_safe_leave(state)
+    status = @gc_safe ccall((:flatmem_comm_create_from_env, libflatmem), Cint, (Ref{Ptr{CommHandle}}, Ref{CommOptions}), out, options)
     check(status)
     return wrap_queried(out[])
 end
@@ -216,10 +210,8 @@ function destroy(c::Comm; abort::Bool=false)
     handle = c.ptr
     c.ptr = Ptr{CommHandle}(C_NULL)
     handle == C_NULL && return FLATMEM_STATUS_SUCCESS
-    state = gc_safe_enter()
-    status = abort ? ccall((:flatmem_comm_abort, libflatmem), Cint, (Ptr{CommHandle},), handle) :
-                     ccall((:flatmem_comm_destroy, libflatmem), Cint, (Ptr{CommHandle},), handle)
-    gc_safe_leave(state)
+    status = abort ? @gc_safe(ccall((:flatmem_comm_abort, libflatmem), Cint, (Ptr{CommHandle},), handle)) :
+                     @gc_safe(ccall((:flatmem_comm_destroy, libflatmem), Cint, (Ptr{CommHandle},), handle))
     for r in c.pending
         r.ptr = Ptr{CommRequestHandle}(C_NULL)
     end
@@ -393,10 +385,8 @@ function Base.wait(r::Request; timeout_ms::Integer=0)
     timeout = timeout_arg(timeout_ms)
     handle = r.ptr
     r.ptr = Ptr{CommRequestHandle}(C_NULL)
-    state = gc_safe_enter()
-    status = ccall((:flatmem_comm_wait, libflatmem), Cint, (Ptr{CommHandle}, Ptr{CommRequestHandle}, Int64),
-                   c, handle, timeout)
-    gc_safe_leave(state)
+    status = @gc_safe ccall((:flatmem_comm_wait, libflatmem), Cint, (Ptr{CommHandle}, Ptr{CommRequestHandle}, Int64),
+                            c, handle, timeout)
     delete!(c.pending, r)   # C no longer touches the buffer
     check(status)
     return r.buffer.owner
@@ -423,16 +413,15 @@ function collective(fname::Symbol, c::Comm, recv::AbstractArray, send::AbstractA
     send_t = recv === send ? recv_t : message_tensor(send, "send")
     timeout = timeout_arg(timeout_ms)
     status = GC.@preserve recv_t send_t begin
-        state = gc_safe_enter()
-        s = if fname === :ring_shift
-            ccall((:flatmem_comm_ring_shift, libflatmem), Cint, (Ptr{CommHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Int64, Ptr{Cvoid}),
-                  c, tensor_ptr(send_t), tensor_ptr(recv_t), timeout, C_NULL)
+        if fname === :ring_shift
+            @gc_safe ccall((:flatmem_comm_ring_shift, libflatmem), Cint,
+                           (Ptr{CommHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Int64, Ptr{Cvoid}),
+                           c, tensor_ptr(send_t), tensor_ptr(recv_t), timeout, C_NULL)
         else
-            ccall((:flatmem_comm_all_reduce, libflatmem), Cint, (Ptr{CommHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Int64, Ptr{Cvoid}),
-                  c, tensor_ptr(send_t), tensor_ptr(recv_t), timeout, C_NULL)
+            @gc_safe ccall((:flatmem_comm_all_reduce, libflatmem), Cint,
+                           (Ptr{CommHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Int64, Ptr{Cvoid}),
+                           c, tensor_ptr(send_t), tensor_ptr(recv_t), timeout, C_NULL)
         end
-        gc_safe_leave(state)
-        s
     end
     check(status)
     return recv
@@ -466,9 +455,7 @@ all_reduce(c::Comm, send::AbstractArray; timeout_ms::Integer=0) = all_reduce!(c,
 function barrier(c::Comm; timeout_ms::Integer=0)
     ensure_open(c)
     timeout = timeout_arg(timeout_ms)
-    state = gc_safe_enter()
-    status = ccall((:flatmem_comm_barrier, libflatmem), Cint, (Ptr{CommHandle}, Int64), c, timeout)
-    gc_safe_leave(state)
+    status = @gc_safe ccall((:flatmem_comm_barrier, libflatmem), Cint, (Ptr{CommHandle}, Int64), c, timeout)
     check(status)
     return nothing
 end
@@ -487,9 +474,7 @@ function init_device(c::Comm, cuda_device::Integer; timeout_ms::Integer=0)
     ensure_open(c)
     device = int32_arg(cuda_device, "cuda_device")
     timeout = timeout_arg(timeout_ms)
-    state = gc_safe_enter()
-    status = ccall((:flatmem_comm_init_device, libflatmem), Cint, (Ptr{CommHandle}, Int32, Int64), c, device, timeout)
-    gc_safe_leave(state)
+    status = @gc_safe ccall((:flatmem_comm_init_device, libflatmem), Cint, (Ptr{CommHandle}, Int32, Int64), c, device, timeout)
     check(status)
     return nothing
 end
@@ -501,9 +486,7 @@ group_start(c::Comm) = check(ccall((:flatmem_comm_group_start, libflatmem), Cint
 function group_end(c::Comm; timeout_ms::Integer=0)
     ensure_open(c)
     timeout = timeout_arg(timeout_ms)
-    state = gc_safe_enter()
-    status = ccall((:flatmem_comm_group_end, libflatmem), Cint, (Ptr{CommHandle}, Int64), c, timeout)
-    gc_safe_leave(state)
+    status = @gc_safe ccall((:flatmem_comm_group_end, libflatmem), Cint, (Ptr{CommHandle}, Int64), c, timeout)
     check(status)
     return nothing
 end
@@ -517,9 +500,7 @@ errors meanwhile (`flatmem_comm_synchronize`): the deadline of device transfers.
 function synchronize(c::Comm, stream::Ptr{Cvoid}; timeout_ms::Integer=0)
     ensure_open(c)
     timeout = timeout_arg(timeout_ms)
-    state = gc_safe_enter()
-    status = ccall((:flatmem_comm_synchronize, libflatmem), Cint, (Ptr{CommHandle}, Ptr{Cvoid}, Int64), c, stream, timeout)
-    gc_safe_leave(state)
+    status = @gc_safe ccall((:flatmem_comm_synchronize, libflatmem), Cint, (Ptr{CommHandle}, Ptr{Cvoid}, Int64), c, stream, timeout)
     check(status)
     return nothing
 end

@@ -216,11 +216,8 @@ mutable struct Cyclic
                                       bytes === nothing ? Ptr{Int64}(C_NULL) : pointer(bytes), Int64(timeout_ms),
                                       propagate_nonfinite ? FLATMEM_NONFINITE_PROPAGATE : FLATMEM_NONFINITE_ERROR,
                                       Int64(history))
-            state = gc_safe_enter()   # collective: waits for the other ranks
-            s = ccall((:flatmem_cyclic_create, libflatmem), Cint,
-                      (Ref{Ptr{CyclicHandle}}, Ptr{CommHandle}, Ref{CyclicOptions}), out, comm, options)
-            gc_safe_leave(state)
-            s
+            @gc_safe ccall((:flatmem_cyclic_create, libflatmem), Cint,
+                           (Ref{Ptr{CyclicHandle}}, Ptr{CommHandle}, Ref{CyclicOptions}), out, comm, options)
         end
         check(status)
         comm.users += 1
@@ -249,9 +246,7 @@ function destroy(h::Cyclic)
     handle = h.ptr
     h.ptr = Ptr{CyclicHandle}(C_NULL)
     handle == C_NULL && return FLATMEM_STATUS_SUCCESS
-    state = gc_safe_enter()
-    status = ccall((:flatmem_cyclic_destroy, libflatmem), Cint, (Ptr{CyclicHandle},), handle)
-    gc_safe_leave(state)
+    status = @gc_safe ccall((:flatmem_cyclic_destroy, libflatmem), Cint, (Ptr{CyclicHandle},), handle)
     empty!(h.in_flight)
     release_user(h.comm)
     return status
@@ -281,9 +276,7 @@ gradient was not handed over is a `FlatmemError` (`INVALID_ARGUMENT`) without ad
 function cyclic_next!(h::Cyclic)
     ensure_open(h)
     action = Ref{CyclicAction}()
-    state = gc_safe_enter()
-    status = ccall((:flatmem_cyclic_next, libflatmem), Cint, (Ptr{CyclicHandle}, Ref{CyclicAction}), h, action)
-    gc_safe_leave(state)
+    status = @gc_safe ccall((:flatmem_cyclic_next, libflatmem), Cint, (Ptr{CyclicHandle}, Ref{CyclicAction}), h, action)
     check(status)
     a = action[]
     h.last = a
