@@ -1828,6 +1828,8 @@ def main(argv):
             print(line)
     for issue in rep.issues:
         print(issue)
+    for name, (reason, where) in sorted(js.not_wrapped.items()):
+        print(f"check_ccalls: allow-list ({where}): {name} is not wrapped: {reason}")
     rel = ", ".join(os.path.relpath(p) for p in paths)
     print(
         f"check_ccalls: {os.path.relpath(args.header)} ({len(header.functions)} functions, "
