@@ -655,7 +655,10 @@ respect to the scale itself, not its logarithm). `backward` reads `q` and `k`
 when it is called: do not mutate them in between. The first form creates a
 handle for this loss (freed with the `backward` closure; `logit_cache_bytes` as
 for `Contrastive`); the second reuses `c` (its loss kind and logit cache apply)
-and must not be used by two tasks at once.
+and must not be used by two tasks at once. When `c` was made with a `Comm`
+(the ring loss), `q` and `k` are this rank's shards, the call and `backward`
+are collective, `labels` are GLOBAL 1-based columns, and the loss and the
+gradients are those of the global batch's mean loss (see `Contrastive`).
 """
 function contrastive_loss(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix, logit_scale::Real;
                           labels::Union{Nothing,AbstractVector{<:Integer}}=nothing)
