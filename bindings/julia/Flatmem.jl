@@ -4,9 +4,11 @@
 #
 # Plain `ccall`s on the C ABI, nothing compiled. The library is
 # ENV["FLATMEM_LIBRARY"] (a path or a name) or "libflatmem", found by the
-# dynamic loader. Every ccall below is checked against the C header by
-# bindings/julia/check_ccalls.py (scripts/check-julia.sh); this file is not
-# run on the project's machines, which have no Julia (see README.md).
+# dynamic loader. Communicators live in comm.jl and the cyclic runtime in
+# cyclic.jl, both included below. Every ccall of the three files is checked
+# against the C headers by bindings/julia/check_ccalls.py
+# (scripts/check-julia.sh); they are not run on the project's machines, which
+# have no Julia (see README.md).
 #
 # Layout. A Julia d x b matrix stores each column (sample) contiguously: it is,
 # byte for byte, the row-major b x d matrix the C ABI calls q (b, d). So users
@@ -23,7 +25,10 @@ export Contrastive, FlatmemError, BF16, contrastive_loss, forward_workspace_size
        Block, Segment, set_parameters!, zero_gradients!, parameter_sizes, forward!, backward!,
        last_mode, rebuild_error, block_seed,
        CyclicSchedule, CyclicAction, cyclic_schedule, cyclic_offset, cyclic_delay, cyclic_length,
-       cyclic_action, action_kind
+       cyclic_action, action_kind,
+       Comm, CommUniqueId, Request, unique_id, comm_from_env, local_comms, abort!, health, isend, irecv!,
+       ring_shift!, all_reduce!, all_reduce, barrier, init_device, group_start, group_end, synchronize,
+       Cyclic, CyclicTimeStepStats, CyclicSummary, cyclic_next!, cyclic_reduce!, cyclic_stats, cyclic_summary
 
 """The shared library every ccall uses: `ENV["FLATMEM_LIBRARY"]` or `"libflatmem"`."""
 const libflatmem = get(ENV, "FLATMEM_LIBRARY", "libflatmem")
@@ -48,7 +53,7 @@ const FLATMEM_STATUS_OUT_OF_MEMORY = Cint(3)
 const FLATMEM_STATUS_WORKSPACE_TOO_SMALL = Cint(4)
 const FLATMEM_STATUS_NON_FINITE = Cint(5)
 const FLATMEM_STATUS_INTERNAL = Cint(6)
-# communicator failures (flatmem/comm.h; communicators are not wrapped here, see the end of this file)
+# communicator failures (flatmem/comm.h; comm.jl)
 const FLATMEM_STATUS_TIMEOUT = Cint(7)
 const FLATMEM_STATUS_PEER_FAILURE = Cint(8)
 const FLATMEM_STATUS_COMM_POISONED = Cint(9)
@@ -77,6 +82,7 @@ const FLATMEM_CONTRASTIVE_INFONCE = Cint(2)
 const kDLCPU = Cint(1)
 const kDLCUDA = Cint(2)
 const kDLInt = UInt8(0)
+const kDLUInt = UInt8(1)
 const kDLFloat = UInt8(2)
 const kDLBfloat = UInt8(4)
 
@@ -109,8 +115,8 @@ struct DLTensor
     byte_offset::UInt64
 end
 
-"""Opaque C handle type `flatmem_comm_t` (a communicator, flatmem/comm.h); only ever behind a
-`Ptr`. Communicators are not wrapped yet: `ContrastiveOptions.comm` is always null here."""
+"""Opaque C handle type `flatmem_comm_t` (a communicator, flatmem/comm.h, wrapped by `Comm` in
+comm.jl); only ever behind a `Ptr`."""
 mutable struct CommHandle end
 
 """`flatmem_contrastive_options`; fill it with `flatmem_contrastive_options_init`."""
@@ -122,7 +128,7 @@ struct ContrastiveOptions
     tile_cols::Int32
     nonfinite::Cint
     fp32_precision::Int64
-    comm::Ptr{CommHandle}  # flatmem_comm_t *: always null here (communicators are not wrapped)
+    comm::Ptr{CommHandle}  # flatmem_comm_t *: null = this process alone, else the ring's communicator
     logit_cache_bytes::Csize_t  # appended after comm: logit tiles kept for the backward (0 = none)
 end
 
@@ -167,6 +173,40 @@ end
 function check(status::Cint)
     status == FLATMEM_STATUS_SUCCESS || throw(FlatmemError(status))
     return nothing
+end
+
+gc_safe_enter() = ccall(:jl_gc_safe_enter, Int8, ())
+gc_safe_leave(state::Int8) = ccall(:jl_gc_safe_leave, Cvoid, (Int8,), state)
+
+"""
+    @gc_safe ccall(...)
+
+Makes the ccall with the calling thread marked GC-safe (`jl_gc_safe_enter` / `_leave`, as
+CUDA.jl does around its blocking calls) and returns its result. For every flatmem call that
+may wait -- a collective waiting for its peers, a request wait, `cyclic_next!`, a long
+contrastive pass: otherwise a garbage collection another Julia thread starts meanwhile waits
+for this one, and in an in-process group (`local_comms`, ranks as threads of this process)
+that other thread may be the very peer this call waits for. The ccall's arguments are
+evaluated inside the region, so they must neither allocate nor throw: compute conversions
+first and pass locals, field loads (a handle's `ptr` via `unsafe_convert`), `tensor_ptr(t)`
+and literals. Julia's GC does not move objects, so pointers into preserved arrays stay
+valid while another thread collects.
+"""
+macro gc_safe(call)
+    (call isa Expr && call.head === :call && call.args[1] === :ccall) ||
+        throw(ArgumentError("@gc_safe takes one ccall(...) expression"))
+    return quote
+        local state = gc_safe_enter()
+        local result = $(esc(call))
+        gc_safe_leave(state)
+        result
+    end
+end
+
+# An Int32 argument of a C call, or an ArgumentError naming it.
+function int32_arg(value::Integer, name::String)
+    typemin(Int32) <= value <= typemax(Int32) || throw(ArgumentError("$name = $value does not fit a 32-bit C int"))
+    return Int32(value)
 end
 
 """The packed version (`major * 10000 + minor * 100 + patch`) of the loaded library."""
@@ -345,6 +385,14 @@ function scalar_tensor(v::Vector{Float32})
     return Tensor(Ref(dl), Int64[], Int64[], v)
 end
 
+# A dense Julia array as a compact C tensor of the reversed size (a Julia
+# (w, t, b) array is the row-major (b, t, w) tensor: the same bytes).
+function dense_tensor(A::Array, dtype::DLDataType)
+    shape = Int64[reverse(size(A))...]
+    dl = DLTensor(Ptr{Cvoid}(pointer(A)), CPU, Cint(ndims(A)), dtype, pointer(shape), Ptr{Int64}(C_NULL), UInt64(0))
+    return Tensor(Ref(dl), shape, Int64[], A)
+end
+
 # Features as C can take them: columns contiguous, column stride >= column
 # length (the row stride rule of the ABI). Otherwise one compact copy.
 function as_rows(A::AbstractMatrix{T}) where {T}
@@ -355,16 +403,23 @@ function as_rows(A::AbstractMatrix{T}) where {T}
     return Matrix{T}(A)
 end
 
-# Julia's 1-based labels in 1:c as the ABI's 0-based int64 labels.
-function zero_based_labels(labels::AbstractVector{<:Integer}, b::Integer, c::Integer)
+# Julia's 1-based labels in 1:c as the ABI's 0-based int64 labels. c = nothing (the
+# ring): global column indices, whose upper bound C only the library knows.
+function zero_based_labels(labels::AbstractVector{<:Integer}, b::Integer, c::Union{Nothing,Integer})
     length(labels) == b || throw(ArgumentError("labels has $(length(labels)) entries; expected one per sample of q ($b)"))
     out = Vector{Int64}(undef, b)
     for (i, y) in enumerate(labels)
-        1 <= y <= c || throw(ArgumentError("labels[$i] = $y is outside 1:$c (labels are 1-based column indices of k)"))
+        if c === nothing
+            1 <= y <= typemax(Int64) || throw(ArgumentError("labels[$i] = $y; labels are 1-based GLOBAL column indices (>= 1)"))
+        else
+            1 <= y <= c || throw(ArgumentError("labels[$i] = $y is outside 1:$c (labels are 1-based column indices of k)"))
+        end
         out[i] = Int64(y) - 1
     end
     return out
 end
+
+include("comm.jl")
 
 # ---------------------------------------------------------------------------
 # The contrastive loss handle
@@ -372,7 +427,7 @@ end
 
 """
     Contrastive(; symmetric=true, num_threads=0, tile_rows=0, tile_cols=0, propagate_nonfinite=false,
-                logit_cache_bytes=0)
+                logit_cache_bytes=0, comm=nothing)
 
 A `flatmem_contrastive_t` handle: the symmetric CLIP loss (`symmetric=true`)
 or the one-way InfoNCE loss (`symmetric=false`, optional labels). It owns
@@ -389,13 +444,33 @@ instead of recomputing them (6 instead of 8 `b c d` FLOPs for forward + backward
 of the symmetric loss at `4 b c` bytes). The results are bitwise those without
 it; a backward whose `q` or `k` differ from the last forward's recomputes. 0
 (the default) keeps none.
+
+`comm` (a `Comm`) makes it the ring loss across ranks ("Ring across ranks" in flatmem.h):
+each rank passes its own shard, `q` d x b_r and `k` d x c_r, and every call is collective
+(all ranks call forward, then backward, in the same order, with the same loss kind, d, element
+type, logit scale and `dloss`). The loss is that of the concatenated global batch
+(B = Σ b_r rows, C = Σ c_r columns, shards concatenated in rank order), the same bits on
+every rank; `labels` are then GLOBAL 1-based column indices in 1:C (a positive may live on
+any rank; the default pairs global row g with global column g); the symmetric loss needs
+b_r == c_r on each rank. The backward's `dq` (this rank's rows), `dk` (this rank's columns)
+and `dlogit_scale` (the same on every rank) are the exact gradients of the GLOBAL mean loss:
+nothing is summed over ranks. A data-parallel optimizer that AVERAGES parameter gradients
+over N ranks must pass `dloss = N` (or sum instead of averaging). With a communicator the
+handle keeps no workspace and no logit cache (`logit_cache_bytes` must be 0). The handle
+keeps a reference to `comm`: the communicator stays open (`close(comm)` is refused, its
+finalizer waits) until this handle is closed. A transport failure (a dead or wedged peer)
+is a `FlatmemError` with `FLATMEM_STATUS_TIMEOUT` / `_PEER_FAILURE` naming the ring step;
+the communicator is then poisoned (close this handle, then `abort!(comm)`).
 """
 mutable struct Contrastive
     ptr::Ptr{ContrastiveHandle}
     symmetric::Bool
+    comm::Union{Nothing,Comm}   # the ring's communicator, kept open while this handle is
 
     function Contrastive(; symmetric::Bool=true, num_threads::Integer=0, tile_rows::Integer=0,
-                         tile_cols::Integer=0, propagate_nonfinite::Bool=false, logit_cache_bytes::Integer=0)
+                         tile_cols::Integer=0, propagate_nonfinite::Bool=false, logit_cache_bytes::Integer=0,
+                         comm::Union{Nothing,Comm}=nothing)
+        comm === nothing || ensure_open(comm)
         options = Ref{ContrastiveOptions}()
         check(ccall((:flatmem_contrastive_options_init, libflatmem), Cint,
                     (Ref{ContrastiveOptions},), options))
@@ -404,11 +479,13 @@ mutable struct Contrastive
                                        symmetric ? FLATMEM_CONTRASTIVE_SYMMETRIC : FLATMEM_CONTRASTIVE_INFONCE,
                                        Int32(num_threads), Int32(tile_rows), Int32(tile_cols),
                                        propagate_nonfinite ? FLATMEM_NONFINITE_PROPAGATE : FLATMEM_NONFINITE_ERROR,
-                                       defaults.fp32_precision, Ptr{CommHandle}(C_NULL), Csize_t(logit_cache_bytes))
+                                       defaults.fp32_precision, comm === nothing ? Ptr{CommHandle}(C_NULL) : comm.ptr,
+                                       Csize_t(logit_cache_bytes))
         out = Ref{Ptr{ContrastiveHandle}}(C_NULL)
         check(ccall((:flatmem_contrastive_create, libflatmem), Cint,
                     (Ref{Ptr{ContrastiveHandle}}, Ref{ContrastiveOptions}), out, options))
-        c = new(out[], symmetric)
+        comm === nothing || (comm.users += 1)
+        c = new(out[], symmetric, comm)
         finalizer(destroy_quietly, c)
         return c
     end
@@ -421,20 +498,24 @@ Base.unsafe_convert(::Type{Ptr{ContrastiveHandle}}, c::Contrastive) = c.ptr
 Base.isopen(c::Contrastive) = c.ptr != C_NULL
 
 function Base.show(io::IO, c::Contrastive)
-    print(io, "Flatmem.Contrastive(", c.symmetric ? "symmetric" : "infonce", isopen(c) ? ")" : ", closed)")
+    print(io, "Flatmem.Contrastive(", c.symmetric ? "symmetric" : "infonce",
+          c.comm === nothing ? "" : ", ring rank $(c.comm.rank) of $(c.comm.world_size)", isopen(c) ? ")" : ", closed)")
 end
 
-# flatmem_contrastive_destroy on the handle, once; returns its status.
+# flatmem_contrastive_destroy on the handle, once, then lets go of its communicator;
+# returns the status.
 function destroy(c::Contrastive)
     handle = c.ptr
     c.ptr = Ptr{ContrastiveHandle}(C_NULL)
     handle == C_NULL && return FLATMEM_STATUS_SUCCESS
-    return ccall((:flatmem_contrastive_destroy, libflatmem), Cint, (Ptr{ContrastiveHandle},), handle)
+    status = ccall((:flatmem_contrastive_destroy, libflatmem), Cint, (Ptr{ContrastiveHandle},), handle)
+    release_user(c.comm)
+    return status
 end
 
 destroy_quietly(c::Contrastive) = (destroy(c); nothing)
 
-"""`close(c)`: destroy the handle now (joins its threads, frees its buffers). Idempotent."""
+"""`close(c)`: destroy the handle now (joins its threads, frees its buffers; its communicator may then be closed). Idempotent."""
 Base.close(c::Contrastive) = check(destroy(c))
 
 function ensure_open(c::Contrastive)
@@ -508,11 +589,11 @@ function forward_pass(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix,
     row_t = vector_tensor(row_lse)
     col_t = col_lse === nothing ? nothing : vector_tensor(col_lse)
     status = GC.@preserve q_t k_t labels_t scale_t loss_t row_t col_t begin
-        ccall((:flatmem_contrastive_forward, libflatmem), Cint,
-              (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
-               Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}, Csize_t, Ptr{Cvoid}),
-              c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(labels_t), tensor_ptr(scale_t),
-              tensor_ptr(loss_t), tensor_ptr(row_t), tensor_ptr(col_t), C_NULL, 0, C_NULL)
+        @gc_safe ccall((:flatmem_contrastive_forward, libflatmem), Cint,
+                       (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
+                        Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}, Csize_t, Ptr{Cvoid}),
+                       c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(labels_t), tensor_ptr(scale_t),
+                       tensor_ptr(loss_t), tensor_ptr(row_t), tensor_ptr(col_t), C_NULL, Csize_t(0), C_NULL)
     end
     check(status)
     return loss[1], row_lse, col_lse
@@ -540,13 +621,13 @@ function backward_pass(c::Contrastive, q::AbstractMatrix{T}, k::AbstractMatrix{T
     dk_t = matrix_tensor(dk)
     dscale_t = scalar_tensor(dscale)
     status = GC.@preserve q_t k_t labels_t scale_t row_t col_t g_t dq_t dk_t dscale_t begin
-        ccall((:flatmem_contrastive_backward, libflatmem), Cint,
-              (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
-               Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
-               Ptr{Cvoid}, Csize_t, Ptr{Cvoid}),
-              c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(labels_t), tensor_ptr(scale_t),
-              tensor_ptr(row_t), tensor_ptr(col_t), tensor_ptr(g_t), tensor_ptr(dq_t),
-              tensor_ptr(dk_t), tensor_ptr(dscale_t), C_NULL, 0, C_NULL)
+        @gc_safe ccall((:flatmem_contrastive_backward, libflatmem), Cint,
+                       (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
+                        Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
+                        Ptr{Cvoid}, Csize_t, Ptr{Cvoid}),
+                       c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(labels_t), tensor_ptr(scale_t),
+                       tensor_ptr(row_t), tensor_ptr(col_t), tensor_ptr(g_t), tensor_ptr(dq_t),
+                       tensor_ptr(dk_t), tensor_ptr(dscale_t), C_NULL, Csize_t(0), C_NULL)
     end
     check(status)
     return dq, dk, dscale[1]
@@ -574,7 +655,10 @@ respect to the scale itself, not its logarithm). `backward` reads `q` and `k`
 when it is called: do not mutate them in between. The first form creates a
 handle for this loss (freed with the `backward` closure; `logit_cache_bytes` as
 for `Contrastive`); the second reuses `c` (its loss kind and logit cache apply)
-and must not be used by two tasks at once.
+and must not be used by two tasks at once. When `c` was made with a `Comm`
+(the ring loss), `q` and `k` are this rank's shards, the call and `backward`
+are collective, `labels` are GLOBAL 1-based columns, and the loss and the
+gradients are those of the global batch's mean loss (see `Contrastive`).
 """
 function contrastive_loss(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix, logit_scale::Real;
                           labels::Union{Nothing,AbstractVector{<:Integer}}=nothing)
@@ -587,7 +671,7 @@ function contrastive_loss(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix, 
     end
     qm = as_rows(q)
     km = as_rows(k)
-    labels0 = labels === nothing ? nothing : zero_based_labels(labels, size(qm, 2), size(km, 2))
+    labels0 = labels === nothing ? nothing : zero_based_labels(labels, size(qm, 2), c.comm === nothing ? size(km, 2) : nothing)
     scale = Float32[logit_scale]
     loss, row_lse, col_lse = forward_pass(c, qm, km, labels0, scale)
     backward(dloss::Real = 1.0f0) = backward_pass(c, qm, km, labels0, scale, row_lse, col_lse, Float32(dloss))
@@ -697,12 +781,8 @@ state_dtype(::Type{T}) where {T} = throw(ArgumentError("reversible states are Fl
 state_dtype(::Type{Float32}) = DLDataType(kDLFloat, 32, 1)
 state_dtype(::Type{Float64}) = DLDataType(kDLFloat, 64, 1)
 
-# A dense Julia array as a compact C tensor of the reversed size.
-function array_tensor(A::Array{T}) where {T}
-    shape = Int64[reverse(size(A))...]
-    dl = DLTensor(Ptr{Cvoid}(pointer(A)), CPU, Cint(ndims(A)), state_dtype(T), pointer(shape), Ptr{Int64}(C_NULL), UInt64(0))
-    return Tensor(Ref(dl), shape, Int64[], A)
-end
+# A dense Float32/Float64 Julia array as a compact C tensor of the reversed size.
+array_tensor(A::Array{T}) where {T} = dense_tensor(A, state_dtype(T))
 
 # flatmem_block_math of a Block's `math` keyword: a Symbol by name, an Integer as it is
 # (flatmem_block_create refuses values outside the enum, naming options.math).
@@ -1087,188 +1167,6 @@ function backward_workspace_size(s::Segment, x::AbstractArray)
     return Int(bytes[])
 end
 
-# ---------------------------------------------------------------------------
-# Communicators (flatmem/comm.h)
-# ---------------------------------------------------------------------------
-#
-# Not wrapped yet: ContrastiveOptions.comm stays C_NULL (a handle of this
-# process alone). Their failure statuses (FLATMEM_STATUS_TIMEOUT,
-# _PEER_FAILURE, _COMM_POISONED) are defined above and arrive as FlatmemError.
-# flatmem-check: not wrapped: flatmem_comm_options_init: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_unique_id_create: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_create: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_create_from_env: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_create_local: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_destroy: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_abort: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_rank: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_world_size: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_health: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_isend: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_irecv: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_wait: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_test: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_ring_shift: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_all_reduce: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_barrier: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_init_device: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_group_start: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_group_end: communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_comm_synchronize: communicators are not wrapped in this binding yet
-
-
-# ---------------------------------------------------------------------------
-# Cyclic data parallelism (flatmem/cyclic.h)
-# ---------------------------------------------------------------------------
-#
-# The schedule queries are pure C functions (no handle, thread-safe) and are
-# wrapped: cyclic_schedule, cyclic_offset, cyclic_delay, cyclic_length,
-# cyclic_action. Ranks, stages, steps and time steps are 0-based, as the C API
-# counts them. The runtime (flatmem_cyclic_create ... _summary_get) runs over
-# a communicator, and communicators are not wrapped here (see above); its
-# structs are mirrored so that it can be added.
-
-# flatmem_cyclic_rule
-const FLATMEM_CYCLIC_DELAY1 = Cint(0)
-const FLATMEM_CYCLIC_NEWEST = Cint(1)
-const FLATMEM_CYCLIC_SYNC = Cint(2)
-
-# flatmem_cyclic_action_kind
-const FLATMEM_CYCLIC_IDLE = Cint(0)
-const FLATMEM_CYCLIC_FORWARD = Cint(1)
-const FLATMEM_CYCLIC_BACKWARD = Cint(2)
-const FLATMEM_CYCLIC_DONE = Cint(3)
-
-"""`flatmem_cyclic_schedule`: N ranks, L stages, training steps, rule; make one with `cyclic_schedule`."""
-struct CyclicSchedule
-    struct_size::Csize_t
-    world_size::Int32
-    stages::Int32
-    steps::Int64
-    rule::Cint
-end
-
-"""
-`flatmem_cyclic_action`: what one rank does in one time step (`cyclic_action`). `kind` is a
-`FLATMEM_CYCLIC_*` action kind (`action_kind` gives it as a Symbol); `stage`, `step`, `phase`
-and `update_stage`/`update_step` are 0-based, -1 when there is none.
-"""
-struct CyclicAction
-    time_step::Int64
-    kind::Cint
-    stage::Int32
-    step::Int64
-    update_stage::Int32
-    update_step::Int64
-    activations_held::Int32
-    phase::Int32
-end
-
-"""Opaque C handle type `flatmem_cyclic_t` (the cyclic runtime; not wrapped: it needs a communicator)."""
-mutable struct CyclicHandle end
-
-"""`flatmem_cyclic_options` (mirrored for completeness; the runtime is not wrapped)."""
-struct CyclicOptions
-    struct_size::Csize_t
-    stages::Int32
-    steps::Int64
-    rule::Cint
-    activation_bytes::Ptr{Int64}
-    timeout_ms::Int64
-    nonfinite::Cint
-    history::Int64
-end
-
-"""`flatmem_cyclic_time_step_stats` (mirrored for completeness; the runtime is not wrapped)."""
-struct CyclicTimeStepStats
-    time_step::Int64
-    kind::Cint
-    stage::Int32
-    step::Int64
-    activations_held::Int32
-    activation_bytes::Int64
-    bytes_sent::Int64
-    seconds::Float64
-    wait_seconds::Float64
-    bytes_scheduled::Int64
-end
-
-"""`flatmem_cyclic_summary` (mirrored for completeness; the runtime is not wrapped)."""
-struct CyclicSummary
-    time_steps::Int64
-    bytes_sent::Int64
-    messages_sent::Int64
-    max_bytes_sent_per_time_step::Int64
-    peak_activation_bytes::Int64
-    wait_seconds::Float64
-    seconds::Float64
-end
-
-const CYCLIC_RULES = (delay1 = FLATMEM_CYCLIC_DELAY1, newest = FLATMEM_CYCLIC_NEWEST, sync = FLATMEM_CYCLIC_SYNC)
-const CYCLIC_KINDS = (idle = FLATMEM_CYCLIC_IDLE, forward = FLATMEM_CYCLIC_FORWARD,
-                      backward = FLATMEM_CYCLIC_BACKWARD, done = FLATMEM_CYCLIC_DONE)
-
-"""
-    cyclic_schedule(world_size, stages, steps; rule=:delay1) -> CyclicSchedule
-
-The schedule of `world_size` ranks training a model of `stages` stages for `steps` steps;
-`rule` is `:delay1`, `:newest` or `:sync` (see cyclic.h). The library checks the ranges
-(a `FlatmemError` naming the field, e.g. `schedule.world_size: 0; expected 1 .. 1048576`).
-"""
-function cyclic_schedule(world_size::Integer, stages::Integer, steps::Integer; rule::Symbol=:delay1)
-    haskey(CYCLIC_RULES, rule) || throw(ArgumentError("rule must be one of $(keys(CYCLIC_RULES)), not :$rule"))
-    s = CyclicSchedule(Csize_t(sizeof(CyclicSchedule)), Int32(world_size), Int32(stages), Int64(steps), CYCLIC_RULES[rule])
-    cyclic_length(s)   # checks the schedule
-    return s
-end
-
-"""`cyclic_offset(s, rank) -> Int`: time steps rank `rank` (0-based) starts after rank 0."""
-function cyclic_offset(s::CyclicSchedule, rank::Integer)
-    offset = Ref{Int64}(0)
-    check(ccall((:flatmem_cyclic_schedule_offset, libflatmem), Cint,
-                (Ref{CyclicSchedule}, Int32, Ref{Int64}), s, Int32(rank), offset))
-    return Int(offset[])
-end
-
-"""`cyclic_delay(s, rank, stage) -> Int`: 0 or 1; step t's average reaches `stage` before its forward in step t + 1 + delay."""
-function cyclic_delay(s::CyclicSchedule, rank::Integer, stage::Integer)
-    delay = Ref{Int32}(0)
-    check(ccall((:flatmem_cyclic_schedule_delay, libflatmem), Cint,
-                (Ref{CyclicSchedule}, Int32, Int32, Ref{Int32}), s, Int32(rank), Int32(stage), delay))
-    return Int(delay[])
-end
-
-"""`cyclic_length(s) -> Int`: global time steps until every rank is done (its last update included)."""
-function cyclic_length(s::CyclicSchedule)
-    time_steps = Ref{Int64}(0)
-    check(ccall((:flatmem_cyclic_schedule_length, libflatmem), Cint,
-                (Ref{CyclicSchedule}, Ref{Int64}), s, time_steps))
-    return Int(time_steps[])
-end
-
-"""
-    cyclic_action(s, rank, time_step) -> CyclicAction
-
-What rank `rank` does at global time step `time_step` (both 0-based; `FLATMEM_CYCLIC_DONE` at
-and after `cyclic_length(s)`).
-"""
-function cyclic_action(s::CyclicSchedule, rank::Integer, time_step::Integer)
-    action = Ref{CyclicAction}()
-    check(ccall((:flatmem_cyclic_schedule_action, libflatmem), Cint,
-                (Ref{CyclicSchedule}, Int32, Int64, Ref{CyclicAction}), s, Int32(rank), Int64(time_step), action))
-    return action[]
-end
-
-"""`action_kind(a::CyclicAction) -> Symbol`: `:idle`, `:forward`, `:backward` or `:done`."""
-action_kind(a::CyclicAction) = enum_symbol(CYCLIC_KINDS, a.kind, "action kind")
-
-# flatmem-check: not wrapped: flatmem_cyclic_options_init: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_cyclic_create: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_cyclic_destroy: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_cyclic_get_schedule: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_cyclic_next: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_cyclic_reduce: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_cyclic_stats: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
-# flatmem-check: not wrapped: flatmem_cyclic_summary_get: the cyclic runtime needs a communicator, and communicators are not wrapped in this binding yet
+include("cyclic.jl")
 
 end # module Flatmem
