@@ -18,6 +18,17 @@ use crate::error::{check, Error, Result, Status};
 use crate::sys;
 use crate::version::check_version;
 
+/// `FLATMEM_CYCLIC_SCHEDULE_INIT` (the header's initialiser macro, which has
+/// no `*_init` function and which bindgen does not translate; compared with
+/// the compiler's expansion by `tests/header_macros.rs`).
+pub const SCHEDULE_INIT: sys::flatmem_cyclic_schedule = sys::flatmem_cyclic_schedule {
+    struct_size: std::mem::size_of::<sys::flatmem_cyclic_schedule>(),
+    world_size: 0,
+    stages: 0,
+    steps: 0,
+    rule: sys::FLATMEM_CYCLIC_DELAY1,
+};
+
 /// How the averaged gradients are applied (`flatmem_cyclic_rule`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Rule {
@@ -157,7 +168,7 @@ impl Schedule {
             steps: i64::try_from(steps)
                 .map_err(|_| Error::invalid(format!("schedule.steps = {} does not fit int64_t", steps)))?,
             rule: rule.raw(),
-            ..sys::FLATMEM_CYCLIC_SCHEDULE_INIT
+            ..SCHEDULE_INIT
         };
         let mut length = 0i64;
         // SAFETY: a valid schedule struct and a writable output.
@@ -192,7 +203,7 @@ impl Schedule {
             stages: self.stages as i32,
             steps: self.steps as i64,
             rule: self.rule.raw(),
-            ..sys::FLATMEM_CYCLIC_SCHEDULE_INIT
+            ..SCHEDULE_INIT
         }
     }
 

@@ -2,9 +2,9 @@
 //!
 //! # Modules
 //!
-//! - [`sys`]: the raw `extern "C"` declarations of `flatmem.h` (checked
-//!   against the installed header by `tests/header_sync.rs`), with the
-//!   DLPack structs of [`dlpack`].
+//! - [`sys`]: the raw `extern "C"` declarations of `flatmem.h` and the
+//!   DLPack structs it takes: the `flatmem-sys` crate, bindgen's output for
+//!   the installed header (checked in; `scripts/check-bindgen.sh`).
 //! - [`contrastive`]: the tiled contrastive loss handle [`Contrastive`].
 //! - [`cpu_isa`](mod@cpu_isa): the instruction set of the CPU kernels
 //!   ([`CpuIsa`], [`cpu_isa()`], [`set_cpu_isa`]).
@@ -25,14 +25,14 @@
 pub mod contrastive;
 pub mod cpu_isa;
 pub mod cyclic;
-pub mod dlpack;
 mod error;
 pub mod half;
 mod handle;
 pub mod reversible;
-pub mod sys;
 mod tensor;
 mod version;
+
+pub use flatmem_sys as sys;
 
 pub use contrastive::{Contrastive, ForwardOutput, Gradients, GradientsMut, Loss, NonFinite, Options, Saved};
 pub use cpu_isa::{cpu_isa, set_cpu_isa, CpuIsa};
