@@ -22,6 +22,7 @@
 //! its workspace sized by the library's queries.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod comm;
 pub mod contrastive;
 pub mod cpu_isa;
 pub mod cyclic;
@@ -34,10 +35,11 @@ mod version;
 
 pub use flatmem_sys as sys;
 
-pub use contrastive::{Contrastive, ForwardOutput, Gradients, GradientsMut, Loss, NonFinite, Options, Saved};
+pub use comm::{CommOptions, Communicator, Request, Transfers, UniqueId};
+pub use contrastive::{Contrastive, RingContrastive, ForwardOutput, Gradients, GradientsMut, Loss, NonFinite, Options, Saved};
 pub use cpu_isa::{cpu_isa, set_cpu_isa, CpuIsa};
 pub use error::{Error, Result, Status};
 pub use handle::live_handles;
 pub use reversible::{Block, BlockMath, BlockOptions, Layer, Parameters, ReversibleFunction, Segment, SegmentOptions};
-pub use tensor::{Dtype, Features, FeaturesMut};
+pub use tensor::{Dtype, Element, Features, FeaturesMut};
 pub use version::{check_version, version, version_string, Version, HEADER_VERSION};
