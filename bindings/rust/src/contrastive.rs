@@ -342,6 +342,11 @@ impl Contrastive {
             grown.resize(bytes, 0u8);
             self.workspace = grown;
         }
+        if self.workspace.is_empty() {
+            // NULL, not an empty Vec's dangling pointer: a ring handle
+            // (options.comm) requires workspace NULL and 0 bytes.
+            return Ok((ptr::null_mut(), 0));
+        }
         Ok((self.workspace.as_mut_ptr().cast(), self.workspace.len()))
     }
 
