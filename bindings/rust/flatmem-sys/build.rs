@@ -16,7 +16,13 @@ use std::process::{self, Command};
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    for var in ["PKG_CONFIG", "PKG_CONFIG_PATH", "PKG_CONFIG_LIBDIR", "PKG_CONFIG_SYSROOT_DIR", "FLATMEM_NO_RPATH"] {
+    for var in [
+        "PKG_CONFIG",
+        "PKG_CONFIG_PATH",
+        "PKG_CONFIG_LIBDIR",
+        "PKG_CONFIG_SYSROOT_DIR",
+        "FLATMEM_NO_RPATH",
+    ] {
         println!("cargo:rerun-if-env-changed={}", var);
     }
     let program = env::var("PKG_CONFIG").unwrap_or_else(|_| "pkg-config".to_string());
@@ -26,7 +32,10 @@ fn main() {
         // A prefix given relative at install time (cmake --install --prefix
         // build/prefix) lands relative in flatmem.pc; --define-prefix derives
         // the prefix from where the .pc file lies instead.
-        let retry = Flags::parse(&pkg_config(&program, &["--define-prefix", "--cflags", "--libs", "flatmem"]));
+        let retry = Flags::parse(&pkg_config(
+            &program,
+            &["--define-prefix", "--cflags", "--libs", "flatmem"],
+        ));
         println!(
             "cargo:warning=flatmem.pc has relative paths ({}); using --define-prefix: {}",
             flags.describe(),
@@ -42,7 +51,11 @@ fn main() {
         ));
     }
     if flags.libs.iter().all(|l| l != "flatmem") {
-        fail(&format!("`{} --libs flatmem` names no -lflatmem ({})", program, flags.describe()));
+        fail(&format!(
+            "`{} --libs flatmem` names no -lflatmem ({})",
+            program,
+            flags.describe()
+        ));
     }
 
     for dir in &flags.lib_dirs {
@@ -57,12 +70,22 @@ fn main() {
         }
     }
     for other in &flags.other {
-        println!("cargo:warning=ignoring `{}` from `pkg-config --cflags --libs flatmem`", other);
+        println!(
+            "cargo:warning=ignoring `{}` from `pkg-config --cflags --libs flatmem`",
+            other
+        );
     }
 
-    let include = flags.include_dirs.iter().find(|d| d.join("flatmem/flatmem.h").is_file()).cloned();
+    let include = flags
+        .include_dirs
+        .iter()
+        .find(|d| d.join("flatmem/flatmem.h").is_file())
+        .cloned();
     let include = include.unwrap_or_else(|| {
-        fail(&format!("no flatmem/flatmem.h under the -I directories of flatmem.pc ({})", flags.describe()))
+        fail(&format!(
+            "no flatmem/flatmem.h under the -I directories of flatmem.pc ({})",
+            flags.describe()
+        ))
     });
     let header = include.join("flatmem/flatmem.h");
     println!("cargo:rerun-if-changed={}", header.display());
@@ -98,9 +121,15 @@ fn fail(message: &str) -> ! {
 fn pkg_config(program: &str, args: &[&str]) -> String {
     let hint = "install flatmem (cmake --install build --prefix PREFIX) and set \
                 PKG_CONFIG_PATH=PREFIX/lib/pkgconfig";
-    let output = Command::new(program).args(args).output().unwrap_or_else(|e| {
-        fail(&format!("cannot run `{}` ({}): install pkg-config (Debian: pkgconf); {}", program, e, hint))
-    });
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            fail(&format!(
+                "cannot run `{}` ({}): install pkg-config (Debian: pkgconf); {}",
+                program, e, hint
+            ))
+        });
     if !output.status.success() {
         fail(&format!(
             "`{} {}` failed ({}): {}\nPKG_CONFIG_PATH={:?}; {}",
@@ -141,12 +170,19 @@ impl Flags {
     }
 
     fn has_relative_paths(&self) -> bool {
-        self.include_dirs.iter().chain(&self.lib_dirs).any(|p| !Path::is_absolute(p))
+        self.include_dirs
+            .iter()
+            .chain(&self.lib_dirs)
+            .any(|p| !Path::is_absolute(p))
     }
 
     fn describe(&self) -> String {
         let mut parts: Vec<String> = Vec::new();
-        parts.extend(self.include_dirs.iter().map(|d| format!("-I{}", d.display())));
+        parts.extend(
+            self.include_dirs
+                .iter()
+                .map(|d| format!("-I{}", d.display())),
+        );
         parts.extend(self.lib_dirs.iter().map(|d| format!("-L{}", d.display())));
         parts.extend(self.libs.iter().map(|l| format!("-l{}", l)));
         parts.extend(self.other.iter().cloned());

@@ -90,7 +90,9 @@ impl UniqueId {
             .transpose()?;
         let mut id = sys::flatmem_comm_unique_id { internal: [0; UNIQUE_ID_BYTES] };
         // SAFETY: a NUL-terminated address or NULL, and a writable id.
-        check(unsafe { sys::flatmem_comm_unique_id_create(address.as_ref().map_or(ptr::null(), |a| a.as_ptr()), &mut id) })?;
+        check(unsafe {
+            sys::flatmem_comm_unique_id_create(address.as_ref().map_or(ptr::null(), |a| a.as_ptr()), &mut id)
+        })?;
         Ok(UniqueId(id.internal))
     }
 
@@ -101,9 +103,8 @@ impl UniqueId {
 
     /// From 128 bytes (of [`as_bytes`](UniqueId::as_bytes) on rank 0).
     pub fn from_bytes(bytes: &[u8]) -> Result<UniqueId> {
-        let array = <[u8; UNIQUE_ID_BYTES]>::try_from(bytes).map_err(|_| {
-            Error::invalid(format!("unique id: {} bytes; expected {}", bytes.len(), UNIQUE_ID_BYTES))
-        })?;
+        let array = <[u8; UNIQUE_ID_BYTES]>::try_from(bytes)
+            .map_err(|_| Error::invalid(format!("unique id: {} bytes; expected {}", bytes.len(), UNIQUE_ID_BYTES)))?;
         Ok(UniqueId(array))
     }
 
@@ -241,8 +242,9 @@ impl Communicator {
         let (rank, world_size) = (int32("rank", rank)?, int32("world_size", world_size)?);
         let (raw_id, raw_options) = (id.raw(), options.to_raw()?);
         // SAFETY: a valid out-pointer, id and options.
-        let handle =
-            OwnedHandle::create(|out| unsafe { sys::flatmem_comm_create(out, rank, world_size, &raw_id, &raw_options) })?;
+        let handle = OwnedHandle::create(|out| unsafe {
+            sys::flatmem_comm_create(out, rank, world_size, &raw_id, &raw_options)
+        })?;
         Communicator::wrap(handle)
     }
 
@@ -432,7 +434,12 @@ impl<'scope, 'c> Transfers<'scope, 'c> {
     /// Starts sending `buffer` to `peer` (may be this rank) with `tag`
     /// (`flatmem_comm_isend`); `buffer` stays borrowed until the scope ends
     /// (or [`Request::wait`] hands it back).
-    pub fn isend<T: Element>(&'scope self, buffer: &'scope [T], peer: usize, tag: u32) -> Result<Request<'scope, 'c, &'scope [T]>> {
+    pub fn isend<T: Element>(
+        &'scope self,
+        buffer: &'scope [T],
+        peer: usize,
+        tag: u32,
+    ) -> Result<Request<'scope, 'c, &'scope [T]>> {
         let peer = self.comm.check_peer(peer)?;
         let mut desc = Desc::elements(buffer, "buffer")?;
         let t = desc.dl();
@@ -493,7 +500,6 @@ impl<'scope, 'c> Transfers<'scope, 'c> {
         }
     }
 }
-
 
 /// A send or receive in flight in a [`Transfers`] scope, holding the borrow
 /// `B` of its buffer (`&[T]` for a send, `&mut [T]` for a receive).

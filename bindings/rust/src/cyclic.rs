@@ -541,9 +541,7 @@ impl<'c, T: Element> Cyclic<'c, T> {
         let mut stats = vec![sys::flatmem_cyclic_time_step_stats::default(); count as usize];
         let mut written = 0i64;
         // SAFETY: room for `count` entries.
-        check(unsafe {
-            sys::flatmem_cyclic_stats(self.handle.as_ptr(), 0, count, stats.as_mut_ptr(), &mut written)
-        })?;
+        check(unsafe { sys::flatmem_cyclic_stats(self.handle.as_ptr(), 0, count, stats.as_mut_ptr(), &mut written) })?;
         stats.truncate(written.max(0) as usize);
         Ok(stats)
     }

@@ -36,7 +36,9 @@ mod version;
 pub use flatmem_sys as sys;
 
 pub use comm::{CommOptions, Communicator, Request, Transfers, UniqueId};
-pub use contrastive::{Contrastive, RingContrastive, ForwardOutput, Gradients, GradientsMut, Loss, NonFinite, Options, Saved};
+pub use contrastive::{
+    Contrastive, ForwardOutput, Gradients, GradientsMut, Loss, NonFinite, Options, RingContrastive, Saved,
+};
 pub use cpu_isa::{cpu_isa, set_cpu_isa, CpuIsa};
 pub use error::{Error, Result, Status};
 pub use handle::live_handles;

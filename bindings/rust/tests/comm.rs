@@ -31,6 +31,13 @@ fn exercise(comm: &Communicator) {
             let receive = t.irecv(&mut got, prev, 5).unwrap();
             let send = t.isend(&out, next, 5).unwrap();
             send.wait().unwrap();
+            // Poll until the message is in (the sender's wait returned, so
+            // it is on its way; bounded like every wait here).
+            let start = Instant::now();
+            while !receive.test().unwrap() {
+                assert!(start.elapsed() < Duration::from_secs(10), "rank {}: test() never saw the message", rank);
+                std::thread::yield_now();
+            }
             let got = receive.wait().unwrap();
             assert_eq!(got, &message(prev, len)[..], "rank {} received from {}", rank, prev);
         });

@@ -37,10 +37,10 @@ fn cases(world_size: usize) -> Vec<Case> {
     match world_size {
         1 => vec![sym(vec![5], 7), nce(vec![3], vec![5], 4, true)],
         2 => vec![
-            sym(vec![1, 4], 5),                         // one row on rank 0
-            sym(vec![7, 3], 13),                        // primes, uneven
-            nce(vec![3, 2], vec![4, 7], 6, true),       // global labels, c_r != b_r
-            nce(vec![2, 5], vec![7, 1], 3, false),      // default positives g -> g
+            sym(vec![1, 4], 5),                    // one row on rank 0
+            sym(vec![7, 3], 13),                   // primes, uneven
+            nce(vec![3, 2], vec![4, 7], 6, true),  // global labels, c_r != b_r
+            nce(vec![2, 5], vec![7, 1], 3, false), // default positives g -> g
         ],
         3 => vec![sym(vec![2, 1, 5], 11), nce(vec![1, 4, 2], vec![5, 2, 3], 7, true)],
         n => panic!("no cases for {} ranks", n),
@@ -114,11 +114,26 @@ fn check_case(comm: &Communicator, case: &Case, seed: u64) {
     );
     if symmetric {
         let col_lse = out.col_lse.as_ref().expect("symmetric col_lse");
-        assert_close(&format!("{}: col_lse", what), &widen(col_lse), &want.col_lse[c0..c0 + c], &ftol.col_lse[c0..c0 + c]);
+        assert_close(
+            &format!("{}: col_lse", what),
+            &widen(col_lse),
+            &want.col_lse[c0..c0 + c],
+            &ftol.col_lse[c0..c0 + c],
+        );
     }
     let g = ring.backward(qf, kf, labels_r, scale, &out, dloss).unwrap();
-    assert_close(&format!("{}: dq", what), &widen(&g.dq), &want.dq[r0 * d..(r0 + b) * d], &btol.dq[r0 * d..(r0 + b) * d]);
-    assert_close(&format!("{}: dk", what), &widen(&g.dk), &want.dk[c0 * d..(c0 + c) * d], &btol.dk[c0 * d..(c0 + c) * d]);
+    assert_close(
+        &format!("{}: dq", what),
+        &widen(&g.dq),
+        &want.dq[r0 * d..(r0 + b) * d],
+        &btol.dq[r0 * d..(r0 + b) * d],
+    );
+    assert_close(
+        &format!("{}: dk", what),
+        &widen(&g.dk),
+        &want.dk[c0 * d..(c0 + c) * d],
+        &btol.dk[c0 * d..(c0 + c) * d],
+    );
     assert_close(&format!("{}: dlogit_scale", what), &[g.dlogit_scale as f64], &[want.ds], &[btol.ds]);
 }
 

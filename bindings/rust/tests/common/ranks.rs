@@ -72,9 +72,12 @@ impl Outcome {
 fn run_dir(test: &str) -> PathBuf {
     static COUNT: AtomicUsize = AtomicUsize::new(0);
     let n = COUNT.fetch_add(1, Ordering::SeqCst);
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("flatmem-ranks")
-        .join(format!("{}-{}-{}", test, std::process::id(), n));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("flatmem-ranks").join(format!(
+        "{}-{}-{}",
+        test,
+        std::process::id(),
+        n
+    ));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).unwrap();
     dir
@@ -129,14 +132,22 @@ pub fn run(test: &str, world_size: usize, env: impl Fn(usize) -> Vec<(String, St
             }
             let logs: Vec<String> =
                 children.iter().map(|(_, log)| fs::read_to_string(log).unwrap_or_default()).collect();
-            panic!("{}: the ranks overran the {:?} deadline and were killed; output:\n{}", test, DEADLINE, logs.join("\n---\n"));
+            panic!(
+                "{}: the ranks overran the {:?} deadline and were killed; output:\n{}",
+                test,
+                DEADLINE,
+                logs.join("\n---\n")
+            );
         }
         thread::sleep(Duration::from_millis(20));
     }
     children
         .iter()
         .zip(statuses)
-        .map(|((_, log), status)| Outcome { status: status.unwrap(), output: fs::read_to_string(log).unwrap_or_default() })
+        .map(|((_, log), status)| Outcome {
+            status: status.unwrap(),
+            output: fs::read_to_string(log).unwrap_or_default(),
+        })
         .collect()
 }
 
