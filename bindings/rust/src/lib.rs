@@ -10,10 +10,14 @@
 //!   ([`CpuIsa`], [`cpu_isa()`], [`set_cpu_isa`]).
 //! - [`reversible`]: reversible segments [`Segment`] over built-in transformer
 //!   [`Block`]s or Rust functions ([`ReversibleFunction`], closures).
+//! - [`comm`]: communicators ([`Communicator`]: from a [`UniqueId`], from
+//!   the environment, or an in-process group), non-blocking messages in a
+//!   [`Transfers`] scope, all-reduce, ring shift, barrier, health, abort.
+//! - [`RingContrastive`]: the contrastive loss of a global batch spread over
+//!   the ranks of a communicator.
 //! - [`cyclic`]: the cyclic data-parallel schedule of `flatmem/cyclic.h` as
-//!   pure queries ([`cyclic::Schedule`]: offsets, update delays, length, the
-//!   action of any rank at any time step); the runtime itself needs a
-//!   communicator and is only in [`sys`].
+//!   pure queries ([`cyclic::Schedule`]) and its runtime over a communicator
+//!   ([`cyclic::Cyclic`]).
 //! - [`half`]: fp32 <-> bf16 / fp16 bit patterns.
 //!
 //! Every handle kind follows one pattern: an owned wrapper that creates in
