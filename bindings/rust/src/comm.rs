@@ -48,6 +48,18 @@
 //!
 //! ```compile_fail
 //! # use flatmem::{CommOptions, Communicator};
+//! let comms = Communicator::create_local(1, &CommOptions::new()).unwrap();
+//! let buf = vec![0.0f32; 4];
+//! comms[0].transfers(|t| {
+//!     let request = t.isend(&buf, 0, 7).unwrap();
+//!     std::thread::scope(|s| {
+//!         s.spawn(move || request.wait()); // error: a request stays on its communicator's thread
+//!     });
+//! });
+//! ```
+//!
+//! ```compile_fail
+//! # use flatmem::{CommOptions, Communicator};
 //! fn shared_between_threads<T: Sync>() {}
 //! shared_between_threads::<Communicator>(); // error: a communicator is not Sync
 //! ```

@@ -115,25 +115,48 @@ fn two_processes_from_unique_id() {
     ranks::assert_succeeded(TEST, &outcomes);
 }
 
+/// Each rank of a from-env run: create, check rank and size, exercise.
+fn from_env_child(child: &Child) {
+    let comm = Communicator::from_env(&ranks::options()).unwrap();
+    assert_eq!((comm.rank(), comm.world_size()), (child.rank, 2));
+    exercise(&comm);
+    ranks::done(child);
+}
+
+/// Runs `test` as two ranks that find each other through
+/// FLATMEM_COORDINATOR (a port the kernel just handed out) and learn their
+/// rank and size from `rank_variables` (FLATMEM_* or a launcher's).
+fn run_from_env(test: &str, rank_variables: [&str; 2]) {
+    let coordinator = format!("127.0.0.1:{}", ranks::free_port());
+    let outcomes = ranks::run(test, 2, |rank| {
+        vec![
+            ("FLATMEM_COORDINATOR".into(), coordinator.clone()),
+            (rank_variables[0].into(), rank.to_string()),
+            (rank_variables[1].into(), "2".into()),
+            ("FLATMEM_SESSION".into(), format!("rust-test-{}", std::process::id())),
+        ]
+    });
+    ranks::assert_succeeded(test, &outcomes);
+}
+
 #[test]
 fn two_processes_from_env() {
     const TEST: &str = "two_processes_from_env";
     if let Some(child) = ranks::child(TEST) {
-        let comm = Communicator::from_env(&ranks::options()).unwrap();
-        assert_eq!((comm.rank(), comm.world_size()), (child.rank, 2));
-        exercise(&comm);
-        return ranks::done(&child);
+        return from_env_child(&child);
     }
-    let coordinator = format!("127.0.0.1:{}", ranks::free_port());
-    let outcomes = ranks::run(TEST, 2, |rank| {
-        vec![
-            ("FLATMEM_COORDINATOR".into(), coordinator.clone()),
-            ("FLATMEM_RANK".into(), rank.to_string()),
-            ("FLATMEM_WORLD_SIZE".into(), "2".into()),
-            ("FLATMEM_SESSION".into(), format!("rust-test-{}", std::process::id())),
-        ]
-    });
-    ranks::assert_succeeded(TEST, &outcomes);
+    run_from_env(TEST, ["FLATMEM_RANK", "FLATMEM_WORLD_SIZE"]);
+}
+
+#[test]
+fn two_processes_from_launcher_variables() {
+    // As Open MPI's mpirun sets them (FLATMEM_RANK / _WORLD_SIZE unset).
+    const TEST: &str = "two_processes_from_launcher_variables";
+    if let Some(child) = ranks::child(TEST) {
+        assert!(std::env::var_os("FLATMEM_RANK").is_none());
+        return from_env_child(&child);
+    }
+    run_from_env(TEST, ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"]);
 }
 
 #[test]
