@@ -482,6 +482,7 @@ impl<'c, T: Element> Cyclic<'c, T> {
     /// needs. After the last time step the action is `Done` (again on every
     /// later call). Refuses (`InvalidArgument`, without advancing) when the
     /// previous action was a backward whose gradient was not reduced.
+    #[allow(clippy::should_implement_trait)] // flatmem_cyclic_next; fallible, not an Iterator
     pub fn next(&mut self) -> Result<TimeStep<T>> {
         let mut raw = sys::flatmem_cyclic_action::default();
         // SAFETY: a live handle and a writable action.
