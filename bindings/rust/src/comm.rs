@@ -72,6 +72,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::ptr::{self, NonNull};
 use std::time::Duration;
 
+use crate::convert::{int32, timeout_ms};
 use crate::error::{check, Error, Result, Status};
 use crate::handle::{HandleKind, OwnedHandle};
 use crate::sys;
@@ -183,21 +184,9 @@ impl CommOptions {
         let mut raw = sys::flatmem_comm_options::default();
         // SAFETY: a writable options struct of this declaration.
         check(unsafe { sys::flatmem_comm_options_init(&mut raw) })?;
-        raw.timeout_ms = optional_ms("options.timeout", self.timeout)?;
-        raw.connect_timeout_ms = optional_ms("options.connect_timeout", self.connect_timeout)?;
+        raw.timeout_ms = timeout_ms("options.timeout", self.timeout)?;
+        raw.connect_timeout_ms = timeout_ms("options.connect_timeout", self.connect_timeout)?;
         Ok(raw)
-    }
-}
-
-/// Milliseconds of a deadline, 0 for `None` (the default); a duration below
-/// 1 ms would mean "the default" to the library, so it is refused.
-fn optional_ms(name: &str, timeout: Option<Duration>) -> Result<i64> {
-    match timeout {
-        None => Ok(0),
-        Some(t) => match i64::try_from(t.as_millis()) {
-            Ok(ms) if ms >= 1 => Ok(ms),
-            _ => Err(Error::invalid(format!("{}: {:?}; expected 1 ms .. 2^63 ms (None = the default)", name, t))),
-        },
     }
 }
 
@@ -231,10 +220,6 @@ impl fmt::Debug for Communicator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Communicator").field("rank", &self.rank).field("world_size", &self.world_size).finish()
     }
-}
-
-fn int32(name: &str, value: usize) -> Result<i32> {
-    i32::try_from(value).map_err(|_| Error::invalid(format!("{} = {} does not fit int32_t", name, value)))
 }
 
 impl Communicator {
@@ -359,7 +344,7 @@ impl Communicator {
     /// order, so every rank gets the same bits. `send` and `recv` have the
     /// same length. At most `timeout` per step.
     pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], timeout: Option<Duration>) -> Result<()> {
-        let timeout_ms = optional_ms("timeout", timeout)?;
+        let timeout_ms = timeout_ms("timeout", timeout)?;
         let (mut send_d, mut recv_d) = (Desc::elements(send, "send")?, Desc::elements_mut(recv, "recv")?);
         let (send_t, mut recv_t) = (send_d.dl(), recv_d.dl());
         // SAFETY: a live handle; both tensors describe live slices (recv
@@ -372,7 +357,7 @@ impl Communicator {
     /// [`all_reduce`](Communicator::all_reduce) in place: `buffer` becomes
     /// the sum over ranks.
     pub fn all_reduce_in_place<T: Element>(&self, buffer: &mut [T], timeout: Option<Duration>) -> Result<()> {
-        let timeout_ms = optional_ms("timeout", timeout)?;
+        let timeout_ms = timeout_ms("timeout", timeout)?;
         let mut desc = Desc::elements_mut(buffer, "buffer")?;
         let mut t = desc.dl();
         let p = t.mut_ptr();
@@ -383,7 +368,7 @@ impl Communicator {
     /// Ring shift (collective): sends `send` to rank + 1 and receives into
     /// `recv` from rank - 1 (mod world_size); the same length on every rank.
     pub fn ring_shift<T: Element>(&self, send: &[T], recv: &mut [T], timeout: Option<Duration>) -> Result<()> {
-        let timeout_ms = optional_ms("timeout", timeout)?;
+        let timeout_ms = timeout_ms("timeout", timeout)?;
         let (mut send_d, mut recv_d) = (Desc::elements(send, "send")?, Desc::elements_mut(recv, "recv")?);
         let (send_t, mut recv_t) = (send_d.dl(), recv_d.dl());
         // SAFETY: as in all_reduce.
@@ -394,7 +379,7 @@ impl Communicator {
 
     /// All ranks reach this call before any returns (collective).
     pub fn barrier(&self, timeout: Option<Duration>) -> Result<()> {
-        let timeout_ms = optional_ms("timeout", timeout)?;
+        let timeout_ms = timeout_ms("timeout", timeout)?;
         // SAFETY: a live handle.
         check(unsafe { sys::flatmem_comm_barrier(self.as_raw(), timeout_ms) })
     }
@@ -534,7 +519,7 @@ impl<'scope, 'c, B> Request<'scope, 'c, B> {
 
     /// [`wait`](Request::wait) with a deadline (`None` = the default).
     pub fn wait_for(mut self, timeout: Option<Duration>) -> Result<B> {
-        let timeout_ms = optional_ms("timeout", timeout)?;
+        let timeout_ms = timeout_ms("timeout", timeout)?;
         self.scope.complete(self.slot, timeout_ms)?;
         Ok(self.buffer.take().expect("a request's buffer is taken once"))
     }

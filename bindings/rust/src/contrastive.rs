@@ -12,6 +12,7 @@ use std::ptr;
 
 use crate::comm::Communicator;
 
+use crate::convert::int32;
 use crate::error::{check, Error, Result};
 use crate::handle::{HandleKind, OwnedHandle};
 use crate::sys;
@@ -146,10 +147,6 @@ impl Options {
     pub fn build(&self) -> Result<Contrastive> {
         Contrastive::new(self)
     }
-}
-
-fn int32(name: &str, value: usize) -> Result<i32> {
-    i32::try_from(value).map_err(|_| Error::invalid(format!("{} = {} does not fit int32_t", name, value)))
 }
 
 /// What the forward returns.

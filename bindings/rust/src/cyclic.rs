@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use crate::comm::Communicator;
 use crate::contrastive::NonFinite;
+use crate::convert::{int32, int64, timeout_ms};
 use crate::error::{check, Error, Result, Status};
 use crate::handle::{HandleKind, OwnedHandle};
 use crate::sys;
@@ -173,8 +174,7 @@ impl Schedule {
         let raw = sys::flatmem_cyclic_schedule {
             world_size: int32("schedule.world_size", world_size)?,
             stages: int32("schedule.stages", stages)?,
-            steps: i64::try_from(steps)
-                .map_err(|_| Error::invalid(format!("schedule.steps = {} does not fit int64_t", steps)))?,
+            steps: int64("schedule.steps", steps)?,
             rule: rule.raw(),
             ..SCHEDULE_INIT
         };
@@ -245,8 +245,7 @@ impl Schedule {
     /// [`length`](Schedule::length)); `flatmem_cyclic_schedule_action`.
     pub fn action(&self, rank: usize, time_step: u64) -> Result<Action> {
         let rank = int32("rank", rank)?;
-        let time_step = i64::try_from(time_step)
-            .map_err(|_| Error::invalid(format!("time_step = {} does not fit int64_t", time_step)))?;
+        let time_step = int64("time_step", time_step)?;
         let mut raw = sys::flatmem_cyclic_action {
             time_step: 0,
             kind: sys::FLATMEM_CYCLIC_IDLE,
@@ -266,10 +265,6 @@ impl Schedule {
     pub fn actions(&self, rank: usize) -> Result<Vec<Action>> {
         (0..self.length).map(|t| self.action(rank, t)).collect()
     }
-}
-
-fn int32(name: &str, value: usize) -> Result<i32> {
-    i32::try_from(value).map_err(|_| Error::invalid(format!("{} = {} does not fit int32_t", name, value)))
 }
 
 /// Options of a [`Cyclic`] runtime (`flatmem_cyclic_options`): the schedule
@@ -333,8 +328,7 @@ impl CyclicOptions {
         // SAFETY: a writable options struct of this declaration.
         check(unsafe { sys::flatmem_cyclic_options_init(&mut raw) })?;
         raw.stages = int32("options.stages", self.stages)?;
-        raw.steps = i64::try_from(self.steps)
-            .map_err(|_| Error::invalid(format!("options.steps = {} does not fit int64_t", self.steps)))?;
+        raw.steps = int64("options.steps", self.steps)?;
         raw.rule = self.rule.raw();
         if let Some(bytes) = &self.activation_bytes {
             if bytes.len() != self.stages {
@@ -346,16 +340,9 @@ impl CyclicOptions {
             }
             raw.activation_bytes = bytes.as_ptr(); // copied by create
         }
-        raw.timeout_ms = match self.timeout {
-            None => 0,
-            Some(t) => match i64::try_from(t.as_millis()) {
-                Ok(ms) if ms >= 1 => ms,
-                _ => return Err(Error::invalid(format!("options.timeout: {:?}; expected at least 1 ms", t))),
-            },
-        };
+        raw.timeout_ms = timeout_ms("options.timeout", self.timeout)?;
         raw.nonfinite = self.nonfinite.raw();
-        raw.history = i64::try_from(self.history)
-            .map_err(|_| Error::invalid(format!("options.history = {} does not fit int64_t", self.history)))?;
+        raw.history = int64("options.history", self.history as u64)?;
         Ok(raw)
     }
 }

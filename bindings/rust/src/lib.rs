@@ -28,6 +28,7 @@
 
 pub mod comm;
 pub mod contrastive;
+mod convert;
 pub mod cpu_isa;
 pub mod cyclic;
 mod error;
