@@ -8,6 +8,7 @@
 # Usage: bash scripts/check-rust.sh [PREFIX]   (default $FLATMEM_PREFIX = build/prefix, must be installed:
 #        cmake --install build --prefix "$PWD/build/prefix")
 # Extra arguments after PREFIX go to `cargo test` (e.g. a test name filter, -- --nocapture).
+# Then scripts/check-bindgen.sh PREFIX: flatmem-sys/src/bindings.rs is bindgen's output, byte for byte.
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -56,7 +57,7 @@ have=$(echo "$rustc_version" | sed -n 's/^rustc \([0-9]*\.[0-9]*\).*/\1/p')
 [ "$(printf '%s\n%s\n' "$msrv" "$have" | sort -V | head -n 1)" = "$msrv" ] ||
   fail "rustc $have is older than the crate's minimum $msrv"
 
-step "cargo test --offline (bindings/rust, flatmem from $prefix)"
+step "cargo test --offline --workspace (bindings/rust and its flatmem-sys, flatmem from $prefix)"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$FLATMEM_ROOT/build/rust-target}
 echo "PKG_CONFIG_PATH=$PKG_CONFIG_PATH"
 echo "pkg-config: $(pkg-config --modversion flatmem) $(pkg-config --cflags --libs flatmem)"
@@ -65,7 +66,7 @@ trap 'rm -f "$log"' EXIT
 start=$SECONDS
 status=0
 # pipefail: the status is cargo's when it fails
-(cd "$FLATMEM_ROOT/bindings/rust" && "$cargo" test --offline "$@") 2>&1 | tee "$log" || status=$?
+(cd "$FLATMEM_ROOT/bindings/rust" && "$cargo" test --offline --workspace "$@") 2>&1 | tee "$log" || status=$?
 
 passed=$(sed -n 's/^test result: .*\. \([0-9]*\) passed.*/\1/p' "$log" | awk '{s += $1} END {print s + 0}')
 failed=$(sed -n 's/^test result: .* \([0-9]*\) failed.*/\1/p' "$log" | awk '{s += $1} END {print s + 0}')
@@ -78,6 +79,9 @@ echo "check-rust: OK: $passed tests passed, $failed failed, in $((SECONDS - star
 step "the numeric tests once per CPU instruction set ($(flatmem_cpu_isas "$prefix"))"
 for isa in $(flatmem_cpu_isas "$prefix"); do
   echo "check-rust: FLATMEM_CPU_ISA=$isa"
-  (cd "$FLATMEM_ROOT/bindings/rust" && FLATMEM_CPU_ISA=$isa "$cargo" test --offline -q --test values --test reversible) ||
+  (cd "$FLATMEM_ROOT/bindings/rust" && FLATMEM_CPU_ISA=$isa "$cargo" test --offline -q --test values --test reversible --test ring) ||
     fail "the numeric tests under FLATMEM_CPU_ISA=$isa"
 done
+
+step "the generated declarations (scripts/check-bindgen.sh)"
+bash "$FLATMEM_ROOT/scripts/check-bindgen.sh" "$prefix" || fail "flatmem-sys/src/bindings.rs is not bindgen's output"

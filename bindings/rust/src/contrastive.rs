@@ -6,9 +6,13 @@
 //! InfoNCE `L = mean_i [LSE_j x_ij - x_{i,y_i}]` (labels `y`, default `y_i = i`),
 //! symmetric `L = (row loss + column loss) / 2` with `c = b`, no labels.
 
+use std::marker::PhantomData;
 use std::os::raw::c_void;
 use std::ptr;
 
+use crate::comm::Communicator;
+
+use crate::convert::int32;
 use crate::error::{check, Error, Result};
 use crate::handle::{HandleKind, OwnedHandle};
 use crate::sys;
@@ -47,7 +51,7 @@ pub enum NonFinite {
 }
 
 impl NonFinite {
-    fn raw(self) -> sys::flatmem_nonfinite_policy {
+    pub(crate) fn raw(self) -> sys::flatmem_nonfinite_policy {
         match self {
             NonFinite::Error => sys::FLATMEM_NONFINITE_ERROR,
             NonFinite::Propagate => sys::FLATMEM_NONFINITE_PROPAGATE,
@@ -143,10 +147,6 @@ impl Options {
     pub fn build(&self) -> Result<Contrastive> {
         Contrastive::new(self)
     }
-}
-
-fn int32(name: &str, value: usize) -> Result<i32> {
-    i32::try_from(value).map_err(|_| Error::invalid(format!("{} = {} does not fit int32_t", name, value)))
 }
 
 /// What the forward returns.
@@ -245,7 +245,12 @@ impl Contrastive {
     /// Creates a handle (after checking the library version, see
     /// [`crate::check_version`]).
     pub fn new(options: &Options) -> Result<Contrastive> {
-        let raw = options.to_raw()?;
+        Contrastive::create(options, ptr::null_mut())
+    }
+
+    fn create(options: &Options, comm: *mut sys::flatmem_comm_t) -> Result<Contrastive> {
+        let mut raw = options.to_raw()?;
+        raw.comm = comm;
         // SAFETY: `out` is a valid out-pointer, `raw` a valid options struct.
         let handle = OwnedHandle::create(|out| unsafe { sys::flatmem_contrastive_create(out, &raw) })?;
         Ok(Contrastive { handle, loss: options.loss, workspace: Vec::new() })
@@ -333,6 +338,11 @@ impl Contrastive {
             })?;
             grown.resize(bytes, 0u8);
             self.workspace = grown;
+        }
+        if self.workspace.is_empty() {
+            // NULL, not an empty Vec's dangling pointer: a ring handle
+            // (options.comm) requires workspace NULL and 0 bytes.
+            return Ok((ptr::null_mut(), 0));
         }
         Ok((self.workspace.as_mut_ptr().cast(), self.workspace.len()))
     }
@@ -492,5 +502,119 @@ impl Contrastive {
                 ptr::null_mut(),
             )
         })
+    }
+}
+
+/// The contrastive loss of one global batch spread over the ranks of a
+/// [`Communicator`] (`options.comm`, "Ring across ranks" in flatmem.h; CPU
+/// tensors). Rank r passes ITS rows `q_r` (`b_r x d`) and ITS columns `k_r`
+/// (`c_r x d`); the loss is that of the concatenated batch
+/// `q = [q_0; q_1; ...]`, `k = [k_0; k_1; ...]` (rows and columns numbered
+/// globally in rank order), identical bits on every rank. InfoNCE labels are
+/// GLOBAL column indices (a positive may live on any rank); the symmetric
+/// loss needs `b_r = c_r` on every rank (they may differ between ranks).
+/// `row_lse` / `col_lse` are the global log-sum-exps of this rank's rows
+/// and columns. The backward returns `dloss` times the exact gradients of
+/// the GLOBAL mean with respect to this rank's `q_r`, `k_r` and the scale:
+/// nothing is summed over ranks (a wrapper that averages parameter
+/// gradients over N ranks passes `dloss = N`).
+///
+/// Calls are collective: every rank calls forward (or backward) in the same
+/// order with the same loss, d, dtype, logit scale and `dloss`; a mismatch
+/// is `InvalidArgument` on every rank naming the ranks and values. A
+/// transport failure (`Timeout`, `PeerFailure`, `CommPoisoned`) poisons the
+/// communicator and writes nothing the caller owns.
+///
+/// It borrows the communicator (which must outlive it, as the C rule says)
+/// and is neither `Send` nor `Sync` (the communicator is used by one thread).
+///
+/// ```compile_fail
+/// # use flatmem::{CommOptions, Communicator, Options, RingContrastive};
+/// let ring = {
+///     let comm = Communicator::create_local(1, &CommOptions::new()).unwrap().remove(0);
+///     RingContrastive::new(&comm, &Options::new()).unwrap()
+/// }; // error: `comm` dropped while the ring loss still borrows it
+/// # drop(ring);
+/// ```
+pub struct RingContrastive<'c> {
+    inner: Contrastive,
+    _comm: PhantomData<&'c Communicator>,
+}
+
+impl std::fmt::Debug for RingContrastive<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingContrastive").field("inner", &self.inner).finish()
+    }
+}
+
+impl<'c> RingContrastive<'c> {
+    /// Creates this rank's handle over `comm` (not collective). `options`
+    /// must not set a logit cache (`InvalidArgument`).
+    pub fn new(comm: &'c Communicator, options: &Options) -> Result<RingContrastive<'c>> {
+        Ok(RingContrastive { inner: Contrastive::create(options, comm.as_raw())?, _comm: PhantomData })
+    }
+
+    /// The loss this handle computes.
+    pub fn loss_kind(&self) -> Loss {
+        self.inner.loss_kind()
+    }
+
+    /// Forward of the global batch: this rank's `q_r` `(b_r, d)`, `k_r`
+    /// `(c_r, d)`, InfoNCE labels `(b_r,)` as global column indices. The
+    /// loss is the global one; `row_lse` has `b_r` and `col_lse` `c_r`
+    /// entries (this rank's, global log-sum-exps). Collective.
+    pub fn forward(
+        &mut self,
+        q: Features<'_>,
+        k: Features<'_>,
+        labels: Option<&[i64]>,
+        logit_scale: f32,
+    ) -> Result<ForwardOutput> {
+        self.inner.forward(q, k, labels, logit_scale)
+    }
+
+    /// [`forward`](Self::forward) into caller slices (see
+    /// [`Contrastive::forward_into`]).
+    pub fn forward_into(
+        &mut self,
+        q: Features<'_>,
+        k: Features<'_>,
+        labels: Option<&[i64]>,
+        logit_scale: f32,
+        row_lse: &mut [f32],
+        col_lse: Option<&mut [f32]>,
+    ) -> Result<f32> {
+        self.inner.forward_into(q, k, labels, logit_scale, row_lse, col_lse)
+    }
+
+    /// Backward: `dloss` times the gradients of the GLOBAL mean loss with
+    /// respect to this rank's rows, columns and the scale (identical
+    /// `dlogit_scale` on every rank). Collective.
+    pub fn backward<'s>(
+        &mut self,
+        q: Features<'_>,
+        k: Features<'_>,
+        labels: Option<&[i64]>,
+        logit_scale: f32,
+        saved: impl Into<Saved<'s>>,
+        dloss: f32,
+    ) -> Result<Gradients> {
+        self.inner.backward(q, k, labels, logit_scale, saved, dloss)
+    }
+
+    /// [`backward`](Self::backward) into caller buffers (see
+    /// [`Contrastive::backward_into`]; every rank must request `dk` or none).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_into<'s>(
+        &mut self,
+        q: Features<'_>,
+        k: Features<'_>,
+        labels: Option<&[i64]>,
+        logit_scale: f32,
+        saved: impl Into<Saved<'s>>,
+        dloss: f32,
+        out: GradientsMut<'_>,
+    ) -> Result<()> {
+        self.inner.backward_into(q, k, labels, logit_scale, saved, dloss, out)
     }
 }

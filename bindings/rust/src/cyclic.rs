@@ -10,13 +10,33 @@
 //! applied to stage j before its forward in step `s + 1 + delay(r, j)`; see
 //! the header for the rules and the activation accounting.
 //!
-//! The runtime (`flatmem_cyclic_create` / `next` / `reduce` / `stats`) runs
-//! over a communicator (`flatmem/comm.h`), which this crate does not wrap
-//! yet: its raw declarations are in [`sys`](crate::sys).
+//! The runtime, [`Cyclic`] (`flatmem_cyclic_create` / `next` / `reduce` /
+//! `stats` / `summary_get`), drives one rank of such a run over a
+//! [`Communicator`]: it says what to do in each time step and averages each
+//! stage's gradient over the ranks in the background.
 
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use crate::comm::Communicator;
+use crate::contrastive::NonFinite;
+use crate::convert::{int32, int64, timeout_ms};
 use crate::error::{check, Error, Result, Status};
+use crate::handle::{HandleKind, OwnedHandle};
 use crate::sys;
+use crate::tensor::{Desc, Element};
 use crate::version::check_version;
+
+/// `FLATMEM_CYCLIC_SCHEDULE_INIT` (the header's initialiser macro, which has
+/// no `*_init` function and which bindgen does not translate; compared with
+/// the compiler's expansion by `tests/header_macros.rs`).
+pub const SCHEDULE_INIT: sys::flatmem_cyclic_schedule = sys::flatmem_cyclic_schedule {
+    struct_size: std::mem::size_of::<sys::flatmem_cyclic_schedule>(),
+    world_size: 0,
+    stages: 0,
+    steps: 0,
+    rule: sys::FLATMEM_CYCLIC_DELAY1,
+};
 
 /// How the averaged gradients are applied (`flatmem_cyclic_rule`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -154,10 +174,9 @@ impl Schedule {
         let raw = sys::flatmem_cyclic_schedule {
             world_size: int32("schedule.world_size", world_size)?,
             stages: int32("schedule.stages", stages)?,
-            steps: i64::try_from(steps)
-                .map_err(|_| Error::invalid(format!("schedule.steps = {} does not fit int64_t", steps)))?,
+            steps: int64("schedule.steps", steps)?,
             rule: rule.raw(),
-            ..sys::FLATMEM_CYCLIC_SCHEDULE_INIT
+            ..SCHEDULE_INIT
         };
         let mut length = 0i64;
         // SAFETY: a valid schedule struct and a writable output.
@@ -192,7 +211,7 @@ impl Schedule {
             stages: self.stages as i32,
             steps: self.steps as i64,
             rule: self.rule.raw(),
-            ..sys::FLATMEM_CYCLIC_SCHEDULE_INIT
+            ..SCHEDULE_INIT
         }
     }
 
@@ -226,8 +245,7 @@ impl Schedule {
     /// [`length`](Schedule::length)); `flatmem_cyclic_schedule_action`.
     pub fn action(&self, rank: usize, time_step: u64) -> Result<Action> {
         let rank = int32("rank", rank)?;
-        let time_step = i64::try_from(time_step)
-            .map_err(|_| Error::invalid(format!("time_step = {} does not fit int64_t", time_step)))?;
+        let time_step = int64("time_step", time_step)?;
         let mut raw = sys::flatmem_cyclic_action {
             time_step: 0,
             kind: sys::FLATMEM_CYCLIC_IDLE,
@@ -249,6 +267,278 @@ impl Schedule {
     }
 }
 
-fn int32(name: &str, value: usize) -> Result<i32> {
-    i32::try_from(value).map_err(|_| Error::invalid(format!("{} = {} does not fit int32_t", name, value)))
+/// Options of a [`Cyclic`] runtime (`flatmem_cyclic_options`): the schedule
+/// (same on every rank, checked at create) and the runtime's own settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CyclicOptions {
+    stages: usize,
+    steps: u64,
+    rule: Rule,
+    activation_bytes: Option<Vec<i64>>,
+    timeout: Option<Duration>,
+    nonfinite: NonFinite,
+    history: usize,
+}
+
+impl CyclicOptions {
+    /// L `stages` (1 .. 65535), `steps` training steps per rank, the update
+    /// rule; the rest defaults (1 byte of activations per stage, the
+    /// communicator's timeout, NaN/Inf gradients are errors, 65536 time steps
+    /// of statistics).
+    pub fn new(stages: usize, steps: u64, rule: Rule) -> CyclicOptions {
+        CyclicOptions {
+            stages,
+            steps,
+            rule,
+            activation_bytes: None,
+            timeout: None,
+            nonfinite: NonFinite::Error,
+            history: 0,
+        }
+    }
+
+    /// Bytes of activations stage j keeps for its backward (L entries, for
+    /// the statistics only).
+    pub fn activation_bytes(mut self, bytes: Vec<i64>) -> CyclicOptions {
+        self.activation_bytes = Some(bytes);
+        self
+    }
+
+    /// The deadline of every wait (None = the communicator's default).
+    pub fn timeout(mut self, timeout: Duration) -> CyclicOptions {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// `Error` (default): a NaN/Inf gradient fails `reduce` with `NonFinite`
+    /// and poisons the communicator; `Propagate`: no scan.
+    pub fn nonfinite(mut self, policy: NonFinite) -> CyclicOptions {
+        self.nonfinite = policy;
+        self
+    }
+
+    /// Time steps of per-time-step statistics kept (0 = 65536).
+    pub fn history(mut self, time_steps: usize) -> CyclicOptions {
+        self.history = time_steps;
+        self
+    }
+
+    fn to_raw(&self) -> Result<sys::flatmem_cyclic_options> {
+        let mut raw = sys::flatmem_cyclic_options::default();
+        // SAFETY: a writable options struct of this declaration.
+        check(unsafe { sys::flatmem_cyclic_options_init(&mut raw) })?;
+        raw.stages = int32("options.stages", self.stages)?;
+        raw.steps = int64("options.steps", self.steps)?;
+        raw.rule = self.rule.raw();
+        if let Some(bytes) = &self.activation_bytes {
+            if bytes.len() != self.stages {
+                return Err(Error::invalid(format!(
+                    "options.activation_bytes: {} entries; expected one per stage ({})",
+                    bytes.len(),
+                    self.stages
+                )));
+            }
+            raw.activation_bytes = bytes.as_ptr(); // copied by create
+        }
+        raw.timeout_ms = timeout_ms("options.timeout", self.timeout)?;
+        raw.nonfinite = self.nonfinite.raw();
+        raw.history = int64("options.history", self.history as u64)?;
+        Ok(raw)
+    }
+}
+
+pub(crate) struct CyclicKind;
+
+impl HandleKind for CyclicKind {
+    type Raw = sys::flatmem_cyclic_t;
+    const NAME: &'static str = "flatmem_cyclic";
+    unsafe fn destroy(raw: *mut Self::Raw) -> sys::flatmem_status {
+        // SAFETY: forwarded from the caller.
+        unsafe { sys::flatmem_cyclic_destroy(raw) }
+    }
+}
+
+/// What [`Cyclic::next`] returns: the time step's action and, when the
+/// action carries an update, the averaged gradient of
+/// `(update.stage, update.step)` -- the buffer handed to
+/// [`Cyclic::reduce`], given back holding the average over the ranks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimeStep<T> {
+    pub action: Action,
+    /// Apply this (to `action.update`'s stage) before the action.
+    pub averaged: Option<Vec<T>>,
+}
+
+/// The cyclic data-parallel runtime of this rank (`flatmem_cyclic_t`) over a
+/// communicator it borrows, with gradients of element type `T` (`f32` or
+/// `f64`; kDLCPU). Drive it as the header says:
+///
+/// ```no_run
+/// # use flatmem::cyclic::{ActionKind, Cyclic, CyclicOptions, Rule};
+/// # fn f(comm: &flatmem::Communicator, mut apply: impl FnMut(usize, &[f32]),
+/// #      mut backward: impl FnMut(usize, u64) -> Vec<f32>) -> flatmem::Result<()> {
+/// let mut cyclic = Cyclic::<f32>::new(comm, &CyclicOptions::new(4, 100, Rule::Delay1))?;
+/// loop {
+///     let t = cyclic.next()?;
+///     if let (Some(update), Some(average)) = (t.action.update, &t.averaged) {
+///         apply(update.stage, average); // the optimizer is the caller's
+///     }
+///     match t.action.kind {
+///         ActionKind::Done => break,
+///         ActionKind::Backward => {
+///             let (stage, step) = (t.action.stage.unwrap(), t.action.step.unwrap());
+///             cyclic.reduce(stage, backward(stage, step))?;
+///         }
+///         _ => {} // forward of t.action.stage, or idle
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// Ownership follows the C rule that a gradient belongs to the handle from
+/// `reduce` until the `next` that returns its update: [`reduce`](Cyclic::reduce)
+/// takes the `Vec` and [`next`](Cyclic::next) gives it back, averaged; the
+/// runtime keeps the buffers in flight and frees them only after the C
+/// handle is destroyed. It borrows the communicator, so it cannot outlive
+/// it, and like the communicator it is used by one thread.
+///
+/// ```compile_fail
+/// # use flatmem::{CommOptions, Communicator};
+/// # use flatmem::cyclic::{Cyclic, CyclicOptions, Rule};
+/// let cyclic = {
+///     let comm = Communicator::create_local(1, &CommOptions::new()).unwrap().remove(0);
+///     Cyclic::<f32>::new(&comm, &CyclicOptions::new(1, 1, Rule::Sync)).unwrap()
+/// }; // error: `comm` dropped while the runtime still borrows it
+/// # drop(cyclic);
+/// ```
+///
+/// ```compile_fail
+/// # use flatmem::{CommOptions, Communicator};
+/// # use flatmem::cyclic::{Cyclic, CyclicOptions, Rule};
+/// let comm = Communicator::create_local(1, &CommOptions::new()).unwrap().remove(0);
+/// let mut cyclic = Cyclic::<f32>::new(&comm, &CyclicOptions::new(1, 1, Rule::Sync)).unwrap();
+/// cyclic.next().unwrap(); // forward
+/// cyclic.next().unwrap(); // backward
+/// let gradient = vec![1.0f32; 4];
+/// cyclic.reduce(0, gradient).unwrap();
+/// let _ = gradient[0]; // error: the gradient belongs to the runtime until next() returns it
+/// ```
+pub struct Cyclic<'c, T: Element> {
+    // Dropped first: the C handle's threads stop before the buffers go.
+    handle: OwnedHandle<CyclicKind>,
+    /// Gradients handed over and not yet returned, by (stage, step).
+    in_flight: Vec<((usize, u64), Vec<T>)>,
+    /// Gradients whose reduce failed: kept, never read, until the handle is gone.
+    refused: Vec<Vec<T>>,
+    current: Option<Action>,
+    schedule: Schedule,
+    _comm: PhantomData<&'c Communicator>,
+}
+
+impl<T: Element> std::fmt::Debug for Cyclic<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cyclic")
+            .field("schedule", &self.schedule)
+            .field("current", &self.current)
+            .field("in_flight", &self.in_flight.len())
+            .finish()
+    }
+}
+
+impl<'c, T: Element> Cyclic<'c, T> {
+    /// Creates this rank's runtime (collective over `comm`: every rank
+    /// passes the same stages, steps and rule, else `InvalidArgument` on
+    /// every rank naming the first rank that differs). One runtime per
+    /// communicator at a time.
+    pub fn new(comm: &'c Communicator, options: &CyclicOptions) -> Result<Cyclic<'c, T>> {
+        let raw = options.to_raw()?;
+        let schedule = Schedule::new(comm.world_size(), options.stages, options.steps, options.rule)?;
+        // SAFETY: a live communicator that outlives the handle ('c), valid
+        // options (activation_bytes copied by create).
+        let handle = OwnedHandle::create(|out| unsafe { sys::flatmem_cyclic_create(out, comm.as_raw(), &raw) })?;
+        Ok(Cyclic { handle, in_flight: Vec::new(), refused: Vec::new(), current: None, schedule, _comm: PhantomData })
+    }
+
+    /// The schedule (world size, stages, steps, rule) with its pure queries.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// Advances to the next time step (`flatmem_cyclic_next`), waiting at
+    /// most the timeout for the start token and for the average the update
+    /// needs. After the last time step the action is `Done` (again on every
+    /// later call). Refuses (`InvalidArgument`, without advancing) when the
+    /// previous action was a backward whose gradient was not reduced.
+    #[allow(clippy::should_implement_trait)] // flatmem_cyclic_next; fallible, not an Iterator
+    pub fn next(&mut self) -> Result<TimeStep<T>> {
+        let mut raw = sys::flatmem_cyclic_action::default();
+        // SAFETY: a live handle and a writable action.
+        check(unsafe { sys::flatmem_cyclic_next(self.handle.as_mut_ptr(), &mut raw) })?;
+        let action = Action::from_raw(&raw)?;
+        self.current = Some(action);
+        let averaged = match action.update {
+            None => None,
+            Some(u) => {
+                let at = self.in_flight.iter().position(|(key, _)| *key == (u.stage, u.step)).ok_or_else(|| {
+                    Error::new(
+                        Status::Internal,
+                        format!("cyclic next: an update of stage {} step {} that was never reduced", u.stage, u.step),
+                    )
+                })?;
+                Some(self.in_flight.swap_remove(at).1)
+            }
+        };
+        Ok(TimeStep { action, averaged })
+    }
+
+    /// Hands over the gradient of `stage` computed in the current time step
+    /// (which must be that stage's backward, once; `flatmem_cyclic_reduce`):
+    /// the same length on every rank, at least one element. Returns at once;
+    /// the average over the ranks comes back from the `next` whose action
+    /// carries this (stage, step) as its update. On error (a NaN/Inf under
+    /// `NonFinite::Error`, a wrong stage) the buffer stays with the runtime
+    /// until it is dropped.
+    pub fn reduce(&mut self, stage: usize, mut gradient: Vec<T>) -> Result<()> {
+        let step = match self.current {
+            Some(Action { kind: ActionKind::Backward, step: Some(step), .. }) => step,
+            _ => return Err(Error::invalid("cyclic reduce: the current time step is not a backward")),
+        };
+        let raw_stage = int32("stage", stage)?;
+        let result = {
+            let mut desc = Desc::elements_mut(&mut gradient, "gradient")?;
+            let mut t = desc.dl();
+            // SAFETY: a live handle; the gradient's heap buffer is kept in
+            // in_flight (moving the Vec does not move it) until next()
+            // returns it or the handle is destroyed.
+            check(unsafe { sys::flatmem_cyclic_reduce(self.handle.as_mut_ptr(), raw_stage, t.mut_ptr()) })
+        };
+        match result {
+            Ok(()) => self.in_flight.push(((stage, step), gradient)),
+            Err(_) => self.refused.push(gradient),
+        }
+        result
+    }
+
+    /// Statistics of the time steps still kept (the last `history` begun),
+    /// oldest first (`flatmem_cyclic_stats`).
+    pub fn stats(&self) -> Result<Vec<sys::flatmem_cyclic_time_step_stats>> {
+        let mut summary = sys::flatmem_cyclic_summary::default();
+        // SAFETY: a live handle and a writable summary.
+        check(unsafe { sys::flatmem_cyclic_summary_get(self.handle.as_ptr(), &mut summary) })?;
+        let count = summary.time_steps.max(0);
+        let mut stats = vec![sys::flatmem_cyclic_time_step_stats::default(); count as usize];
+        let mut written = 0i64;
+        // SAFETY: room for `count` entries.
+        check(unsafe { sys::flatmem_cyclic_stats(self.handle.as_ptr(), 0, count, stats.as_mut_ptr(), &mut written) })?;
+        stats.truncate(written.max(0) as usize);
+        Ok(stats)
+    }
+
+    /// Totals since create (`flatmem_cyclic_summary_get`).
+    pub fn summary(&self) -> Result<sys::flatmem_cyclic_summary> {
+        let mut summary = sys::flatmem_cyclic_summary::default();
+        // SAFETY: a live handle and a writable summary.
+        check(unsafe { sys::flatmem_cyclic_summary_get(self.handle.as_ptr(), &mut summary) })?;
+        Ok(summary)
+    }
 }

@@ -57,6 +57,25 @@ impl<K: HandleKind> OwnedHandle<K> {
         Ok(OwnedHandle { raw, _kind: PhantomData })
     }
 
+    /// Takes ownership of a handle a `*_create` made for several handles at
+    /// once (`flatmem_comm_create_local`).
+    ///
+    /// # Safety
+    /// `raw` came from the kind's create function and has no other owner.
+    pub(crate) unsafe fn from_raw(raw: NonNull<K::Raw>) -> Self {
+        LIVE_HANDLES.fetch_add(1, Ordering::SeqCst);
+        OwnedHandle { raw, _kind: PhantomData }
+    }
+
+    /// Gives up ownership without destroying (for a release function other
+    /// than `*_destroy`, e.g. `flatmem_comm_abort`).
+    pub(crate) fn into_raw(self) -> *mut K::Raw {
+        let raw = self.raw.as_ptr();
+        std::mem::forget(self);
+        LIVE_HANDLES.fetch_sub(1, Ordering::SeqCst);
+        raw
+    }
+
     pub(crate) fn as_ptr(&self) -> *const K::Raw {
         self.raw.as_ptr()
     }

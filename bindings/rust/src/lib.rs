@@ -2,18 +2,22 @@
 //!
 //! # Modules
 //!
-//! - [`sys`]: the raw `extern "C"` declarations of `flatmem.h` (checked
-//!   against the installed header by `tests/header_sync.rs`), with the
-//!   DLPack structs of [`dlpack`].
+//! - [`sys`]: the raw `extern "C"` declarations of `flatmem.h` and the
+//!   DLPack structs it takes: the `flatmem-sys` crate, bindgen's output for
+//!   the installed header (checked in; `scripts/check-bindgen.sh`).
 //! - [`contrastive`]: the tiled contrastive loss handle [`Contrastive`].
 //! - [`cpu_isa`](mod@cpu_isa): the instruction set of the CPU kernels
 //!   ([`CpuIsa`], [`cpu_isa()`], [`set_cpu_isa`]).
 //! - [`reversible`]: reversible segments [`Segment`] over built-in transformer
 //!   [`Block`]s or Rust functions ([`ReversibleFunction`], closures).
+//! - [`comm`]: communicators ([`Communicator`]: from a [`UniqueId`], from
+//!   the environment, or an in-process group), non-blocking messages in a
+//!   [`Transfers`] scope, all-reduce, ring shift, barrier, health, abort.
+//! - [`RingContrastive`]: the contrastive loss of a global batch spread over
+//!   the ranks of a communicator.
 //! - [`cyclic`]: the cyclic data-parallel schedule of `flatmem/cyclic.h` as
-//!   pure queries ([`cyclic::Schedule`]: offsets, update delays, length, the
-//!   action of any rank at any time step); the runtime itself needs a
-//!   communicator and is only in [`sys`].
+//!   pure queries ([`cyclic::Schedule`]) and its runtime over a communicator
+//!   ([`cyclic::Cyclic`]).
 //! - [`half`]: fp32 <-> bf16 / fp16 bit patterns.
 //!
 //! Every handle kind follows one pattern: an owned wrapper that creates in
@@ -22,22 +26,27 @@
 //! its workspace sized by the library's queries.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod comm;
 pub mod contrastive;
+mod convert;
 pub mod cpu_isa;
 pub mod cyclic;
-pub mod dlpack;
 mod error;
 pub mod half;
 mod handle;
 pub mod reversible;
-pub mod sys;
 mod tensor;
 mod version;
 
-pub use contrastive::{Contrastive, ForwardOutput, Gradients, GradientsMut, Loss, NonFinite, Options, Saved};
+pub use flatmem_sys as sys;
+
+pub use comm::{CommOptions, Communicator, Request, Transfers, UniqueId};
+pub use contrastive::{
+    Contrastive, ForwardOutput, Gradients, GradientsMut, Loss, NonFinite, Options, RingContrastive, Saved,
+};
 pub use cpu_isa::{cpu_isa, set_cpu_isa, CpuIsa};
 pub use error::{Error, Result, Status};
 pub use handle::live_handles;
 pub use reversible::{Block, BlockMath, BlockOptions, Layer, Parameters, ReversibleFunction, Segment, SegmentOptions};
-pub use tensor::{Dtype, Features, FeaturesMut};
+pub use tensor::{Dtype, Element, Features, FeaturesMut};
 pub use version::{check_version, version, version_string, Version, HEADER_VERSION};

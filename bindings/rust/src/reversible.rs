@@ -56,6 +56,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+use crate::convert::int32;
 use crate::error::{check, Error, Result, Status};
 use crate::handle::{HandleKind, OwnedHandle};
 use crate::sys::{self, DLDataType, DLDevice, DLTensor};
@@ -750,10 +751,6 @@ impl BlockOptions {
     pub fn build<'p>(&self) -> Result<Block<'p>> {
         Block::new(self)
     }
-}
-
-fn int32(name: &str, value: usize) -> Result<i32> {
-    i32::try_from(value).map_err(|_| Error::invalid(format!("{} = {} does not fit int32_t", name, value)))
 }
 
 /// The parameters of a built-in block, borrowed for `'p`: `values` are

@@ -40,6 +40,37 @@ impl Dtype {
     }
 }
 
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// An element type of a communicator message, an all-reduce or a cyclic
+/// gradient: `f32`, `f64`, `i32`, `i64`, `u8` (the DLPack dtype it travels
+/// as). Which operations accept which dtype is the library's rule (the
+/// all-reduce sums fp32, fp64, int32 and int64; cyclic gradients are fp32 or
+/// fp64; a message may be any of them); others fail with `InvalidArgument`.
+pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
+    /// The DLPack dtype.
+    const DTYPE: DLDataType;
+}
+
+macro_rules! element {
+    ($($t:ty => $code:ident, $bits:expr;)*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DLDataType = DLDataType { code: sys::$code as u8, bits: $bits, lanes: 1 };
+        }
+    )*};
+}
+
+element! {
+    f32 => kDLFloat, 32;
+    f64 => kDLFloat, 64;
+    i32 => kDLInt, 32;
+    i64 => kDLInt, 64;
+    u8 => kDLUInt, 8;
+}
+
 /// A read-only row-major matrix of `rows x dim` features borrowed from a
 /// slice of exactly `rows * dim` elements (checked at the call).
 #[derive(Debug, Clone, Copy)]
@@ -215,6 +246,16 @@ impl<'a> Desc<'a> {
     pub(crate) fn i64s(data: &'a [i64], name: &str) -> Result<Desc<'a>> {
         let dtype = DLDataType { code: sys::kDLInt as u8, bits: 64, lanes: 1 };
         Self::vector(data.as_ptr() as *mut c_void, dtype, data.len(), name)
+    }
+
+    /// A vector of any [`Element`] read by the library.
+    pub(crate) fn elements<T: Element>(data: &'a [T], name: &str) -> Result<Desc<'a>> {
+        Self::vector(data.as_ptr() as *mut c_void, T::DTYPE, data.len(), name)
+    }
+
+    /// A vector of any [`Element`] written by the library.
+    pub(crate) fn elements_mut<T: Element>(data: &'a mut [T], name: &str) -> Result<Desc<'a>> {
+        Self::vector(data.as_mut_ptr().cast(), T::DTYPE, data.len(), name)
     }
 
     /// One fp32 element (shape (1,)), read or written.

@@ -33,12 +33,10 @@ impl fmt::Display for Version {
     }
 }
 
-/// The version of `flatmem.h` that `sys` was written from.
-pub const HEADER_VERSION: Version = Version {
-    major: sys::FLATMEM_VERSION_MAJOR as u32,
-    minor: sys::FLATMEM_VERSION_MINOR as u32,
-    patch: sys::FLATMEM_VERSION_PATCH as u32,
-};
+/// The version of `flatmem.h` that `sys` was generated from (its version
+/// macros, which bindgen declares as `u32`).
+pub const HEADER_VERSION: Version =
+    Version { major: sys::FLATMEM_VERSION_MAJOR, minor: sys::FLATMEM_VERSION_MINOR, patch: sys::FLATMEM_VERSION_PATCH };
 
 /// The version of the library actually loaded (`flatmem_version()`).
 pub fn version() -> Version {

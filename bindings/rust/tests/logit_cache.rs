@@ -9,12 +9,12 @@
 
 mod common;
 
-use std::ffi::CStr;
-use std::ptr;
-
 use common::Rng;
 use flatmem::half::bf16_from_f32;
-use flatmem::{sys, Contrastive, Features, ForwardOutput, Gradients, Loss, Options, Saved};
+use flatmem::{
+    CommOptions, Communicator, Contrastive, Features, ForwardOutput, Gradients, Loss, Options, RingContrastive, Saved,
+    Status,
+};
 
 /// The features of one problem, in fp32 or as bf16 bit patterns, and its
 /// labels.
@@ -236,30 +236,12 @@ fn a_backward_of_other_inputs_recomputes() {
 
 #[test]
 fn refused_with_a_communicator() {
-    // The crate does not wrap communicators yet: a one-rank local
-    // communicator through `sys`, and the options the crate builds.
-    let mut comm: *mut sys::flatmem_comm_t = ptr::null_mut();
-    // SAFETY: one out-pointer for world_size = 1; default options.
-    assert_eq!(unsafe { sys::flatmem_comm_create_local(&mut comm, 1, ptr::null()) }, sys::FLATMEM_STATUS_SUCCESS);
-    let create = |budget: usize| {
-        let mut raw = Options::new().logit_cache_bytes(budget).to_raw().unwrap();
-        raw.comm = comm;
-        let mut handle: *mut sys::flatmem_contrastive_t = ptr::null_mut();
-        // SAFETY: valid out-pointer and options; the communicator outlives the handle.
-        let status = unsafe { sys::flatmem_contrastive_create(&mut handle, &raw) };
-        // SAFETY: the thread's message, read before any other flatmem call.
-        let message = unsafe { CStr::from_ptr(sys::flatmem_last_error()) }.to_string_lossy().into_owned();
-        // SAFETY: a handle this closure created, or NULL (a no-op).
-        assert_eq!(unsafe { sys::flatmem_contrastive_destroy(handle) }, sys::FLATMEM_STATUS_SUCCESS);
-        (status, message, handle.is_null())
-    };
-    let (status, message, no_handle) = create(1 << 20);
-    assert_eq!(status, sys::FLATMEM_STATUS_INVALID_ARGUMENT, "{}", message);
-    assert!(message.contains("logit_cache_bytes"), "{}", message);
-    assert!(no_handle, "a refused create set *out");
+    // A one-rank in-process communicator is enough: the budget is refused
+    // at create, naming the option.
+    let comm = Communicator::create_local(1, &CommOptions::new()).unwrap().remove(0);
+    let e = RingContrastive::new(&comm, &Options::new().logit_cache_bytes(1 << 20)).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{}", e);
+    assert!(e.message().contains("logit_cache_bytes"), "{}", e);
     // The same communicator without a budget is accepted.
-    let (status, message, _) = create(0);
-    assert_eq!(status, sys::FLATMEM_STATUS_SUCCESS, "{}", message);
-    // SAFETY: the communicator created above, its handles destroyed.
-    assert_eq!(unsafe { sys::flatmem_comm_destroy(comm) }, sys::FLATMEM_STATUS_SUCCESS);
+    RingContrastive::new(&comm, &Options::new()).unwrap();
 }

@@ -10,6 +10,8 @@
 //! covers second-order terms, and 16-bit outputs add half an ulp.
 #![allow(dead_code)]
 
+pub mod ranks;
+
 use flatmem::Dtype;
 
 pub const U32: f64 = 1.0 / 16_777_216.0; // 2^-24
