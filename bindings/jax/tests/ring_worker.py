@@ -2,6 +2,7 @@
 through ring_launch.py, which sets FLATMEM_RANK / _WORLD_SIZE / _COORDINATOR).
 
     python ring_worker.py values [--explicit]   the value and gradient checks
+    python ring_worker.py jax-distributed ADDR  rank and size from jax.distributed (coordinator ADDR)
     python ring_worker.py single                world size 1 and bad input
     python ring_worker.py mismatch              a rank-dependent logit scale, then bad labels on one rank
     python ring_worker.py killed                the last rank dies; the others must fail
@@ -112,6 +113,21 @@ def values(explicit):
     print("DONE", flush=True)
 
 
+def jax_distributed(address):
+    """initialize(from_jax_distributed=True): rank and world size are JAX's
+    process index and count (the FLATMEM_RANK / _WORLD_SIZE of the launcher
+    are removed first, so flatmem cannot have read them)."""
+    rank, world = int(os.environ.pop("FLATMEM_RANK")), int(os.environ.pop("FLATMEM_WORLD_SIZE"))
+    jax.distributed.initialize(address, num_processes=world, process_id=rank,
+                               initialization_timeout=30)
+    comm = flatmem_jax.ring.initialize(os.environ["FLATMEM_COORDINATOR"], from_jax_distributed=True)
+    assert (comm.rank, comm.world_size) == (jax.process_index(), jax.process_count()) == (rank, world)
+    check_case("clip-uneven-float32", comm, *cases(world)["clip-uneven"][:5], jnp.float32, False)
+    flatmem_jax.ring.finalize()
+    jax.distributed.shutdown()
+    print("DONE", flush=True)
+
+
 def expect_failure(name, f, *args):
     """Runs f(*args) to completion; it must raise XLA's error. Prints it."""
     start = time.monotonic()
@@ -209,5 +225,7 @@ if __name__ == "__main__":
     scenario = sys.argv[1]
     if scenario == "values":
         values("--explicit" in sys.argv[2:])
+    elif scenario == "jax-distributed":
+        jax_distributed(sys.argv[2])
     else:
         {"mismatch": mismatch, "killed": killed, "single": single}[scenario]()

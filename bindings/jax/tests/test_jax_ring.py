@@ -7,7 +7,7 @@ loss and ds are the same bits on every rank, and that one rank's error fails
 every rank with flatmem's message within the communicator's timeout."""
 import pytest
 
-from ring_launch import assert_all_succeeded, launch
+from ring_launch import assert_all_succeeded, free_port, launch
 
 # JAX's start-up (~2-4 s a process, 4 processes on 2 cores) plus the jit
 # compilations of the batch; a hang would be killed here.
@@ -32,6 +32,14 @@ def test_ring_values_and_gradients_match_the_concatenated_batch(world_size, how)
     assert len(results[0]) == 14, ranks[0].describe()
     for r, result in enumerate(results[1:], 1):
         assert result == results[0], f"rank {r}'s (loss, ds) bits differ from rank 0's:\n{result}\n{results[0]}"
+    assert all(r.lines("DONE") for r in ranks)
+
+
+def test_rank_and_size_from_jax_distributed():
+    ranks = launch(2, ["jax-distributed", f"127.0.0.1:{free_port()}"], deadline_s=DEADLINE_S)
+    assert_all_succeeded(ranks)
+    results = [checked(r) for r in ranks]
+    assert list(results[0]) == ["clip-uneven-float32"] and results[0] == results[1], results
     assert all(r.lines("DONE") for r in ranks)
 
 

@@ -9,6 +9,8 @@ and reversible segments of flatmem's built-in transformer blocks.
     dq, dk, ds = jax.grad(clip_loss, argnums=(0, 1, 2))(q, k, logit_scale)
     loss = clip_loss(q, k, logit_scale, logit_cache_bytes=4 * b * b)   # a logit cache, below
     y1, y2 = reversible_transformer(x1, x2, params, heads=4)   # see its docstring
+    comm = flatmem_jax.ring.initialize()                   # one process per rank: flatmem_jax.ring
+    loss = clip_loss(q_r, k_r, logit_scale, comm=comm)     # this rank's shard of a global batch
 
 (What follows is about the losses; reversible_transformer's docstring covers it.)
 
@@ -40,6 +42,14 @@ Arguments
                  that budget, outside XLA's buffers, held until the process
                  exits (see "Handles"). CPU only; under XLA:CUDA it is
                  accepted and ignored (flatmem's CUDA backend recomputes).
+
+Across processes
+    With comm=RingComm (flatmem_jax.ring.initialize()), clip_loss and
+    infonce_loss compute the loss of ONE global batch spread over processes,
+    each passing its shard, through flatmem's ring; the gradients are this
+    rank's rows of the exact gradients of the global mean, the scale's
+    gradient the global one on every rank. Collective; CPU only. See
+    flatmem_jax.ring's docstring.
 
 Differentiation
     Reverse mode, first order (jax.grad, jax.vjp). Forward mode (jax.jvp,
