@@ -150,6 +150,9 @@ def mismatch():
     labels = jnp.asarray([0, 1, 3 * comm.world_size if r == comm.world_size - 1 else 2])
     infonce = jax.jit(lambda q, k, s, y: flatmem_jax.infonce_loss(q, k, s, y, comm=comm))
     expect_failure("labels", infonce, q, k, jnp.float32(10.0), labels)
+    # A feature dimension that differs on rank 0.
+    d = 5 if r == 0 else 4
+    expect_failure("d", clip, unit_rows(1, 3, d), unit_rows(2, 3, d), jnp.float32(10.0))
     print("DONE", flush=True)
 
 
@@ -204,8 +207,13 @@ def single():
         assert "no communicator has slot 12345" in str(e) and e.status == "FLATMEM_STATUS_INVALID_ARGUMENT", str(e)
     else:
         raise AssertionError("slot 12345: no error")
+    compiled = jax.jit(lambda q, k: flatmem_jax.clip_loss(q, k, 7.0, comm=comm))
+    compiled(q, k).block_until_ready()
     flatmem_jax.ring.finalize()
     assert comm.closed
+    # A program compiled before the close names the closed slot: refused when it runs.
+    message = expect_failure("closed-slot", compiled, q, k)
+    assert "was closed" in message, message
     try:
         flatmem_jax.clip_loss(q, k, 7.0, comm=comm)
     except ValueError as e:

@@ -74,7 +74,6 @@ import contextlib
 import ctypes
 import os
 import threading
-import weakref
 
 import jax
 import jax.numpy as jnp
@@ -238,7 +237,9 @@ class RingComm:
         return f"RingComm(rank {self._rank} of {self._world_size}, {state})"
 
 
-_open: "weakref.WeakSet[RingComm]" = weakref.WeakSet()
+# Every open communicator, held until close() / abort() or exit (never closed
+# by the garbage collector: closing talks to the peers).
+_open: "set[RingComm]" = set()
 _default: RingComm | None = None
 _default_lock = threading.Lock()
 
