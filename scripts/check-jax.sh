@@ -10,7 +10,9 @@
 #      in build/jax/ and ships libflatmem_jax.so inside the flatmem_jax package;
 #   4. checks that the installed libflatmem_jax.so links the libflatmem.so.0 of PREFIX (RUNPATH, ldd);
 #   5. pytest -v bindings/jax/tests against the installed packages (no PYTHONPATH, no
-#      FLATMEM_JAX_LIBRARY).
+#      FLATMEM_JAX_LIBRARY); the ring tests launch 1 to 4 Python processes over UCX on
+#      loopback, each under a hard deadline, and examples/jax/run_two_tower.sh (loop, and
+#      mpirun when installed).
 # Usage: bash scripts/check-jax.sh [PREFIX]   (default $FLATMEM_PREFIX, i.e. build/prefix, made by
 #        cmake --install build --prefix build/prefix). Exits non-zero on any failure, including
 #        pytest collecting no tests (its exit status 5).

@@ -11,8 +11,10 @@
 //   infonce backward  q, k, logit_scale, row_lse, dloss
 //                       -> dq, dk, dlogit_scale [, workspace], labels?
 //
-// Every one of them has one attribute, logit_cache_bytes (u64), after the
-// buffers: options.logit_cache_bytes of the pooled handle (handle_pool.hpp).
+// Every one of them has one attribute after the buffers, Attrs: by default
+// logit_cache_bytes (u64), options.logit_cache_bytes of the pooled handle
+// (handle_pool.hpp); the ring losses (ring_handlers.cpp) take CommAttr, the
+// communicator's registry slot (s64, ring_registry.hpp), instead.
 //
 // xla::ffi::Binding can only be extended (its move constructor is private),
 // so every step below calls a member on an rvalue and hands the new binder on
@@ -48,36 +50,45 @@ auto rets(Binder &&b) {
     return rets<N - 1>(std::move(b).template Ret<B>());
 }
 
-// The attributes, after the buffers.
-template <typename Binder>
-auto attrs(Binder &&b) {
-  return std::move(b).template Attr<uint64_t>("logit_cache_bytes");
-}
-
 }  // namespace binding_detail
 
-template <bool Workspace, typename Binder>
+// The attribute lists, after the buffers.
+struct CacheAttr {
+  template <typename Binder>
+  auto operator()(Binder &&b) const {
+    return std::move(b).template Attr<uint64_t>("logit_cache_bytes");
+  }
+};
+
+struct CommAttr {
+  template <typename Binder>
+  auto operator()(Binder &&b) const {
+    return std::move(b).template Attr<int64_t>("comm");
+  }
+};
+
+template <bool Workspace, typename Attrs = CacheAttr, typename Binder>
 auto clip_forward_binding(Binder &&b) {
   using namespace binding_detail;
-  return attrs(rets<3 + Workspace>(args<3>(std::move(b))));
+  return Attrs{}(rets<3 + Workspace>(args<3>(std::move(b))));
 }
 
-template <bool Workspace, typename Binder>
+template <bool Workspace, typename Attrs = CacheAttr, typename Binder>
 auto clip_backward_binding(Binder &&b) {
   using namespace binding_detail;
-  return attrs(rets<3 + Workspace>(args<6>(std::move(b))));
+  return Attrs{}(rets<3 + Workspace>(args<6>(std::move(b))));
 }
 
-template <bool Workspace, typename Binder>
+template <bool Workspace, typename Attrs = CacheAttr, typename Binder>
 auto infonce_forward_binding(Binder &&b) {
   using namespace binding_detail;
-  return attrs(rets<2 + Workspace>(args<3>(std::move(b))).template OptionalArg<B>());
+  return Attrs{}(rets<2 + Workspace>(args<3>(std::move(b))).template OptionalArg<B>());
 }
 
-template <bool Workspace, typename Binder>
+template <bool Workspace, typename Attrs = CacheAttr, typename Binder>
 auto infonce_backward_binding(Binder &&b) {
   using namespace binding_detail;
-  return attrs(rets<3 + Workspace>(args<5>(std::move(b))).template OptionalArg<B>());
+  return Attrs{}(rets<3 + Workspace>(args<5>(std::move(b))).template OptionalArg<B>());
 }
 
 }  // namespace flatmem_jax

@@ -15,6 +15,9 @@ ffi::ErrorCode error_code(flatmem_status status) {
     case FLATMEM_STATUS_UNSUPPORTED: return ffi::ErrorCode::kUnimplemented;
     case FLATMEM_STATUS_OUT_OF_MEMORY: return ffi::ErrorCode::kResourceExhausted;
     case FLATMEM_STATUS_WORKSPACE_TOO_SMALL: return ffi::ErrorCode::kFailedPrecondition;
+    case FLATMEM_STATUS_TIMEOUT: return ffi::ErrorCode::kDeadlineExceeded;
+    case FLATMEM_STATUS_PEER_FAILURE: return ffi::ErrorCode::kAborted;
+    case FLATMEM_STATUS_COMM_POISONED: return ffi::ErrorCode::kAborted;
     default: return ffi::ErrorCode::kInternal;
   }
 }
@@ -71,9 +74,51 @@ ffi::Error flatmem_error(flatmem_status status, const char *function, const char
                                             flatmem_status_string(status) + ": " + message);
 }
 
+namespace {
+
+// The pool's handle of (loss, device kind, cache budget), kept for the call.
+class PoolSource final : public HandleSource {
+ public:
+  PoolSource(flatmem_contrastive_loss loss, std::size_t logit_cache_bytes, DLDevice device,
+             bool backward)
+      : key_{loss, device.device_type == kDLCUDA, logit_cache_bytes}, backward_(backward) {}
+
+  ffi::ErrorOr<flatmem_contrastive_t *> acquire(const void *q, const void *k) override {
+    inputs_ = Inputs{q, k};
+    handle_.emplace(key_, inputs_);
+    if (handle_->status() != FLATMEM_STATUS_SUCCESS)
+      return ffi::Unexpected(flatmem_error(handle_->status(), "flatmem_contrastive_create"));
+    if (backward_ && key_.logit_cache_bytes != 0 && !key_.cuda)
+      count_cached_backward(handle_->found_inputs());
+    return handle_->get();
+  }
+  void forward_done(bool ok) override { handle_->forward_done(ok, inputs_); }
+
+ private:
+  PoolKey key_;
+  bool backward_;
+  Inputs inputs_;
+  std::optional<PooledHandle> handle_;
+};
+
+}  // namespace
+
 ffi::Error run_forward(flatmem_contrastive_loss loss, std::size_t logit_cache_bytes,
                        DLDevice device, void *stream, const ForwardBuffers &io,
                        WorkspaceSource &workspace) {
+  PoolSource handles(loss, logit_cache_bytes, device, /*backward=*/false);
+  return call_forward(handles, device, stream, io, workspace);
+}
+
+ffi::Error run_backward(flatmem_contrastive_loss loss, std::size_t logit_cache_bytes,
+                        DLDevice device, void *stream, const BackwardBuffers &io,
+                        WorkspaceSource &workspace) {
+  PoolSource handles(loss, logit_cache_bytes, device, /*backward=*/true);
+  return call_backward(handles, device, stream, io, workspace);
+}
+
+ffi::Error call_forward(HandleSource &handles, DLDevice device, void *stream,
+                        const ForwardBuffers &io, WorkspaceSource &workspace) {
   Views v(device);
   const DLTensor *q = v.add(io.q, "q");
   const DLTensor *k = v.add(io.k, "k");
@@ -84,23 +129,20 @@ ffi::Error run_forward(flatmem_contrastive_loss loss, std::size_t logit_cache_by
   DLTensor *col_lse = v.out(io.col_lse, "col_lse");
   if (v.error().failure()) return v.error();
 
-  const Inputs inputs{q->data, k->data};
-  PooledHandle handle({loss, device.device_type == kDLCUDA, logit_cache_bytes}, inputs);
-  if (handle.status() != FLATMEM_STATUS_SUCCESS)
-    return flatmem_error(handle.status(), "flatmem_contrastive_create");
-  ffi::ErrorOr<Workspace> space = workspace.get(handle.get(), *q, *k, nullptr, nullptr);
+  ffi::ErrorOr<flatmem_contrastive_t *> handle = handles.acquire(q->data, k->data);
+  if (!handle) return handle.error();
+  ffi::ErrorOr<Workspace> space = workspace.get(*handle, *q, *k, nullptr, nullptr);
   if (!space) return space.error();
   const flatmem_status status =
-      flatmem_contrastive_forward(handle.get(), q, k, labels, logit_scale, loss_out, row_lse,
+      flatmem_contrastive_forward(*handle, q, k, labels, logit_scale, loss_out, row_lse,
                                   col_lse, space->data, space->bytes, stream);
-  handle.forward_done(status == FLATMEM_STATUS_SUCCESS, inputs);
+  handles.forward_done(status == FLATMEM_STATUS_SUCCESS);
   if (status != FLATMEM_STATUS_SUCCESS) return flatmem_error(status, "flatmem_contrastive_forward");
   return ffi::Error::Success();
 }
 
-ffi::Error run_backward(flatmem_contrastive_loss loss, std::size_t logit_cache_bytes,
-                        DLDevice device, void *stream, const BackwardBuffers &io,
-                        WorkspaceSource &workspace) {
+ffi::Error call_backward(HandleSource &handles, DLDevice device, void *stream,
+                         const BackwardBuffers &io, WorkspaceSource &workspace) {
   Views v(device);
   const DLTensor *q = v.add(io.q, "q");
   const DLTensor *k = v.add(io.k, "k");
@@ -114,15 +156,12 @@ ffi::Error run_backward(flatmem_contrastive_loss loss, std::size_t logit_cache_b
   DLTensor *dlogit_scale = v.out(io.dlogit_scale, "dlogit_scale");
   if (v.error().failure()) return v.error();
 
-  const bool cuda = device.device_type == kDLCUDA;
-  PooledHandle handle({loss, cuda, logit_cache_bytes}, Inputs{q->data, k->data});
-  if (handle.status() != FLATMEM_STATUS_SUCCESS)
-    return flatmem_error(handle.status(), "flatmem_contrastive_create");
-  if (logit_cache_bytes != 0 && !cuda) count_cached_backward(handle.found_inputs());
-  ffi::ErrorOr<Workspace> space = workspace.get(handle.get(), *q, *k, dq, dk);
+  ffi::ErrorOr<flatmem_contrastive_t *> handle = handles.acquire(q->data, k->data);
+  if (!handle) return handle.error();
+  ffi::ErrorOr<Workspace> space = workspace.get(*handle, *q, *k, dq, dk);
   if (!space) return space.error();
   const flatmem_status status = flatmem_contrastive_backward(
-      handle.get(), q, k, labels, logit_scale, row_lse, col_lse, dloss, dq, dk, dlogit_scale,
+      *handle, q, k, labels, logit_scale, row_lse, col_lse, dloss, dq, dk, dlogit_scale,
       space->data, space->bytes, stream);
   if (status != FLATMEM_STATUS_SUCCESS)
     return flatmem_error(status, "flatmem_contrastive_backward");

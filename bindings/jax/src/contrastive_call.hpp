@@ -1,9 +1,12 @@
 // The platform-independent body of the contrastive-loss handlers: DLPack views
-// of the XLA buffers, a pooled flatmem handle (of the call's loss, device kind
-// and logit-cache budget, preferring the one whose last forward read the
-// call's q and k: handle_pool.hpp), the workspace, one call of the C ABI, and
-// its status turned into an XLA FFI error carrying flatmem's message. handlers_cpu.cpp and handlers_cuda.cu only bind operands and say
-// where the device, the stream and the workspace come from.
+// of the XLA buffers, a flatmem handle for the call (a pooled one of the
+// call's loss, device kind and logit-cache budget, preferring the one whose
+// last forward read the call's q and k: handle_pool.hpp; or, for the ring
+// losses, the handle of the call's communicator: ring_registry.hpp), the
+// workspace, one call of the C ABI, and its status turned into an XLA FFI
+// error carrying flatmem's message. handlers_cpu.cpp, handlers_cuda.cu and
+// ring_handlers.cpp only bind operands and say where the device, the stream,
+// the handle and the workspace come from.
 #pragma once
 
 #include <flatmem/flatmem.h>
@@ -32,6 +35,27 @@ class WorkspaceSource {
 
  protected:
   ~WorkspaceSource() = default;
+};
+
+// Where a call's flatmem handle comes from. acquire() is called once per
+// call, with the data addresses of its q and k; the handle stays the call's
+// until the source is destroyed. forward_done() reports the forward's outcome.
+class HandleSource {
+ public:
+  virtual ffi::ErrorOr<flatmem_contrastive_t *> acquire(const void *q, const void *k) = 0;
+  virtual void forward_done(bool /*ok*/) {}
+
+ protected:
+  ~HandleSource() = default;
+};
+
+// No workspace (the ring handles take none: flatmem.h, "Ring across ranks").
+class NoWorkspace final : public WorkspaceSource {
+ public:
+  ffi::ErrorOr<Workspace> get(flatmem_contrastive_t *, const DLTensor &, const DLTensor &,
+                              const DLTensor *, const DLTensor *) override {
+    return Workspace{};
+  }
 };
 
 // flatmem status -> XLA error: "<function>: <STATUS>: <flatmem_last_error()>",
@@ -65,5 +89,12 @@ ffi::Error run_forward(flatmem_contrastive_loss loss, std::size_t logit_cache_by
 ffi::Error run_backward(flatmem_contrastive_loss loss, std::size_t logit_cache_bytes,
                         DLDevice device, void *stream, const BackwardBuffers &io,
                         WorkspaceSource &workspace);
+
+// The same with the handle from `handles` (run_forward / run_backward lend
+// one from the pool).
+ffi::Error call_forward(HandleSource &handles, DLDevice device, void *stream,
+                        const ForwardBuffers &io, WorkspaceSource &workspace);
+ffi::Error call_backward(HandleSource &handles, DLDevice device, void *stream,
+                         const BackwardBuffers &io, WorkspaceSource &workspace);
 
 }  // namespace flatmem_jax

@@ -1,11 +1,13 @@
 // The helpers of flatmem_jax.h that are not handlers: versions, whether the
 // CUDA handlers are in, the workspace query the Python module calls at
-// trace time to size the CPU handlers' workspace result, and the contrastive
-// pool's counters.
+// trace time to size the CPU handlers' workspace result, the contrastive
+// pool's counters, and the communicators of the ring losses.
 #include <cstdio>
+#include <string>
 
 #include "flatmem_jax.h"
 #include "handle_pool.hpp"
+#include "ring_registry.hpp"
 
 namespace {
 
@@ -23,10 +25,27 @@ DLTensor shape_only(DLDataType dtype, int64_t *shape) {
   return t;
 }
 
-void write_message(flatmem_status status, char *message, size_t message_size) {
+void write_message(flatmem_status status, const char *text, char *message, size_t message_size) {
   if (message == nullptr || message_size == 0) return;
-  std::snprintf(message, message_size, "%s: %s", flatmem_status_string(status),
-                flatmem_last_error());
+  std::snprintf(message, message_size, "%s: %s", flatmem_status_string(status), text);
+}
+
+void write_message(flatmem_status status, char *message, size_t message_size) {
+  write_message(status, flatmem_last_error(), message, message_size);
+}
+
+// A call on the communicator of `slot`, its slot locked: `call(comm)` returns
+// a flatmem status whose text is flatmem_last_error().
+template <typename Call>
+int with_comm(int64_t slot, char *message, size_t message_size, Call call) {
+  flatmem_jax::RingLease lease(slot);
+  if (lease.status() != FLATMEM_STATUS_SUCCESS) {
+    write_message(lease.status(), lease.message().c_str(), message, message_size);
+    return lease.status();
+  }
+  const flatmem_status status = call(lease.comm());
+  if (status != FLATMEM_STATUS_SUCCESS) write_message(status, message, message_size);
+  return status;
 }
 
 }  // namespace
@@ -76,6 +95,58 @@ void flatmem_jax_contrastive_pool_stats(int64_t *handles, int64_t *cached_backwa
   if (cached_backwards != nullptr) *cached_backwards = stats.cached_backwards;
   if (cached_backwards_on_forward_handle != nullptr)
     *cached_backwards_on_forward_handle = stats.cached_backwards_on_forward_handle;
+}
+
+int flatmem_jax_comm_create_from_env(int64_t timeout_ms, int64_t connect_timeout_ms,
+                                     int64_t *slot, char *message, size_t message_size) {
+  flatmem_comm_options options;
+  flatmem_status status = flatmem_comm_options_init(&options);
+  flatmem_comm_t *comm = nullptr;
+  if (status == FLATMEM_STATUS_SUCCESS) {
+    options.timeout_ms = timeout_ms;
+    options.connect_timeout_ms = connect_timeout_ms;
+    status = flatmem_comm_create_from_env(&comm, &options);
+  }
+  if (status != FLATMEM_STATUS_SUCCESS) {
+    write_message(status, message, message_size);
+    return status;
+  }
+  try {
+    *slot = flatmem_jax::register_comm(comm);
+  } catch (...) {
+    flatmem_comm_abort(comm);
+    write_message(FLATMEM_STATUS_OUT_OF_MEMORY, "no memory to register the communicator", message,
+                  message_size);
+    return FLATMEM_STATUS_OUT_OF_MEMORY;
+  }
+  return FLATMEM_STATUS_SUCCESS;
+}
+
+int flatmem_jax_comm_rank(int64_t slot, int32_t *rank, int32_t *world_size, char *message,
+                          size_t message_size) {
+  return with_comm(slot, message, message_size, [&](flatmem_comm_t *comm) {
+    flatmem_status status = flatmem_comm_rank(comm, rank);
+    return status == FLATMEM_STATUS_SUCCESS ? flatmem_comm_world_size(comm, world_size) : status;
+  });
+}
+
+int flatmem_jax_comm_health(int64_t slot, char *message, size_t message_size) {
+  return with_comm(slot, message, message_size,
+                   [](flatmem_comm_t *comm) { return flatmem_comm_health(comm); });
+}
+
+int flatmem_jax_comm_barrier(int64_t slot, int64_t timeout_ms, char *message,
+                             size_t message_size) {
+  return with_comm(slot, message, message_size, [&](flatmem_comm_t *comm) {
+    return flatmem_comm_barrier(comm, timeout_ms);
+  });
+}
+
+int flatmem_jax_comm_close(int64_t slot, int abort, char *message, size_t message_size) {
+  std::string text;
+  const flatmem_status status = flatmem_jax::close_comm(slot, abort != 0, text);
+  if (status != FLATMEM_STATUS_SUCCESS) write_message(status, text.c_str(), message, message_size);
+  return status;
 }
 
 }  // extern "C"

@@ -127,6 +127,61 @@ FLATMEM_JAX_API int flatmem_jax_reversible_workspace_size(int backward, int dept
                                                           size_t *bytes, char *message,
                                                           size_t message_size);
 
+/* Ring losses across the ranks of a flatmem communicator (flatmem.h, "Ring
+ * across ranks"): one process per rank, each passing ITS rows and columns.
+ * Operands and results as the single-process handlers above, without the
+ * workspace result (the ring takes none):
+ *
+ *   flatmem_jax_ring_clip_forward_{cpu,cuda}     q, k, s -> loss, row_lse, col_lse
+ *   flatmem_jax_ring_clip_backward_{cpu,cuda}    q, k, s, row_lse, col_lse, g -> dq, dk, ds
+ *   flatmem_jax_ring_infonce_forward_{cpu,cuda}  q, k, s [, labels] -> loss, row_lse
+ *   flatmem_jax_ring_infonce_backward_{cpu,cuda} q, k, s, row_lse, g [, labels] -> dq, dk, ds
+ *   flatmem_jax_ring_all_reduce_{cpu,cuda}       x -> sum over ranks of x (fp32, fp64,
+ *                                                int32, int64; any shape)
+ *
+ * Attribute (every one of them): comm (s64), the communicator's registry
+ * slot from flatmem_jax_comm_create_from_env -- a small index, not a
+ * pointer. Every call is collective: every rank runs the same calls in the
+ * same order (XLA may reorder custom calls that do not depend on each other
+ * by data; keep a program's ring calls ordered by data dependence). Calls on
+ * one communicator are serialised (one slot lock). The loss, lse, ds are the
+ * GLOBAL ones (identical on every rank); dq and dk this rank's rows of the
+ * gradient of the global mean. On any rank's failure every rank's call
+ * returns an error with flatmem's message (the communicator is poisoned
+ * and later calls fail fast). The *_cuda handlers are compiled but return
+ * UNIMPLEMENTED: flatmem's ring takes kDLCPU tensors only. */
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_clip_forward_cpu(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_clip_backward_cpu(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_infonce_forward_cpu(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_infonce_backward_cpu(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_all_reduce_cpu(XLA_FFI_CallFrame *frame);
+
+/* The communicators of the ring handlers. Each returns a flatmem_status; on
+ * failure it writes "STATUS_NAME: message" into message (NUL-terminated,
+ * truncated to message_size). Thread-safe; calls on one slot are serialised
+ * with the ring handlers'.
+ *
+ *   create_from_env  flatmem_comm_create_from_env with options.timeout_ms and
+ *                    .connect_timeout_ms (0: flatmem's defaults); collective.
+ *                    *slot receives the new communicator's registry slot.
+ *   rank             this rank and the world size.
+ *   health           flatmem_comm_health.
+ *   barrier          flatmem_comm_barrier (collective).
+ *   close            destroys (abort = 0: orderly, flatmem_comm_destroy) or
+ *                    aborts (flatmem_comm_abort: the peers fail at once) the
+ *                    communicator and its ring handles; the slot stays closed.
+ * An unknown or closed slot is FLATMEM_STATUS_INVALID_ARGUMENT. */
+FLATMEM_JAX_API int flatmem_jax_comm_create_from_env(int64_t timeout_ms,
+                                                     int64_t connect_timeout_ms, int64_t *slot,
+                                                     char *message, size_t message_size);
+FLATMEM_JAX_API int flatmem_jax_comm_rank(int64_t slot, int32_t *rank, int32_t *world_size,
+                                          char *message, size_t message_size);
+FLATMEM_JAX_API int flatmem_jax_comm_health(int64_t slot, char *message, size_t message_size);
+FLATMEM_JAX_API int flatmem_jax_comm_barrier(int64_t slot, int64_t timeout_ms, char *message,
+                                             size_t message_size);
+FLATMEM_JAX_API int flatmem_jax_comm_close(int64_t slot, int abort, char *message,
+                                           size_t message_size);
+
 /* Present only when flatmem_jax_has_cuda() is 1. A flatmem built without
  * CUDA refuses kDLCUDA tensors: these then return XLA's UNIMPLEMENTED with
  * flatmem's UNSUPPORTED message. None of them has run under XLA:GPU yet. */
@@ -136,6 +191,11 @@ FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_infonce_forward_cuda(XLA_FFI_CallFram
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_infonce_backward_cuda(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_reversible_forward_cuda(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_reversible_backward_cuda(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_clip_forward_cuda(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_clip_backward_cuda(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_infonce_forward_cuda(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_infonce_backward_cuda(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_all_reduce_cuda(XLA_FFI_CallFrame *frame);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -10,7 +10,9 @@
 // forward handler through the same fake frame must succeed, which shows the
 // harness itself is sound. The contrastive handlers get their one attribute,
 // logit_cache_bytes: 0 and a budget (the CPU forward gives the same loss bits;
-// the CUDA handlers accept it and refuse the host buffers all the same).
+// the CUDA handlers accept it and refuse the host buffers all the same). The
+// ring handlers (attribute comm) must refuse too, saying that flatmem's ring
+// takes kDLCPU tensors only.
 //
 // The reversible-segment handlers (attributes decoded by name, parameters as
 // remaining operands, gradients as remaining results) get the same fake
@@ -115,20 +117,27 @@ struct Outcome {
   std::string message;
 };
 
-// The contrastive handlers' attribute (contrastive_bindings.hpp) in an XLA_FFI_Attrs.
+// The contrastive handlers' one attribute (contrastive_bindings.hpp) in an
+// XLA_FFI_Attrs: logit_cache_bytes (u64), or the ring handlers' comm (s64).
 // Not copyable: it points into itself.
 struct ContrastiveAttrs {
   uint64_t logit_cache_bytes = 0;
+  int64_t comm = 0;
 
   explicit ContrastiveAttrs(uint64_t bytes) : logit_cache_bytes(bytes) {}
+  struct Comm {
+    int64_t slot;
+  };
+  explicit ContrastiveAttrs(Comm c) : comm(c.slot), ring_(true) {}
   ContrastiveAttrs(const ContrastiveAttrs &) = delete;
   ContrastiveAttrs &operator=(const ContrastiveAttrs &) = delete;
 
   const XLA_FFI_Attrs *get() {
-    static const char name[] = "logit_cache_bytes";
-    span_ = XLA_FFI_ByteSpan{name, sizeof name - 1};
+    const char *name = ring_ ? "comm" : "logit_cache_bytes";
+    span_ = XLA_FFI_ByteSpan{name, std::strlen(name)};
     span_ptr_ = &span_;
-    scalar_ = XLA_FFI_Scalar{XLA_FFI_DataType_U64, &logit_cache_bytes};
+    scalar_ = ring_ ? XLA_FFI_Scalar{XLA_FFI_DataType_S64, &comm}
+                    : XLA_FFI_Scalar{XLA_FFI_DataType_U64, &logit_cache_bytes};
     ptr_ = &scalar_;
     type_ = XLA_FFI_AttrType_SCALAR;
     attrs_ = XLA_FFI_Attrs{XLA_FFI_Attrs_STRUCT_SIZE, nullptr, 1, &type_, &span_ptr_, &ptr_};
@@ -136,6 +145,7 @@ struct ContrastiveAttrs {
   }
 
  private:
+  bool ring_ = false;
   XLA_FFI_ByteSpan span_;
   XLA_FFI_ByteSpan *span_ptr_;
   XLA_FFI_Scalar scalar_;
@@ -230,22 +240,39 @@ bool all_equal(Buffer &b, float value) {
   return true;
 }
 
-void expect_refused(const char *name, XLA_FFI_Error *(*handler)(XLA_FFI_CallFrame *),
+// A refusal: UNIMPLEMENTED with flatmem's UNSUPPORTED status and `about` in the
+// message, results untouched, no scratch memory held.
+void expect_refusal(const char *name, XLA_FFI_Error *(*handler)(XLA_FFI_CallFrame *),
                     std::vector<Buffer *> args, std::vector<Buffer *> rets,
-                    uint64_t logit_cache_bytes = 0) {
-  ContrastiveAttrs attrs(logit_cache_bytes);
+                    ContrastiveAttrs &attrs, const char *about) {
   XLA_FFI_ExecutionContext ctx;
   const Outcome out = call(handler, args, rets, ctx, attrs.get());
   std::printf("      %s -> code %d: %s\n", name, static_cast<int>(out.code), out.message.c_str());
   expect(!out.ok && out.code == XLA_FFI_Error_Code_UNIMPLEMENTED,
          std::string(name) + " returns UNIMPLEMENTED");
   expect(out.message.find("FLATMEM_STATUS_UNSUPPORTED") != std::string::npos &&
-             out.message.find("kDLCUDA") != std::string::npos,
-         std::string(name) + " carries flatmem's UNSUPPORTED message about kDLCUDA");
+             out.message.find(about) != std::string::npos,
+         std::string(name) + " carries an UNSUPPORTED message about " + about);
   bool untouched = true;
   for (Buffer *r : rets) untouched = untouched && all_equal(*r, -7.0f);
   expect(untouched, std::string(name) + " leaves its results untouched");
   expect(ctx.live_allocations == 0, std::string(name) + " holds no scratch memory afterwards");
+}
+
+// The contrastive CUDA handlers: flatmem refuses the host buffers labelled kDLCUDA.
+void expect_refused(const char *name, XLA_FFI_Error *(*handler)(XLA_FFI_CallFrame *),
+                    std::vector<Buffer *> args, std::vector<Buffer *> rets,
+                    uint64_t logit_cache_bytes = 0) {
+  ContrastiveAttrs attrs(logit_cache_bytes);
+  expect_refusal(name, handler, std::move(args), std::move(rets), attrs, "kDLCUDA");
+}
+
+// The ring CUDA handlers: refused before any buffer or communicator is touched
+// (flatmem's ring takes kDLCPU tensors only); slot 0 names no communicator here.
+void expect_ring_refused(const char *name, XLA_FFI_Error *(*handler)(XLA_FFI_CallFrame *),
+                         std::vector<Buffer *> args, std::vector<Buffer *> rets) {
+  ContrastiveAttrs attrs(ContrastiveAttrs::Comm{0});
+  expect_refusal(name, handler, std::move(args), std::move(rets), attrs, "kDLCPU");
 }
 
 // A reversible segment of one block on states (2, 3, width 4), heads 2, hidden 8:
@@ -382,6 +409,18 @@ int main() {
   expect_refused("flatmem_jax_clip_backward_cuda (logit_cache_bytes 1 MiB)",
                  flatmem_jax_clip_backward_cuda, {&q, &k, &s, &row_lse, &col_lse, &g},
                  {&dq, &dk, &ds}, 1 << 20);
+  expect_ring_refused("flatmem_jax_ring_clip_forward_cuda", flatmem_jax_ring_clip_forward_cuda,
+                      {&q, &k, &s}, {&loss, &out_row, &out_col});
+  expect_ring_refused("flatmem_jax_ring_clip_backward_cuda", flatmem_jax_ring_clip_backward_cuda,
+                      {&q, &k, &s, &row_lse, &col_lse, &g}, {&dq, &dk, &ds});
+  expect_ring_refused("flatmem_jax_ring_infonce_forward_cuda",
+                      flatmem_jax_ring_infonce_forward_cuda, {&q, &k, &s, &labels},
+                      {&loss, &out_row});
+  expect_ring_refused("flatmem_jax_ring_infonce_backward_cuda",
+                      flatmem_jax_ring_infonce_backward_cuda, {&q, &k, &s, &row_lse, &g, &labels},
+                      {&dq, &dk, &ds});
+  expect_ring_refused("flatmem_jax_ring_all_reduce_cuda", flatmem_jax_ring_all_reduce_cuda, {&q},
+                      {&dq});
 
   // Reversible segments: the harness (attributes by name, remaining operands) on the CPU.
   {

@@ -47,13 +47,20 @@ def check_loss(got, q, k, s, labels=None, symmetric=True):
     assert float(got) >= 0.0, f"loss {float(got)!r} < 0: every term lse_i - x_ii is >= 0"
 
 
-def check_grads(grads, q, k, s, labels=None, symmetric=True, g=1.0):
-    """grads = (dq, dk[, ds]) of g * L, flatmem's, in q's dtype (ds fp32)."""
+def check_grads(grads, q, k, s, labels=None, symmetric=True, g=1.0, rows=slice(None),
+                cols=slice(None)):
+    """grads = (dq, dk[, ds]) of g * L, flatmem's, in q's dtype (ds fp32).
+    rows, cols: the rows of dq and dk that grads hold (default all): a rank's
+    shard of the global batch q, k in the ring, whose ds is the global one.
+    The bounds hold for any order of the fp32 sums (gamma_n bounds every
+    order), so they cover the ring's, which merges per-rank blocks as one
+    process merges its tiles."""
     q64, k64, s, labels = _problem(q, k, s, labels)
     _, ref_dq, ref_dk, ref_ds, _, _ = contrastive_reference(q64, k64, s, labels, symmetric)
     dtype = np.dtype(jnp.asarray(q).dtype)
     tau_dq, tau_dk, tau_ds = gradient_tolerances(q64, k64, s, labels, symmetric, g, dtype)
-    for name, got, want, tau in (("dq", grads[0], g * ref_dq, tau_dq), ("dk", grads[1], g * ref_dk, tau_dk)):
+    for name, got, want, tau in (("dq", grads[0], (g * ref_dq)[rows], tau_dq[rows]),
+                                 ("dk", grads[1], (g * ref_dk)[cols], tau_dk[cols])):
         assert got.shape == want.shape and got.dtype == dtype, (name, got.shape, got.dtype)
         err = np.abs(widened(got) - want)
         worst = np.unravel_index(np.argmax(err / tau), err.shape)

@@ -16,8 +16,9 @@ import pytest
 import flatmem_jax
 from jax_checks import unit_rows
 
-HANDLERS = [f"flatmem_jax_{loss}_{stage}" for loss in ("clip", "infonce", "reversible")
-            for stage in ("forward", "backward")]
+HANDLERS = [f"flatmem_jax_{loss}_{stage}"
+            for loss in ("clip", "infonce", "reversible", "ring_clip", "ring_infonce")
+            for stage in ("forward", "backward")] + ["flatmem_jax_ring_all_reduce"]
 
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
@@ -28,7 +29,9 @@ def test_exports_only_flatmem_jax_symbols():
     expected = {f"{h}_cpu" for h in HANDLERS} | {
         "flatmem_jax_header_version", "flatmem_jax_library_version", "flatmem_jax_has_cuda",
         "flatmem_jax_workspace_size", "flatmem_jax_reversible_workspace_size",
-        "flatmem_jax_contrastive_pool_stats"}
+        "flatmem_jax_contrastive_pool_stats", "flatmem_jax_comm_create_from_env",
+        "flatmem_jax_comm_rank", "flatmem_jax_comm_health", "flatmem_jax_comm_barrier",
+        "flatmem_jax_comm_close"}
     if flatmem_jax.has_cuda:
         expected |= {f"{h}_cuda" for h in HANDLERS}
     assert names == expected
@@ -82,6 +85,33 @@ def test_cuda_lowering_uses_the_same_targets_without_workspace_result():
     assert "ui8" not in text
 
 
+def fake_comm(slot):
+    """A RingComm naming registry slot `slot` with no communicator behind it:
+    tracing and lowering only read the slot (test_jax_ring.py runs real ones)."""
+    comm = object.__new__(flatmem_jax.RingComm)
+    comm._slot, comm._closed, comm._rank, comm._world_size = slot, False, 0, 1
+    return comm
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+def test_ring_lowering_carries_the_comm_slot_and_no_workspace(platform):
+    if platform == "cuda" and not flatmem_jax.has_cuda:
+        pytest.skip("libflatmem_jax.so built without nvcc")
+    q, k = unit_rows(1, 6, 5), unit_rows(2, 8, 5)
+    comm = fake_comm(3)
+    grad = jax.grad(lambda q, k, s: flatmem_jax.infonce_loss(q, k, s, jnp.arange(6), comm=comm),
+                    argnums=(0, 1, 2))
+    text = lowered(grad, q, k, 1.0, platform=platform)
+    calls = re.findall(r"custom_call @(flatmem_\w+)\((.*)", text)
+    assert sorted(name for name, _ in calls) == ["flatmem_ring_infonce_backward",
+                                                 "flatmem_ring_infonce_forward"]
+    for _, call in calls:
+        assert "comm = 3 : i64" in call and "logit_cache_bytes" not in call, call
+    assert "ui8" not in text
+    reduced = lowered(comm.all_reduce, jnp.zeros((2, 3)), platform=platform)
+    assert re.search(r"custom_call @flatmem_ring_all_reduce\(.*comm = 3 : i64", reduced), reduced
+
+
 def reversible_lowering(platform, math):
     import jax_reversible_reference as ref
     params = ref.random_parameters(np.random.default_rng(0), 2, 12)
@@ -126,8 +156,9 @@ def test_cuda_handlers_return_flatmems_unsupported_error():
     print(run.stdout)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASSED: 0 failure(s)" in run.stdout
-    # XLA_FFI_Error_Code_UNIMPLEMENTED: 5 handler calls, and 2 more with a logit cache budget
-    assert run.stdout.count("-> code 12: ") == 7
+    # XLA_FFI_Error_Code_UNIMPLEMENTED: 5 handler calls, 2 more with a logit cache budget,
+    # and the 5 ring handlers
+    assert run.stdout.count("-> code 12: ") == 12
     # the reversible CUDA handlers fail in the handler (what refuses them depends on the
     # flatmem build: its buffer checks, or no CUDA device for the gradient zeroing)
     assert run.stdout.count("(reversible): ") == 2

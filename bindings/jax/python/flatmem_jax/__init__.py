@@ -9,6 +9,8 @@ and reversible segments of flatmem's built-in transformer blocks.
     dq, dk, ds = jax.grad(clip_loss, argnums=(0, 1, 2))(q, k, logit_scale)
     loss = clip_loss(q, k, logit_scale, logit_cache_bytes=4 * b * b)   # a logit cache, below
     y1, y2 = reversible_transformer(x1, x2, params, heads=4)   # see its docstring
+    comm = flatmem_jax.ring.initialize()                   # one process per rank: flatmem_jax.ring
+    loss = clip_loss(q_r, k_r, logit_scale, comm=comm)     # this rank's shard of a global batch
 
 (What follows is about the losses; reversible_transformer's docstring covers it.)
 
@@ -40,6 +42,14 @@ Arguments
                  that budget, outside XLA's buffers, held until the process
                  exits (see "Handles"). CPU only; under XLA:CUDA it is
                  accepted and ignored (flatmem's CUDA backend recomputes).
+
+Across processes
+    With comm=RingComm (flatmem_jax.ring.initialize()), clip_loss and
+    infonce_loss compute the loss of ONE global batch spread over processes,
+    each passing its shard, through flatmem's ring; the gradients are this
+    rank's rows of the exact gradients of the global mean, the scale's
+    gradient the global one on every rank. Collective; CPU only. See
+    flatmem_jax.ring's docstring.
 
 Differentiation
     Reverse mode, first order (jax.grad, jax.vjp). Forward mode (jax.jvp,
@@ -105,7 +115,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["clip_loss", "infonce_loss", "reversible_transformer", "FlatmemError", "has_cuda",
-           "library_path"]
+           "library_path", "RingComm", "ring"]
 __version__ = "0.1.0"
 
 # flatmem_contrastive_loss values (flatmem.h).
@@ -191,6 +201,11 @@ _TARGETS = {
     "flatmem_infonce_backward": "flatmem_jax_infonce_backward",
     "flatmem_reversible_forward": "flatmem_jax_reversible_forward",
     "flatmem_reversible_backward": "flatmem_jax_reversible_backward",
+    "flatmem_ring_clip_forward": "flatmem_jax_ring_clip_forward",
+    "flatmem_ring_clip_backward": "flatmem_jax_ring_clip_backward",
+    "flatmem_ring_infonce_forward": "flatmem_jax_ring_infonce_forward",
+    "flatmem_ring_infonce_backward": "flatmem_jax_ring_infonce_backward",
+    "flatmem_ring_all_reduce": "flatmem_jax_ring_all_reduce",
 }
 for _name, _symbol in _TARGETS.items():
     jax.ffi.register_ffi_target(
@@ -284,13 +299,16 @@ def _labels_operand(labels):
     return jnp.stack([low, high], axis=-1)
 
 
-def _call(target: str, results, operands, workspace_bytes: int, cache_bytes: int):
-    """One custom call: on CPU with the workspace as an extra (dropped) result,
-    on CUDA without (the handler takes XLA's scratch memory); both with the
-    logit_cache_bytes attribute (which the CUDA handlers ignore)."""
-    attributes = dict(logit_cache_bytes=np.uint64(cache_bytes))
+def _call(target: str, results, operands, workspace_bytes, attributes):
+    """One custom call: on CPU with the workspace as an extra (dropped) result
+    when workspace_bytes is not None (the ring handlers take none), on CUDA
+    without (the handler takes XLA's scratch memory); both with the same
+    attributes (the CUDA handlers ignore logit_cache_bytes)."""
 
     def cpu(*ops):
+        if workspace_bytes is None:
+            return tuple(jax.ffi.ffi_call(target, list(results), vmap_method="sequential")(
+                *ops, **attributes))
         shapes = list(results) + [jax.ShapeDtypeStruct((workspace_bytes,), jnp.uint8)]
         out = jax.ffi.ffi_call(target, shapes, vmap_method="sequential")(*ops, **attributes)
         return tuple(out[:-1])
@@ -311,55 +329,87 @@ def _call(target: str, results, operands, workspace_bytes: int, cache_bytes: int
 _F32 = jnp.float32
 
 
-def _forward(loss, cache_bytes, q, k, s, labels):
+class _Site(tuple):
+    """Where a loss runs (static, hashable): (logit_cache_bytes, comm_slot).
+    comm_slot None: this process alone, a pooled handle with that cache
+    budget; otherwise the ring across the ranks of the communicator in that
+    registry slot (ring.py), which takes no workspace and no cache."""
+
+    cache_bytes = property(lambda self: self[0])
+    comm = property(lambda self: self[1])
+
+    def call(self, name, results, operands, workspace):
+        """The custom call `name` (e.g. "clip_forward") of this site;
+        workspace() gives the CPU workspace bytes of the single-process one."""
+        if self.comm is None:
+            return _call(f"flatmem_{name}", results, operands, workspace(),
+                         dict(logit_cache_bytes=np.uint64(self.cache_bytes)))
+        return _call(f"flatmem_ring_{name}", results, operands, None, dict(comm=np.int64(self.comm)))
+
+
+def _forward(loss, site, q, k, s, labels):
     b, c = q.shape[0], k.shape[0]
     results = [jax.ShapeDtypeStruct((), _F32), jax.ShapeDtypeStruct((b,), _F32)]
     if loss == _SYMMETRIC:
         results.append(jax.ShapeDtypeStruct((c,), _F32))
-    target = "flatmem_clip_forward" if loss == _SYMMETRIC else "flatmem_infonce_forward"
+    name = "clip_forward" if loss == _SYMMETRIC else "infonce_forward"
     operands = (q, k, s) if labels is None else (q, k, s, labels)
-    ws = _workspace_bytes(loss, False, q.dtype, q.shape, k.dtype, k.shape)
-    out = _call(target, results, operands, ws, cache_bytes)
+    out = site.call(name, results, operands,
+                    lambda: _workspace_bytes(loss, False, q.dtype, q.shape, k.dtype, k.shape))
     return out[0], out[1], (out[2] if loss == _SYMMETRIC else None)
 
 
-def _backward(loss, cache_bytes, q, k, s, labels, row_lse, col_lse, g):
+def _backward(loss, site, q, k, s, labels, row_lse, col_lse, g):
     results = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
                jax.ShapeDtypeStruct((), _F32)]
     g = jnp.asarray(g, _F32).reshape(())
     if loss == _SYMMETRIC:
-        target, operands = "flatmem_clip_backward", (q, k, s, row_lse, col_lse, g)
+        name, operands = "clip_backward", (q, k, s, row_lse, col_lse, g)
     else:
-        target, operands = "flatmem_infonce_backward", (q, k, s, row_lse, g)
+        name, operands = "infonce_backward", (q, k, s, row_lse, g)
     if labels is not None:
         operands += (labels,)
-    ws = _workspace_bytes(loss, True, q.dtype, q.shape, k.dtype, k.shape)
-    dq, dk, ds = _call(target, results, operands, ws, cache_bytes)
+    dq, dk, ds = site.call(name, results, operands,
+                           lambda: _workspace_bytes(loss, True, q.dtype, q.shape, k.dtype, k.shape))
     return dq, dk, ds
 
 
-# loss and cache_bytes are static: Python ints that select the custom call
-# and its attribute.
+# loss and site are static: a Python int and a _Site that select the custom
+# call and its attribute.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _contrastive(loss, cache_bytes, q, k, s, labels):
-    return _forward(loss, cache_bytes, q, k, s, labels)[0]
+def _contrastive(loss, site, q, k, s, labels):
+    return _forward(loss, site, q, k, s, labels)[0]
 
 
-def _contrastive_fwd(loss, cache_bytes, q, k, s, labels):
-    value, row_lse, col_lse = _forward(loss, cache_bytes, q, k, s, labels)
+def _contrastive_fwd(loss, site, q, k, s, labels):
+    value, row_lse, col_lse = _forward(loss, site, q, k, s, labels)
     return value, (q, k, s, labels, row_lse, col_lse)
 
 
-def _contrastive_bwd(loss, cache_bytes, residuals, g):
+def _contrastive_bwd(loss, site, residuals, g):
     q, k, s, labels, row_lse, col_lse = residuals
-    dq, dk, ds = _backward(loss, cache_bytes, q, k, s, labels, row_lse, col_lse, g)
+    dq, dk, ds = _backward(loss, site, q, k, s, labels, row_lse, col_lse, g)
     return dq, dk, ds, None  # labels: integers, no cotangent
 
 
 _contrastive.defvjp(_contrastive_fwd, _contrastive_bwd)
 
 
-def clip_loss(q, k, logit_scale, *, logit_cache_bytes=0):
+def _site(logit_cache_bytes, comm) -> _Site:
+    """The _Site of a call's keywords (checked at trace time)."""
+    cache = _cache_budget(logit_cache_bytes)
+    if comm is None:
+        return _Site((cache, None))
+    if not isinstance(comm, RingComm):
+        raise TypeError(f"flatmem_jax: comm must be a flatmem_jax.RingComm (from "
+                        f"flatmem_jax.ring.initialize) or None, not {type(comm).__name__}")
+    if cache != 0:
+        raise ValueError("flatmem_jax: logit_cache_bytes must be 0 with comm: flatmem's ring "
+                         "keeps no logit cache (flatmem.h, options.logit_cache_bytes)")
+    return _Site((0, comm.slot))
+
+
+def clip_loss(q, k, logit_scale, *, logit_cache_bytes=0, comm=None):
     """Symmetric CLIP loss of row features q (b, d) and column features k (b, d):
 
         L = 1/2 [ mean_i (LSE_j s<q_i,k_j> - s<q_i,k_i>) + mean_j (LSE_i s<q_i,k_j> - s<q_j,k_j>) ]
@@ -369,13 +419,17 @@ def clip_loss(q, k, logit_scale, *, logit_cache_bytes=0):
     forward keeps for the backward -- 6 b^2 d instead of 8 b^2 d FLOPs for
     forward + backward at 4 b^2 bytes, bitwise the same results, CPU only;
     see the module's docstring.
+    comm (a RingComm, default None): the loss of the GLOBAL batch spread over
+    the communicator's ranks -- this rank passes its b_r pairs, q and k
+    (b_r, d), and gets L of the concatenated batch (rank order), its rows'
+    dq and dk and the global ds (see flatmem_jax.ring). Collective.
     """
     q, k = _features(q, k)
-    return _contrastive(_SYMMETRIC, _cache_budget(logit_cache_bytes), q, k, _scale(logit_scale),
+    return _contrastive(_SYMMETRIC, _site(logit_cache_bytes, comm), q, k, _scale(logit_scale),
                         None)
 
 
-def infonce_loss(q, k, logit_scale, labels=None, *, logit_cache_bytes=0):
+def infonce_loss(q, k, logit_scale, labels=None, *, logit_cache_bytes=0, comm=None):
     """InfoNCE loss of rows q (b, d) against columns k (c, d), c >= b allowed:
 
         L = mean_i (LSE_j s<q_i,k_j> - s<q_i,k_{y_i}>),   y = labels or 0..b-1
@@ -385,10 +439,16 @@ def infonce_loss(q, k, logit_scale, labels=None, *, logit_cache_bytes=0):
     forward keeps for the backward -- 6 b c d instead of 8 b c d FLOPs for
     forward + backward at 4 b c bytes, bitwise the same results, CPU only;
     see the module's docstring.
+    comm (a RingComm, default None): the loss of the GLOBAL batch spread over
+    the communicator's ranks -- this rank passes its rows q (b_r, d) and its
+    columns k (c_r, d); labels (b_r,) are then GLOBAL column indices in
+    [0, C), C = sum of c_r, and may point at any rank's columns (None: row g
+    of the global batch pairs with column g). See flatmem_jax.ring.
+    Collective.
     """
     q, k = _features(q, k)
     labels = None if labels is None else _labels_operand(labels)
-    return _contrastive(_INFONCE, _cache_budget(logit_cache_bytes), q, k, _scale(logit_scale),
+    return _contrastive(_INFONCE, _site(logit_cache_bytes, comm), q, k, _scale(logit_scale),
                         labels)
 
 
@@ -612,3 +672,8 @@ def reversible_transformer(x1, x2, params, *, heads, mode="auto", seed=0, offset
     config = _ReversibleConfig((int(heads), int(hidden), float(eps), mode_value, int(num_threads),
                                 int(seed), int(offset), math_value))
     return _reversible(config, x1, x2, flat)
+
+
+# The ring across ranks (ring.py uses the loader and helpers above).
+from . import ring  # noqa: E402
+from .ring import RingComm  # noqa: E402

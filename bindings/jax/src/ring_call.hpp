@@ -1,0 +1,33 @@
+// The body of the ring handlers, shared by the CPU handlers
+// (ring_handlers.cpp) and the CUDA ones (ring_cuda.cu, which only refuse):
+// the handle source of a ring call -- the lease of the communicator's slot
+// and its ring handle (ring_registry.hpp) -- and the all-reduce.
+#pragma once
+
+#include <optional>
+
+#include "contrastive_call.hpp"
+#include "ring_registry.hpp"
+
+namespace flatmem_jax {
+
+// The ring handle of (slot, loss), the slot locked for the call.
+class RingSource final : public HandleSource {
+ public:
+  RingSource(std::int64_t slot, flatmem_contrastive_loss loss) : slot_(slot), loss_(loss) {}
+  ffi::ErrorOr<flatmem_contrastive_t *> acquire(const void *, const void *) override;
+
+ private:
+  std::int64_t slot_;
+  flatmem_contrastive_loss loss_;
+  std::optional<RingLease> lease_;
+};
+
+// recv = sum over the ranks of slot's communicator of send (host buffers).
+ffi::Error ring_all_reduce(std::int64_t slot, const ffi::AnyBuffer &send, ffi::AnyBuffer recv);
+
+// What the CUDA ring handlers return: flatmem's ring runs over the host
+// transport on kDLCPU tensors only (flatmem.h, "Ring across ranks").
+ffi::Error ring_on_cuda_unsupported(const char *what);
+
+}  // namespace flatmem_jax

@@ -1,0 +1,110 @@
+#include "ring_registry.hpp"
+
+#include <vector>
+
+#include "handle_pool.hpp"
+
+namespace flatmem_jax {
+
+struct CommSlot {
+  std::mutex mutex;
+  flatmem_comm_t *comm = nullptr;  // NULL once closed
+  flatmem_contrastive_t *symmetric = nullptr, *infonce = nullptr;
+};
+
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<CommSlot>> slots;  // only ever appended: slot pointers stay valid
+};
+
+Registry &registry() {
+  static Registry *r = new Registry;  // leaked: no static destructor may join threads
+  return *r;
+}
+
+CommSlot *find_slot(std::int64_t slot) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  if (slot < 0 || static_cast<std::size_t>(slot) >= registry().slots.size()) return nullptr;
+  return registry().slots[static_cast<std::size_t>(slot)].get();
+}
+
+std::string unknown(std::int64_t slot) {
+  return "comm: no communicator has slot " + std::to_string(slot) +
+         " in this process (create one with flatmem_jax.ring.initialize)";
+}
+
+std::string closed(std::int64_t slot) {
+  return "comm: the communicator of slot " + std::to_string(slot) +
+         " was closed (RingComm.close / abort); create a new one";
+}
+
+}  // namespace
+
+std::int64_t register_comm(flatmem_comm_t *comm) {
+  auto slot = std::make_unique<CommSlot>();
+  slot->comm = comm;
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  registry().slots.push_back(std::move(slot));
+  return static_cast<std::int64_t>(registry().slots.size() - 1);
+}
+
+flatmem_status close_comm(std::int64_t index, bool abort, std::string &message) {
+  CommSlot *slot = find_slot(index);
+  if (slot == nullptr) {
+    message = unknown(index);
+    return FLATMEM_STATUS_INVALID_ARGUMENT;
+  }
+  std::lock_guard<std::mutex> lock(slot->mutex);
+  if (slot->comm == nullptr) {
+    message = closed(index);
+    return FLATMEM_STATUS_INVALID_ARGUMENT;
+  }
+  // The handles first: they use the communicator (it must outlive them).
+  flatmem_contrastive_destroy(slot->symmetric);
+  flatmem_contrastive_destroy(slot->infonce);
+  slot->symmetric = slot->infonce = nullptr;
+  const flatmem_status status =
+      abort ? flatmem_comm_abort(slot->comm) : flatmem_comm_destroy(slot->comm);
+  slot->comm = nullptr;
+  if (status != FLATMEM_STATUS_SUCCESS) message = flatmem_last_error();
+  return status;
+}
+
+RingLease::RingLease(std::int64_t index) : slot_(find_slot(index)) {
+  if (slot_ == nullptr) {
+    status_ = FLATMEM_STATUS_INVALID_ARGUMENT;
+    message_ = unknown(index);
+    return;
+  }
+  lock_ = std::unique_lock<std::mutex>(slot_->mutex);
+  if (slot_->comm == nullptr) {
+    status_ = FLATMEM_STATUS_INVALID_ARGUMENT;
+    message_ = closed(index);
+  }
+}
+
+flatmem_comm_t *RingLease::comm() const {
+  return status_ == FLATMEM_STATUS_SUCCESS ? slot_->comm : nullptr;
+}
+
+flatmem_status RingLease::handle(flatmem_contrastive_loss loss, flatmem_contrastive_t **out) {
+  if (status_ != FLATMEM_STATUS_SUCCESS) return status_;
+  flatmem_contrastive_t *&handle =
+      loss == FLATMEM_CONTRASTIVE_SYMMETRIC ? slot_->symmetric : slot_->infonce;
+  if (handle == nullptr) {
+    flatmem_contrastive_options options;
+    flatmem_status status = flatmem_contrastive_options_init(&options);
+    if (status != FLATMEM_STATUS_SUCCESS) return status;
+    options.loss = loss;
+    options.num_threads = pool_num_threads();
+    options.comm = slot_->comm;
+    status = flatmem_contrastive_create(&handle, &options);
+    if (status != FLATMEM_STATUS_SUCCESS) return status;
+  }
+  *out = handle;
+  return FLATMEM_STATUS_SUCCESS;
+}
+
+}  // namespace flatmem_jax
