@@ -51,7 +51,7 @@ awk '/^```java$/ { inside = 1; next } /^```$/ { inside = 0 } inside' \
   "$FLATMEM_ROOT/bindings/python/README.md" >"$out/example/ClipLossExample.java"
 grep -q "class ClipLossExample" "$out/example/ClipLossExample.java" || fail "no ClipLossExample in the README's java block"
 "$JAVA_HOME/bin/javac" -Xlint:all -d "$out/classes" "$out"/src/flatmem/*.java \
-  "$FLATMEM_ROOT/bindings/java/FlatmemTest.java" "$out/example/ClipLossExample.java"
+  "$FLATMEM_ROOT"/bindings/java/flatmem/*.java "$FLATMEM_ROOT/bindings/java/FlatmemTest.java" "$out/example/ClipLossExample.java"
 
 java=("$JAVA_HOME/bin/java" -Xcheck:jni -Djava.library.path="$out" -cp "$out/classes")
 step "FlatmemTest"
