@@ -51,11 +51,15 @@ awk '/^```java$/ { inside = 1; next } /^```$/ { inside = 0 } inside' \
   "$FLATMEM_ROOT/bindings/python/README.md" >"$out/example/ClipLossExample.java"
 grep -q "class ClipLossExample" "$out/example/ClipLossExample.java" || fail "no ClipLossExample in the README's java block"
 "$JAVA_HOME/bin/javac" -Xlint:all -d "$out/classes" "$out"/src/flatmem/*.java \
-  "$FLATMEM_ROOT"/bindings/java/flatmem/*.java "$FLATMEM_ROOT/bindings/java/FlatmemTest.java" "$out/example/ClipLossExample.java"
+  "$FLATMEM_ROOT"/bindings/java/flatmem/*.java "$FLATMEM_ROOT"/bindings/java/*.java "$out/example/ClipLossExample.java"
 
 java=("$JAVA_HOME/bin/java" -Xcheck:jni -Djava.library.path="$out" -cp "$out/classes")
 step "FlatmemTest"
 "${java[@]}" FlatmemTest
+
+step "CommTest: 2, 3 and 4 RankWorker JVMs over UCX on loopback"
+# CommTest gives every child a hard deadline (45 s per run); `timeout` bounds CommTest itself.
+timeout -k 5 170 "${java[@]}" CommTest || fail "CommTest failed (or ran past 170 s)"
 
 step "README snippet (ClipLossExample)"
 "${java[@]}" ClipLossExample | tee "$out/example/output.txt"

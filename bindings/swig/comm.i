@@ -219,90 +219,6 @@ static void flatmem_swig_cyclic_release(flatmem_swig_cyclic *s) {
 }
 %}
 
-/* ------------------------------------------------------------------------ */
-/* UniqueId                                                                  */
-/* ------------------------------------------------------------------------ */
-%rename(UniqueId) flatmem_comm_unique_id;
-%newobject flatmem_comm_unique_id::from_hex;
-%newobject flatmem_comm_unique_id::hex;
-struct flatmem_comm_unique_id {};
-%extend flatmem_comm_unique_id {
-  /* Rank 0: flatmem_comm_unique_id_create(address): opens the bootstrap
-   * listener ("host:port", ":0", "" = $FLATMEM_COMM_ADDRESS or any free port
-   * on this machine's first address). */
-  flatmem_comm_unique_id(const char *address = NULL) {
-    flatmem_comm_unique_id *id = (flatmem_comm_unique_id *)calloc(1, sizeof *id);
-    if (!id) {
-      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "UniqueId: out of memory");
-      return NULL;
-    }
-    if (!flatmem_swig_check(flatmem_comm_unique_id_create(address, id))) {
-      free(id);
-      return NULL;
-    }
-    return id;
-  }
-  ~flatmem_comm_unique_id() { free($self); }
-
-  /* The 128 bytes as 256 lower-case hex digits. */
-  char *hex() const {
-    static const char digits[] = "0123456789abcdef";
-    char *text = (char *)malloc(2 * FLATMEM_COMM_UNIQUE_ID_BYTES + 1);
-    int i;
-    if (!text) {
-      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "UniqueId.hex: out of memory");
-      return NULL;
-    }
-    for (i = 0; i < FLATMEM_COMM_UNIQUE_ID_BYTES; ++i) {
-      text[2 * i] = digits[$self->internal[i] >> 4];
-      text[2 * i + 1] = digits[$self->internal[i] & 15];
-    }
-    text[2 * FLATMEM_COMM_UNIQUE_ID_BYTES] = '\0';
-    return text;
-  }
-
-  /* The id hex() printed (256 hex digits, either case). */
-  static flatmem_comm_unique_id *from_hex(const char *text) {
-    flatmem_comm_unique_id *id;
-    int i;
-    if (!text || strlen(text) != 2 * FLATMEM_COMM_UNIQUE_ID_BYTES) {
-      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
-                        "UniqueId.from_hex: text: %d characters; expected %d hex digits",
-                        text ? (int)strlen(text) : -1, 2 * FLATMEM_COMM_UNIQUE_ID_BYTES);
-      return NULL;
-    }
-    id = (flatmem_comm_unique_id *)calloc(1, sizeof *id);
-    if (!id) {
-      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "UniqueId: out of memory");
-      return NULL;
-    }
-    for (i = 0; i < 2 * FLATMEM_COMM_UNIQUE_ID_BYTES; ++i) {
-      const char ch = text[i];
-      const int v = ch >= '0' && ch <= '9' ? ch - '0'
-                    : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-                    : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
-      if (v < 0) {
-        free(id);
-        flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
-                          "UniqueId.from_hex: text: character %d ('%c') is not a hex digit", i, ch);
-        return NULL;
-      }
-      id->internal[i / 2] = (unsigned char)(id->internal[i / 2] << 4 | v);
-    }
-    return id;
-  }
-}
-
-/* ------------------------------------------------------------------------ */
-/* Communicator, CommRequest, CommLocalGroup                                 */
-/* ------------------------------------------------------------------------ */
-%rename(Communicator) flatmem_swig_comm;
-%rename(CommRequest) flatmem_swig_request;
-%rename(CommLocalGroup) flatmem_swig_comm_group;
-%newobject flatmem_swig_comm::from_env;
-%newobject flatmem_swig_comm::isend;
-%newobject flatmem_swig_comm::irecv;
-%newobject flatmem_swig_comm_group::take;
 #ifdef SWIGJAVA
 /* Java. Object.wait(long) is final: CommRequest.wait is waitFor.
  * Communicator, CommLocalGroup, Cyclic, CommRequest and UniqueId are
@@ -516,6 +432,91 @@ struct flatmem_comm_unique_id {};
   }
 %}
 #endif
+
+/* ------------------------------------------------------------------------ */
+/* UniqueId                                                                  */
+/* ------------------------------------------------------------------------ */
+%rename(UniqueId) flatmem_comm_unique_id;
+%newobject flatmem_comm_unique_id::from_hex;
+%newobject flatmem_comm_unique_id::hex;
+struct flatmem_comm_unique_id {};
+%extend flatmem_comm_unique_id {
+  /* Rank 0: flatmem_comm_unique_id_create(address): opens the bootstrap
+   * listener ("host:port", ":0", "" = $FLATMEM_COMM_ADDRESS or any free port
+   * on this machine's first address). */
+  flatmem_comm_unique_id(const char *address = NULL) {
+    flatmem_comm_unique_id *id = (flatmem_comm_unique_id *)calloc(1, sizeof *id);
+    if (!id) {
+      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "UniqueId: out of memory");
+      return NULL;
+    }
+    if (!flatmem_swig_check(flatmem_comm_unique_id_create(address, id))) {
+      free(id);
+      return NULL;
+    }
+    return id;
+  }
+  ~flatmem_comm_unique_id() { free($self); }
+
+  /* The 128 bytes as 256 lower-case hex digits. */
+  char *hex() const {
+    static const char digits[] = "0123456789abcdef";
+    char *text = (char *)malloc(2 * FLATMEM_COMM_UNIQUE_ID_BYTES + 1);
+    int i;
+    if (!text) {
+      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "UniqueId.hex: out of memory");
+      return NULL;
+    }
+    for (i = 0; i < FLATMEM_COMM_UNIQUE_ID_BYTES; ++i) {
+      text[2 * i] = digits[$self->internal[i] >> 4];
+      text[2 * i + 1] = digits[$self->internal[i] & 15];
+    }
+    text[2 * FLATMEM_COMM_UNIQUE_ID_BYTES] = '\0';
+    return text;
+  }
+
+  /* The id hex() printed (256 hex digits, either case). */
+  static flatmem_comm_unique_id *from_hex(const char *text) {
+    flatmem_comm_unique_id *id;
+    int i;
+    if (!text || strlen(text) != 2 * FLATMEM_COMM_UNIQUE_ID_BYTES) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
+                        "UniqueId.from_hex: text: %d characters; expected %d hex digits",
+                        text ? (int)strlen(text) : -1, 2 * FLATMEM_COMM_UNIQUE_ID_BYTES);
+      return NULL;
+    }
+    id = (flatmem_comm_unique_id *)calloc(1, sizeof *id);
+    if (!id) {
+      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "UniqueId: out of memory");
+      return NULL;
+    }
+    for (i = 0; i < 2 * FLATMEM_COMM_UNIQUE_ID_BYTES; ++i) {
+      const char ch = text[i];
+      const int v = ch >= '0' && ch <= '9' ? ch - '0'
+                    : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                    : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+      if (v < 0) {
+        free(id);
+        flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
+                          "UniqueId.from_hex: text: character %d ('%c') is not a hex digit", i, ch);
+        return NULL;
+      }
+      id->internal[i / 2] = (unsigned char)(id->internal[i / 2] << 4 | v);
+    }
+    return id;
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Communicator, CommRequest, CommLocalGroup                                 */
+/* ------------------------------------------------------------------------ */
+%rename(Communicator) flatmem_swig_comm;
+%rename(CommRequest) flatmem_swig_request;
+%rename(CommLocalGroup) flatmem_swig_comm_group;
+%newobject flatmem_swig_comm::from_env;
+%newobject flatmem_swig_comm::isend;
+%newobject flatmem_swig_comm::irecv;
+%newobject flatmem_swig_comm_group::take;
 
 struct flatmem_swig_comm {};
 %extend flatmem_swig_comm {
