@@ -1,5 +1,6 @@
 // The multi-process test of the Java communicator, ring loss and cyclic
-// runtime: starts 2, 3 and 4 RankWorker JVMs joined over UCX on loopback --
+// runtime: first an in-process CommLocalGroup (2 threads: all-reduce, a
+// timeout as STATUS_TIMEOUT, poisoning); then starts 2, 3 and 4 RankWorker JVMs joined over UCX on loopback --
 // from the environment (FLATMEM_RANK / _WORLD_SIZE / _COORDINATOR on a free
 // port) and from a UniqueId that rank 0 prints as hex -- and in the 4-rank run
 // kills the last rank (Process.destroyForcibly) once every rank is ready; the
@@ -7,6 +8,11 @@
 // deadline: one still running after it is killed and the test fails. Exits 1
 // on any failure. Built and run by scripts/check-java.sh (the children inherit
 // this JVM's java, class path and java.library.path).
+import flatmem.CommLocalGroup;
+import flatmem.Communicator;
+import flatmem.FlatmemArgumentException;
+import flatmem.FlatmemException;
+import flatmem.Status;
 import java.io.BufferedReader;
 import java.io.IOException;
 import java.io.InputStreamReader;
@@ -169,7 +175,78 @@ public final class CommTest {
     }
   }
 
+  /** Runs body on its own thread; its exception, if any, is returned by the join. */
+  static final class Worker extends Thread {
+    private final Runnable body;
+    volatile RuntimeException error;
+
+    Worker(Runnable body) {
+      this.body = body;
+      setDaemon(true);
+      start();
+    }
+
+    @Override public void run() {
+      try {
+        body.run();
+      } catch (RuntimeException e) {
+        error = e;
+      }
+    }
+
+    RuntimeException finish() throws InterruptedException {
+      join(TimeUnit.SECONDS.toMillis(RUN_DEADLINE_S));
+      if (isAlive()) throw new IllegalStateException("a CommLocalGroup thread ran past its deadline");
+      return error;
+    }
+  }
+
+  /** In this process: a CommLocalGroup of 2 ranks on 2 threads sums with
+   *  all_reduce; a barrier rank 1 never joins fails with STATUS_TIMEOUT
+   *  (FlatmemException) after its timeout, naming the operation, and poisons
+   *  the group; a rank taken twice is refused. */
+  static void localGroup() throws InterruptedException {
+    try (CommLocalGroup group = new CommLocalGroup(2);
+         Communicator c0 = group.take(0);
+         Communicator c1 = group.take(1)) {
+      try {
+        group.take(1);
+        report(false, "CommLocalGroup.take(1) twice: no exception");
+      } catch (FlatmemArgumentException e) {
+        report(e.status() == Status.STATUS_INVALID_ARGUMENT && e.getMessage().contains("already taken"),
+               "CommLocalGroup.take(1) twice: " + e.getMessage());
+      }
+      double[][] sums = new double[2][];
+      Worker w1 = new Worker(() -> sums[1] = c1.all_reduce(new double[] {0.5, -2}));
+      sums[0] = c0.all_reduce(new double[] {1.25, 3});
+      RuntimeException e1 = w1.finish();
+      report(e1 == null && java.util.Arrays.equals(sums[0], new double[] {1.75, 1})
+             && java.util.Arrays.equals(sums[1], sums[0]),
+             "CommLocalGroup: all_reduce on 2 threads: " + java.util.Arrays.toString(sums[0]) + (e1 == null ? "" : " " + e1));
+      long start = System.nanoTime();
+      try {
+        c0.barrier(300);
+        report(false, "barrier without rank 1: no exception");
+      } catch (FlatmemException e) {
+        double ms = (System.nanoTime() - start) * 1e-6;
+        report(e.status() == Status.STATUS_TIMEOUT && e.getMessage().startsWith("FLATMEM_STATUS_TIMEOUT: ")
+               && e.getMessage().contains("barrier") && ms >= 300 && ms < 5000,
+               "barrier without rank 1: " + e.status() + " after " + Math.round(ms) + " ms: " + e.getMessage());
+      }
+      try {
+        c1.barrier(300);
+        report(false, "barrier of rank 1 in the poisoned group: no exception");
+      } catch (FlatmemException e) {
+        report(e.status() == Status.STATUS_COMM_POISONED || e.status() == Status.STATUS_PEER_FAILURE,
+               "rank 1 of the poisoned group: " + e.status() + ": " + e.getMessage());
+      }
+      c0.abort();
+      c1.abort();
+    }
+  }
+
   public static void main(String[] args) throws Exception {
+    localGroup();
     run(2, true, false);
     run(3, false, false);
     run(4, true, true);
