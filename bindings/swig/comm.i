@@ -249,6 +249,47 @@ static void flatmem_swig_cyclic_release(flatmem_swig_cyclic *s) {
 %rename(close_raw) flatmem_swig_cyclic::close;
 %javamethodmodifiers flatmem_swig_cyclic::close "private";
 
+%typemap(javaclassmodifiers) struct flatmem_comm_unique_id "/**
+ * What rank 0 makes (new UniqueId(\"host:port\"), port 0 = any free port) and
+ * every rank passes to new Communicator(rank, world_size, id): hex() gives
+ * 256 hex digits for a command line or file, UniqueId.from_hex(text) reads
+ * them back. Rank 0 must create its Communicator in the process that made it.
+ */
+public class"
+%typemap(javaclassmodifiers) struct flatmem_swig_comm "/**
+ * A flatmem_comm_t: this process's rank of world_size ranks (UCX, or a
+ * CommLocalGroup in one process). Messages are compact CPU Tensors (their
+ * bytes); every wait is bounded by a timeout in milliseconds (0 = the
+ * communicator's default, FLATMEM_COMM_TIMEOUT_MS or 60000). A timeout or a
+ * dead peer throws FlatmemException (status() STATUS_TIMEOUT or
+ * STATUS_PEER_FAILURE, the message naming the operation, step and peer rank)
+ * and poisons the communicator: later calls throw STATUS_COMM_POISONED; release
+ * it with abort(). Thread rule: one thread at a time (its Contrastive and Cyclic
+ * handles are its users); distinct communicators are independent.
+ */
+public class"
+%typemap(javaclassmodifiers) struct flatmem_swig_request "/**
+ * An outstanding isend / irecv: finish it with waitFor() (once), which keeps
+ * its buffer reachable until then.
+ */
+public class"
+%typemap(javaclassmodifiers) struct flatmem_swig_comm_group "/**
+ * world_size communicators of one group inside this process (messages are
+ * memory copies, no UCX): take(rank) each once and use each from its own
+ * thread (a collective waits for every rank's thread).
+ */
+public class"
+%typemap(javaclassmodifiers) struct flatmem_swig_cyclic "/**
+ * The cyclic data-parallel runtime (cyclic.h) of this rank over a
+ * Communicator (collective create; one per communicator at a time). Loop:
+ * a = next(); stop at CYCLIC_DONE; when a.getUpdate_stage() >= 0 apply the
+ * average now in the Tensor reduced for (update_stage, update_step); run the
+ * FORWARD / BACKWARD of a.getStage(); after a BACKWARD, reduce(stage, gradient)
+ * (two gradient Tensors per stage, alternating on the step's parity). One
+ * thread drives it; waits are bounded by the timeout; failures throw
+ * FlatmemException naming the stage, step and peer.
+ */
+public class"
 %typemap(javainterfaces) struct flatmem_comm_unique_id "AutoCloseable"
 %typemap(javacode) struct flatmem_comm_unique_id %{
   @Override public void close() { delete(); }

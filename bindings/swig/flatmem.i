@@ -419,6 +419,23 @@ static void flatmem_swig_throw_java(JNIEnv *jenv, int status, const char *messag
 %typemap(javacode) struct flatmem_contrastive_options %{
   @Override public void close() { delete(); }
 %}
+%javamethodmodifiers flatmem_contrastive_s::flatmem_contrastive_s "
+  /**
+   * flatmem_contrastive_create. options: null = the defaults. comm: null (this
+   * process alone), or a Communicator whose ranks share one global batch -- the
+   * ring loss (\"Ring across ranks\" in flatmem.h): rank r passes its rows q_r
+   * (b_r x d) and its columns k_r (c_r x d), INFONCE labels (b_r,) int64 are
+   * GLOBAL column indices, SYMMETRIC needs b_r = c_r. loss and dlogit_scale are
+   * those of the whole batch (the same bits on every rank); row_lse / col_lse
+   * are global log-sum-exps of this rank's rows / columns; dq and dk are this
+   * rank's slices of the exact gradients of the GLOBAL mean loss -- nothing is
+   * summed over ranks (a wrapper that averages gradients over N ranks passes
+   * dloss = N). forward / backward are collective (every rank, same order,
+   * same options and logit scale); transport failures throw FlatmemException.
+   * The handle holds comm: comm.close() is refused until this handle is closed.
+   * One thread at a time per handle and communicator.
+   */
+  public";
 %typemap(javainterfaces) struct flatmem_contrastive_s "AutoCloseable"
 %typemap(javacode) struct flatmem_contrastive_s %{
   @Override public void close() { delete(); }
