@@ -31,7 +31,8 @@ public final class RankWorker {
   /** Every wait of the communicator (ms): far above what a healthy run of
    *  these tiny messages needs on a loaded machine, far below CommTest's deadline. */
   static final long TIMEOUT_MS = 10000, CONNECT_TIMEOUT_MS = 20000;
-  /** The wait in the killed-peer check (ms). */
+  /** The wait in the killed-peer check (ms): the other ranks must fail within it
+   *  (plus 3 s of slack for a loaded machine), whoever they were waiting on. */
   static final long KILL_TIMEOUT_MS = 8000;
 
   private static int rank, world, failures;
@@ -289,6 +290,8 @@ public final class RankWorker {
     int forwards = 0, backwards = 0, updates = 0;
     try (Cyclic cyclic = new Cyclic(comm, stages, steps, CyclicRule.CYCLIC_SYNC)) {
       check(comm.users() == 1, "Cyclic is a user of the communicator");
+      expectFailure("Communicator.close() while a Cyclic uses it", comm::close, FlatmemArgumentException.class,
+                    "still used by 1 handle");
       for (int j = 0; j < stages; ++j)
         for (int p = 0; p < 2; ++p) buffers[j][p] = Tensor.of(new double[sizes[j]]);
       for (;;) {
@@ -348,14 +351,14 @@ public final class RankWorker {
     System.out.println("READY");
     System.out.flush();
     long start = System.nanoTime();
-    try {
-      comm.all_reduce(new double[] {1.0});
+    try (Tensor one = Tensor.of(new double[] {1.0})) {
+      comm.all_reduce(one, one, KILL_TIMEOUT_MS);
       check(false, "all_reduce with a killed rank: no exception");
     } catch (FlatmemException e) {
       double seconds = (System.nanoTime() - start) * 1e-9;
       boolean status = e.status() == Status.STATUS_PEER_FAILURE || e.status() == Status.STATUS_TIMEOUT;
       check(status && e.getMessage().startsWith("FLATMEM_STATUS_" + e.status().name().substring(7))
-                && e.getMessage().contains("rank " + victim) && seconds < TIMEOUT_MS / 1000.0 + 3,
+                && e.getMessage().contains("rank " + victim) && seconds < KILL_TIMEOUT_MS / 1000.0 + 3,
             "all_reduce with rank " + victim + " killed: " + e.status() + " after " + seconds + " s: " + e.getMessage());
     }
     try {
