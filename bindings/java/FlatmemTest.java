@@ -55,12 +55,8 @@ public final class FlatmemTest {
 
   /** Deterministic values offset + scale * [-1, 1) into every element of t. */
   private static Tensor fill(Tensor t, long seed, double scale, double offset) {
-    long s = seed * 0x9E3779B97F4A7C15L + 1;
-    for (long i = 0; i < t.numel(); ++i) {
-      s = s * 6364136223846793005L + 1442695040888963407L;
-      double u = (s >>> 11) / (double) (1L << 53);
-      t.set(i, offset + scale * (2 * u - 1));
-    }
+    double[] u = TestData.uniform(seed, (int) t.numel());
+    for (int i = 0; i < u.length; ++i) t.set(i, offset + scale * u[i]);
     return t;
   }
 

@@ -44,13 +44,10 @@ public final class RankWorker {
 
   /** Deterministic values in [-scale, scale), rounded to float32 (the inputs the library sees). */
   static double[][] matrix(long seed, int rows, int cols, double scale) {
-    long s = seed * 0x9E3779B97F4A7C15L + 1;
+    double[] u = TestData.uniform(seed, rows * cols);
     double[][] m = new double[rows][cols];
     for (int i = 0; i < rows; ++i)
-      for (int t = 0; t < cols; ++t) {
-        s = s * 6364136223846793005L + 1442695040888963407L;
-        m[i][t] = (float) (scale * (2 * ((s >>> 11) / (double) (1L << 53)) - 1));
-      }
+      for (int t = 0; t < cols; ++t) m[i][t] = (float) (scale * u[i * cols + t]);
     return m;
   }
 
@@ -165,7 +162,7 @@ public final class RankWorker {
     double[][] all = new double[world][m];
     for (int r = 0; r < world; ++r)
       for (int i = 0; i < m; ++i)  // magnitudes 1e-6 .. 1e6: order-dependent rounding
-        all[r][i] = matrix(100 + r, 1, m, 1.0)[0][i] * Math.pow(10, (i + r) % 13 - 6);
+        all[r][i] = TestData.uniform(100 + r, m)[i] * Math.pow(10, (i + r) % 13 - 6);
     double[] sum = comm.all_reduce(all[rank]);
     float[] mine32 = new float[m];
     for (int i = 0; i < m; ++i) mine32[i] = (float) all[rank][i];
