@@ -3,11 +3,15 @@
 #   1. swig -java (package flatmem) on the same interface the Python module comes from;
 #   2. the JNI library libflatmemjni.so, built with `pkg-config flatmem` from PREFIX and an
 #      rpath to its libdir;
-#   3. javac of the generated classes, bindings/java/FlatmemTest.java and the ```java snippet
-#      of bindings/python/README.md;
-#   4. runs FlatmemTest (loss and ds vs naive Java formulas, statuses as exceptions), the
-#      README snippet, and the version check (a fake flatmem_version via LD_PRELOAD must make
-#      loading fail with UnsatisfiedLinkError).
+#   3. javac of the generated classes, the binding's own classes (bindings/java/flatmem/:
+#      FlatmemException, FlatmemArgumentException), the tests in bindings/java/ and the
+#      ```java snippet of bindings/python/README.md;
+#   4. runs FlatmemTest (loss and ds vs ContrastiveReference, statuses as exceptions),
+#      CommTest (a CommLocalGroup in-process, then 2, 3 and 4 RankWorker JVMs over UCX on
+#      loopback, each with a hard deadline: messages, all-reduce, the ring loss vs the double
+#      reference of the global batch, cyclic SYNC = SGD, a killed rank), the README snippet,
+#      and the version check (a fake flatmem_version via LD_PRELOAD must make loading fail
+#      with UnsatisfiedLinkError).
 # Output in build/java/ (replaced on each run). Exits non-zero on any failure.
 # Usage: bash scripts/check-java.sh [PREFIX]   (default $FLATMEM_PREFIX = build/prefix)
 # JAVA_HOME picks the JDK (default: the one of javac on PATH).
@@ -51,11 +55,15 @@ awk '/^```java$/ { inside = 1; next } /^```$/ { inside = 0 } inside' \
   "$FLATMEM_ROOT/bindings/python/README.md" >"$out/example/ClipLossExample.java"
 grep -q "class ClipLossExample" "$out/example/ClipLossExample.java" || fail "no ClipLossExample in the README's java block"
 "$JAVA_HOME/bin/javac" -Xlint:all -d "$out/classes" "$out"/src/flatmem/*.java \
-  "$FLATMEM_ROOT/bindings/java/FlatmemTest.java" "$out/example/ClipLossExample.java"
+  "$FLATMEM_ROOT"/bindings/java/flatmem/*.java "$FLATMEM_ROOT"/bindings/java/*.java "$out/example/ClipLossExample.java"
 
 java=("$JAVA_HOME/bin/java" -Xcheck:jni -Djava.library.path="$out" -cp "$out/classes")
 step "FlatmemTest"
 "${java[@]}" FlatmemTest
+
+step "CommTest: 2, 3 and 4 RankWorker JVMs over UCX on loopback"
+# CommTest gives every child a hard deadline (45 s per run); `timeout` bounds CommTest itself.
+timeout -k 5 170 "${java[@]}" CommTest || fail "CommTest failed (or ran past 170 s)"
 
 step "README snippet (ClipLossExample)"
 "${java[@]}" ClipLossExample | tee "$out/example/output.txt"

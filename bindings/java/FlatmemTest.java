@@ -1,8 +1,9 @@
 // The Java proof of bindings/swig/flatmem.i: the SWIG module generated for Java
 // (package flatmem) computes the symmetric CLIP loss of tiny features and its
-// logit-scale gradient, compared with the naive formulas evaluated here in
-// double precision, and a failing status arrives as a Java exception carrying
-// flatmem's message; a reversible segment of built-in attention + MLP blocks
+// logit-scale gradient, compared with the naive formulas evaluated in double
+// precision (ContrastiveReference), and a failing status arrives as a Java
+// exception carrying flatmem's message and status (FlatmemArgumentException);
+// Tensor's array and ByteBuffer helpers copy and refuse what they should; a reversible segment of built-in attention + MLP blocks
 // rebuilds its input in the backward, and OVERLAPPED gives VANILLA's bits;
 // blocks made with BLOCK_MATH_TF32 give the FP32 bits on the CPU and a math
 // value outside the enum is refused; the cyclic schedule queries follow the
@@ -22,6 +23,7 @@ import flatmem.CyclicActionKind;
 import flatmem.CyclicRule;
 import flatmem.CyclicSchedule;
 import flatmem.Flatmem;
+import flatmem.FlatmemArgumentException;
 import flatmem.Reversible;
 import flatmem.ReversibleMode;
 import flatmem.ReversiblePart;
@@ -39,49 +41,6 @@ public final class FlatmemTest {
     if (!ok) failures++;
   }
 
-  /** log(sum_j exp(x_j)) with the maximum subtracted. */
-  private static double logSumExp(double[] x) {
-    double m = Double.NEGATIVE_INFINITY;
-    for (double v : x) m = Math.max(m, v);
-    double sum = 0;
-    for (double v : x) sum += Math.exp(v - m);
-    return m + Math.log(sum);
-  }
-
-  /**
-   * The symmetric loss and dL/ds by the definitions in flatmem.h:
-   * L = 1/2 ((1/b) sum_i [LSE_j x_ij - x_ii] + (1/b) sum_j [LSE_i x_ij - x_jj]),
-   * x_ij = s <q_i, k_j>; dL/ds = sum_ij G_ij <q_i, k_j> with
-   * G_ij = (P_ij + Q_ij - 2 [i = j]) / (2 b).
-   */
-  private static double[] naiveSymmetric(double[][] q, double[][] k, double s) {
-    int b = q.length;
-    double[][] dot = new double[b][b];
-    for (int i = 0; i < b; ++i)
-      for (int j = 0; j < b; ++j)
-        for (int t = 0; t < q[i].length; ++t) dot[i][j] += q[i][t] * k[j][t];
-    double[] rowLse = new double[b], colLse = new double[b];
-    for (int i = 0; i < b; ++i) {
-      double[] row = new double[b], col = new double[b];
-      for (int j = 0; j < b; ++j) {
-        row[j] = s * dot[i][j];
-        col[j] = s * dot[j][i];
-      }
-      rowLse[i] = logSumExp(row);
-      colLse[i] = logSumExp(col);
-    }
-    double loss = 0, ds = 0;
-    for (int i = 0; i < b; ++i) loss += (rowLse[i] - s * dot[i][i]) + (colLse[i] - s * dot[i][i]);
-    loss /= 2.0 * b;
-    for (int i = 0; i < b; ++i)
-      for (int j = 0; j < b; ++j) {
-        double x = s * dot[i][j];
-        double g = (Math.exp(x - rowLse[i]) + Math.exp(x - colLse[j]) - (i == j ? 2 : 0)) / (2.0 * b);
-        ds += g * dot[i][j];
-      }
-    return new double[] {loss, ds};
-  }
-
   /** Runs `body`, expecting an exception whose message contains every one of `parts`. */
   private static void expectFailure(String what, Runnable body, Class<?> type, String... parts) {
     try {
@@ -96,12 +55,8 @@ public final class FlatmemTest {
 
   /** Deterministic values offset + scale * [-1, 1) into every element of t. */
   private static Tensor fill(Tensor t, long seed, double scale, double offset) {
-    long s = seed * 0x9E3779B97F4A7C15L + 1;
-    for (long i = 0; i < t.numel(); ++i) {
-      s = s * 6364136223846793005L + 1442695040888963407L;
-      double u = (s >>> 11) / (double) (1L << 53);
-      t.set(i, offset + scale * (2 * u - 1));
-    }
+    double[] u = TestData.uniform(seed, (int) t.numel());
+    for (int i = 0; i < u.length; ++i) t.set(i, offset + scale * u[i]);
     return t;
   }
 
@@ -437,6 +392,36 @@ public final class FlatmemTest {
     check(Flatmem.cpu_isa_in_use() == start, "cpu_isa_set(CPU_ISA_DEFAULT) goes back to " + start);
   }
 
+  /** Tensor.of / toFloatArray / toDoubleArray / copyFrom / bytes / wrap: copies in
+   *  and out, the shape given, and clear refusals naming the argument. */
+  private static void tensorHelpers() {
+    try (Tensor f = Tensor.of(new float[] {1.5f, -2, 3, 4, 5, 6}, 2, 3);
+         Tensor d = Tensor.of(new double[] {0.1, 0.2});
+         Tensor l = Tensor.of(new long[] {7, -1, 1L << 40})) {
+      check(f.ndim() == 2 && f.shape(0) == 2 && f.shape(1) == 3 && f.get(4) == 5 && f.dtype_bits() == 32
+                && Arrays.equals(f.toFloatArray(), new float[] {1.5f, -2, 3, 4, 5, 6}),
+            "Tensor.of(float[], 2, 3) / toFloatArray");
+      d.copyFrom(new double[] {0.3, -0.7});
+      check(d.ndim() == 1 && d.shape(0) == 2 && Arrays.equals(d.toDoubleArray(), new double[] {0.3, -0.7}),
+            "Tensor.of(double[]) / copyFrom / toDoubleArray");
+      check(l.dtype_code() == Flatmem.kDLInt && l.get(2) == (double) (1L << 40), "Tensor.of(long[]) is int64");
+      expectFailure("Tensor.of with a shape of another size", () -> Tensor.of(new float[5], 2, 3),
+                    IllegalArgumentException.class, "values: 5 elements; shape [2, 3] holds 6");
+      expectFailure("toFloatArray of a float64 tensor", d::toFloatArray, IllegalArgumentException.class,
+                    "Tensor.toFloatArray: dtype (code 2, bits 64");
+      expectFailure("copyFrom of too few values", () -> f.copyFrom(new float[5]), IllegalArgumentException.class,
+                    "values: 5 elements");
+      java.nio.ByteBuffer direct = java.nio.ByteBuffer.allocateDirect(16).order(java.nio.ByteOrder.nativeOrder());
+      try (Tensor w = Tensor.wrap(direct, Flatmem.kDLFloat, 32, 2, 2)) {
+        w.set(3, 2.5);
+        check(direct.getFloat(12) == 2.5f && w.bytes().capacity() == 16, "Tensor.wrap: the ByteBuffer's memory, no copy");
+        w.set_stride(0, 1);
+        expectFailure("bytes() of a strided tensor", w::bytes, IllegalArgumentException.class,
+                      "FLATMEM_STATUS_INVALID_ARGUMENT", "only compact tensors");
+      }
+    }
+  }
+
   public static void main(String[] args) {
     System.out.println("flatmem " + Flatmem.version_string() + ": header FLATMEM_VERSION "
                        + Flatmem.VERSION + ", library flatmem_version() " + Flatmem.version());
@@ -461,7 +446,7 @@ public final class FlatmemTest {
         q[i][t] = ((i * 7 + t * 3) % 11 - 5) / 8.0;
         k[i][t] = ((i * 5 + t * 2) % 9 - 4) / 8.0;
       }
-    double[] ref = naiveSymmetric(q, k, scale);
+    ContrastiveReference ref = new ContrastiveReference(q, k, null, true, scale);
 
     try (ContrastiveOptions options = new ContrastiveOptions();
          Tensor Q = Tensor.allocated(Flatmem.kDLFloat, 32, b, d);
@@ -486,19 +471,24 @@ public final class FlatmemTest {
       try (Contrastive h = new Contrastive(options)) {
         h.forward(Q, K, null, S, loss, rowLse, colLse);
         h.backward(Q, K, null, S, rowLse, colLse, null, null, null, dS);
-        // fp32 accumulation of 4-term dot products and 3-term sums. The
-        // worst-case bound of tests/support/tolerance.hpp at b = 3, d = 4,
-        // s = 2.5 is 2 (s gamma_5 max R + 14 u + 2u |L|) ~ 3.2e-6 for the loss
-        // (ds alike), whatever the CPU ISA; 1e-5 of max(1, |value|) leaves 3x.
-        // A wrong term moves the loss by > 1e-2.
+        // fp32 accumulation of 4-term dot products and 3-term sums: the
+        // worst-case bounds of tests/support/tolerance.hpp (ContrastiveReference;
+        // at b = 3, d = 4, s = 2.5 about 3e-6 for the loss), whatever the CPU
+        // ISA. A wrong term moves the loss by > 1e-2.
         double gotLoss = loss.get(0), gotDs = dS.get(0);
-        check(Math.abs(gotLoss - ref[0]) <= 1e-5 * Math.max(1.0, Math.abs(ref[0])),
-              "symmetric loss " + gotLoss + " vs naive " + ref[0]);
-        check(Math.abs(gotDs - ref[1]) <= 1e-5 * Math.max(1.0, Math.abs(ref[1])),
-              "dL/ds " + gotDs + " vs naive " + ref[1]);
+        check(Math.abs(gotLoss - ref.loss) <= ref.lossTolerance,
+              "symmetric loss " + gotLoss + " vs naive " + ref.loss + " (tolerance " + ref.lossTolerance + ")");
+        check(Math.abs(gotDs - ref.ds) <= ref.dsTolerance,
+              "dL/ds " + gotDs + " vs naive " + ref.ds + " (tolerance " + ref.dsTolerance + ")");
 
         expectFailure("float64 q is refused", () -> h.forward(Q64, K, null, S, loss, rowLse, colLse),
                       IllegalArgumentException.class, "FLATMEM_STATUS_INVALID_ARGUMENT", "q: dtype");
+        try {
+          h.forward(Q64, K, null, S, loss, rowLse, colLse);
+        } catch (FlatmemArgumentException e) {
+          check(e.status() == Status.STATUS_INVALID_ARGUMENT && e.statusCode() == 1,
+                "FlatmemArgumentException.status() " + e.status());
+        }
         Q.set(5, Double.NaN);
         expectFailure("NaN in q is refused", () -> h.forward(Q, K, null, S, loss, rowLse, colLse),
                       IllegalArgumentException.class, "FLATMEM_STATUS_NON_FINITE", "q: element (1, 1)");
@@ -507,6 +497,7 @@ public final class FlatmemTest {
                     IllegalArgumentException.class, "dimension 7 is out of range");
     }
 
+    tensorHelpers();
     reversibleSegment();
     blockMath();
     cyclicSchedule();

@@ -219,6 +219,261 @@ static void flatmem_swig_cyclic_release(flatmem_swig_cyclic *s) {
 }
 %}
 
+#ifdef SWIGJAVA
+/* Java. Object.wait(long) is final: CommRequest.wait is waitFor.
+ * Communicator, CommLocalGroup, Cyclic, CommRequest and UniqueId are
+ * AutoCloseable. Communicator.close() / Cyclic.close() are the C-level
+ * close above (a Communicator still used by a Contrastive or Cyclic refuses
+ * with FlatmemArgumentException); CommLocalGroup / CommRequest / UniqueId
+ * close() = delete(). The default arguments become overloads. The Tensors
+ * handed to isend / irecv / Cyclic.reduce are kept reachable from Java while
+ * the library may still touch them (the raw methods are private *_raw):
+ * a request's buffer until its waitFor returns (and by the Communicator
+ * until then, so a dropped request cannot free it), a gradient until next()
+ * returns its update or the Cyclic is closed. Statuses: FlatmemException
+ * (TIMEOUT, PEER_FAILURE, COMM_POISONED: status()), FlatmemArgumentException. */
+%rename(isend_raw) flatmem_swig_comm::isend;
+%rename(irecv_raw) flatmem_swig_comm::irecv;
+%javamethodmodifiers flatmem_swig_comm::isend "private";
+%javamethodmodifiers flatmem_swig_comm::irecv "private";
+%rename(close_raw) flatmem_swig_comm::close;
+%rename(abort_raw) flatmem_swig_comm::abort;
+%javamethodmodifiers flatmem_swig_comm::close "private";
+%javamethodmodifiers flatmem_swig_comm::abort "private";
+%rename(waitFor_raw) flatmem_swig_request::wait;
+%javamethodmodifiers flatmem_swig_request::wait "private";
+%rename(reduce_raw) flatmem_swig_cyclic::reduce;
+%javamethodmodifiers flatmem_swig_cyclic::reduce "private";
+%rename(next_raw) flatmem_swig_cyclic::next;
+%javamethodmodifiers flatmem_swig_cyclic::next "private";
+%rename(close_raw) flatmem_swig_cyclic::close;
+%javamethodmodifiers flatmem_swig_cyclic::close "private";
+
+%typemap(javaclassmodifiers) struct flatmem_comm_unique_id "/**
+ * What rank 0 makes (new UniqueId(\"host:port\"), port 0 = any free port) and
+ * every rank passes to new Communicator(rank, world_size, id): hex() gives
+ * 256 hex digits for a command line or file, UniqueId.from_hex(text) reads
+ * them back. Rank 0 must create its Communicator in the process that made it.
+ */
+public class"
+%typemap(javaclassmodifiers) struct flatmem_swig_comm "/**
+ * A flatmem_comm_t: this process's rank of world_size ranks (UCX, or a
+ * CommLocalGroup in one process). Messages are compact CPU Tensors (their
+ * bytes); every wait is bounded by a timeout in milliseconds (0 = the
+ * communicator's default, FLATMEM_COMM_TIMEOUT_MS or 60000). A timeout or a
+ * dead peer throws FlatmemException (status() STATUS_TIMEOUT or
+ * STATUS_PEER_FAILURE, the message naming the operation, step and peer rank)
+ * and poisons the communicator: later calls throw STATUS_COMM_POISONED; release
+ * it with abort(). Thread rule: one thread at a time (its Contrastive and Cyclic
+ * handles are its users); distinct communicators are independent.
+ */
+public class"
+%typemap(javaclassmodifiers) struct flatmem_swig_request "/**
+ * An outstanding isend / irecv: finish it with waitFor() (once), which keeps
+ * its buffer reachable until then.
+ */
+public class"
+%typemap(javaclassmodifiers) struct flatmem_swig_comm_group "/**
+ * world_size communicators of one group inside this process (messages are
+ * memory copies, no UCX): take(rank) each once and use each from its own
+ * thread (a collective waits for every rank's thread).
+ */
+public class"
+%typemap(javaclassmodifiers) struct flatmem_swig_cyclic "/**
+ * The cyclic data-parallel runtime (cyclic.h) of this rank over a
+ * Communicator (collective create; one per communicator at a time). Loop:
+ * a = next(); stop at CYCLIC_DONE; when a.getUpdate_stage() >= 0 apply the
+ * average now in the Tensor reduced for (update_stage, update_step); run the
+ * FORWARD / BACKWARD of a.getStage(); after a BACKWARD, reduce(stage, gradient)
+ * (two gradient Tensors per stage, alternating on the step's parity). One
+ * thread drives it; waits are bounded by the timeout; failures throw
+ * FlatmemException naming the stage, step and peer.
+ */
+public class"
+%typemap(javainterfaces) struct flatmem_comm_unique_id "AutoCloseable"
+%typemap(javacode) struct flatmem_comm_unique_id %{
+  @Override public void close() { delete(); }
+
+  /** Rank 0's id, listening on $FLATMEM_COMM_ADDRESS or any free port of this machine's first address. */
+  public UniqueId() { this((String) null); }
+%}
+
+%typemap(javainterfaces) struct flatmem_swig_comm "AutoCloseable"
+%typemap(javacode) struct flatmem_swig_comm %{
+  /** Requests posted and not yet waited for: they keep their buffers reachable. */
+  private final java.util.Set<CommRequest> pending =
+      java.util.Collections.newSetFromMap(new java.util.IdentityHashMap<CommRequest, Boolean>());
+
+  /** Rank `rank` of `world_size` joining with rank 0's id (collective), the
+   *  default timeouts (FLATMEM_COMM_TIMEOUT_MS or 60 s per wait, 120 s to join). */
+  public Communicator(int rank, int world_size, UniqueId id) { this(rank, world_size, id, 0, 0); }
+
+  /** ... with every wait bounded by timeout_ms (milliseconds; 0 = default). */
+  public Communicator(int rank, int world_size, UniqueId id, long timeout_ms) {
+    this(rank, world_size, id, timeout_ms, 0);
+  }
+
+  /** From FLATMEM_COORDINATOR=host:port and FLATMEM_RANK / FLATMEM_WORLD_SIZE
+   *  (or a launcher's variables, see comm.h); default timeouts. */
+  public static Communicator from_env() { return from_env(0, 0); }
+
+  /** ... with every wait bounded by timeout_ms (milliseconds; 0 = default). */
+  public static Communicator from_env(long timeout_ms) { return from_env(timeout_ms, 0); }
+
+  /** Sends buffer (a compact CPU Tensor; its bytes are the message) to peer
+   *  with this tag. Returns at once; the buffer must stay unchanged until the
+   *  request's waitFor returns (it is kept reachable until then). */
+  public CommRequest isend(Tensor buffer, int peer, long tag) { return posted(isend_raw(buffer, peer, tag), buffer); }
+  public CommRequest isend(Tensor buffer, int peer) { return isend(buffer, peer, 0); }
+
+  /** Receives from peer with this tag into buffer (exactly the sent size;
+   *  else waitFor throws FlatmemArgumentException naming both sizes). */
+  public CommRequest irecv(Tensor buffer, int peer, long tag) { return posted(irecv_raw(buffer, peer, tag), buffer); }
+  public CommRequest irecv(Tensor buffer, int peer) { return irecv(buffer, peer, 0); }
+
+  private synchronized CommRequest posted(CommRequest request, Tensor buffer) {
+    request.owner = this;
+    request.buffer = buffer;
+    pending.add(request);
+    return request;
+  }
+
+  synchronized void finished(CommRequest request) { pending.remove(request); }
+
+  /** recv = the sum over ranks of send (fp32, fp64, int32, int64; the same
+   *  bits on every rank); recv may be send. At most the default timeout per step. */
+  public void all_reduce(Tensor send, Tensor recv) { all_reduce(send, recv, 0); }
+
+  /** The sum over ranks of values (the same bits on every rank), a new array. */
+  public float[] all_reduce(float[] values) {
+    try (Tensor t = Tensor.of(values)) {
+      all_reduce(t, t, 0);
+      return t.toFloatArray();
+    }
+  }
+
+  /** The sum over ranks of values (the same bits on every rank), a new array. */
+  public double[] all_reduce(double[] values) {
+    try (Tensor t = Tensor.of(values)) {
+      all_reduce(t, t, 0);
+      return t.toDoubleArray();
+    }
+  }
+
+  /** send to rank + 1, recv from rank - 1 (same byte size). */
+  public void ring_shift(Tensor send, Tensor recv) { ring_shift(send, recv, 0); }
+
+  /** Every rank reaches the barrier before any leaves (default timeout). */
+  public void barrier() { barrier(0); }
+
+  /** flatmem_comm_destroy (orderly: the peers see this rank leave, not fail).
+   *  Throws FlatmemArgumentException while a Contrastive or Cyclic made with
+   *  it is open (close those first). Outstanding requests are cancelled. A
+   *  no-op when already closed. */
+  @Override public synchronized void close() {
+    close_raw();
+    pending.clear();
+  }
+
+  /** flatmem_comm_abort: the peers fail with PEER_FAILURE naming this rank.
+   *  Refused like close() while a Contrastive or Cyclic uses it. */
+  public synchronized void abort() {
+    abort_raw();
+    pending.clear();
+  }
+%}
+
+%typemap(javainterfaces) struct flatmem_swig_request "AutoCloseable"
+%typemap(javacode) struct flatmem_swig_request %{
+  Communicator owner;
+  Tensor buffer;
+
+  /** Waits until the message arrived or left, at most the communicator's
+   *  default timeout; throws FlatmemException (TIMEOUT, PEER_FAILURE,
+   *  COMM_POISONED) or FlatmemArgumentException (size mismatch, waited twice,
+   *  communicator closed). The request is finished either way. */
+  public void waitFor() { waitFor(0); }
+
+  /** ... at most timeout_ms milliseconds (0 = the communicator's default). */
+  public void waitFor(long timeout_ms) {
+    try {
+      waitFor_raw(timeout_ms);
+    } finally {
+      if (owner != null) owner.finished(this);
+      buffer = null;
+    }
+  }
+
+  @Override public void close() { delete(); }
+%}
+
+%typemap(javainterfaces) struct flatmem_swig_comm_group "AutoCloseable"
+%typemap(javacode) struct flatmem_swig_comm_group %{
+  /** world_size ranks in this process with the default timeout. */
+  public CommLocalGroup(int world_size) { this(world_size, 0); }
+
+  /** Destroys the communicators not taken. */
+  @Override public void close() { delete(); }
+%}
+
+%typemap(javainterfaces) struct flatmem_swig_cyclic "AutoCloseable"
+%typemap(javacode) struct flatmem_swig_cyclic %{
+  /** The gradients handed over and not yet returned as an update, by (stage, step). */
+  private final java.util.Map<String, Tensor> inFlight = new java.util.HashMap<String, Tensor>();
+  private CyclicAction current;
+
+  /** The runtime (collective) of `stages` stages and `steps` training steps
+   *  under CYCLIC_DELAY1, waits bounded by the communicator's timeout. */
+  public Cyclic(Communicator comm, int stages, long steps) {
+    this(comm, stages, steps, CyclicRule.CYCLIC_DELAY1);
+  }
+
+  /** ... under `rule`. */
+  public Cyclic(Communicator comm, int stages, long steps, CyclicRule rule) {
+    this(comm, stages, steps, rule, 0);
+  }
+
+  /** ... every wait bounded by timeout_ms (milliseconds; 0 = the communicator's). */
+  public Cyclic(Communicator comm, int stages, long steps, CyclicRule rule, long timeout_ms) {
+    this(comm, stages, steps, rule == null ? -1 : rule.swigValue(), null, timeout_ms,
+         NonfinitePolicy.NONFINITE_ERROR.swigValue(), 0);
+  }
+
+  /** Advances to the next time step (may wait: start token, the update's
+   *  average). When getUpdate_stage() >= 0 the Tensor reduced for
+   *  (update_stage, update_step) now holds the average over ranks. */
+  public CyclicAction next() {
+    CyclicAction a = next_raw();
+    if (a.getUpdate_stage() >= 0) inFlight.remove(a.getUpdate_stage() + "/" + a.getUpdate_step());
+    current = a;
+    return a;
+  }
+
+  /** Hands over the gradient of `stage` computed in this BACKWARD (compact
+   *  CPU float32/float64, the same size on every rank). It belongs to the
+   *  runtime (kept reachable; do not touch it) until next() returns its update. */
+  public void reduce(int stage, Tensor gradient) {
+    reduce_raw(stage, gradient);
+    inFlight.put(stage + "/" + (current == null ? -1 : current.getStep()), gradient);
+  }
+
+  /** The statistics of every time step still kept (flatmem_cyclic_stats). */
+  public CyclicTimeStepStats[] stats() {
+    long n = load_stats(0, 1L << 24);
+    CyclicTimeStepStats[] out = new CyclicTimeStepStats[(int) n];
+    for (int i = 0; i < n; ++i) out[i] = stat(i);
+    return out;
+  }
+
+  /** flatmem_cyclic_destroy now (poisons the communicator when reductions are
+   *  in flight) and releases the communicator. No-op when closed. */
+  @Override public void close() {
+    close_raw();
+    inFlight.clear();
+  }
+%}
+#endif
+
 /* ------------------------------------------------------------------------ */
 /* UniqueId                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -303,10 +558,6 @@ struct flatmem_comm_unique_id {};
 %newobject flatmem_swig_comm::isend;
 %newobject flatmem_swig_comm::irecv;
 %newobject flatmem_swig_comm_group::take;
-#ifdef SWIGJAVA
-/* Object.wait(long) is final in Java. */
-%rename(waitFor) flatmem_swig_request::wait;
-#endif
 
 struct flatmem_swig_comm {};
 %extend flatmem_swig_comm {

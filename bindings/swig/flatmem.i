@@ -351,6 +351,66 @@ static int flatmem_swig_error_code(int status) {
     if (!mismatch.isEmpty()) throw new UnsatisfiedLinkError(mismatch);
   }
 %}
+/* Java errors: this %exception replaces the exception.i one above for Java.
+ * A failed status is thrown as flatmem.FlatmemArgumentException (an
+ * IllegalArgumentException: INVALID_ARGUMENT, WORKSPACE_TOO_SMALL,
+ * NON_FINITE), java.lang.OutOfMemoryError (OUT_OF_MEMORY) or
+ * flatmem.FlatmemException (a RuntimeException: UNSUPPORTED, INTERNAL and
+ * the communicator's TIMEOUT, PEER_FAILURE, COMM_POISONED). Both flatmem
+ * classes carry status() (a Status) and the message
+ * "<status name>: <flatmem_last_error()>". They are hand-written classes of
+ * the binding (bindings/java/flatmem/), compiled with the generated ones; the
+ * package is the one scripts/check-java.sh passes to swig (-package flatmem). */
+%{
+/* A java.nio.ByteBuffer crossing the JNI (see Tensor.bytes below). */
+typedef jobject flatmem_swig_byte_buffer;
+
+static void flatmem_swig_throw_java(JNIEnv *jenv, int status, const char *message) {
+  const int code = flatmem_swig_error_code(status);
+  jclass cls;
+  jmethodID init;
+  jstring text;
+  jobject error = NULL;
+  if (code == SWIG_MemoryError) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaOutOfMemoryError, message);
+    return;
+  }
+  cls = (*jenv)->FindClass(jenv, code == SWIG_ValueError ? "flatmem/FlatmemArgumentException"
+                                                          : "flatmem/FlatmemException");
+  init = cls ? (*jenv)->GetMethodID(jenv, cls, "<init>", "(ILjava/lang/String;)V") : NULL;
+  text = init ? (*jenv)->NewStringUTF(jenv, message) : NULL;
+  if (text) error = (*jenv)->NewObject(jenv, cls, init, (jint)status, text);
+  if (error) {
+    (*jenv)->Throw(jenv, (jthrowable)error);
+    return;
+  }
+  /* the classes are missing (a build without bindings/java/flatmem): plain Java ones */
+  (*jenv)->ExceptionClear(jenv);
+  SWIG_JavaThrowException(jenv, code == SWIG_ValueError ? SWIG_JavaIllegalArgumentException
+                                                        : SWIG_JavaRuntimeException, message);
+}
+%}
+%exception {
+  flatmem_swig_error.status = 0;
+  $action
+  if (flatmem_swig_error.status != 0) {
+    const int flatmem_swig_status_ = flatmem_swig_error.status;
+    flatmem_swig_error.status = 0;
+    flatmem_swig_throw_java(jenv, flatmem_swig_status_, flatmem_swig_error.message);
+    return $null;
+  }
+}
+/* A java.nio.ByteBuffer as an argument or result (Tensor.wrap / bytes, below);
+ * a JNIEnv * argument named jni_env is the wrapper's own. */
+%typemap(in, numinputs=0) JNIEnv *jni_env "$1 = jenv;"
+%typemap(jni) flatmem_swig_byte_buffer "jobject"
+%typemap(jtype) flatmem_swig_byte_buffer "java.nio.ByteBuffer"
+%typemap(jstype) flatmem_swig_byte_buffer "java.nio.ByteBuffer"
+%typemap(in) flatmem_swig_byte_buffer "$1 = $input;"
+%typemap(out) flatmem_swig_byte_buffer "$result = $1;"
+%typemap(javain) flatmem_swig_byte_buffer "$javainput"
+%typemap(javaout) flatmem_swig_byte_buffer { return $jnicall; }
+%javamethodmodifiers flatmem_swig_tensor::byte_view "private";
 /* Proper Java enums; options, handles and tensors are AutoCloseable (close() =
  * delete()); the overloads SWIG makes from default arguments in C++ are
  * written out here (this interface is wrapped as C). */
@@ -359,15 +419,36 @@ static int flatmem_swig_error_code(int status) {
 %typemap(javacode) struct flatmem_contrastive_options %{
   @Override public void close() { delete(); }
 %}
+%javamethodmodifiers flatmem_contrastive_s::flatmem_contrastive_s "
+  /**
+   * flatmem_contrastive_create. options: null = the defaults. comm: null (this
+   * process alone), or a Communicator whose ranks share one global batch -- the
+   * ring loss (\"Ring across ranks\" in flatmem.h): rank r passes its rows q_r
+   * (b_r x d) and its columns k_r (c_r x d), INFONCE labels (b_r,) int64 are
+   * GLOBAL column indices, SYMMETRIC needs b_r = c_r. loss and dlogit_scale are
+   * those of the whole batch (the same bits on every rank); row_lse / col_lse
+   * are global log-sum-exps of this rank's rows / columns; dq and dk are this
+   * rank's slices of the exact gradients of the GLOBAL mean loss -- nothing is
+   * summed over ranks (a wrapper that averages gradients over N ranks passes
+   * dloss = N). forward / backward are collective (every rank, same order,
+   * same options and logit scale); transport failures throw FlatmemException.
+   * The handle holds comm: comm.close() is refused until this handle is closed.
+   * One thread at a time per handle and communicator.
+   */
+  public";
 %typemap(javainterfaces) struct flatmem_contrastive_s "AutoCloseable"
 %typemap(javacode) struct flatmem_contrastive_s %{
   @Override public void close() { delete(); }
 
   /** A handle with the default options. */
-  public Contrastive() { this(null, null); }
+  public Contrastive() { this(null, (Communicator) null); }
 
   /** A handle of this process alone (no communicator). */
-  public Contrastive(ContrastiveOptions options) { this(options, null); }
+  public Contrastive(ContrastiveOptions options) { this(options, (Communicator) null); }
+
+  /** The ring loss over comm's ranks with the default options (see
+   *  Contrastive(ContrastiveOptions, Communicator)). */
+  public Contrastive(Communicator comm) { this(null, comm); }
 
   /** forward() with the handle's own workspace, on the CPU. */
   public void forward(Tensor q, Tensor k, Tensor labels, Tensor logit_scale, Tensor loss,
@@ -391,6 +472,108 @@ static int flatmem_swig_error_code(int status) {
     for (int i = 0; i < shape.length; ++i) t.set_shape(i, shape[i]);
     t.allocate();
     return t;
+  }
+
+  /** The direct buffer a wrap()ped tensor points into (kept reachable). */
+  private java.nio.ByteBuffer wrapped;
+
+  /** A compact CPU tensor over the bytes of a DIRECT ByteBuffer, from its
+   *  position on (no copy): dtype (dtype_code, dtype_bits), shape in elements
+   *  (none: 0-d). The buffer must hold the tensor's nbytes() from its position;
+   *  values are in the platform's byte order (use
+   *  buffer.order(ByteOrder.nativeOrder())). The tensor keeps the buffer
+   *  reachable; the buffer's later position changes do not move it. */
+  public static Tensor wrap(java.nio.ByteBuffer buffer, int dtype_code, int dtype_bits, long... shape) {
+    if (buffer == null || !buffer.isDirect())
+      throw new IllegalArgumentException("Tensor.wrap: buffer: " + (buffer == null ? "null" : "not a direct ByteBuffer")
+                                         + "; expected ByteBuffer.allocateDirect(...) or a mapped file");
+    Tensor t = new Tensor(Flatmem.direct_buffer_address(buffer) + buffer.position(), shape.length,
+                          dtype_code, dtype_bits);
+    for (int i = 0; i < shape.length; ++i) t.set_shape(i, shape[i]);
+    if (t.nbytes() > buffer.remaining()) {
+      long need = t.nbytes();
+      t.delete();
+      throw new IllegalArgumentException("Tensor.wrap: buffer: " + buffer.remaining() + " bytes from position "
+                                         + buffer.position() + "; the tensor needs " + need);
+    }
+    t.wrapped = buffer;
+    return t;
+  }
+
+  /** A float32 tensor of this shape (none: 1-d of values.length) holding a copy of values. */
+  public static Tensor of(float[] values, long... shape) {
+    Tensor t = allocated(Flatmem.kDLFloat, 32, shapeOf("Tensor.of", values == null ? -1 : values.length, shape));
+    t.bytes().asFloatBuffer().put(values);
+    return t;
+  }
+
+  /** A float64 tensor of this shape (none: 1-d of values.length) holding a copy of values. */
+  public static Tensor of(double[] values, long... shape) {
+    Tensor t = allocated(Flatmem.kDLFloat, 64, shapeOf("Tensor.of", values == null ? -1 : values.length, shape));
+    t.bytes().asDoubleBuffer().put(values);
+    return t;
+  }
+
+  /** An int64 tensor (labels) of this shape (none: 1-d of values.length) holding a copy of values. */
+  public static Tensor of(long[] values, long... shape) {
+    Tensor t = allocated(Flatmem.kDLInt, 64, shapeOf("Tensor.of", values == null ? -1 : values.length, shape));
+    t.bytes().asLongBuffer().put(values);
+    return t;
+  }
+
+  private static long[] shapeOf(String what, long count, long[] shape) {
+    if (count < 0) throw new IllegalArgumentException(what + ": values: null");
+    if (shape.length == 0) return new long[] {count};
+    long n = 1;
+    for (long e : shape) n *= e;
+    if (n != count)
+      throw new IllegalArgumentException(what + ": values: " + count + " elements; shape "
+                                         + java.util.Arrays.toString(shape) + " holds " + n);
+    return shape;
+  }
+
+  /** The tensor's compact bytes as a direct ByteBuffer in the platform's
+   *  byte order (no copy): valid while the tensor is open (do not keep it
+   *  past close()). A CPU tensor with data and compact strides only. */
+  public java.nio.ByteBuffer bytes() {
+    return byte_view().order(java.nio.ByteOrder.nativeOrder());
+  }
+
+  /** A copy of a float32 tensor's elements (row-major). */
+  public float[] toFloatArray() {
+    requireDtype("toFloatArray", Flatmem.kDLFloat, 32);
+    float[] out = new float[(int) numel()];
+    bytes().asFloatBuffer().get(out);
+    return out;
+  }
+
+  /** A copy of a float64 tensor's elements (row-major). */
+  public double[] toDoubleArray() {
+    requireDtype("toDoubleArray", Flatmem.kDLFloat, 64);
+    double[] out = new double[(int) numel()];
+    bytes().asDoubleBuffer().get(out);
+    return out;
+  }
+
+  /** Overwrites a float32 tensor's elements with values (numel() of them). */
+  public void copyFrom(float[] values) {
+    requireDtype("copyFrom(float[])", Flatmem.kDLFloat, 32);
+    shapeOf("Tensor.copyFrom", values == null ? -1 : values.length, new long[] {numel()});
+    bytes().asFloatBuffer().put(values);
+  }
+
+  /** Overwrites a float64 tensor's elements with values (numel() of them). */
+  public void copyFrom(double[] values) {
+    requireDtype("copyFrom(double[])", Flatmem.kDLFloat, 64);
+    shapeOf("Tensor.copyFrom", values == null ? -1 : values.length, new long[] {numel()});
+    bytes().asDoubleBuffer().put(values);
+  }
+
+  private void requireDtype(String what, int code, int bits) {
+    if (dtype_code() != code || dtype_bits() != bits || dtype_lanes() != 1)
+      throw new IllegalArgumentException("Tensor." + what + ": dtype (code " + dtype_code() + ", bits "
+                                         + dtype_bits() + ", lanes " + dtype_lanes() + "); expected (code "
+                                         + code + ", bits " + bits + ", lanes 1)");
   }
 %}
 /* Reversible segments, Java side: Block and Reversible are AutoCloseable; the
@@ -893,6 +1076,46 @@ struct flatmem_swig_tensor {};
   int64_t nbytes() const { return flatmem_swig_numel($self) * flatmem_swig_element_bytes($self); }
 }
 
+#ifdef SWIGJAVA
+/* Java: direct ByteBuffers. direct_buffer_address(buffer) is the address of a
+ * direct buffer's memory (Tensor.wrap uses it); Tensor.byte_view() is a
+ * direct ByteBuffer over a tensor's compact bytes (Tensor.bytes() sets the
+ * byte order). Typemaps: see flatmem_swig_byte_buffer above. */
+%rename(direct_buffer_address) flatmem_swig_direct_buffer_address;
+%inline %{
+int64_t flatmem_swig_direct_buffer_address(JNIEnv *jni_env, flatmem_swig_byte_buffer buffer) {
+  void *address = buffer ? (*jni_env)->GetDirectBufferAddress(jni_env, buffer) : NULL;
+  if (!address)
+    flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
+                      "direct_buffer_address: buffer: null or not a direct ByteBuffer");
+  return (int64_t)(intptr_t)address;
+}
+%}
+%extend flatmem_swig_tensor {
+  flatmem_swig_byte_buffer byte_view(JNIEnv *jni_env) {
+    jobject view;
+    int i;
+    int64_t expected = 1;
+    if ($self->dl.device.device_type != kDLCPU || !$self->dl.data) {
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Tensor.bytes: a CPU tensor with data is needed");
+      return NULL;
+    }
+    for (i = $self->dl.ndim - 1; $self->dl.strides && i >= 0; --i) {
+      if ($self->shape[i] != 1 && $self->strides[i] != expected) {
+        flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
+                          "Tensor.bytes: dimension %d has stride %lld; only compact tensors have a byte view",
+                          i, (long long)$self->strides[i]);
+        return NULL;
+      }
+      expected *= $self->shape[i];
+    }
+    view = (*jni_env)->NewDirectByteBuffer(jni_env, (char *)$self->dl.data + $self->dl.byte_offset,
+                                           (jlong)(flatmem_swig_numel($self) * flatmem_swig_element_bytes($self)));
+    if (!view) flatmem_swig_fail(FLATMEM_STATUS_INTERNAL, "Tensor.bytes: the JVM has no direct buffer access");
+    return view;
+  }
+}
+#endif
 #ifdef SWIGPYTHON
 /* Python: a Tensor describing the DLTensor inside an unconsumed "dltensor"
  * capsule (obj.__dlpack__()). The capsule is not consumed: the caller keeps
