@@ -22,8 +22,10 @@ def test_reexports_flatmem_jax():
     assert flatmem.jax.FlatmemError is flatmem_jax.FlatmemError
     assert flatmem.jax.has_cuda is flatmem_jax.has_cuda
     assert flatmem.jax.reversible_transformer is flatmem_jax.reversible_transformer
-    assert sorted(flatmem.jax.__all__) == ["FlatmemError", "clip_loss", "has_cuda", "infonce_loss",
-                                           "reversible_transformer"]
+    assert flatmem.jax.RingComm is flatmem_jax.RingComm
+    assert flatmem.jax.ring is flatmem_jax.ring
+    assert sorted(flatmem.jax.__all__) == ["FlatmemError", "RingComm", "clip_loss", "has_cuda",
+                                           "infonce_loss", "reversible_transformer", "ring"]
 
 
 def test_clip_loss_under_jit_and_grad_matches_flatmem_jax():

@@ -6,6 +6,7 @@ package (bindings/jax, XLA FFI custom calls), under the flatmem name.
     loss = flatmem.jax.infonce_loss(q, k, logit_scale, labels=None)   # InfoNCE
     grads = jax.grad(flatmem.jax.clip_loss, argnums=(0, 1, 2))(q, k, logit_scale)
     y1, y2 = flatmem.jax.reversible_transformer(x1, x2, params, heads=4)  # reversible segment
+    comm = flatmem.jax.ring.initialize()       # one process per rank; then clip_loss(..., comm=comm)
 
 These are flatmem_jax's own objects (see help(flatmem_jax)); flatmem_jax is a
 separate package, built against the same installed libflatmem:
@@ -29,6 +30,8 @@ except ModuleNotFoundError as _e:
         name=__name__,
     ) from _e
 
-from flatmem_jax import FlatmemError, clip_loss, has_cuda, infonce_loss, reversible_transformer
+from flatmem_jax import (FlatmemError, RingComm, clip_loss, has_cuda, infonce_loss,
+                         reversible_transformer, ring)
 
-__all__ = ["clip_loss", "infonce_loss", "reversible_transformer", "FlatmemError", "has_cuda"]
+__all__ = ["clip_loss", "infonce_loss", "reversible_transformer", "FlatmemError", "has_cuda",
+           "RingComm", "ring"]
