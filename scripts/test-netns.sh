@@ -185,6 +185,10 @@ net_stop_shaper
 drops=$(net_shaping_drops)
 expect "${drops:-0} > 0" "(b): no packet was dropped: the loss was not applied"
 echo "packets dropped: $drops"
+if [ -n "$NET_SHAPER_REPORT" ]; then  # its fraction: 1% of >= 10^4 packets, 3 sigma at most 0.3%
+  dropped_pct=$(sed -n 's/.* dropped (\([0-9.]*\)%).*/\1/p' <<<"$NET_SHAPER_REPORT")
+  expect "${dropped_pct:-0} >= 0.7 && ${dropped_pct:-0} <= 1.3" "(b): the shaper dropped ${dropped_pct}%, not about 1%"
+fi
 net_clear_shaping
 
 net_bandwidth 100mbit
