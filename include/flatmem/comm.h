@@ -265,10 +265,14 @@ FLATMEM_API flatmem_status flatmem_comm_ring_shift(flatmem_comm_t *comm, const D
  * NCCL). send and recv have the same shape and dtype; recv may be send
  * (in place) but must not partially overlap it.
  *
- * Host: a ring reduce-scatter then all-gather over chunks; the sum of each
- * element is formed in a fixed order, so every rank gets bitwise the same
- * result and repeated calls give the same bits. Blocking, at most
- * timeout_ms per step. kDLCUDA: ncclAllReduce on `stream`.
+ * Host: the sum of each element is formed in a fixed order, so every rank
+ * gets bitwise the same result and repeated calls give the same bits. Small
+ * messages (world_size <= 64 and world_size * bytes <= 64 KiB) take one
+ * direct exchange -- every rank sends its buffer to every other at once, one
+ * network latency in all -- and are summed in rank order 0, 1, ...; larger
+ * ones a ring reduce-scatter then all-gather over chunks (each rank sends
+ * about 2 bytes per byte of the message, whatever world_size). Blocking, at
+ * most timeout_ms per step. kDLCUDA: ncclAllReduce on `stream`.
  */
 FLATMEM_API flatmem_status flatmem_comm_all_reduce(flatmem_comm_t *comm, const DLTensor *send,
                                                    DLTensor *recv, int64_t timeout_ms,

@@ -98,18 +98,22 @@ class Communicator {
   // Written once over send/recv/wait (src/comm/collectives.cpp); every
   // transport inherits them. Each takes one next_sequence() for its tags.
   //
-  // recv = sum over ranks of send (recv may equal send): ring reduce-scatter
-  // then ring all-gather over size() chunks; each element is summed in a
-  // fixed order, so every rank gets the same bits.
+  // recv = sum over ranks of send (recv may equal send); every element is
+  // summed in a fixed order, so every rank gets the same bits. Small
+  // payloads (size() <= 64 ranks, size() * bytes <= 64 KiB): one direct
+  // exchange, then the sum in rank order 0 .. size()-1. Larger ones: ring
+  // reduce-scatter then ring all-gather over size() chunks.
   void all_reduce_sum(const void *send, void *recv, std::size_t count, SumType type,
                       Milliseconds timeout, const std::string &what);
-  // The same ring with the caller's tags: step k of the ring (0 .. 2(size-1)-1)
+  // Always the ring, with the caller's tags (bandwidth-optimal whatever the
+  // size; the cyclic runtime's SYNC reduction): step k of the ring (0 .. 2(size-1)-1)
   // uses tag_base + k in `space`. No next_sequence(): safe beside collectives
   // run by another thread when the spaces or bases differ. `what` is used as is.
   void all_reduce_sum_tagged(const void *send, void *recv, std::size_t count, SumType type,
                              Milliseconds timeout, const std::string &what, Space space,
                              std::uint64_t tag_base);
   // all[r * bytes ...] = rank r's `mine` (bytes each); all has size() * bytes.
+  // Small payloads (as all_reduce_sum) in one direct exchange, else a ring.
   void all_gather(const void *mine, void *all, std::size_t bytes, Milliseconds timeout,
                   const std::string &what);
   void broadcast(void *data, std::size_t bytes, int root, Milliseconds timeout,
@@ -118,6 +122,11 @@ class Communicator {
   void ring_shift(const void *send, void *recv, std::size_t bytes, Milliseconds timeout,
                   const std::string &what);
   void barrier(Milliseconds timeout, const std::string &what);
+  // The direct exchange: blocks[rank() * bytes ...] goes to every other rank,
+  // whose block lands at blocks[peer * bytes ...]; all transfers posted at
+  // once under one tag, then waited for (a failure poisons, as wait_all).
+  void exchange_with_all(char *blocks, std::size_t bytes, Milliseconds timeout, std::uint64_t tag,
+                         const std::string &what);
 
   // The NCCL transport once flatmem_comm_init_device ran, else nullptr.
   DeviceTransport *device() const { return device_.get(); }

@@ -35,33 +35,41 @@ void check_ranks(int world, const test::Scenario &scenario, const test::MakeId &
   CHECK_MESSAGE(failed.empty(), failed);
 }
 
-// Ranks 0 and 1 enter an all-reduce; rank 2 is killed instead. With a 3 s
-// timeout the survivors must fail within it (+ 2 s of slack for teardown),
-// naming the operation; the handle is poisoned afterwards.
-std::string killed_rank(const RankSetup &s) {
-  flatmem_comm_t *comm = nullptr;
-  RANK_OK(test::create_comm(s, &comm, 3000));
-  RANK_OK(flatmem_comm_barrier(comm, 0));
-  if (s.rank == 2) {
-    // Die once the others are inside the all-reduce (a death poisons every
-    // rank at once, so dying during their barrier would fail the barrier).
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    ::raise(SIGKILL);
-  }
-  std::vector<double> data(1000, 1.0);
-  std::int64_t shape = 1000;
-  DLTensor t = test::host_tensor(data.data(), &shape, kDLFloat, 64);
-  const auto start = Clock::now();
-  const flatmem_status status = flatmem_comm_all_reduce(comm, &t, &t, 0, nullptr);
-  const double took = seconds_since(start);
-  RANK_EXPECT(status == FLATMEM_STATUS_TIMEOUT || status == FLATMEM_STATUS_PEER_FAILURE,
-              flatmem_status_string(status) << ": " << flatmem_last_error());
-  RANK_EXPECT(contains(flatmem_last_error(), "flatmem_comm_all_reduce"), flatmem_last_error());
-  RANK_EXPECT(took < 5.0, "failed after " << took << " s, timeout 3 s");
-  RANK_EXPECT(flatmem_comm_barrier(comm, 0) == FLATMEM_STATUS_COMM_POISONED, flatmem_last_error());
-  RANK_EXPECT(flatmem_comm_health(comm) != FLATMEM_STATUS_SUCCESS, "health after the failure");
-  RANK_OK(flatmem_comm_abort(comm));
-  return "";
+// Ranks 0 and 1 enter an all-reduce of `count` doubles; rank 2 is killed
+// instead. With a 3 s timeout the survivors must fail within it (+ 2 s of
+// slack for teardown), naming the operation; the handle is poisoned
+// afterwards. A small all-reduce is one direct exchange, in which every
+// survivor waits on rank 2 itself: there each must name it too.
+test::Scenario killed_rank(std::int64_t count, bool direct) {
+  return [count, direct](const RankSetup &s) -> std::string {
+    flatmem_comm_t *comm = nullptr;
+    RANK_OK(test::create_comm(s, &comm, 3000));
+    RANK_OK(flatmem_comm_barrier(comm, 0));
+    if (s.rank == 2) {
+      // Die once the others are inside the all-reduce (a death poisons every
+      // rank at once, so dying during their barrier would fail the barrier).
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      ::raise(SIGKILL);
+    }
+    std::vector<double> data(static_cast<std::size_t>(count), 1.0);
+    std::int64_t shape = count;
+    DLTensor t = test::host_tensor(data.data(), &shape, kDLFloat, 64);
+    const auto start = Clock::now();
+    const flatmem_status status = flatmem_comm_all_reduce(comm, &t, &t, 0, nullptr);
+    const double took = seconds_since(start);
+    RANK_EXPECT(status == FLATMEM_STATUS_TIMEOUT || status == FLATMEM_STATUS_PEER_FAILURE,
+                flatmem_status_string(status) << ": " << flatmem_last_error());
+    RANK_EXPECT(contains(flatmem_last_error(), "flatmem_comm_all_reduce"), flatmem_last_error());
+    if (direct) {
+      RANK_EXPECT(contains(flatmem_last_error(), "direct exchange"), flatmem_last_error());
+      RANK_EXPECT(contains(flatmem_last_error(), "rank 2"), flatmem_last_error());
+    }
+    RANK_EXPECT(took < 5.0, "failed after " << took << " s, timeout 3 s");
+    RANK_EXPECT(flatmem_comm_barrier(comm, 0) == FLATMEM_STATUS_COMM_POISONED, flatmem_last_error());
+    RANK_EXPECT(flatmem_comm_health(comm) != FLATMEM_STATUS_SUCCESS, "health after the failure");
+    RANK_OK(flatmem_comm_abort(comm));
+    return "";
+  };
 }
 
 // World 3, rank 2 never calls flatmem_comm_create: both others time out
@@ -276,11 +284,15 @@ std::string bad_arguments(const RankSetup &s) {
 }  // namespace
 
 TEST_CASE("comm/faults/a rank killed mid-operation: the others fail within the timeout") {
-  auto outcomes = test::run_ranks(3, killed_rank, std::chrono::seconds(60));
-  CHECK(outcomes[2].signal == SIGKILL);
-  outcomes.pop_back();  // rank 2 was meant to die
-  const std::string failed = test::failures(outcomes);
-  CHECK_MESSAGE(failed.empty(), failed);
+  // 1000 doubles: the direct exchange (3 x 8000 bytes <= 64 KiB); 100000: the ring.
+  for (const auto &[count, direct] : {std::pair<std::int64_t, bool>{1000, true}, {100000, false}}) {
+    CAPTURE(count);
+    auto outcomes = test::run_ranks(3, killed_rank(count, direct), std::chrono::seconds(60));
+    CHECK(outcomes[2].signal == SIGKILL);
+    outcomes.pop_back();  // rank 2 was meant to die
+    const std::string failed = test::failures(outcomes);
+    CHECK_MESSAGE(failed.empty(), failed);
+  }
 }
 
 TEST_CASE("comm/faults/a rank that never arrives") { check_ranks(3, never_arrives); }

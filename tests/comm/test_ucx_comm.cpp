@@ -98,7 +98,10 @@ std::string ring_shift(const RankSetup &s) {
 std::string all_reduce(const RankSetup &s) {
   flatmem_comm_t *comm = nullptr;
   RANK_OK(test::create_comm(s, &comm, 20000));
-  for (std::int64_t n : {std::int64_t(1), std::int64_t(2), std::int64_t(7), std::int64_t(100003)}) {
+  // 1, 2, 7 elements: the direct exchange; 100003: the ring; 2048 / 2049 fp64
+  // at 4 ranks: the last direct size (4 x 16384 bytes = 64 KiB) and the first ring one.
+  for (std::int64_t n : {std::int64_t(1), std::int64_t(2), std::int64_t(7), std::int64_t(2048),
+                         std::int64_t(2049), std::int64_t(100003)}) {
     std::vector<std::int64_t> shape(1, n);
     std::vector<float> f(static_cast<std::size_t>(n)), f_out(static_cast<std::size_t>(n));
     std::vector<double> d(static_cast<std::size_t>(n));
