@@ -94,7 +94,7 @@ double median_ms(int repeats, Call call) {
   return ms[ms.size() / 2];
 }
 
-// Latency (one-element all-reduce: 2 (n - 1) hops in sequence) and bandwidth
+// Latency (one-element all-reduce: one direct exchange with every rank) and bandwidth
 // (1 MiB ring shift: every link carries 1 MiB at once) of the network.
 void probe(const net::Context &c) {
   std::vector<float> one(1, 1.0f), mib_in(1 << 18, 1.0f), mib_out(mib_in.size());
