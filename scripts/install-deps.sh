@@ -21,6 +21,8 @@ packages=(
   openjdk-17-jdk-headless     # the Java SWIG module and its test (javac, JNI headers)
   openmpi-bin                 # mpirun: the launcher check runs the Python multi-process example under it
   bindgen                     # the Rust -sys crate's declarations are checked against a fresh bindgen run
+  iproute2 iptables           # the multi-host network check: namespaces, veth, tbf, NFQUEUE rules
+  libnetfilter-queue-dev      # tests/net/nfq_shaper: delay / loss where the kernel has no netem
 )
 
 missing=()

@@ -6,7 +6,9 @@
 #    the bindings' checks (scripts/check-<binding>.sh) build and test against, and the
 #    launcher check (scripts/check-launchers.sh: the multi-process Python example under mpirun and
 #    under a shell loop)
-# 4. the ASan+UBSan build in build-asan/ and its ctest (scripts/test-sanitize.sh)
+# 4. four network namespaces joined by a router, one rank each, under delay, loss, a bandwidth
+#    cap, a partition and a killed host (scripts/test-netns.sh; exit 77 = skipped, said loudly)
+#    then the ASan+UBSan build in build-asan/ and its ctest (scripts/test-sanitize.sh)
 # 5. the ThreadSanitizer build of the threaded tests in build-tsan/ (scripts/test-tsan.sh)
 # 6. ctest in build/ -- last, so that its summary is the last thing printed.
 # Stops at the first failing stage with a non-zero exit status.
@@ -28,6 +30,10 @@ for binding in python launchers java jax rust julia readme; do
   step "bindings: $binding"
   bash "scripts/check-$binding.sh" "$FLATMEM_PREFIX"
 done
+step "multi-host runs over emulated networks (scripts/test-netns.sh; skipped without namespaces)"
+rc=0
+bash scripts/test-netns.sh build || rc=$?
+[ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || exit "$rc"
 step "ASan+UBSan build and tests (build-asan/)"
 bash scripts/test-sanitize.sh
 step "ThreadSanitizer build and tests (build-tsan/)"
