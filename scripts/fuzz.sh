@@ -39,9 +39,9 @@ log=build-fuzz/$target.log
 runtime=$(clang++ -print-file-name=libclang_rt.asan-x86_64.so)
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-# UCX on loopback, quiet, without its signal handlers and memory hooks (they fight ASan's).
-export UCX_TLS=tcp,self UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n UCX_ERROR_SIGNALS= \
-       UCX_HANDLE_ERRORS=none UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none
+# UCX on loopback, quiet, without its memory hooks (they fight ASan's allocator).
+export UCX_TLS=tcp,self UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n \
+       UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none
 
 command=(env "LD_PRELOAD=$runtime" "build-fuzz/tests/fuzz/$target" -rss_limit_mb=2048 -timeout=20
          -max_len=1024 -print_final_stats=1 "-artifact_prefix=$artifacts/")

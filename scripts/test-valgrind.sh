@@ -49,5 +49,5 @@ cc -std=c99 -Wall -Wextra -Werror -O1 -g -Iinclude tests/fuzz/valgrind/ring_two_
 # UCX on loopback: TCP for the bootstrap, shared memory off (valgrind cannot follow its
 # cross-process atomics), quiet; its memory hooks off (valgrind replaces malloc itself).
 export UCX_TLS=tcp,self UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n UCX_MEM_EVENTS=no \
-       UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_ERROR_SIGNALS= UCX_HANDLE_ERRORS=none
+       UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none
 run ring_two_ranks build/valgrind-ring_two_ranks

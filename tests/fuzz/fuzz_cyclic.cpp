@@ -92,8 +92,8 @@ void fuzz_schedule(Reader &in, const Plan &p) {
   s.steps = pick(in, p.steps, {1, 2, 3, 5, 0, -1, (std::int64_t(1) << 40) + 1});
   s.rule = static_cast<flatmem_cyclic_rule>(pick(in, p.rule, {0, 1, 2}));
   s.struct_size = hostile_struct_size(p.schedule_size, sizeof s);
-  const std::int32_t rank = std::int32_t(pick(in, p.rank, {0, 1, 2, s.world_size - 1, s.world_size, -1}));
-  const std::int32_t stage = std::int32_t(pick(in, p.stage, {0, 1, s.stages - 1, s.stages, -1}));
+  const std::int32_t rank = std::int32_t(pick(in, p.rank, {0, 1, 2, std::int64_t(s.world_size) - 1, s.world_size, -1}));
+  const std::int32_t stage = std::int32_t(pick(in, p.stage, {0, 1, std::int64_t(s.stages) - 1, s.stages, -1}));
   const std::int64_t time_step = pick(in, p.time_step, {0, 1, 2, 5, 17, -1});
   const bool null_schedule = p.schedule_size == 255;
 

@@ -9,7 +9,7 @@
 namespace flatmem_fuzz {
 
 // Aborts with a message unless the process sees no network interface but "lo"; sets the
-// UCX variables the communicators need on loopback (tcp, lo, quiet, no signal handlers).
+// UCX variables the communicators need on loopback (tcp, lo, quiet, no memory hooks).
 void enter_comm_sandbox();
 
 // Connect timeouts small enough for thousands of runs (ms).
