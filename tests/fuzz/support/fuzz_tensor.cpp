@@ -81,8 +81,10 @@ void FuzzTensor::mutate(Reader &in) {
 
 void FuzzTensor::materialize() {
   const int ndim = tensor_.ndim;
-  bool valid_shape = ndim >= 0 && ndim <= 8;
-  for (int i = 0; valid_shape && i < ndim; ++i) valid_shape = shape_[i] >= 1;
+  // What some function may accept (communicator messages take up to 32 dimensions and
+  // empty extents): every ndim the shape array can back, extents >= 0.
+  bool valid_shape = ndim >= 0 && ndim <= kMaxNdim;
+  for (int i = 0; valid_shape && i < ndim; ++i) valid_shape = shape_[i] >= 0;
   offsets_.clear();
   honest_ = false;
   __int128 lo = 0, hi = 0, count = 1;
@@ -93,7 +95,7 @@ void FuzzTensor::materialize() {
         for (int j = i + 1; j < ndim; ++j) s *= shape_[j];
         return s;
       }();
-      const __int128 reach = (__int128(shape_[i]) - 1) * stride;
+      const __int128 reach = shape_[i] == 0 ? 0 : (__int128(shape_[i]) - 1) * stride;
       (reach < 0 ? lo : hi) += reach;
       count *= shape_[i];
       if (count > __int128(kMaxBufferBytes) || hi - lo > __int128(kMaxBufferBytes)) break;
