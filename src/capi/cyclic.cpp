@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "comm/communicator.hpp"
+#include "comm/options.hpp"
 #include "core/error.hpp"
 #include "core/options.hpp"
 #include "cyclic/runtime.hpp"
@@ -42,7 +43,9 @@ cyclic::Settings read_settings(const flatmem_cyclic_options *options, comm::Comm
     }
   }
   if (o.timeout_ms < 0) invalid("options.timeout_ms: ", o.timeout_ms, "; expected > 0, or 0 for the communicator's default");
-  s.timeout = c.resolve(o.timeout_ms);
+  // Bounded like every communicator timeout (1 ms .. a day): a larger one overflowed the
+  // condition variable's nanosecond deadline.
+  s.timeout = flatmem::comm::resolve_timeout(o.timeout_ms, c.default_timeout(), "options.timeout_ms");
   const std::int32_t nonfinite = enum_value(o.nonfinite);
   if (nonfinite != FLATMEM_NONFINITE_ERROR && nonfinite != FLATMEM_NONFINITE_PROPAGATE)
     invalid("options.nonfinite: ", nonfinite, "; expected FLATMEM_NONFINITE_ERROR or _PROPAGATE");

@@ -5,6 +5,7 @@
 #include <new>
 
 #include "core/error.hpp"
+#include "core/tensor.hpp"
 #include "core/options.hpp"
 #include "reversible/callbacks.hpp"
 #include "reversible/schedules.hpp"
@@ -258,7 +259,7 @@ flatmem_status flatmem_reversible_rebuild_error(flatmem_reversible_t *handle, co
     if (s.device.device_type != kDLCPU)
       fail(FLATMEM_STATUS_UNSUPPORTED, "x1: rebuild_error runs on CPU states only in this version");
     if (errors == nullptr) invalid("errors: tensor is NULL");
-    if (errors->device.device_type != kDLCPU || errors->dtype.code != kDLFloat ||
+    if (device_type_of(errors->device) != kDLCPU || errors->dtype.code != kDLFloat ||
         errors->dtype.bits != 64 || errors->dtype.lanes != 1 || errors->ndim != 1 ||
         errors->shape == nullptr || errors->shape[0] != handle->size() ||
         (errors->strides != nullptr && errors->strides[0] != 1) || errors->data == nullptr ||

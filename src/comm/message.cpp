@@ -3,13 +3,15 @@
 #include <cstdint>
 
 #include "core/error.hpp"
+#include "core/tensor.hpp"
 
 namespace flatmem::comm {
 
 Message check_message(const DLTensor *t, const char *name) {
   if (t == nullptr) invalid(name, ": NULL");
-  if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDA)
-    fail(FLATMEM_STATUS_UNSUPPORTED, name, ": device type ", int(t->device.device_type),
+  const std::int32_t type = device_type_of(t->device);
+  if (type != kDLCPU && type != kDLCUDA)
+    fail(FLATMEM_STATUS_UNSUPPORTED, name, ": device type ", type,
          "; messages live on kDLCPU (host transport) or kDLCUDA (device transport)");
   if (t->dtype.lanes != 1) invalid(name, ": dtype lanes ", int(t->dtype.lanes), "; expected 1");
   if (t->dtype.bits == 0 || t->dtype.bits % 8 != 0)

@@ -17,7 +17,7 @@ std::string shape_text(const DLTensor *t) {
   return s.str();
 }
 
-const char *device_name(DLDeviceType type) {
+const char *device_name(std::int32_t type) {
   switch (type) {
     case kDLCPU: return "kDLCPU";
     case kDLCUDA: return "kDLCUDA";
@@ -53,13 +53,11 @@ Dtype check_common(const DLTensor *t, const char *name, std::initializer_list<Dt
                    DataUse use, Devices devices) {
   if (t == nullptr) invalid(name, ": tensor is NULL");
   const bool cuda_accepted = devices == Devices::cpu_or_cuda && cuda_backend_built();
-  const bool accepted = t->device.device_type == kDLCPU ||
-                        (t->device.device_type == kDLCUDA && cuda_accepted);
+  const std::int32_t type = device_type_of(t->device);
+  const bool accepted = type == kDLCPU || (type == kDLCUDA && cuda_accepted);
   if (!accepted) {
-    fail(t->device.device_type == kDLCUDA ? FLATMEM_STATUS_UNSUPPORTED
-                                          : FLATMEM_STATUS_INVALID_ARGUMENT,
-         name, ": device is ", device_name(t->device.device_type), " (type ",
-         int(t->device.device_type), "); ",
+    fail(type == kDLCUDA ? FLATMEM_STATUS_UNSUPPORTED : FLATMEM_STATUS_INVALID_ARGUMENT,
+         name, ": device is ", device_name(type), " (type ", type, "); ",
          cuda_accepted ? "expected kDLCPU or kDLCUDA"
          : devices == Devices::cpu_or_cuda
              ? "this build runs on kDLCPU tensors only (built without CUDA)"
@@ -108,9 +106,9 @@ bool cuda_backend_built() {
 
 void check_same_device(const DLDevice &device, const char *name, const DLDevice &reference,
                        const char *reference_name) {
-  if (device.device_type != reference.device_type || device.device_id != reference.device_id)
-    invalid(name, ": device (type ", int(device.device_type), ", id ", device.device_id,
-            ") differs from ", reference_name, "'s (type ", int(reference.device_type), ", id ",
+  if (device_type_of(device) != device_type_of(reference) || device.device_id != reference.device_id)
+    invalid(name, ": device (type ", device_type_of(device), ", id ", device.device_id,
+            ") differs from ", reference_name, "'s (type ", device_type_of(reference), ", id ",
             reference.device_id, ")");
 }
 
@@ -134,7 +132,7 @@ MatrixView check_matrix(const DLTensor *t, const char *name, std::initializer_li
   if (v.cols > INT_MAX || v.row_stride > INT_MAX)
     invalid(name, ": row length ", v.cols, " or row stride ", v.row_stride,
             " exceeds 2^31-1, the largest extent BLAS accepts");
-  v.data = static_cast<char *>(t->data) + t->byte_offset;
+  v.data = data_plus_offset(t);
   v.device = t->device;
   return v;
 }
@@ -152,7 +150,7 @@ VectorView check_vector(const DLTensor *t, const char *name, Dtype dtype, std::i
     invalid(name, ": stride ", t->strides[0], "; expected 1 (contiguous)");
   check_extent(t, name, 1, expected_size, dtype_bytes(v.dtype));
   v.size = expected_size;
-  v.data = static_cast<char *>(t->data) + t->byte_offset;
+  v.data = data_plus_offset(t);
   v.device = t->device;
   return v;
 }
@@ -164,7 +162,7 @@ VectorView check_scalar(const DLTensor *t, const char *name, Devices devices) {
   if (!one_element)
     invalid(name, ": shape ", shape_text(t), "; expected one element (ndim 0, or shape (1,))");
   v.size = 1;
-  v.data = static_cast<char *>(t->data) + t->byte_offset;
+  v.data = data_plus_offset(t);
   v.device = t->device;
   return v;
 }

@@ -5,6 +5,7 @@
 #include <dlpack/dlpack.h>
 
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 
 #include "core/dtype.hpp"
@@ -47,6 +48,21 @@ enum class Devices { cpu_only, cpu_or_cuda };
 
 // Whether this library was built with the CUDA backend.
 bool cuda_backend_built();
+
+// data + byte_offset in integer arithmetic: a hostile byte_offset must not make pointer
+// arithmetic overflow (undefined behaviour) while the tensor is being checked.
+inline char *data_plus_offset(const DLTensor *t) {
+  return reinterpret_cast<char *>(reinterpret_cast<std::uintptr_t>(t->data) + t->byte_offset);
+}
+
+// A caller's device type as its 32-bit storage: a C caller may store any value there, and
+// loading a value outside DLDeviceType's range as the enum is undefined behaviour in C++.
+inline std::int32_t device_type_of(const DLDevice &device) {
+  std::int32_t type;
+  static_assert(sizeof type == sizeof device.device_type);
+  std::memcpy(&type, &device.device_type, sizeof type);
+  return type;
+}
 
 // A 2-D tensor of one of `dtypes`; inner stride 1, row stride >= cols.
 MatrixView check_matrix(const DLTensor *t, const char *name, std::initializer_list<Dtype> dtypes,

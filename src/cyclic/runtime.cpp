@@ -224,6 +224,11 @@ void Runtime::reduce(std::int32_t stage, const DLTensor *gradient) {
   const bool f64 = m.dtype.code == kDLFloat && m.dtype.bits == 64;
   if (!f32 && !f64) invalid("gradient: dtype code ", int(m.dtype.code), " bits ", int(m.dtype.bits), "; expected float32 or float64");
   if (m.count == 0) invalid("gradient: no elements");
+  // The scan and the chains read it as float / double: data + byte_offset must be aligned.
+  const std::size_t element = m.dtype.bits / 8;
+  if (reinterpret_cast<std::uintptr_t>(m.data) % element != 0)
+    invalid("gradient: data + byte_offset (", reinterpret_cast<std::uintptr_t>(m.data), ") is not aligned to the ",
+            element, "-byte element size");
 
   auto g = std::make_shared<Gradient>();
   g->stage = stage;

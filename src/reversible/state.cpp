@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/tensor.hpp"
 #if FLATMEM_HAVE_CUDA_BACKEND
 #include "core/cuda/device.hpp"
 #endif
@@ -39,14 +40,14 @@ StateLayout check_state(const DLTensor *t, const char *name, DataUse use) {
   StateLayout s;
   s.device = t->device;
 #if FLATMEM_HAVE_CUDA_BACKEND
-  const bool supported = t->device.device_type == kDLCPU || t->device.device_type == kDLCUDA;
+  const bool supported = device_type_of(t->device) == kDLCPU || device_type_of(t->device) == kDLCUDA;
 #else
-  const bool supported = t->device.device_type == kDLCPU;
+  const bool supported = device_type_of(t->device) == kDLCPU;
 #endif
   if (!supported)
-    fail(t->device.device_type == kDLCUDA ? FLATMEM_STATUS_UNSUPPORTED
-                                          : FLATMEM_STATUS_INVALID_ARGUMENT,
-         name, ": device type ", int(t->device.device_type),
+    fail(device_type_of(t->device) == kDLCUDA ? FLATMEM_STATUS_UNSUPPORTED
+                                              : FLATMEM_STATUS_INVALID_ARGUMENT,
+         name, ": device type ", device_type_of(t->device),
          " is not supported; reversible segments run on kDLCPU",
 #if FLATMEM_HAVE_CUDA_BACKEND
          " and kDLCUDA",
@@ -97,10 +98,10 @@ StateLayout check_state(const DLTensor *t, const char *name, DataUse use) {
 
 void check_state_like(const DLTensor *t, const char *name, const StateLayout &reference,
                       const char *reference_name, DataUse use) {
-  if (t != nullptr && (t->device.device_type != reference.device.device_type ||
+  if (t != nullptr && (device_type_of(t->device) != device_type_of(reference.device) ||
                        t->device.device_id != reference.device.device_id))
-    invalid(name, ": device (type ", int(t->device.device_type), ", id ", t->device.device_id,
-            ") differs from ", reference_name, "'s (type ", int(reference.device.device_type),
+    invalid(name, ": device (type ", device_type_of(t->device), ", id ", t->device.device_id,
+            ") differs from ", reference_name, "'s (type ", device_type_of(reference.device),
             ", id ", reference.device.device_id, ")");
   const StateLayout s = check_state(t, name, use);
   if (s.real != reference.real)

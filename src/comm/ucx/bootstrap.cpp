@@ -206,6 +206,19 @@ std::unique_ptr<UcxCommunicator> bootstrap_member(const SocketAddress &coordinat
 
   std::vector<ucp_ep_h> boot_eps;
   std::vector<std::unique_ptr<EndpointInfo>> boot_infos;
+  // On a failure below, close the endpoint to the coordinator before the engine's worker
+  // is destroyed: UCX aborts the process ("pending request ... should have been flushed")
+  // when a worker goes under an endpoint whose connection is still being set up (a
+  // coordinator that did not answer within the connect timeout).
+  struct CloseOnFailure {
+    Engine &engine;
+    std::vector<ucp_ep_h> &eps;
+    bool armed = true;
+    ~CloseOnFailure() {
+      if (armed)
+        for (ucp_ep_h ep : eps) engine.close_now(ep);
+    }
+  } close_on_failure{*engine, boot_eps};
   std::string last_failure = "no answer";
   bool connected = false;
   while (!engine->finished(*roster) && !engine->finished(*reject) && Clock::now() < deadline) {
@@ -247,6 +260,7 @@ std::unique_ptr<UcxCommunicator> bootstrap_member(const SocketAddress &coordinat
       int(addresses.size()) != world)
     fail(FLATMEM_STATUS_PEER_FAILURE, "flatmem_comm_create (rank ", rank, "): a malformed roster from the ", where);
   Mesh mesh = connect_mesh(*engine, rank, addresses, deadline, where);
+  close_on_failure.armed = false;  // finish() owns the endpoints now
   return finish(std::move(engine), rank, world, std::move(mesh), std::move(boot_eps), std::move(boot_infos),
                 config);
 }

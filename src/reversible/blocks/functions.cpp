@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/tensor.hpp"
 #include "core/options.hpp"
 #include "reversible/blocks/block.hpp"
 #include "reversible/blocks/cpu/kernels.hpp"
@@ -45,13 +46,14 @@ void check_context(const flatmem_reversible_context *c) {
 }
 
 const char *device_text(const DLDevice &d) {
-  return d.device_type == kDLCPU ? "kDLCPU" : d.device_type == kDLCUDA ? "kDLCUDA" : "another device";
+  const std::int32_t type = device_type_of(d);
+  return type == kDLCPU ? "kDLCPU" : type == kDLCUDA ? "kDLCUDA" : "another device";
 }
 
 // A state: fp32, CPU, (batch, tokens, width) or (tokens, width), compact.
 BlockShape check_state(const flatmem_block_s &block, const DLTensor *t, const char *name, Data use) {
   if (t == nullptr) invalid(name, ": NULL");
-  const DLDeviceType type = t->device.device_type;
+  const std::int32_t type = device_type_of(t->device);
 #if FLATMEM_HAVE_CUDA_BLOCKS
   const bool accepted = type == kDLCPU || type == kDLCUDA;
 #else
@@ -62,7 +64,7 @@ BlockShape check_state(const flatmem_block_s &block, const DLTensor *t, const ch
          int(type), type == kDLCUDA ? "; this build runs the built-in blocks on kDLCPU tensors only (built without CUDA)"
                                     : "; the built-in blocks run on kDLCPU or kDLCUDA tensors");
   if (block.has_parameters &&
-      (type != block.device.device_type || t->device.device_id != block.device.device_id))
+      (type != device_type_of(block.device) || t->device.device_id != block.device.device_id))
     invalid(name, ": device ", device_text(t->device), " (id ", t->device.device_id,
             ") differs from the block parameters' ", device_text(block.device), " (id ", block.device.device_id,
             "); a block runs where its parameters are");

@@ -1,0 +1,76 @@
+// Regression tests for what tests/fuzz/fuzz_cyclic found:
+//  - flatmem_cyclic_options.timeout_ms is bounded like every communicator timeout (1 ms ..
+//    a day, 0 = the communicator's default). A huge value used to be accepted and then
+//    overflowed the nanosecond deadline of the condition variable flatmem_cyclic_next
+//    waits on (undefined behaviour; in practice a deadline in the past or far future).
+//  - flatmem_cyclic_reduce refuses a gradient whose data + byte_offset is not aligned to
+//    its element size (it used to read it as floats: misaligned loads, undefined).
+#include <doctest/doctest.h>
+#include <flatmem/flatmem.h>
+
+#include <cstdint>
+#include <vector>
+#include <string>
+
+namespace {
+
+flatmem_status create_with_timeout(std::int64_t timeout_ms, std::string *message) {
+  flatmem_comm_t *comm = nullptr;
+  REQUIRE(flatmem_comm_create_local(&comm, 1, nullptr) == FLATMEM_STATUS_SUCCESS);
+  flatmem_cyclic_options o = FLATMEM_CYCLIC_OPTIONS_INIT;
+  o.stages = 2;
+  o.steps = 1;
+  o.timeout_ms = timeout_ms;
+  flatmem_cyclic_t *handle = nullptr;
+  const flatmem_status status = flatmem_cyclic_create(&handle, comm, &o);
+  *message = flatmem_last_error();
+  if (status == FLATMEM_STATUS_SUCCESS) CHECK(flatmem_cyclic_destroy(handle) == FLATMEM_STATUS_SUCCESS);
+  else CHECK(handle == nullptr);
+  flatmem_comm_destroy(comm);
+  return status;
+}
+
+}  // namespace
+
+TEST_CASE("cyclic/options/timeout_ms beyond a day is refused, a day is accepted") {
+  std::string message;
+  for (const std::int64_t too_long : {std::int64_t(24) * 3600 * 1000 + 1, std::int64_t(578911237572657152),
+                                      INT64_MAX}) {
+    CAPTURE(too_long);
+    CHECK(create_with_timeout(too_long, &message) == FLATMEM_STATUS_INVALID_ARGUMENT);
+    CHECK(message.find("options.timeout_ms") != std::string::npos);
+  }
+  CHECK(create_with_timeout(std::int64_t(24) * 3600 * 1000, &message) == FLATMEM_STATUS_SUCCESS);
+  CHECK(create_with_timeout(0, &message) == FLATMEM_STATUS_SUCCESS);
+  CHECK(create_with_timeout(-5, &message) == FLATMEM_STATUS_INVALID_ARGUMENT);
+}
+
+TEST_CASE("cyclic/reduce/a misaligned gradient is refused and the handle goes on") {
+  flatmem_comm_t *comm = nullptr;
+  REQUIRE(flatmem_comm_create_local(&comm, 1, nullptr) == FLATMEM_STATUS_SUCCESS);
+  flatmem_cyclic_options o = FLATMEM_CYCLIC_OPTIONS_INIT;
+  o.stages = 1;
+  o.steps = 1;
+  flatmem_cyclic_t *handle = nullptr;
+  REQUIRE(flatmem_cyclic_create(&handle, comm, &o) == FLATMEM_STATUS_SUCCESS);
+  flatmem_cyclic_action a{};
+  do REQUIRE(flatmem_cyclic_next(handle, &a) == FLATMEM_STATUS_SUCCESS);
+  while (a.kind != FLATMEM_CYCLIC_BACKWARD);
+  std::vector<float> storage(9, 1.0f);
+  std::int64_t shape[1] = {8};
+  DLTensor g{};
+  g.data = storage.data();
+  g.byte_offset = 2;  // data + 2: not a float boundary
+  g.device = DLDevice{kDLCPU, 0};
+  g.dtype = DLDataType{kDLFloat, 32, 1};
+  g.ndim = 1;
+  g.shape = shape;
+  CHECK(flatmem_cyclic_reduce(handle, a.stage, &g) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(std::string(flatmem_last_error()).find("aligned") != std::string::npos);
+  g.byte_offset = 4;  // aligned: accepted
+  CHECK(flatmem_cyclic_reduce(handle, a.stage, &g) == FLATMEM_STATUS_SUCCESS);
+  do REQUIRE(flatmem_cyclic_next(handle, &a) == FLATMEM_STATUS_SUCCESS);
+  while (a.kind != FLATMEM_CYCLIC_DONE);
+  CHECK(flatmem_cyclic_destroy(handle) == FLATMEM_STATUS_SUCCESS);
+  flatmem_comm_destroy(comm);
+}
