@@ -72,6 +72,15 @@ SumType host_sum_type(const DLDataType &t, const char *name) {
           "); host all_reduce sums fp32, fp64, int32 or int64");
 }
 
+// The host all-reduce reads and adds elements in place: their address must
+// suit the element type (a misaligned float is undefined behaviour in C++).
+void check_element_aligned(const Message &m, const char *name) {
+  const std::uintptr_t element = m.dtype.bits / 8, address = reinterpret_cast<std::uintptr_t>(m.data);
+  if (m.bytes > 0 && address % element != 0)
+    invalid(name, ": data + byte_offset = ", address, " is not a multiple of the element size (",
+            element, " bytes); the host all_reduce adds elements in place");
+}
+
 DeviceSumType device_sum_type(const DLDataType &t, const char *name) {
   if (t.code == kDLFloat && t.bits == 32) return DeviceSumType::f32;
   if (t.code == kDLFloat && t.bits == 64) return DeviceSumType::f64;
@@ -270,9 +279,12 @@ flatmem_status flatmem_comm_all_reduce(flatmem_comm_t *comm, const DLTensor *sen
     if (is_device(s))
       device_for(c, s, "send").all_reduce_sum(s.data, r.data, s.count, device_sum_type(s.dtype, "send"),
                                               stream, timeout);
-    else
-      c.all_reduce_sum(s.data, r.data, s.count, host_sum_type(s.dtype, "send"), timeout,
-                       "flatmem_comm_all_reduce");
+    else {
+      const SumType type = host_sum_type(s.dtype, "send");
+      check_element_aligned(s, "send");
+      check_element_aligned(r, "recv");
+      c.all_reduce_sum(s.data, r.data, s.count, type, timeout, "flatmem_comm_all_reduce");
+    }
   });
 }
 

@@ -37,7 +37,7 @@ Message check_message(const DLTensor *t, const char *name) {
   m.device = t->device;
   m.dtype = t->dtype;
   if (m.bytes > 0 && t->data == nullptr) invalid(name, ": data is NULL");
-  m.data = static_cast<char *>(t->data) + t->byte_offset;
+  m.data = data_plus_offset(t);
   return m;
 }
 

@@ -45,8 +45,6 @@ void check_disjoint(const DLTensor *a, const char *a_name, const DLTensor *b, co
                     std::size_t bytes);
 
 // The data pointer of a checked tensor (data + byte_offset).
-inline char *data_of(const DLTensor *t) {
-  return static_cast<char *>(t->data) + t->byte_offset;
-}
+inline char *data_of(const DLTensor *t) { return data_plus_offset(t); }
 
 }  // namespace flatmem::reversible

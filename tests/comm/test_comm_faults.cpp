@@ -264,6 +264,11 @@ std::string bad_arguments(const RankSetup &s) {
   DLTensor ints = t;
   ints.dtype = {kDLUInt, 8, 1};
   RANK_INVALID(flatmem_comm_all_reduce(comm, &ints, &ints, 0, nullptr), "host all_reduce sums");
+  DLTensor misaligned = t;  // fp32 at an odd address: the in-place sum would load it misaligned
+  misaligned.byte_offset = 1;
+  std::int64_t short_shape[2] = {2, 2};
+  misaligned.shape = short_shape;
+  RANK_INVALID(flatmem_comm_all_reduce(comm, &misaligned, &misaligned, 0, nullptr), "element size");
   RANK_INVALID(flatmem_comm_rank(comm, nullptr), "rank");
   RANK_OK(flatmem_comm_health(comm));
   // A message to oneself still works.

@@ -121,12 +121,8 @@ void check_same_shape(const DLTensor *t, const char *name, const DLTensor *x, co
   (void)xs;
 }
 
-const float *data_of(const DLTensor *t) {
-  return reinterpret_cast<const float *>(static_cast<const char *>(t->data) + t->byte_offset);
-}
-float *data_of(DLTensor *t) {
-  return reinterpret_cast<float *>(static_cast<char *>(t->data) + t->byte_offset);
-}
+const float *data_of(const DLTensor *t) { return reinterpret_cast<const float *>(data_plus_offset(t)); }
+float *data_of(DLTensor *t) { return reinterpret_cast<float *>(data_plus_offset(t)); }
 
 void check_parameters_set(const flatmem_block_s &block) {
   if (!block.has_parameters)
