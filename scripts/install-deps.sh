@@ -23,6 +23,8 @@ packages=(
   bindgen                     # the Rust -sys crate's declarations are checked against a fresh bindgen run
   iproute2 iptables           # the multi-host network check: namespaces, veth, tbf, NFQUEUE rules
   libnetfilter-queue-dev      # tests/net/nfq_shaper: delay / loss where the kernel has no netem
+  clang libclang-rt-14-dev    # the libFuzzer targets (build-fuzz/; libFuzzer is only a Recommends of clang)
+  valgrind                    # memcheck over the examples and a two-rank UCX run
 )
 
 missing=()

@@ -9,7 +9,9 @@
 # 4. four network namespaces joined by a router, one rank each, under delay, loss, a bandwidth
 #    cap, a partition and a killed host (scripts/test-netns.sh; exit 77 = skipped, said loudly)
 #    then the ASan+UBSan build in build-asan/ and its ctest (scripts/test-sanitize.sh)
-# 5. the ThreadSanitizer build of the threaded tests in build-tsan/ (scripts/test-tsan.sh)
+# 5. the ThreadSanitizer build of the threaded tests in build-tsan/ (scripts/test-tsan.sh), the
+#    libFuzzer smoke in build-fuzz/ (scripts/test-fuzz.sh) and valgrind memcheck over the examples
+#    and a two-rank run (scripts/test-valgrind.sh)
 # 6. ctest in build/ -- last, so that its summary is the last thing printed.
 # Stops at the first failing stage with a non-zero exit status.
 set -euo pipefail
@@ -38,6 +40,10 @@ step "ASan+UBSan build and tests (build-asan/)"
 bash scripts/test-sanitize.sh
 step "ThreadSanitizer build and tests (build-tsan/)"
 bash scripts/test-tsan.sh
+step "libFuzzer smoke: every target 15 s (build-fuzz/)"
+bash scripts/test-fuzz.sh
+step "valgrind memcheck: the examples and a two-rank UCX run (build/)"
+bash scripts/test-valgrind.sh
 step "tests (Release, build/)"
 cd build
 ctest --output-on-failure --timeout "${FLATMEM_CTEST_TIMEOUT:-900}"
