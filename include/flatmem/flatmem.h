@@ -388,6 +388,9 @@ typedef enum flatmem_contrastive_loss {
   FLATMEM_CONTRASTIVE_DEFAULT = 0,
   FLATMEM_CONTRASTIVE_SYMMETRIC = 1,
   FLATMEM_CONTRASTIVE_INFONCE = 2,
+  /** The pairwise sigmoid (SigLIP) loss: flatmem_contrastive_sigmoid_*
+   *  below, not flatmem_contrastive_forward / _backward. */
+  FLATMEM_CONTRASTIVE_SIGMOID = 3,
   FLATMEM_CONTRASTIVE_LOSS_MAX = 0x7fffffff
 } flatmem_contrastive_loss;
 
@@ -530,6 +533,126 @@ FLATMEM_API flatmem_status flatmem_contrastive_backward(
     flatmem_contrastive_t *handle, const DLTensor *q, const DLTensor *k, const DLTensor *labels,
     const DLTensor *logit_scale, const DLTensor *row_lse, const DLTensor *col_lse,
     const DLTensor *dloss, DLTensor *dq, DLTensor *dk, DLTensor *dlogit_scale, void *workspace,
+    size_t workspace_bytes, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Sigmoid (SigLIP) loss: a handle created with loss = FLATMEM_CONTRASTIVE_SIGMOID */
+/* ------------------------------------------------------------------------ */
+/*
+ * Row features q (b x d), column features k (c x d), logit scale s (finite,
+ * > 0) and logit bias t (finite), both given by the caller (frameworks learn
+ * log s and t; ds and dt are returned, a framework learning log s multiplies
+ * ds by s). Logits x_ij = s <q_i, k_j> + t. With z_ij = +1 for the positive
+ * pair of row i and -1 for every other pair:
+ *
+ *     L = -(1/b) sum_i sum_j log sigmoid(z_ij x_ij)        (b, c, d >= 1)
+ *
+ * the sum over all c columns of a row, the mean over the b rows (as SigLIP
+ * normalises by the batch). Row i's positive is column y_i: y_i = i without
+ * labels (then c >= b is required; c = b is the paper's case), else y_i from
+ * an int64 label tensor (b,) with values in [0, c). Exactly one positive per
+ * row.
+ *
+ * Numerically safe form: -log sigmoid(z x) = softplus(v), v = -z x,
+ *     softplus(v) = max(v, 0) + log1p(exp(-|v|)),
+ * and dL/dx_ij = -z_ij sigmoid(v_ij) / b with
+ *     sigmoid(v) = 1 / (1 + e) for v >= 0, e / (1 + e) for v < 0, e = exp(-|v|),
+ * so no exponential overflows and no 1 - sigmoid cancels, for any s (10..100
+ * and beyond) and t (e.g. -10). Per-element terms are summed in double.
+ *
+ * Unlike the softmax losses, dL/dx_ij depends on x_ij alone (no row or column
+ * normaliser): the value and every gradient come from ONE walk over the logit
+ * tiles and no state is saved between calls. With G = dL/dx:
+ *     dq = s G k,  dk = s G^T q,  ds = sum_ij G_ij <q_i, k_j>,  dt = sum_ij G_ij.
+ *
+ * Why separate functions rather than the existing forward / backward: those
+ * have no place for the bias t and its gradient, and their saved log-sum-exp
+ * vectors mean nothing here. A bias argument added to them would be NULL for
+ * two of three losses and would change their ABI; new functions leave the
+ * softmax entry points untouched. flatmem_contrastive_forward / _backward and
+ * their workspace queries refuse a SIGMOID handle (INVALID_ARGUMENT naming
+ * these functions), and these refuse a handle of another loss.
+ *
+ * The three paths (CPU; FLOPs of the tile products, the element-wise work is
+ * O(b c)):
+ *   value_and_grad  L and any of dq, dk, ds, dt: per tile one logit product
+ *                   and the two gradient products, 6 b c d FLOPs in all (2
+ *                   b c d less than forward + backward). Saves the whole
+ *                   recompute; frameworks call it in their forward and scale
+ *                   the gradients by the upstream gradient in their backward.
+ *   forward         L only: 2 b c d FLOPs, no gradient buffers.
+ *   backward        g * (dq, dk, ds, dt) for an upstream gradient g,
+ *                   recomputing the logits: 6 b c d FLOPs (forward + backward
+ *                   8 b c d). For callers that must free or not keep the
+ *                   gradients between forward and backward.
+ *
+ * Dtypes, shapes, strides and determinism as for the softmax losses above:
+ * q and k both fp32, bf16 or fp16 (fp32 accumulation); logit_scale,
+ * logit_bias, loss, dloss, dlogit_scale, dlogit_bias one fp32 element each;
+ * dq, dk fp32 or the input dtype (16-bit ones accumulated in fp32 in the
+ * workspace, (b + c) d 4 bytes, rounded once). Results are bitwise identical
+ * whatever the thread count (the same Latin-square tile schedule).
+ *
+ * Workspace (CPU): flatmem_contrastive_sigmoid_workspace_size gives the bytes
+ * for the call with these dq / dk (NULL for the forward, or for a gradient not
+ * requested): per thread one tile (tile_rows x tile_cols fp32) plus, for
+ * 16-bit inputs, the widened rows; 3 doubles per row group; the 16-bit
+ * gradient accumulators. workspace NULL: the handle's own buffer is used.
+ *
+ * Not yet supported (FLATMEM_STATUS_UNSUPPORTED with a message, never a
+ * wrong answer): kDLCUDA tensors, a communicator (options.comm, refused at
+ * create) and the logit cache (options.logit_cache_bytes != 0, refused at
+ * create).
+ */
+
+/** Workspace bytes of the sigmoid calls: dq, dk as they will be passed (both
+ *  NULL for flatmem_contrastive_sigmoid_forward). Reads only metadata. */
+FLATMEM_API flatmem_status flatmem_contrastive_sigmoid_workspace_size(
+    const flatmem_contrastive_t *handle, const DLTensor *q, const DLTensor *k, const DLTensor *dq,
+    const DLTensor *dk, size_t *bytes);
+
+/**
+ * The loss L alone (2 b c d FLOPs).
+ *
+ *   q, k         (b, d), (c, d) fp32 | bf16 | fp16 (same dtype)
+ *   labels       (b,) int64 in [0, c), or NULL (y_i = i, needs c >= b)
+ *   logit_scale  one fp32 element s, finite, > 0
+ *   logit_bias   one fp32 element t, finite
+ *   loss         one fp32 element (written)
+ */
+FLATMEM_API flatmem_status flatmem_contrastive_sigmoid_forward(
+    flatmem_contrastive_t *handle, const DLTensor *q, const DLTensor *k, const DLTensor *labels,
+    const DLTensor *logit_scale, const DLTensor *logit_bias, DLTensor *loss, void *workspace,
+    size_t workspace_bytes, void *stream);
+
+/**
+ * The loss and its gradients in one tile walk (6 b c d FLOPs).
+ *
+ *   loss          one fp32 element L (written), or NULL
+ *   dq            (b, d) fp32 or q's dtype: dL/dq (written), or NULL
+ *   dk            (c, d) fp32 or k's dtype: dL/dk (written), or NULL
+ *   dlogit_scale  one fp32 element dL/ds (written), or NULL
+ *   dlogit_bias   one fp32 element dL/dt (written), or NULL
+ * At least one output must be non-NULL. dq and dk are overwritten.
+ */
+FLATMEM_API flatmem_status flatmem_contrastive_sigmoid_value_and_grad(
+    flatmem_contrastive_t *handle, const DLTensor *q, const DLTensor *k, const DLTensor *labels,
+    const DLTensor *logit_scale, const DLTensor *logit_bias, DLTensor *loss, DLTensor *dq,
+    DLTensor *dk, DLTensor *dlogit_scale, DLTensor *dlogit_bias, void *workspace,
+    size_t workspace_bytes, void *stream);
+
+/**
+ * Gradients of g * L, recomputing the logits (6 b c d FLOPs): as
+ * value_and_grad without the loss, every gradient times g.
+ *
+ *   dloss         one fp32 element g (finite under FLATMEM_NONFINITE_ERROR),
+ *                 or NULL for g = 1
+ *   dq, dk, dlogit_scale, dlogit_bias   as in value_and_grad (one non-NULL)
+ */
+FLATMEM_API flatmem_status flatmem_contrastive_sigmoid_backward(
+    flatmem_contrastive_t *handle, const DLTensor *q, const DLTensor *k, const DLTensor *labels,
+    const DLTensor *logit_scale, const DLTensor *logit_bias, const DLTensor *dloss, DLTensor *dq,
+    DLTensor *dk, DLTensor *dlogit_scale, DLTensor *dlogit_bias, void *workspace,
     size_t workspace_bytes, void *stream);
 
 #ifdef FLATMEM_EXPERIMENTAL

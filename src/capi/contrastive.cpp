@@ -74,6 +74,7 @@ flatmem_status flatmem_contrastive_forward_workspace_size(const flatmem_contrast
                                                           size_t *bytes) {
   return guarded([&] {
     check_handle(handle);
+    check_loss_kind(handle->options, false, "flatmem_contrastive_forward_workspace_size");
     check_out(bytes, "bytes");
     MatrixView qv, kv;
     check_features(handle->options, q, k, DataUse::metadata_only, qv, kv);
@@ -96,6 +97,7 @@ flatmem_status flatmem_contrastive_backward_workspace_size(const flatmem_contras
                                                            size_t *bytes) {
   return guarded([&] {
     check_handle(handle);
+    check_loss_kind(handle->options, false, "flatmem_contrastive_backward_workspace_size");
     check_out(bytes, "bytes");
     MatrixView qv, kv;
     check_features(handle->options, q, k, DataUse::metadata_only, qv, kv);
@@ -123,6 +125,7 @@ flatmem_status flatmem_contrastive_forward(flatmem_contrastive_t *handle, const 
   return guarded([&] {
     (void)stream;  // CUDA only
     check_handle(handle);
+    check_loss_kind(handle->options, false, "flatmem_contrastive_forward");
     cpu_isa::active();
     if (handle->options.comm)
       return ring::forward(*handle, q, k, labels, logit_scale, loss, row_lse, col_lse, workspace,
@@ -154,6 +157,7 @@ flatmem_status flatmem_contrastive_backward(flatmem_contrastive_t *handle, const
   return guarded([&] {
     (void)stream;  // CUDA only
     check_handle(handle);
+    check_loss_kind(handle->options, false, "flatmem_contrastive_backward");
     cpu_isa::active();
     if (handle->options.comm)
       return ring::backward(*handle, q, k, labels, logit_scale, row_lse, col_lse, dloss, dq, dk,

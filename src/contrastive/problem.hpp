@@ -13,7 +13,9 @@
 
 namespace flatmem::contrastive {
 
-enum class Loss { symmetric, infonce };
+// sigmoid: the pairwise SigLIP loss (cpu/sigmoid.hpp); it validates like
+// InfoNCE (labels optional, c != b allowed) but runs its own entry points.
+enum class Loss { symmetric, infonce, sigmoid };
 
 // How fp32 products run on tensor cores (CUDA); the CPU is always full fp32.
 enum class Fp32Precision { tf32, full };

@@ -53,6 +53,7 @@ Options resolve_options(const flatmem_contrastive_options *given) {
     case FLATMEM_CONTRASTIVE_DEFAULT:
     case FLATMEM_CONTRASTIVE_SYMMETRIC: r.loss = Loss::symmetric; break;
     case FLATMEM_CONTRASTIVE_INFONCE: r.loss = Loss::infonce; break;
+    case FLATMEM_CONTRASTIVE_SIGMOID: r.loss = Loss::sigmoid; break;
     default: invalid("options.loss: ", loss, " is not a flatmem_contrastive_loss");
   }
   r.num_threads = resolve_threads(o.num_threads, "options.num_threads");
@@ -75,7 +76,24 @@ Options resolve_options(const flatmem_contrastive_options *given) {
   if (r.comm && r.logit_cache_bytes != 0)
     invalid("options.logit_cache_bytes: ", r.logit_cache_bytes,
             " with options.comm set; the ring across ranks keeps no logit tiles, set it to 0");
+  if (r.loss == Loss::sigmoid && r.comm)
+    fail(FLATMEM_STATUS_UNSUPPORTED, "options.comm: the sigmoid loss has no ring across ranks "
+         "yet; create the handle with comm = NULL");
+  if (r.loss == Loss::sigmoid && r.logit_cache_bytes != 0)
+    fail(FLATMEM_STATUS_UNSUPPORTED, "options.logit_cache_bytes: ", r.logit_cache_bytes,
+         "; the sigmoid loss keeps no logit tiles (value_and_grad needs none), set it to 0");
   return r;
+}
+
+void check_loss_kind(const Options &options, bool sigmoid_call, const char *function) {
+  if (sigmoid_call && options.loss != Loss::sigmoid)
+    invalid("handle: ", function, " needs a handle created with loss = "
+            "FLATMEM_CONTRASTIVE_SIGMOID; use flatmem_contrastive_forward / _backward for the "
+            "softmax losses");
+  if (!sigmoid_call && options.loss == Loss::sigmoid)
+    invalid("handle: created with loss = FLATMEM_CONTRASTIVE_SIGMOID, which ", function,
+            " does not compute; use flatmem_contrastive_sigmoid_forward / _value_and_grad / "
+            "_backward");
 }
 
 void check_features(const Options &options, const DLTensor *q, const DLTensor *k, DataUse use,

@@ -10,6 +10,10 @@ namespace flatmem::contrastive {
 
 Options resolve_options(const flatmem_contrastive_options *options);
 
+// Refuses (INVALID_ARGUMENT) a sigmoid handle in a softmax entry point and a
+// softmax handle in a sigmoid one; `function` names the entry point.
+void check_loss_kind(const Options &options, bool sigmoid_call, const char *function);
+
 // q, k: matrices of one accepted dtype with equal d; c = b for the symmetric
 // loss. `use` = metadata_only for size queries.
 void check_features(const Options &options, const DLTensor *q, const DLTensor *k, DataUse use,

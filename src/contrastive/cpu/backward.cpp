@@ -10,10 +10,6 @@
 #include "contrastive/cpu/tile_walk.hpp"
 
 namespace flatmem::contrastive::cpu {
-namespace {
-
-// The fp32 matrix gradients accumulate into: the output itself when it is
-// fp32, else the workspace accumulator (ld = d).
 Accumulator accumulator_for(const MatrixView &out, float *workspace_acc) {
   if (out.data == nullptr) return {};
   if (out.dtype == Dtype::f32) return {out.row<float>(0), out.row_stride};
@@ -21,8 +17,6 @@ Accumulator accumulator_for(const MatrixView &out, float *workspace_acc) {
 }
 
 const Dtype *dtype_if_requested(const MatrixView &m) { return m.data ? &m.dtype : nullptr; }
-
-}  // namespace
 
 void Accumulator::zero(std::int64_t rows, std::int64_t cols) const {
   for (std::int64_t r = 0; r < rows; ++r) std::fill(row(r), row(r) + cols, 0.0f);

@@ -58,6 +58,13 @@ struct Accumulator {
   void zero(std::int64_t rows, std::int64_t cols) const;
 };
 
+// The fp32 matrix a gradient output accumulates into: the output itself when
+// it is fp32, else workspace_acc (ld = d); empty when out is not requested.
+Accumulator accumulator_for(const MatrixView &out, float *workspace_acc);
+
+// &m.dtype when m is requested (data non-null), else nullptr.
+const Dtype *dtype_if_requested(const MatrixView &m);
+
 // G = row * P + col * Q - positive * Y (see gradient_tile), for the mean
 // over `global_rows` rows times dloss:
 //   InfoNCE   row = positive = g / B, col = 0;
