@@ -519,7 +519,11 @@ pub const FLATMEM_CONTRASTIVE_DEFAULT: flatmem_contrastive_loss = 0;
 pub const FLATMEM_CONTRASTIVE_SYMMETRIC: flatmem_contrastive_loss = 1;
 #[doc = " 0 selects the default, FLATMEM_CONTRASTIVE_SYMMETRIC."]
 pub const FLATMEM_CONTRASTIVE_INFONCE: flatmem_contrastive_loss = 2;
-#[doc = " 0 selects the default, FLATMEM_CONTRASTIVE_SYMMETRIC."]
+#[doc = " The pairwise sigmoid (SigLIP) loss: flatmem_contrastive_sigmoid_*"]
+#[doc = "  below, not flatmem_contrastive_forward / _backward."]
+pub const FLATMEM_CONTRASTIVE_SIGMOID: flatmem_contrastive_loss = 3;
+#[doc = " The pairwise sigmoid (SigLIP) loss: flatmem_contrastive_sigmoid_*"]
+#[doc = "  below, not flatmem_contrastive_forward / _backward."]
 pub const FLATMEM_CONTRASTIVE_LOSS_MAX: flatmem_contrastive_loss = 2147483647;
 pub type flatmem_contrastive_loss = ::std::os::raw::c_uint;
 #[doc = " 0: the default, TF32."]
@@ -840,6 +844,89 @@ extern "C" {
         dq: *mut DLTensor,
         dk: *mut DLTensor,
         dlogit_scale: *mut DLTensor,
+        workspace: *mut ::std::os::raw::c_void,
+        workspace_bytes: usize,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " Workspace bytes of the sigmoid calls: dq, dk as they will be passed (both"]
+    #[doc = "  NULL for flatmem_contrastive_sigmoid_forward). Reads only metadata."]
+    pub fn flatmem_contrastive_sigmoid_workspace_size(
+        handle: *const flatmem_contrastive_t,
+        q: *const DLTensor,
+        k: *const DLTensor,
+        dq: *const DLTensor,
+        dk: *const DLTensor,
+        bytes: *mut usize,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " The loss L alone (2 b c d FLOPs)."]
+    #[doc = ""]
+    #[doc = "   q, k         (b, d), (c, d) fp32 | bf16 | fp16 (same dtype)"]
+    #[doc = "   labels       (b,) int64 in [0, c), or NULL (y_i = i, needs c >= b)"]
+    #[doc = "   logit_scale  one fp32 element s, finite, > 0"]
+    #[doc = "   logit_bias   one fp32 element t, finite"]
+    #[doc = "   loss         one fp32 element (written)"]
+    pub fn flatmem_contrastive_sigmoid_forward(
+        handle: *mut flatmem_contrastive_t,
+        q: *const DLTensor,
+        k: *const DLTensor,
+        labels: *const DLTensor,
+        logit_scale: *const DLTensor,
+        logit_bias: *const DLTensor,
+        loss: *mut DLTensor,
+        workspace: *mut ::std::os::raw::c_void,
+        workspace_bytes: usize,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " The loss and its gradients in one tile walk (6 b c d FLOPs)."]
+    #[doc = ""]
+    #[doc = "   loss          one fp32 element L (written), or NULL"]
+    #[doc = "   dq            (b, d) fp32 or q's dtype: dL/dq (written), or NULL"]
+    #[doc = "   dk            (c, d) fp32 or k's dtype: dL/dk (written), or NULL"]
+    #[doc = "   dlogit_scale  one fp32 element dL/ds (written), or NULL"]
+    #[doc = "   dlogit_bias   one fp32 element dL/dt (written), or NULL"]
+    #[doc = " At least one output must be non-NULL. dq and dk are overwritten."]
+    pub fn flatmem_contrastive_sigmoid_value_and_grad(
+        handle: *mut flatmem_contrastive_t,
+        q: *const DLTensor,
+        k: *const DLTensor,
+        labels: *const DLTensor,
+        logit_scale: *const DLTensor,
+        logit_bias: *const DLTensor,
+        loss: *mut DLTensor,
+        dq: *mut DLTensor,
+        dk: *mut DLTensor,
+        dlogit_scale: *mut DLTensor,
+        dlogit_bias: *mut DLTensor,
+        workspace: *mut ::std::os::raw::c_void,
+        workspace_bytes: usize,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " Gradients of g * L, recomputing the logits (6 b c d FLOPs): as"]
+    #[doc = " value_and_grad without the loss, every gradient times g."]
+    #[doc = ""]
+    #[doc = "   dloss         one fp32 element g (finite under FLATMEM_NONFINITE_ERROR),"]
+    #[doc = "                 or NULL for g = 1"]
+    #[doc = "   dq, dk, dlogit_scale, dlogit_bias   as in value_and_grad (one non-NULL)"]
+    pub fn flatmem_contrastive_sigmoid_backward(
+        handle: *mut flatmem_contrastive_t,
+        q: *const DLTensor,
+        k: *const DLTensor,
+        labels: *const DLTensor,
+        logit_scale: *const DLTensor,
+        logit_bias: *const DLTensor,
+        dloss: *const DLTensor,
+        dq: *mut DLTensor,
+        dk: *mut DLTensor,
+        dlogit_scale: *mut DLTensor,
+        dlogit_bias: *mut DLTensor,
         workspace: *mut ::std::os::raw::c_void,
         workspace_bytes: usize,
         stream: *mut ::std::os::raw::c_void,
