@@ -881,7 +881,7 @@ TEST_CASE("contrastive/bad-input/options-struct_size-0") {
 
 TEST_CASE("contrastive/bad-input/options-bad-loss-enum") {
   flatmem_contrastive_options o = FLATMEM_CONTRASTIVE_OPTIONS_INIT;
-  o.loss = static_cast<flatmem_contrastive_loss>(3);
+  o.loss = static_cast<flatmem_contrastive_loss>(FLATMEM_CONTRASTIVE_SIGMOID + 1);  // past the last loss
   expect_create_refused(o, "loss");
   // What a C caller can store in the field (C enums are plain integers);
   // written as bytes because a C++ enum cannot hold -1.
