@@ -5,7 +5,10 @@
 // by the thread that runs the tile.
 //
 // With v = -z x (z = +1 at the row's positive column, -1 elsewhere):
-//   loss term  softplus(v) = max(v, 0) + log1p(exp(-|v|))
+//   loss term  softplus(v) = max(v, 0) + log1p(exp(-|v|)), summed in double;
+//              exp by core/fast_exp.hpp (< 2 ulp), log1p in double by a
+//              series (log1p_unit): vectorised, one exponential per element
+//              shared with the gradient
 //   G_ij       coef * (-z) sigmoid(v), sigmoid(v) = 1/(1+e) (v >= 0) or
 //              e/(1+e) (v < 0), e = exp(-|v|): no overflow, no 1 - sigmoid.
 #pragma once
