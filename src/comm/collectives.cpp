@@ -66,7 +66,7 @@ void add_into(SumType type, void *into, const void *from, std::size_t count) {
   }
 }
 
-void Communicator::wait_all(std::initializer_list<TransferPtr> transfers, Milliseconds timeout,
+void Communicator::wait_all(std::span<const TransferPtr> transfers, Milliseconds timeout,
                             const std::string &what) {
   for (const TransferPtr &t : transfers) {
     try {
@@ -129,14 +129,7 @@ void Communicator::exchange_with_all(char *blocks, std::size_t bytes, Millisecon
   }
   for (int k = 1; k < n; ++k)
     transfers.push_back(send(mod(r - k, n), blocks + std::size_t(r) * bytes, bytes, Space::internal, tag));
-  for (const TransferPtr &t : transfers) {
-    try {
-      wait(t, timeout, what);
-    } catch (const Error &e) {
-      poison(e.status(), e.what());
-      throw;
-    }
-  }
+  wait_all(transfers, timeout, what);
 }
 
 void Communicator::broadcast(void *data, std::size_t bytes, int root, Milliseconds timeout,

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 
 namespace flatmem::comm {
@@ -82,8 +83,12 @@ class Communicator {
   // the handle before it is rethrown, so the other transfers are cancelled and
   // their buffers may be freed during unwinding. Library-internal exchanges
   // (collectives, the ring loss) wait through this.
-  void wait_all(std::initializer_list<TransferPtr> transfers, Milliseconds timeout,
+  void wait_all(std::span<const TransferPtr> transfers, Milliseconds timeout,
                 const std::string &what);
+  void wait_all(std::initializer_list<TransferPtr> transfers, Milliseconds timeout,
+                const std::string &what) {
+    wait_all(std::span<const TransferPtr>(transfers.begin(), transfers.size()), timeout, what);
+  }
 
   // A fresh number for one collective operation; every rank must call it the
   // same number of times in the same order (true when every rank runs the
