@@ -109,6 +109,22 @@ inline float exp_nonpositive(float x) {
   return x < -87.0f ? 0.0f : p * two_n;
 }
 
+// log(1 + e) in fp32 for e in [0, 1] (the softplus of the naive sigmoid loss,
+// e = exp(-|v|)), branch-free for the same reason: log1p(e) = 2 atanh(r),
+// r = e / (2 + e) in [0, 1/3], by its series through r^13 (the first omitted
+// term, 2 r^15 / 15 <= 1e-8, is below fp32 rounding of the result).
+inline float log1p_unit(float e) {
+  const float r = e / (2.0f + e), r2 = r * r;
+  float p = 1.0f / 13.0f;
+  p = p * r2 + 1.0f / 11.0f;
+  p = p * r2 + 1.0f / 9.0f;
+  p = p * r2 + 1.0f / 7.0f;
+  p = p * r2 + 1.0f / 5.0f;
+  p = p * r2 + 1.0f / 3.0f;
+  p = p * r2 + 1.0f;
+  return 2.0f * r * p;
+}
+
 // x[i] = mean + stddev * N(0, 1), deterministic in (seed, i) whatever the
 // thread count (a splitmix64 stream per block of 4096 elements, Box-Muller).
 inline void fill_normal(float *x, std::int64_t n, float mean, float stddev, std::uint64_t seed) {

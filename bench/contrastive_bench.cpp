@@ -22,6 +22,14 @@
 // the BLAS variants do not depend on it and run once.
 // (flatmem built with FLATMEM_BLAS=SERIAL_STATIC carries its own serial
 // OpenBLAS, which the variable does not reach; both rows then read the same.)
+//
+// --loss sigmoid (or all) times the sigmoid (SigLIP) loss instead (or as
+// well), b in {4096, 16384, 65536} by default, logit bias --bias (-10):
+//   sigmoid         flatmem_contrastive_sigmoid_value_and_grad (loss, dq, dk,
+//                   ds, dt in one call), once per CPU ISA like flatmem
+//   sigmoid-naive   the materialised loss (1 GEMM, element-wise, 2 GEMMs)
+//   gemm3           the sigmoid's three GEMMs in column strips: its floor
+// (all three with OpenBLAS threading as flatmem / naive / gemm4).
 #include <flatmem/flatmem.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -52,17 +60,25 @@ constexpr std::int64_t target_batch = 16384;
 constexpr double target_vs_gemm4 = 1.15, target_vs_naive = 1.35;
 constexpr std::int64_t memory_target_batch = 65536;
 constexpr double memory_target_bytes = 64.0 * MiB;
+// The sigmoid loss's targets (issue 17): against its three-GEMM floor, same memory target.
+constexpr double sigmoid_target_vs_gemm3 = 1.15;
+
+const std::vector<std::string> clip_variants{"flatmem", "flatmem-cache", "flatmem-blas1", "naive", "gemm4",
+                                             "tilegemm"};
+const std::vector<std::string> sigmoid_variants{"sigmoid", "sigmoid-naive", "gemm3"};
 
 struct Options {
+  std::string loss = "clip";  // clip | sigmoid | all: which tables, and the default variants and sizes
   std::vector<std::int64_t> sizes{1024, 4096, 16384, 65536};
   std::int64_t d = 512;
   float scale = 14.3f;
+  float bias = -10.0f;  // sigmoid variants' logit bias t
   double min_time = 10.0;
   int max_reps = 10;
   double mem_limit_gib = 20.0;
   std::int64_t strip = 2048, tile = 512, tilegemm_max_batch = 16384;
   int rounds = 2, large_rounds = 1;      // interleaved repetitions of all variants; "large": b > 16384
-  std::vector<std::string> variants{"flatmem", "flatmem-cache", "flatmem-blas1", "naive", "gemm4", "tilegemm"};
+  std::vector<std::string> variants;  // empty: those of --loss
   std::vector<std::string> isas;  // FLATMEM_CPU_ISA values for the flatmem variants
   std::string csv;
 };
@@ -83,15 +99,20 @@ const VariantSpec specs[] = {
     {"gemm4", "gemm4", BlasEnv::all_cores, "4 GEMMs in column strips"},
     {"tilegemm", "tilegemm", BlasEnv::one, "4 GEMMs in tiles, 1-thread sgemm per thread"},
     {"flatmem-cache", "flatmem", BlasEnv::all_cores, "flatmem, logit cache 4 b^2 bytes"},
+    {"sigmoid", "sigmoid", BlasEnv::all_cores, "flatmem sigmoid loss (value_and_grad)"},
+    {"sigmoid-naive", "sigmoid-naive", BlasEnv::all_cores, "naive materialised sigmoid loss"},
+    {"gemm3", "gemm3", BlasEnv::all_cores, "3 GEMMs in column strips"},
 };
 
-bool is_flatmem(const std::string &variant) { return variant.rfind("flatmem", 0) == 0; }
+// The variants that run flatmem's own kernels: once per CPU ISA.
+bool is_flatmem(const std::string &variant) { return variant.rfind("flatmem", 0) == 0 || variant == "sigmoid"; }
 
 const VariantSpec &spec(const std::string &name) {
   for (const auto &s : specs)
     if (name == s.name) return s;
   throw std::runtime_error("unknown variant '" + name +
-                           "' (flatmem, flatmem-cache, flatmem-blas1, naive, gemm4, tilegemm)");
+                           "' (flatmem, flatmem-cache, flatmem-blas1, naive, gemm4, tilegemm, sigmoid, "
+                           "sigmoid-naive, gemm3)");
 }
 
 struct Run {
@@ -110,8 +131,10 @@ struct Run {
 double flops(const std::string &variant, std::int64_t b, std::int64_t d) {
   const double bbd = double(b) * double(b) * double(d);
   if (variant == "inputs") return 0.0;
-  // naive and the cached flatmem do not recompute the logits
-  return variant == "naive" || variant == "flatmem-cache" ? 6.0 * bbd : 8.0 * bbd;
+  // naive and the cached flatmem do not recompute the logits, nor does the sigmoid loss
+  const bool three_products = variant == "naive" || variant == "flatmem-cache" || variant == "sigmoid" ||
+                              variant == "sigmoid-naive" || variant == "gemm3";
+  return three_products ? 6.0 * bbd : 8.0 * bbd;
 }
 
 // ---- formatting --------------------------------------------------------------
@@ -167,6 +190,7 @@ Run run_child(const Options &o, const std::string &variant, std::int64_t b, cons
   if (pipe(fds) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
   std::vector<std::string> args = {self_path(), "--worker", s.worker, "--batch", std::to_string(b),
                                    "--dim", std::to_string(o.d), "--scale", format("%.9g", o.scale),
+                                   "--bias", format("%.9g", o.bias),
                                    "--min-time", format("%.9g", o.min_time), "--max-reps",
                                    std::to_string(o.max_reps), "--strip", std::to_string(o.strip),
                                    "--tile", std::to_string(o.tile), "--result-fd", std::to_string(fds[1])};
@@ -226,6 +250,7 @@ int worker_main(int argc, char **argv) {
     else if (key == "--batch") c.b = std::stoll(value);
     else if (key == "--dim") c.d = std::stoll(value);
     else if (key == "--scale") c.scale = std::stof(value);
+    else if (key == "--bias") c.bias = std::stof(value);
     else if (key == "--min-time") c.min_time = std::stod(value);
     else if (key == "--max-reps") c.max_reps = std::stoi(value);
     else if (key == "--strip") c.strip = std::stoll(value);
@@ -249,8 +274,9 @@ int worker_main(int argc, char **argv) {
 
 void usage() {
   std::printf(
-      "usage: contrastive_bench [--sizes B1,B2,...] [--dim D] [--quick] [--csv PATH]\n"
-      "                         [--variants flatmem,flatmem-cache,flatmem-blas1,naive,gemm4,tilegemm]\n"
+      "usage: contrastive_bench [--loss clip|sigmoid|all] [--sizes B1,B2,...] [--dim D] [--quick] [--csv PATH]\n"
+      "                         [--variants flatmem,flatmem-cache,flatmem-blas1,naive,gemm4,tilegemm,\n"
+      "                                     sigmoid,sigmoid-naive,gemm3] [--bias T]\n"
       "                         [--isas avx512,avx2,baseline]\n"
       "                         [--min-time S] [--max-reps N] [--mem-limit-gib G]\n"
       "                         [--strip W] [--tile T] [--tilegemm-max-batch B] [--scale S]\n"
@@ -263,7 +289,11 @@ void usage() {
       "  each reports its fastest run: other work on the machine only ever adds time.\n"
       "  flatmem variants run once per --isas entry (FLATMEM_CPU_ISA; default avx512 and avx2\n"
       "  where the CPU has them, or the FLATMEM_CPU_ISA already set).\n"
-      "  --quick: sizes 1024,4096, min-time 0.3 s, 1 round.\n");
+      "  --quick: sizes 1024,4096, min-time 0.3 s, 1 round.\n"
+      "  --loss sigmoid: the sigmoid (SigLIP) loss instead, value and all gradients in one call:\n"
+      "  variants sigmoid (flatmem, per --isas entry), sigmoid-naive (materialised), gemm3 (its\n"
+      "  3-GEMM floor), default sizes 4096,16384,65536, logit bias --bias (default -10, scale\n"
+      "  --scale); --loss all: both sets of variants (CLIP sizes) and both sets of tables.\n");
 }
 
 // avx512 and avx2 where the CPU (and the library) has them, or the one
@@ -279,6 +309,7 @@ std::vector<std::string> default_isas() {
 
 Options parse(int argc, char **argv) {
   Options o;
+  bool sizes_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -290,13 +321,17 @@ Options parse(int argc, char **argv) {
       std::exit(0);
     } else if (a == "--quick") {
       o.sizes = {1024, 4096};
+      sizes_given = true;
       o.min_time = 0.3;
       o.rounds = 1;
     } else if (a == "--sizes") {
       o.sizes.clear();
+      sizes_given = true;
       for (const auto &s : bench::split(value())) o.sizes.push_back(std::stoll(s));
-    } else if (a == "--dim") o.d = std::stoll(value());
+    } else if (a == "--loss") o.loss = value();
+    else if (a == "--dim") o.d = std::stoll(value());
     else if (a == "--scale") o.scale = std::stof(value());
+    else if (a == "--bias") o.bias = std::stof(value());
     else if (a == "--min-time") o.min_time = std::stod(value());
     else if (a == "--max-reps") o.max_reps = std::stoi(value());
     else if (a == "--mem-limit-gib") o.mem_limit_gib = std::stod(value());
@@ -310,6 +345,13 @@ Options parse(int argc, char **argv) {
     else if (a == "--csv") o.csv = value();
     else throw std::runtime_error("unknown argument '" + a + "' (see --help)");
   }
+  if (o.loss != "clip" && o.loss != "sigmoid" && o.loss != "all")
+    throw std::runtime_error("--loss: '" + o.loss + "'; expected clip, sigmoid or all");
+  if (o.variants.empty()) {
+    if (o.loss != "sigmoid") o.variants = clip_variants;
+    if (o.loss != "clip") o.variants.insert(o.variants.end(), sigmoid_variants.begin(), sigmoid_variants.end());
+  }
+  if (o.loss == "sigmoid" && !sizes_given) o.sizes = {4096, 16384, 65536};
   for (const auto &v : o.variants) (void)spec(v);
   for (auto b : o.sizes)
     if (b < 1) throw std::runtime_error("--sizes: batch sizes must be >= 1");
@@ -396,7 +438,26 @@ void write_csv(const std::string &path, const std::vector<Run> &runs, const Opti
   }
 }
 
-void print_tables(const std::vector<Run> &runs, const Options &o) {
+bool selects_any(const Options &o, const std::vector<std::string> &family) {
+  for (const auto &v : o.variants)
+    if (std::find(family.begin(), family.end(), v) != family.end()) return true;
+  return false;
+}
+
+const char *verdict(double value, double limit) {
+  return !std::isfinite(value) ? "not measured" : value <= limit ? "MET" : "MISSED";
+}
+
+// "- flatmem extra memory < 64.0 MiB at b = 65536: ..." for the run of `variant` there.
+void print_memory_target(const std::vector<Run> &runs, const Options &o, const std::string &variant) {
+  const Run *m = find(runs, memory_target_batch, variant, o.isas.front());
+  const double mem = m && m->ok() ? m->extra_bytes : NAN;
+  std::printf("- %s extra memory < %s at b = %lld: %s -> %s\n", variant.c_str(), bytes(memory_target_bytes).c_str(),
+              (long long)memory_target_batch, bytes(mem).c_str(),
+              !std::isfinite(mem) ? "not measured" : mem < memory_target_bytes ? "MET" : "MISSED");
+}
+
+void print_clip_tables(const std::vector<Run> &runs, const Options &o) {
   std::printf("\n### Symmetric contrastive loss, forward + backward, fp32, d = %lld (%s, %d threads)\n\n",
               (long long)o.d, cpu_model().c_str(), bench::hardware_threads());
   std::printf("| b | CPU ISA | flatmem | flatmem, cache 4b^2 | naive (materialised) | 4 GEMMs (floor) "
@@ -455,9 +516,6 @@ void print_tables(const std::vector<Run> &runs, const Options &o) {
   std::printf("\n");
 
   std::printf("\n### Targets\n\n");
-  auto verdict = [](double value, double limit) {
-    return !std::isfinite(value) ? "not measured" : value <= limit ? "MET" : "MISSED";
-  };
   const Run *g = find(runs, target_batch, "gemm4"), *n = find(runs, target_batch, "naive");
   for (const auto &isa : o.isas) {
     const Run *f = find(runs, target_batch, "flatmem", isa);
@@ -467,17 +525,65 @@ void print_tables(const std::vector<Run> &runs, const Options &o) {
     std::printf("- [%s] flatmem <= %.2fx the naive loss at b = %lld: %s -> %s\n", isa.c_str(), target_vs_naive,
                 (long long)target_batch, ratio(r2).c_str(), verdict(r2, target_vs_naive));
   }
-  const Run *m = find(runs, memory_target_batch, "flatmem", o.isas.front());
-  const double mem = m && m->ok() ? m->extra_bytes : NAN;
-  std::printf("- flatmem extra memory < %s at b = %lld: %s -> %s\n", bytes(memory_target_bytes).c_str(),
-              (long long)memory_target_batch, bytes(mem).c_str(),
-              !std::isfinite(mem) ? "not measured" : mem < memory_target_bytes ? "MET" : "MISSED");
+  print_memory_target(runs, o, "flatmem");
+}
+
+void print_sigmoid_tables(const std::vector<Run> &runs, const Options &o) {
+  std::printf("\n### Sigmoid (SigLIP) loss, value and gradients (loss, dq, dk, ds, dt), fp32, d = %lld, "
+              "s = %.1f, t = %.1f (%s, %d threads)\n\n",
+              (long long)o.d, o.scale, o.bias, cpu_model().c_str(), bench::hardware_threads());
+  std::printf("| b | CPU ISA | flatmem sigmoid | naive (materialised) | 3 GEMMs (floor) | sigmoid / 3 GEMMs "
+              "| sigmoid / naive | sigmoid GFLOP/s | peak memory: sigmoid | peak memory: naive "
+              "| extra memory: sigmoid | extra memory: naive | extra memory: 3 GEMMs | sigmoid workspace |\n");
+  std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  auto peak_cell = [](const Run *r) { return r && r->ok() ? bytes(r->peak_bytes) : memory_cell(r); };
+  for (auto b : o.sizes)
+    for (const auto &isa : o.isas) {
+      const Run *f = find(runs, b, "sigmoid", isa), *n = find(runs, b, "sigmoid-naive"), *g = find(runs, b, "gemm3");
+      const double tf = total_of(f), tn = total_of(n), tg = total_of(g);
+      std::printf("| %lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", (long long)b,
+                  isa.c_str(), time_cell(f).c_str(), time_cell(n).c_str(), time_cell(g).c_str(),
+                  ratio(tf / tg).c_str(), ratio(tf / tn).c_str(),
+                  std::isfinite(tf) ? format("%.0f", flops("sigmoid", b, o.d) / tf / 1e9).c_str() : "-",
+                  peak_cell(f).c_str(), peak_cell(n).c_str(), memory_cell(f).c_str(), memory_cell(n).c_str(),
+                  memory_cell(g).c_str(), bytes(f && f->ok() ? f->value("workspace_forward") : NAN).c_str());
+    }
+  std::printf("\nAll three: 6 b^2 d FLOPs (one logit product, two gradient products; the sigmoid's gradient "
+              "needs no row or column normaliser, so flatmem computes the loss and every gradient in one tile "
+              "walk). naive: X = s Q K^T materialised (b^2 fp32), G written over it. 3 GEMMs: in %lld-column "
+              "strips, no element-wise work. Peak memory: peak RSS of the variant's process; extra: minus that "
+              "of a process holding only q, k, dq, dk. Times: fastest timed run. CPU ISA: FLATMEM_CPU_ISA of "
+              "the flatmem runs.\n", (long long)o.strip);
+
+  std::printf("\nloss, sigmoid vs naive (same features):");
+  for (auto b : o.sizes)
+    for (const auto &isa : o.isas) {
+      const Run *f = find(runs, b, "sigmoid", isa), *n = find(runs, b, "sigmoid-naive");
+      if (f && n && f->ok() && n->ok())
+        std::printf("  b=%lld [%s]: %.6f vs %.6f (rel. diff %.1e)", (long long)b, isa.c_str(), f->value("loss"),
+                    n->value("loss"), std::fabs(f->value("loss") - n->value("loss")) / std::fabs(n->value("loss")));
+    }
+  std::printf("\n");
+
+  std::printf("\n### Sigmoid targets\n\n");
+  const Run *g = find(runs, target_batch, "gemm3");
+  for (const auto &isa : o.isas) {
+    const double r = total_of(find(runs, target_batch, "sigmoid", isa)) / total_of(g);
+    std::printf("- [%s] sigmoid <= %.2fx the 3-GEMM time at b = %lld: %s -> %s\n", isa.c_str(),
+                sigmoid_target_vs_gemm3, (long long)target_batch, ratio(r).c_str(), verdict(r, sigmoid_target_vs_gemm3));
+  }
+  print_memory_target(runs, o, "sigmoid");
 }
 
 int driver_main(int argc, char **argv) {
   const Options o = parse(argc, argv);
-  std::printf("contrastive_bench: symmetric contrastive loss, forward + backward, fp32, d = %lld, s = %.1f\n",
-              (long long)o.d, o.scale);
+  const bool clip = selects_any(o, clip_variants), sigmoid = selects_any(o, sigmoid_variants);
+  if (clip)
+    std::printf("contrastive_bench: symmetric contrastive loss, forward + backward, fp32, d = %lld, s = %.1f\n",
+                (long long)o.d, o.scale);
+  if (sigmoid)
+    std::printf("contrastive_bench: sigmoid (SigLIP) loss, value and gradients in one call, fp32, d = %lld, "
+                "s = %.1f, t = %.1f\n", (long long)o.d, o.scale, o.bias);
   std::printf("machine: %s, %d hardware threads, %s RAM\n", cpu_model().c_str(), bench::hardware_threads(),
               bytes(machine_ram_bytes()).c_str());
   std::printf("flatmem %s; benchmark BLAS: %s\n", flatmem_version_string(), bench::blas_config().c_str());
@@ -490,9 +596,14 @@ int driver_main(int argc, char **argv) {
   double load[3] = {NAN, NAN, NAN};
   if (getloadavg(load, 3) == 3)  // other work on the machine slows every column: say how much ran
     std::printf("load average at start: %.2f %.2f %.2f\n", load[0], load[1], load[2]);
-  std::printf("targets: flatmem <= %.2fx 4 GEMMs and <= %.2fx naive at b = %lld; extra memory < %s at b = %lld\n",
-              target_vs_gemm4, target_vs_naive, (long long)target_batch, bytes(memory_target_bytes).c_str(),
-              (long long)memory_target_batch);
+  if (clip)
+    std::printf("targets: flatmem <= %.2fx 4 GEMMs and <= %.2fx naive at b = %lld; extra memory < %s at b = %lld\n",
+                target_vs_gemm4, target_vs_naive, (long long)target_batch, bytes(memory_target_bytes).c_str(),
+                (long long)memory_target_batch);
+  if (sigmoid)
+    std::printf("sigmoid targets: sigmoid <= %.2fx 3 GEMMs at b = %lld; extra memory < %s at b = %lld\n",
+                sigmoid_target_vs_gemm3, (long long)target_batch, bytes(memory_target_bytes).c_str(),
+                (long long)memory_target_batch);
   std::vector<Run> runs;
   const double limit = o.mem_limit_gib * GiB;
   for (auto b : o.sizes) {
@@ -545,7 +656,8 @@ int driver_main(int argc, char **argv) {
       }
     }
   }
-  print_tables(runs, o);
+  if (clip) print_clip_tables(runs, o);
+  if (sigmoid) print_sigmoid_tables(runs, o);
   if (!o.csv.empty()) {
     write_csv(o.csv, runs, o);
     std::printf("\nwrote %s\n", o.csv.c_str());

@@ -59,12 +59,16 @@ struct Features {
   }
 };
 
+// Phases::one: a variant whose forward and backward are one call (the sigmoid
+// value_and_grad) reports only total_s, not a forward/backward split.
+enum class Phases { two, one };
+
 // Times run_once() (which returns {forward, backward} seconds) until
 // min_time seconds were measured or max_reps runs were made; a first run
 // shorter than 2 s is a warm-up and not counted. Reports the fastest run
 // (other work on the machine only ever adds time) and the median total.
 template <typename Run>
-void time_runs(const VariantConfig &c, Run &&run_once, Report &report) {
+void time_runs(const VariantConfig &c, Run &&run_once, Report &report, Phases phases = Phases::two) {
   std::vector<std::pair<double, double>> runs;
   double measured = 0.0;
   bool warm = false;
@@ -83,8 +87,10 @@ void time_runs(const VariantConfig &c, Run &&run_once, Report &report) {
   const std::size_t best = std::size_t(std::min_element(totals.begin(), totals.end()) - totals.begin());
   std::sort(totals.begin(), totals.end());
   const std::size_t n = totals.size();
-  report.push_back({"fwd_s", runs[best].first});
-  report.push_back({"bwd_s", runs[best].second});
+  if (phases == Phases::two) {
+    report.push_back({"fwd_s", runs[best].first});
+    report.push_back({"bwd_s", runs[best].second});
+  }
   report.push_back({"total_s", runs[best].first + runs[best].second});
   report.push_back({"median_total_s", n % 2 ? totals[n / 2] : 0.5 * (totals[n / 2 - 1] + totals[n / 2])});
   report.push_back({"reps", double(n)});
@@ -108,42 +114,70 @@ void check(flatmem_status status, const char *what) {
                              flatmem_last_error());
 }
 
+using Handle = std::unique_ptr<flatmem_contrastive_t, flatmem_status (*)(flatmem_contrastive_t *)>;
+
+Handle make_handle(const flatmem_contrastive_options &options) {
+  flatmem_contrastive_t *raw = nullptr;
+  check(flatmem_contrastive_create(&raw, &options), "flatmem_contrastive_create");
+  return Handle(raw, flatmem_contrastive_destroy);
+}
+
+// The features as DLTensors, and fp32 scalars: what every flatmem call takes.
+struct FeatureTensors {
+  std::int64_t matrix_shape[2];
+  DLTensor q, k, dq, dk;
+  explicit FeatureTensors(Features &f) : matrix_shape{f.b, f.d} {
+    q = fp32_tensor(f.q.get(), 2, matrix_shape);
+    k = fp32_tensor(f.k.get(), 2, matrix_shape);
+    dq = fp32_tensor(f.dq.get(), 2, matrix_shape);
+    dk = fp32_tensor(f.dk.get(), 2, matrix_shape);
+  }
+};
+DLTensor scalar_tensor(float *value) { return fp32_tensor(value, 0, nullptr); }
+
+// A caller workspace of `bytes`, pre-faulted (as a framework allocator's would be).
+std::unique_ptr<char[]> workspace_of(std::size_t bytes) {
+  std::unique_ptr<char[]> workspace(new char[std::max<std::size_t>(bytes, 1)]);
+  touch(workspace.get(), bytes);
+  return workspace;
+}
+
+void report_isa(Report &report) {
+  flatmem_cpu_isa isa = FLATMEM_CPU_ISA_DEFAULT;
+  check(flatmem_cpu_isa_get(&isa, nullptr), "flatmem_cpu_isa_get");
+  report.push_back({"cpu_isa", double(isa)});
+}
+
 Report run_flatmem(const VariantConfig &c) {
   Features f(c.b, c.d, c.seed);
-  std::int64_t matrix_shape[2] = {c.b, c.d}, vector_shape[1] = {c.b};
+  FeatureTensors t(f);
+  std::int64_t vector_shape[1] = {c.b};
   std::vector<float> row_lse(static_cast<std::size_t>(c.b)), col_lse(static_cast<std::size_t>(c.b));
   float scale = c.scale, loss = 0.0f, dscale = 0.0f;
-  DLTensor q = fp32_tensor(f.q.get(), 2, matrix_shape), k = fp32_tensor(f.k.get(), 2, matrix_shape);
-  DLTensor dq = fp32_tensor(f.dq.get(), 2, matrix_shape), dk = fp32_tensor(f.dk.get(), 2, matrix_shape);
   DLTensor row_lse_t = fp32_tensor(row_lse.data(), 1, vector_shape);
   DLTensor col_lse_t = fp32_tensor(col_lse.data(), 1, vector_shape);
-  DLTensor scale_t = fp32_tensor(&scale, 0, nullptr), loss_t = fp32_tensor(&loss, 0, nullptr);
-  DLTensor dscale_t = fp32_tensor(&dscale, 0, nullptr);
+  DLTensor scale_t = scalar_tensor(&scale), loss_t = scalar_tensor(&loss), dscale_t = scalar_tensor(&dscale);
 
   flatmem_contrastive_options options = FLATMEM_CONTRASTIVE_OPTIONS_INIT;
   options.logit_cache_bytes = c.logit_cache_bytes;
-  flatmem_contrastive_t *raw = nullptr;
-  check(flatmem_contrastive_create(&raw, &options), "flatmem_contrastive_create");
-  std::unique_ptr<flatmem_contrastive_t, flatmem_status (*)(flatmem_contrastive_t *)> handle(
-      raw, flatmem_contrastive_destroy);
+  const Handle handle = make_handle(options);
   std::size_t forward_bytes = 0, backward_bytes = 0;
-  check(flatmem_contrastive_forward_workspace_size(handle.get(), &q, &k, &forward_bytes),
+  check(flatmem_contrastive_forward_workspace_size(handle.get(), &t.q, &t.k, &forward_bytes),
         "forward_workspace_size");
-  check(flatmem_contrastive_backward_workspace_size(handle.get(), &q, &k, &dq, &dk, &backward_bytes),
+  check(flatmem_contrastive_backward_workspace_size(handle.get(), &t.q, &t.k, &t.dq, &t.dk, &backward_bytes),
         "backward_workspace_size");
   const std::size_t workspace_bytes = std::max(forward_bytes, backward_bytes);
-  std::unique_ptr<char[]> workspace(new char[workspace_bytes]);
-  touch(workspace.get(), workspace_bytes);
+  const auto workspace = workspace_of(workspace_bytes);
 
   Report report;
   time_runs(c, [&] {
     const double t0 = now_seconds();
-    check(flatmem_contrastive_forward(handle.get(), &q, &k, nullptr, &scale_t, &loss_t, &row_lse_t,
+    check(flatmem_contrastive_forward(handle.get(), &t.q, &t.k, nullptr, &scale_t, &loss_t, &row_lse_t,
                                       &col_lse_t, workspace.get(), workspace_bytes, nullptr),
           "flatmem_contrastive_forward");
     const double t1 = now_seconds();
-    check(flatmem_contrastive_backward(handle.get(), &q, &k, nullptr, &scale_t, &row_lse_t,
-                                       &col_lse_t, nullptr, &dq, &dk, &dscale_t, workspace.get(),
+    check(flatmem_contrastive_backward(handle.get(), &t.q, &t.k, nullptr, &scale_t, &row_lse_t,
+                                       &col_lse_t, nullptr, &t.dq, &t.dk, &dscale_t, workspace.get(),
                                        workspace_bytes, nullptr),
           "flatmem_contrastive_backward");
     return std::pair{t1 - t0, now_seconds() - t1};
@@ -153,9 +187,41 @@ Report run_flatmem(const VariantConfig &c) {
   report.push_back({"workspace_forward", double(forward_bytes)});
   report.push_back({"workspace_backward", double(backward_bytes)});
   report.push_back({"logit_cache_bytes", double(c.logit_cache_bytes)});
-  flatmem_cpu_isa isa = FLATMEM_CPU_ISA_DEFAULT;
-  check(flatmem_cpu_isa_get(&isa, nullptr), "flatmem_cpu_isa_get");
-  report.push_back({"cpu_isa", double(isa)});
+  report_isa(report);
+  return report;
+}
+
+// The sigmoid loss, value and every gradient in one call: a single timed
+// phase (fwd_s and bwd_s are not reported).
+Report run_sigmoid(const VariantConfig &c) {
+  Features f(c.b, c.d, c.seed);
+  FeatureTensors t(f);
+  float scale = c.scale, bias = c.bias, loss = 0.0f, dscale = 0.0f, dbias = 0.0f;
+  DLTensor scale_t = scalar_tensor(&scale), bias_t = scalar_tensor(&bias), loss_t = scalar_tensor(&loss);
+  DLTensor dscale_t = scalar_tensor(&dscale), dbias_t = scalar_tensor(&dbias);
+
+  flatmem_contrastive_options options = FLATMEM_CONTRASTIVE_OPTIONS_INIT;
+  options.loss = FLATMEM_CONTRASTIVE_SIGMOID;
+  const Handle handle = make_handle(options);
+  std::size_t workspace_bytes = 0;
+  check(flatmem_contrastive_sigmoid_workspace_size(handle.get(), &t.q, &t.k, &t.dq, &t.dk, &workspace_bytes),
+        "flatmem_contrastive_sigmoid_workspace_size");
+  const auto workspace = workspace_of(workspace_bytes);
+
+  Report report;
+  time_runs(c, [&] {
+    const double t0 = now_seconds();
+    check(flatmem_contrastive_sigmoid_value_and_grad(handle.get(), &t.q, &t.k, nullptr, &scale_t, &bias_t,
+                                                     &loss_t, &t.dq, &t.dk, &dscale_t, &dbias_t,
+                                                     workspace.get(), workspace_bytes, nullptr),
+          "flatmem_contrastive_sigmoid_value_and_grad");
+    return std::pair{now_seconds() - t0, 0.0};
+  }, report, Phases::one);
+  report.push_back({"loss", loss});
+  report.push_back({"dscale", dscale});
+  report.push_back({"dbias", dbias});
+  report.push_back({"workspace_forward", double(workspace_bytes)});
+  report_isa(report);
   return report;
 }
 
@@ -263,9 +329,95 @@ Report run_naive(const VariantConfig &c) {
   return report;
 }
 
-// ---- the four-GEMM floor, in column strips ----------------------------------
+// ---- the naive sigmoid loss: materialised logits, G in place ----------------
 
-Report run_gemm4(const VariantConfig &c) {
+struct SigmoidSums {
+  double loss = 0.0, ds = 0.0, dt = 0.0;  // sum softplus(v), sum G_ij X_ij, sum G_ij
+};
+
+// softplus(v) = max(v, 0) + log1p(e) and sigmoid(v) = (v >= 0 ? 1 : e) / (1 + e),
+// e = exp(-|v|): the stable forms (nothing overflows at s = 100, t = -10).
+inline float softplus(float v, float e) { return (v > 0.0f ? v : 0.0f) + log1p_unit(e); }
+inline float sigmoid(float v, float e) { return (v >= 0.0f ? 1.0f : e) / (1.0f + e); }
+
+// Rows [begin, end) of X = s Q K^T (b x b, the diagonal positive): the
+// vectorised loop treats every pair as a negative (z = -1, v = x = X + t,
+// G = coef sigmoid(v)), then the diagonal element is swapped for the positive
+// (v = -x, G = -coef sigmoid(v)). Writes s G over X.
+BENCH_SIMD_CLONES
+SigmoidSums sigmoid_rows(float *x, std::int64_t b, std::int64_t begin, std::int64_t end, float scale,
+                         float bias, float coef) {
+  SigmoidSums sums;
+  for (std::int64_t i = begin; i < end; ++i) {
+    float *xi = x + i * b;
+    const float diagonal = xi[i];
+    float loss = 0.0f, ds = 0.0f, dt = 0.0f;
+#pragma omp simd reduction(+ : loss, ds, dt)
+    for (std::int64_t j = 0; j < b; ++j) {
+      const float v = xi[j] + bias;
+      const float e = exp_nonpositive(-std::fabs(v));
+      const float g = coef * sigmoid(v, e);
+      loss += softplus(v, e);
+      ds += g * xi[j];
+      dt += g;
+      xi[j] = scale * g;
+    }
+    const float vn = diagonal + bias, en = exp_nonpositive(-std::fabs(vn)), gn = coef * sigmoid(vn, en);
+    const float vp = -vn, ep = en, gp = -coef * sigmoid(vp, ep);  // |vp| = |vn|: the same exp
+    loss += softplus(vp, ep) - softplus(vn, en);
+    ds += (gp - gn) * diagonal;
+    dt += gp - gn;
+    xi[i] = scale * gp;
+    sums.loss += loss;
+    sums.ds += ds;
+    sums.dt += dt;
+  }
+  return sums;
+}
+
+Report run_sigmoid_naive(const VariantConfig &c) {
+  Features f(c.b, c.d, c.seed);
+  const std::int64_t b = c.b, d = c.d;
+  Matrix x = allocate(b, b);  // pre-faulted: a caching allocator's state
+  std::vector<SigmoidSums> parts(static_cast<std::size_t>(hardware_threads()));
+  SigmoidSums total;
+
+  Report report;
+  time_runs(c, [&] {
+    const double t0 = now_seconds();
+    // forward: logits, then loss, ds, dt and s G (in place) in one pass
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(b), int(b), int(d), c.scale,
+                f.q.get(), int(d), f.k.get(), int(d), 0.0f, x.get(), int(b));
+    const float coef = float(1.0 / double(b));
+    std::fill(parts.begin(), parts.end(), SigmoidSums{});
+    parallel_for(b, [&](std::int64_t lo, std::int64_t hi, int thread) {
+      parts[std::size_t(thread)] = sigmoid_rows(x.get(), b, lo, hi, c.scale, c.bias, coef);
+    });
+    total = SigmoidSums{};
+    for (const auto &p : parts) {
+      total.loss += p.loss;
+      total.ds += p.ds;
+      total.dt += p.dt;
+    }
+    const double t1 = now_seconds();
+    // backward: dq = (s G) K, dk = (s G)^T Q
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(b), int(d), int(b), 1.0f, x.get(),
+                int(b), f.k.get(), int(d), 0.0f, f.dq.get(), int(d));
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(b), int(d), int(b), 1.0f, x.get(),
+                int(b), f.q.get(), int(d), 0.0f, f.dk.get(), int(d));
+    return std::pair{t1 - t0, now_seconds() - t1};
+  }, report);
+  report.push_back({"loss", total.loss / double(b)});
+  report.push_back({"dscale", total.ds / c.scale});  // X holds s <q_i, k_j>
+  report.push_back({"dbias", total.dt});
+  return report;
+}
+
+// ---- the GEMM floors, in column strips ----------------------------------------
+
+// gemm4 (recompute = true): the CLIP loss's four products, the logits twice;
+// gemm3: the sigmoid's three, the logits once.
+Report run_gemm_strips(const VariantConfig &c, bool recompute) {
   Features f(c.b, c.d, c.seed);
   const std::int64_t b = c.b, d = c.d, strip = std::min(c.strip, c.b);
   Matrix s = allocate(b, strip);
@@ -277,12 +429,13 @@ Report run_gemm4(const VariantConfig &c) {
       const std::int64_t w = std::min(strip, b - j0);
       const float *kj = f.k.get() + j0 * d;
       const double t = now_seconds();
-      // forward logits, then the backward's recompute: S = s Q K_J^T (b x w x d)
+      // forward logits (and for gemm4 the backward's recompute): S = s Q K_J^T (b x w x d)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(b), int(w), int(d), c.scale,
                   f.q.get(), int(d), kj, int(d), 0.0f, s.get(), int(w));
       forward += now_seconds() - t;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(b), int(w), int(d), c.scale,
-                  f.q.get(), int(d), kj, int(d), 0.0f, s.get(), int(w));
+      if (recompute)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(b), int(w), int(d), c.scale,
+                    f.q.get(), int(d), kj, int(d), 0.0f, s.get(), int(w));
       // dq += S K_J (b x d x w), dk_J = S^T Q (w x d x b)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(b), int(d), int(w), 1.0f, s.get(),
                   int(w), kj, int(d), j0 == 0 ? 0.0f : 1.0f, f.dq.get(), int(d));
@@ -348,10 +501,11 @@ double planned_extra_bytes(const std::string &variant, std::int64_t b, std::int6
                            std::int64_t strip) {
   const double bb = double(b) * double(b);
   if (variant == "naive") return 2.0 * 4.0 * bb;                          // X and G
-  if (variant == "gemm4") return 4.0 * double(b) * double(std::min(strip, b));  // one strip
+  if (variant == "gemm4" || variant == "gemm3") return 4.0 * double(b) * double(std::min(strip, b));  // one strip
+  if (variant == "sigmoid-naive") return 4.0 * bb;                        // X, then G in place
   if (variant == "flatmem-cache") return 4.0 * bb;                        // every logit tile
   (void)d;
-  return 0.0;  // flatmem, tilegemm: O(b + tile^2) -- negligible for the fit test
+  return 0.0;  // flatmem, sigmoid, tilegemm: O(b + tile^2) -- negligible for the fit test
 }
 
 Report run_variant(const VariantConfig &c) {
@@ -359,7 +513,10 @@ Report run_variant(const VariantConfig &c) {
   if (c.variant == "inputs") r = run_inputs(c);
   else if (c.variant == "flatmem") r = run_flatmem(c);
   else if (c.variant == "naive") r = run_naive(c);
-  else if (c.variant == "gemm4") r = run_gemm4(c);
+  else if (c.variant == "gemm4") r = run_gemm_strips(c, true);
+  else if (c.variant == "gemm3") r = run_gemm_strips(c, false);
+  else if (c.variant == "sigmoid") r = run_sigmoid(c);
+  else if (c.variant == "sigmoid-naive") r = run_sigmoid_naive(c);
   else if (c.variant == "tilegemm") r = run_tilegemm(c);
   else throw std::runtime_error("unknown variant '" + c.variant + "'");
   r.push_back({"blas_threads", double(blas_threads())});

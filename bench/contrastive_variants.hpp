@@ -18,6 +18,20 @@
 //              single-threaded sgemm per call, the row tiles split over the
 //              hardware threads: flatmem's GEMM work without its element-wise
 //              passes (a diagnostic).
+//
+// The sigmoid (SigLIP) loss, L = -(1/b) sum_ij log sigmoid(z_ij (s <q_i, k_j>
+// + t)), z = +1 on the diagonal, -1 elsewhere (flatmem.h):
+//
+//   sigmoid        inputs + flatmem_contrastive_sigmoid_value_and_grad (loss,
+//                  dq, dk, ds, dt in one tile walk: 6 b^2 d FLOPs; caller
+//                  workspace from the size query). Reports the CPU ISA.
+//   sigmoid-naive  inputs + the materialised loss: X = s Q K^T (b x b), one
+//                  threaded, vectorised element-wise pass giving the loss, ds,
+//                  dt and G in place of X, dq = s G K, dk = s G^T Q. 3 GEMMs,
+//                  b^2 fp32 extra.
+//   gemm3          inputs + the three b x b x d GEMMs of the fused sigmoid
+//                  (logits, G K, G^T Q: 6 b^2 d FLOPs) in column strips as
+//                  gemm4: the floor of the sigmoid variants.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +45,7 @@ struct VariantConfig {
   std::string variant;
   std::int64_t b = 0, d = 0;
   float scale = 14.3f;
+  float bias = -10.0f;     // sigmoid variants: logit bias t (SigLIP's initial value)
   double min_time = 10.0;  // keep timing until this many seconds were measured
   int max_reps = 10;
   std::int64_t strip = 2048;  // gemm4: column strip width
