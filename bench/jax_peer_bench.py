@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""jax_peer_bench -- flatmem beside its real peer, the materialised CLIP loss in plain JAX.
+"""jax_peer_bench -- flatmem beside its real peer, the materialised loss in plain JAX.
 
-The symmetric contrastive (CLIP) loss, forward + backward, fp32, b = c, in one run:
+--loss clip (the default): the symmetric contrastive (CLIP) loss, forward + backward, fp32, b = c,
+in one run:
 
   jax-materialised   logits = s q k^T, (CE rows + CE cols) / 2 with jax.nn.logsumexp,
                      jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))), XLA:CPU
@@ -10,6 +11,23 @@ The symmetric contrastive (CLIP) loss, forward + backward, fp32, b = c, in one r
                      keyword)
   flatmem-c          flatmem's C API: build/bench/contrastive_bench --worker flatmem
   flatmem-c-cache    the same with --logit-cache-bytes b^2 * 4 (n/a when the binary has no such flag)
+  gemm4-c            the four b x b x d GEMMs of flatmem's default path (contrastive_bench --worker
+                     gemm4): the floor on this machine
+
+--loss sigmoid: the pairwise sigmoid (SigLIP) loss, logits x = s q k^T + t (t = --bias, -10),
+L = -(1/b) sum_ij log_sigmoid(z_ij x_ij), z = +1 on the diagonal, -1 elsewhere; value and the
+gradients of q, k, s and t:
+
+  jax-materialised-sigmoid  that formula with jax.nn.log_sigmoid on the b x b logits,
+                     jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))), XLA:CPU
+  flatmem-jax-sigmoid  flatmem_jax.sigmoid_loss under the same jit and value_and_grad (n/a when the
+                     installed flatmem_jax has no sigmoid_loss)
+  flatmem-c-sigmoid  flatmem's C API: contrastive_bench --worker sigmoid
+                     (flatmem_contrastive_sigmoid_value_and_grad: loss, dq, dk, ds, dt in one call)
+  gemm3-c            the three b x b x d GEMMs of the sigmoid loss (contrastive_bench --worker gemm3)
+
+--loss all: both sets. In every mode:
+
   inputs-jax, inputs-c   baselines: a process of the same kind holding only q, k and arrays of the
                      gradients' shapes; "extra memory" = a variant's peak RSS - its baseline's
 
@@ -20,6 +38,7 @@ make_features, seed 1), which the JAX children rebuild bit for bit in NumPy. The
 
     build/venv/bin/python bench/jax_peer_bench.py                       # b = 4096, 16384
     build/venv/bin/python bench/jax_peer_bench.py --sizes 512,1024 --reps 2 --csv /tmp/peer.csv
+    build/venv/bin/python bench/jax_peer_bench.py --loss sigmoid --csv bench/jax_peer_sigmoid_bench.csv
 
 Needs the bindings' venv (scripts/python-env.sh) with flatmem_jax installed (scripts/check-jax.sh,
 against build/prefix) and, for the flatmem-c rows, a Release build/bench/contrastive_bench.
@@ -49,10 +68,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB, GiB = 1024.0**2, 1024.0**3
 SEED = 1  # contrastive_bench's features (VariantConfig::seed); its worker takes no seed option
 
-# Targets reported against (the task's).
+# Targets reported against (the task's; the same for both losses).
 TARGET_BATCH = 16384
 TARGET_TIME = 0.85          # flatmem (default options) <= 0.85x JAX's time at b = 16384 ...
 TARGET_MEMORY = 1.0 / 8.0   # ... with <= 1/8 of its peak RSS
+BIAS = -10.0                # the sigmoid loss's logit bias t (SigLIP's initial value)
 CACHE_TARGET_BATCHES = (4096, 16384)
 CACHE_TARGET_TIME = 0.80    # with a b^2 * 4 byte logit cache: <= 0.8x JAX's time at both sizes
 
@@ -74,13 +94,16 @@ class Variant:
     name: str
     label: str
     runner: str                  # "jax": a child of this script; "c": contrastive_bench --worker
-    kind: str                    # jax: "inputs" | "materialised" | "flatmem"; c: the worker's name
+    # jax: "inputs" | "materialised" | "flatmem" | "materialised-sigmoid" | "flatmem-sigmoid";
+    # c: the worker's name
+    kind: str
     baseline: Optional[str]      # the variant whose peak is subtracted; None for a baseline itself
     role: str                    # "baseline" | "peer" | "flatmem" | "cache" | "floor"
     # jax: keyword arguments of the loss; c: extra worker flags -- both from (b, d)
     options: Callable[[int, int], dict] = _none
     # bytes beyond the inputs known before running (skip above --mem-limit-gib)
     planned_bytes: Callable[[int, int], float] = lambda b, d: 0.0
+    loss: str = "clip"           # "clip" | "sigmoid"; baselines serve both
 
 
 VARIANTS = [
@@ -100,9 +123,26 @@ VARIANTS = [
     # default path; the cache path does three of them). A time target below it cannot be met here.
     Variant("gemm4-c", "4 GEMMs of b x b x d (contrastive_bench --worker gemm4): flatmem's floor", "c",
             "gemm4", "inputs-c", "floor"),
+    Variant("jax-materialised-sigmoid", "plain JAX sigmoid loss, materialised logits (XLA:CPU)", "jax",
+            "materialised-sigmoid", "inputs-jax", "peer", planned_bytes=lambda b, d: 3.0 * 4.0 * b * b,
+            loss="sigmoid"),
+    Variant("flatmem-jax-sigmoid", "flatmem_jax.sigmoid_loss", "jax", "flatmem-sigmoid", "inputs-jax",
+            "flatmem", loss="sigmoid"),
+    Variant("flatmem-c-sigmoid", "flatmem C API (contrastive_bench --worker sigmoid)", "c", "sigmoid",
+            "inputs-c", "flatmem", loss="sigmoid"),
+    # The sigmoid loss's 6 b^2 d FLOPs as three plain GEMMs: its floor here.
+    Variant("gemm3-c", "3 GEMMs of b x b x d (contrastive_bench --worker gemm3): the sigmoid's floor", "c",
+            "gemm3", "inputs-c", "floor", loss="sigmoid"),
 ]
 BY_NAME = {v.name: v for v in VARIANTS}
-PEER = "jax-materialised"
+PEERS = {"clip": "jax-materialised", "sigmoid": "jax-materialised-sigmoid"}
+LOSS_TITLES = {"clip": "Symmetric CLIP loss, forward + backward",
+               "sigmoid": "Sigmoid (SigLIP) loss, value and gradients of q, k, s, t"}
+
+
+def peer_of(name: str) -> str:
+    """The plain-JAX variant a variant is compared with: the materialised loss of its kind."""
+    return PEERS[BY_NAME[name].loss]
 
 
 # ---------------------------------------------------------------------------
@@ -153,20 +193,25 @@ def jax_worker(args, out) -> int:
 
     b, d = args.batch, args.dim
     kwargs = v.options(b, d)
-    if v.kind == "flatmem":
+    if v.kind in ("flatmem", "flatmem-sigmoid"):
         import inspect
 
         import flatmem_jax
 
-        params = inspect.signature(flatmem_jax.clip_loss).parameters
+        function = "clip_loss" if v.kind == "flatmem" else "sigmoid_loss"
+        binding = getattr(flatmem_jax, function, None)
+        if binding is None:
+            out.write(f"na=flatmem_jax {getattr(flatmem_jax, '__version__', '?')} has no {function}\n")
+            return 0
+        params = inspect.signature(binding).parameters
         open_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
         missing = [kw for kw in kwargs if kw not in params and not open_kw]
         if missing:
             out.write(f"na=binding has no {', '.join(missing)}\n")
             return 0
 
-        def loss(q, k, s):
-            return flatmem_jax.clip_loss(q, k, s, **kwargs)
+        def loss(q, k, *scalars):  # (s) for the CLIP loss, (s, t) for the sigmoid loss
+            return binding(q, k, *scalars, **kwargs)
     elif v.kind == "materialised":
         def loss(q, k, s):
             logits = s * (q @ k.T)
@@ -174,6 +219,11 @@ def jax_worker(args, out) -> int:
             rows = jnp.mean(jax.nn.logsumexp(logits, axis=1) - diag)
             cols = jnp.mean(jax.nn.logsumexp(logits, axis=0) - diag)
             return (rows + cols) / 2
+    elif v.kind == "materialised-sigmoid":
+        def loss(q, k, s, t):  # big_vision's sigmoid loss: z = 2 I - 1, -(1/b) sum log_sigmoid(z x)
+            logits = s * (q @ k.T) + t
+            z = 2.0 * jnp.eye(q.shape[0], k.shape[0], dtype=logits.dtype) - 1.0
+            return -jnp.sum(jax.nn.log_sigmoid(z * logits)) / q.shape[0]
     elif v.kind != "inputs":
         raise SystemExit(f"jax_peer_bench: unknown JAX variant kind {v.kind!r}")
 
@@ -181,6 +231,7 @@ def jax_worker(args, out) -> int:
     q, k = jax.device_put(q_host), jax.device_put(k_host)
     del q_host, k_host
     s = jnp.float32(args.scale)
+    scalars = (s, jnp.float32(args.bias)) if v.loss == "sigmoid" else (s,)
     if v.kind == "inputs":
         # q, k and two filled arrays the size of dq, dk on the device; nothing compiled, so that
         # XLA's compiler shows up in the variants' extra memory (it is part of what they cost)
@@ -188,11 +239,11 @@ def jax_worker(args, out) -> int:
         jax.block_until_ready((q, k, s, dq, dk))
         out.write(f"checksum={float(np.asarray(q)[0, 0] + np.asarray(dk)[-1, -1])!r}\n")
         return 0
-    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    fn = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(2 + len(scalars)))))
 
     try:
         t0 = time.perf_counter()
-        result = jax.block_until_ready(fn(q, k, s))
+        result = jax.block_until_ready(fn(q, k, *scalars))
         warmup = time.perf_counter() - t0
     except TypeError as e:  # a keyword the binding declares (**kwargs) but refuses
         if kwargs and "keyword" in str(e):
@@ -200,16 +251,20 @@ def jax_worker(args, out) -> int:
             return 0
         raise
     del result
-    times, value, dscale = [], math.nan, math.nan
+    times, value, dscale, dbias = [], math.nan, math.nan, math.nan
     for _ in range(max(1, args.reps)):
         t0 = time.perf_counter()
-        result = jax.block_until_ready(fn(q, k, s))
+        result = jax.block_until_ready(fn(q, k, *scalars))
         times.append(time.perf_counter() - t0)
         value, dscale = float(result[0]), float(result[1][2])
+        if len(scalars) > 1:
+            dbias = float(result[1][3])
         del result  # the next call must not find the previous results alive
     out.write(f"warmup_s={warmup!r}\ntotal_s={min(times)!r}\n"
               f"median_total_s={statistics.median(times)!r}\nreps={len(times)}\n")
     out.write(f"loss={value!r}\ndscale={dscale!r}\n")
+    if math.isfinite(dbias):
+        out.write(f"dbias={dbias!r}\n")
     return 0
 
 
@@ -383,14 +438,16 @@ def flag_supported(binary: str, flag: str) -> bool:
 def run_child(o, v: Variant, b: int) -> Run:
     run = Run(b, v.name, planned=v.planned_bytes(b, o.dim))
     common = ["--batch", str(b), "--dim", str(o.dim), "--scale", repr(o.scale), "--result-fd", "{fd}"]
+    bias = [("--bias", repr(o.bias))] if v.loss == "sigmoid" and v.role != "floor" else []
     if v.runner == "jax":
+        common += [x for pair in bias for x in pair]
         argv = [sys.executable, os.path.abspath(__file__), "--worker", v.name, "--reps", str(o.reps)]
         env = dict(os.environ, JAX_PLATFORMS="cpu")  # XLA:CPU; XLA_FLAGS, threads: as they are
     else:
         if not os.access(o.contrastive_bench, os.X_OK):
             run.status, run.note = "failed", f"no executable {o.contrastive_bench} (build it)"
             return run
-        flags = [(k, str(val)) for k, val in v.options(b, o.dim).items()]
+        flags = [(k, str(val)) for k, val in v.options(b, o.dim).items()] + bias
         missing = [k for k, _ in flags if not flag_supported(o.contrastive_bench, k)]
         if missing:
             run.status, run.note = "n/a", f"n/a (contrastive_bench has no {', '.join(missing)})"
@@ -469,8 +526,13 @@ def linked_libflatmem(binary: str) -> str:
 
 
 def print_header(o) -> dict:
-    print(f"jax_peer_bench: symmetric CLIP loss, forward + backward, fp32, b = c, d = {o.dim}, "
-          f"s = {o.scale:g}; best of {o.reps} calls after an untimed warm-up call")
+    losses = losses_of(o)
+    if "clip" in losses:
+        print(f"jax_peer_bench: symmetric CLIP loss, forward + backward, fp32, b = c, d = {o.dim}, "
+              f"s = {o.scale:g}; best of {o.reps} calls after an untimed warm-up call")
+    if "sigmoid" in losses:
+        print(f"jax_peer_bench: sigmoid (SigLIP) loss, value and gradients, fp32, b = c, d = {o.dim}, "
+              f"s = {o.scale:g}, t = {o.bias:g}; best of {o.reps} calls after an untimed warm-up call")
     print(f"machine: {cpu_model()}, {os.cpu_count()} hardware threads, {size(machine_ram())} RAM")
     load = os.getloadavg()
     print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
@@ -546,12 +608,26 @@ def rel_diff(r: Optional[Run], peer: Optional[Run]) -> float:
     return abs(a - p) / abs(p) if math.isfinite(a) and math.isfinite(p) and p != 0 else math.nan
 
 
+def losses_of(o) -> list:
+    """The losses of the selected variants, in VARIANTS order."""
+    chosen = {BY_NAME[n].loss for n in o.variants if BY_NAME[n].role != "baseline"}
+    return [loss for loss in PEERS if loss in chosen]
+
+
 def print_tables(runs, o):
-    names = selected(o)
+    for which in losses_of(o):
+        print_loss_tables(runs, o, which)
+
+
+def print_loss_tables(runs, o, which):
+    """The tables of one loss: its variants (and the baselines) against its plain-JAX peer."""
+    peer_name = PEERS[which]
+    suffix = "" if which == "clip" else f" ({which} loss)"
+    names = [n for n in selected(o) if BY_NAME[n].role == "baseline" or BY_NAME[n].loss == which]
     flatmem = [n for n in names if BY_NAME[n].role == "flatmem"]
     cache = [n for n in names if BY_NAME[n].role == "cache"]
     main = flatmem[0] if flatmem else None
-    print(f"\n### Symmetric CLIP loss, forward + backward, fp32, d = {o.dim}: flatmem vs plain JAX "
+    print(f"\n### {LOSS_TITLES[which]}, fp32, d = {o.dim}: flatmem vs plain JAX "
           f"({cpu_model()}, {os.cpu_count()} threads)\n")
     cols = ["b", "JAX materialised"] + flatmem + ["cache variants (" + " / ".join(cache) + ")"] * bool(cache)
     cols += [f"{n} / JAX" for n in flatmem]
@@ -560,7 +636,7 @@ def print_tables(runs, o):
     print("| " + " | ".join(cols) + " |")
     print("|" + "---:|" * len(cols))
     for b in o.sizes:
-        peer = find(runs, b, PEER)
+        peer = find(runs, b, peer_name)
         m = find(runs, b, main) if main else None
         row = [str(b), time_cell(peer)] + [time_cell(find(runs, b, n)) for n in flatmem]
         if cache:
@@ -579,12 +655,12 @@ def print_tables(runs, o):
           "minus that of a baseline process of the same kind holding only q, k and arrays the size of "
           "dq, dk (inputs-jax for the JAX rows, inputs-c for the C rows). Ratios below 1 favour flatmem.")
 
-    print("\n### Every variant\n")
+    print(f"\n### Every variant{suffix}\n")
     print("| b | variant | best | median | warm-up | peak RSS | baseline | extra memory | loss | "
           "rel. diff to JAX |")
     print("|---:|---|---:|---:|---:|---:|---|---:|---:|---:|")
     for b in o.sizes:
-        peer = find(runs, b, PEER)
+        peer = find(runs, b, peer_name)
         for n in names:
             r = find(runs, b, n)
             if r is None:
@@ -599,11 +675,11 @@ def print_tables(runs, o):
                   f"{seconds(r.get('warmup_s'))} | {size(r.peak)} | {v.baseline or '-'} | "
                   f"{size(r.extra) if v.baseline else '-'} | "
                   f"{f'{loss:.7f}' if math.isfinite(loss) else '-'} | "
-                  f"{f'{rel_diff(r, peer):.1e}' if n != PEER and math.isfinite(rel_diff(r, peer)) else '-'} |")
+                  f"{f'{rel_diff(r, peer):.1e}' if n != peer_name and math.isfinite(rel_diff(r, peer)) else '-'} |")
 
-    print("\n### Targets\n")
+    print(f"\n### Targets{suffix}\n")
     for n in flatmem:
-        r, p = find(runs, TARGET_BATCH, n), find(runs, TARGET_BATCH, PEER)
+        r, p = find(runs, TARGET_BATCH, n), find(runs, TARGET_BATCH, peer_name)
         t = r.time / p.time if r and p and r.ok and p.ok else math.nan
         m = r.peak / p.peak if r and p and r.ok and p.ok else math.nan
         both = ("not measured" if not (math.isfinite(t) and math.isfinite(m))
@@ -614,7 +690,7 @@ def print_tables(runs, o):
     for n in cache:
         parts, verdicts = [], []
         for b in CACHE_TARGET_BATCHES:
-            r, p = find(runs, b, n), find(runs, b, PEER)
+            r, p = find(runs, b, n), find(runs, b, peer_name)
             t = r.time / p.time if r and p and r.ok and p.ok else math.nan
             verdicts.append(verdict(t, CACHE_TARGET_TIME))
             note = f" [{r.note}]" if r and r.status == "n/a" else ""
@@ -624,9 +700,16 @@ def print_tables(runs, o):
         print(f"- {n} (cache budget b^2*4 bytes) <= {CACHE_TARGET_TIME:.2f}x JAX's time at both "
               f"b = {' and '.join(map(str, CACHE_TARGET_BATCHES))}: {'; '.join(parts)} -> {overall}")
 
-    floors = [(b, find(runs, b, "gemm4-c"), find(runs, b, PEER)) for b in o.sizes]
+    floor = "gemm4-c" if which == "clip" else "gemm3-c"
+    floors = [(b, find(runs, b, floor), find(runs, b, peer_name)) for b in o.sizes]
     floors = [(b, f.time / p.time) for b, f, p in floors if f and p and f.ok and p.ok]
-    if floors:
+    if floors and which == "sigmoid":
+        print("- the floor on this machine: three GEMMs of b x b x d (the sigmoid loss's 6 b^2 d FLOPs, "
+              "as many as JAX's) take " + ", ".join(f"{ratio(x)} JAX's time at b = {b}" for b, x in floors) +
+              ". flatmem runs the same three products (as tiles) plus an element-wise pass: a time target "
+              "far below this floor cannot be met on this machine without a faster sgemm than this "
+              "OpenBLAS's.")
+    elif floors:
         print("- the floor on this machine: four GEMMs of b x b x d (flatmem's 8 b^2 d FLOPs at default "
               "options) take " + ", ".join(f"{ratio(x)} JAX's time at b = {b}" for b, x in floors) +
               "; the three of the cache path about 3/4 of that ("
@@ -634,11 +717,11 @@ def print_tables(runs, o):
               "). A target below its floor cannot be met on this machine without fewer FLOPs or a "
               "faster sgemm than this OpenBLAS's.")
 
-    print("\nloss agreement (relative difference to jax-materialised):", end="")
+    print(f"\nloss agreement (relative difference to {peer_name}):", end="")
     for b in o.sizes:
-        peer = find(runs, b, PEER)
+        peer = find(runs, b, peer_name)
         diffs = [f"{n} {rel_diff(find(runs, b, n), peer):.1e}" for n in names
-                 if math.isfinite(rel_diff(find(runs, b, n), peer)) and n != PEER]
+                 if math.isfinite(rel_diff(find(runs, b, n), peer)) and n != peer_name]
         if diffs:
             print(f"  b={b}: " + ", ".join(diffs), end=";")
     print()
@@ -658,10 +741,10 @@ def write_csv(path, runs, o):
         w.writerow(CSV_FIELDS)
         for r in runs:
             v = BY_NAME[r.variant]
-            peer = find(runs, r.b, PEER)
+            peer = find(runs, r.b, peer_of(r.variant))
             w.writerow([r.b, o.dim, r.variant, r.status, num(r.get("total_s")), num(r.get("median_total_s")),
                         num(r.get("reps")), num(r.get("warmup_s")), num(r.get("fwd_s")), num(r.get("bwd_s")),
-                        num(r.get("loss")), num(rel_diff(r, peer)) if r.variant != PEER else "",
+                        num(r.get("loss")), num(rel_diff(r, peer)) if r.variant not in PEERS.values() else "",
                         num(r.get("dscale")), num(r.peak), v.baseline or "", num(r.baseline_peak),
                         num(r.extra), num(r.planned), num(machine_ram()), r.note.replace("\n", " ")])
 
@@ -704,7 +787,10 @@ def parse_args(argv):
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--scale", type=float, default=14.3, help="logit scale s (contrastive_bench's 14.3)")
     p.add_argument("--reps", type=int, default=3, help="timed calls per variant; the fastest is reported")
-    p.add_argument("--variants", default=",".join(v.name for v in VARIANTS if v.role != "baseline"))
+    p.add_argument("--loss", choices=("clip", "sigmoid", "all"), default="clip",
+                   help="which loss's variants run by default (--variants overrides)")
+    p.add_argument("--bias", type=float, default=BIAS, help="the sigmoid loss's logit bias t")
+    p.add_argument("--variants", help="comma-separated; default: every variant of --loss")
     p.add_argument("--csv", help="write one row per (b, variant) here")
     p.add_argument("--mem-limit-gib", type=float, default=20.0,
                    help="skip variants whose planned memory exceeds this")
@@ -722,7 +808,10 @@ def parse_args(argv):
         p.error("--sizes: comma-separated integers")
     if not o.sizes or min(o.sizes) < 1 or o.dim < 1 or o.reps < 1:
         p.error("sizes, --dim and --reps must be >= 1")
-    o.variants = [x for x in o.variants.split(",") if x]
+    if o.variants is None:
+        o.variants = [v.name for v in VARIANTS if v.role != "baseline" and o.loss in (v.loss, "all")]
+    else:
+        o.variants = [x for x in o.variants.split(",") if x]
     for n in o.variants:
         if n not in BY_NAME:
             p.error(f"unknown variant {n!r} (known: {', '.join(BY_NAME)})")
