@@ -1,6 +1,15 @@
 // The sigmoid-loss tile kernel, compiled once per CPU ISA (see
 // sigmoid_math.hpp for the math, core/isa_variants.hpp for the mechanism).
 // The part below #else is included three times by core/compile_per_isa.inc.
+//
+// Why this version is faster than the last: log1p in fp32 (the last one
+// widened e to double and ran a series after a double division: half the
+// loop's instructions, at half the vector width), and no per-element test for
+// the positive column (its 64-bit index compare has no SSE2 instruction, so the
+// baseline build did not vectorise at all). One 512 x 512 tile, loss and
+// gradient, thread CPU time per element on an AMD EPYC (Zen 5): avx512 1.42 ->
+// 0.93 ns, avx2 2.88 -> 1.79 ns, baseline 10.8 -> 5.4 ns; against ~24 ns of
+// tile GEMMs per element at d = 512.
 #ifndef FLATMEM_ISA_NS
 #include "contrastive/cpu/sigmoid_math.hpp"
 
@@ -27,50 +36,82 @@ SigmoidSums sigmoid_tile(const float *raw, float *out, std::int64_t rows, std::i
 namespace flatmem::contrastive::cpu::FLATMEM_ISA_NS {
 namespace {
 
-// log1p(e) for e in [0, 1], in double and branch-free so that the loop
-// vectorises: 1 + e is exact in double (e is fp32); y = 1 + e = 2^n m with
-// n in {0, 1}, m in [sqrt(1/2), sqrt(2)]; log m = 2 atanh(r), r = (m - 1) /
-// (m + 1), |r| <= 0.1716, by its series through r^11 (the first omitted term,
-// 2 r^13 / 13 < 2e-11, is below u/3 = 2^-24/3).
-inline double log1p_unit(double e) {
-  const double y = 1.0 + e;
-  const bool upper = y > 1.4142135623730951;
-  const double m = upper ? 0.5 * y : y;
-  const double r = (m - 1.0) / (m + 1.0), r2 = r * r;
-  double p = 1.0 / 11.0;
-  p = p * r2 + 1.0 / 9.0;
-  p = p * r2 + 1.0 / 7.0;
-  p = p * r2 + 1.0 / 5.0;
-  p = p * r2 + 1.0 / 3.0;
-  p = p * r2 + 1.0;
-  return (upper ? 0.6931471805599453 : 0.0) + 2.0 * r * p;
+// log1p(e) for e in [0, 1] in fp32, branch-free so that the loop vectorises
+// (the double version this replaces, a series after a double division, was
+// most of the kernel's time). m = fl(1 + e) in [1, 2] and its rounding error
+// c = e - (m - 1), both exact; m = 2^k (1 + f), k in {0, 1}, f in [-0.293,
+// 0.415] exact; log(1 + f) = f - f^2/2 + f^3 P(f) with Cephes' logf
+// polynomial, ln 2 split in two parts, and log1p(e) = k ln 2 + log(1 + f) +
+// c / m (c / m to 12 %: c (1 - e/2), an error below 0.12 u). Checked against
+// double log1p for every fp32 e in [0, 1], with and without fused
+// multiply-adds: absolute error <= 0.74 u (u = 2^-24).
+inline float log1p_unit(float e) {
+  const float m = 1.0f + e;
+  const float c = e - (m - 1.0f);
+  const bool upper = m > 1.41421356f;
+  const float k = upper ? 1.0f : 0.0f;
+  const float f = (upper ? 0.5f * m : m) - 1.0f;
+  const float z = f * f;
+  float p = 7.0376836292e-2f;
+  p = p * f - 1.1514610310e-1f;
+  p = p * f + 1.1676998740e-1f;
+  p = p * f - 1.2420140846e-1f;
+  p = p * f + 1.4249322787e-1f;
+  p = p * f - 1.6668057665e-1f;
+  p = p * f + 2.0000714765e-1f;
+  p = p * f - 2.4999993993e-1f;
+  p = p * f + 3.3333331174e-1f;
+  float y = p * f * z;
+  y += -2.12194440e-4f * k;  // ln 2 = 0.693359375 - 2.12194440e-4 (+ 2e-12)
+  y += -0.5f * z;
+  y += c * (1.0f - 0.5f * e);
+  return (f + y) + 0.693359375f * k;
 }
 
-// One row: Loss adds softplus(v_j) into *loss; Grad writes out_j = s G_j and
-// adds G_j raw_j, G_j into *ds, *dt. One exponential per element serves both.
+// sigmoid(v) in the stable form, e = exp(-|v|): no overflow, no 1 - sigmoid.
+inline float sigmoid_of(float v, float e) { return (v >= 0.0f ? 1.0f : e) / (1.0f + e); }
+
+// The terms of the pair (raw, z) with v = -z x, x = s raw + t: Loss adds
+// softplus(v) into sums.loss; Grad writes *o = s G, G = coef (-z) sigmoid(v),
+// and adds G raw, G into sums.ds, sums.dt. One exponential serves both.
 template <bool Loss, bool Grad>
-void sigmoid_row(const float *x, float *o, std::int64_t cols, std::int64_t p, const SigmoidTile &t,
-                 double *loss_out, double *ds_out, double *dt_out) {
+inline void pair_terms(float raw, float z, float *o, const SigmoidTile &t, double &loss, double &ds,
+                       double &dt) {
+  const float v = -z * (t.scale * raw + t.bias);
+  const float e = fast_exp(-std::fabs(v));  // in [0, 1]
+  if constexpr (Loss) loss += double(v > 0.0f ? v : 0.0f) + double(log1p_unit(e));  // NaN: via e
+  if constexpr (Grad) {
+    const float g = t.coef * (-z * sigmoid_of(v, e));
+    ds += double(g) * double(raw);
+    dt += double(g);
+    *o = t.scale * g;
+  }
+}
+
+// Columns [begin, end) of a row, every one a negative pair (z = -1). No
+// per-element test for the positive: the loop is the same for every element,
+// which lets GCC vectorise it for every ISA (a 64-bit index compare had kept
+// the SSE2 baseline scalar).
+template <bool Loss, bool Grad>
+void add_negatives(const float *x, float *o, std::int64_t begin, std::int64_t end, const SigmoidTile &t,
+                   SigmoidSums &sums) {
   double loss = 0.0, ds = 0.0, dt = 0.0;
 #pragma omp simd reduction(+ : loss, ds, dt)
-  for (std::int64_t j = 0; j < cols; ++j) {
-    const float raw_ij = x[j];
-    const float logit = t.scale * raw_ij + t.bias;
-    const bool positive = j == p;
-    const float v = positive ? -logit : logit;
-    const float e = fast_exp(-std::fabs(v));  // in [0, 1]
-    if constexpr (Loss) loss += double(v > 0.0f ? v : 0.0f) + log1p_unit(double(e));  // NaN: via e
-    if constexpr (Grad) {
-      const float sig = (v >= 0.0f ? 1.0f : e) / (1.0f + e);
-      const float g = t.coef * (positive ? -sig : sig);
-      ds += double(g) * double(raw_ij);
-      dt += double(g);
-      o[j] = t.scale * g;
-    }
-  }
-  *loss_out += loss;
-  *ds_out += ds;
-  *dt_out += dt;
+  for (std::int64_t j = begin; j < end; ++j) pair_terms<Loss, Grad>(x[j], -1.0f, o + j, t, loss, ds, dt);
+  sums.loss += loss;
+  sums.ds += ds;
+  sums.dt += dt;
+}
+
+// One row (out may be raw: in place): the negatives left of the positive
+// column p, the positive, the negatives right of it (p < 0: no positive).
+template <bool Loss, bool Grad>
+void sigmoid_row(const float *x, float *o, std::int64_t cols, std::int64_t p, const SigmoidTile &t,
+                 SigmoidSums &sums) {
+  if (p < 0) return add_negatives<Loss, Grad>(x, o, 0, cols, t, sums);
+  add_negatives<Loss, Grad>(x, o, 0, p, t, sums);
+  pair_terms<Loss, Grad>(x[p], 1.0f, o + p, t, sums.loss, sums.ds, sums.dt);
+  add_negatives<Loss, Grad>(x, o, p + 1, cols, t, sums);
 }
 
 template <bool Loss, bool Grad>
@@ -78,8 +119,8 @@ SigmoidSums sigmoid_rows(const float *raw, float *out, std::int64_t rows, std::i
                          const SigmoidTile &t) {
   SigmoidSums sums;
   for (std::int64_t i = 0; i < rows; ++i)
-    sigmoid_row<Loss, Grad>(raw + i * cols, Grad ? out + i * cols : nullptr, cols,
-                            t.positive_col[i], t, &sums.loss, &sums.ds, &sums.dt);
+    sigmoid_row<Loss, Grad>(raw + i * cols, Grad ? out + i * cols : nullptr, cols, t.positive_col[i], t,
+                            sums);
   return sums;
 }
 
