@@ -81,6 +81,7 @@ struct Options {
   std::vector<std::string> variants;  // empty: those of --loss
   std::vector<std::string> isas;  // FLATMEM_CPU_ISA values for the flatmem variants
   std::string csv;
+  bool check = false;  // --check: sigmoid and sigmoid-naive must agree within derived bounds
 };
 
 enum class BlasEnv { keep, all_cores, one };
@@ -293,7 +294,9 @@ void usage() {
       "  --loss sigmoid: the sigmoid (SigLIP) loss instead, value and all gradients in one call:\n"
       "  variants sigmoid (flatmem, per --isas entry), sigmoid-naive (materialised), gemm3 (its\n"
       "  3-GEMM floor), default sizes 4096,16384,65536, logit bias --bias (default -10, scale\n"
-      "  --scale); --loss all: both sets of variants (CLIP sizes) and both sets of tables.\n");
+      "  --scale); --loss all: both sets of variants (CLIP sizes) and both sets of tables.\n"
+      "  --check: also fail (exit 1) unless sigmoid and sigmoid-naive agree on the loss, ds and dt\n"
+      "  within bounds derived from their arithmetic (the CTest smoke test bench/sigmoid_smoke).\n");
 }
 
 // avx512 and avx2 where the CPU (and the library) has them, or the one
@@ -343,6 +346,7 @@ Options parse(int argc, char **argv) {
     else if (a == "--variants") o.variants = bench::split(value());
     else if (a == "--isas") o.isas = bench::split(value());
     else if (a == "--csv") o.csv = value();
+    else if (a == "--check") o.check = true;
     else throw std::runtime_error("unknown argument '" + a + "' (see --help)");
   }
   if (o.loss != "clip" && o.loss != "sigmoid" && o.loss != "all")
@@ -356,6 +360,9 @@ Options parse(int argc, char **argv) {
   for (auto b : o.sizes)
     if (b < 1) throw std::runtime_error("--sizes: batch sizes must be >= 1");
   if (o.d < 1) throw std::runtime_error("--dim must be >= 1");
+  if (o.check && (std::find(o.variants.begin(), o.variants.end(), "sigmoid") == o.variants.end() ||
+                  std::find(o.variants.begin(), o.variants.end(), "sigmoid-naive") == o.variants.end()))
+    throw std::runtime_error("--check compares sigmoid with sigmoid-naive: select both (--loss sigmoid)");
   if (o.isas.empty()) o.isas = default_isas();
   for (const auto &isa : o.isas)
     if (isa != "avx512" && isa != "avx2" && isa != "baseline")
@@ -575,6 +582,63 @@ void print_sigmoid_tables(const std::vector<Run> &runs, const Options &o) {
   print_memory_target(runs, o, "sigmoid");
 }
 
+// --check: flatmem's sigmoid (every ISA) against sigmoid-naive on the same features. Both
+// approximate the exact loss; their difference is within the sum of their error bounds (u =
+// 2^-24, gamma_n = n u / (1 - n u), first order, times slack 2 as in tests/contrastive/
+// sigmoid_reference.hpp, whose bounds give flatmem's half). A = max |q_i| |k_j| >= every
+// sum_t |q_it k_jt|; S = sum_ij |G_ij| (from the naive run); each logit of either is within
+// dx = s gamma_{d+2} A + u (s A + |t|) of the exact one.
+//   loss  flatmem: dx S + 4u b + 2u L. naive (fp32 terms and row sums): dx S + 2.2u b
+//         (exp 0.1u, fp32 log1p series 2.1u) + (u + gamma_b) L (rounding of each term, row
+//         sums) + u (2 (s A + |t|) + 1.4) (the diagonal swapped in by difference).
+//   dt    flatmem: (dx + 10u) S + 2u |dt|. naive: (dx + 5u + gamma_b) S + 4u (swap).
+//   ds    flatmem: (dx + 10u + gamma_d) S A + 2u |ds|. naive: G X / s with |X / s - raw| <=
+//         dx / s: S [(dx + 6u + gamma_b)(A + dx / s) + dx / s] + 2u A + u |ds|.
+bool check_sigmoid(const std::vector<Run> &runs, const Options &o) {
+  constexpr double u = 1.0 / 16777216.0, slack = 2.0;
+  auto gamma = [&](double n) { return n * u / (1.0 - n * u); };
+  bool ok = true;
+  std::printf("\n### Check: sigmoid against sigmoid-naive (bounds derived in contrastive_bench.cpp)\n\n");
+  for (auto b : o.sizes) {
+    const Run *n = find(runs, b, "sigmoid-naive");
+    if (!n || !n->ok()) {
+      std::printf("- b = %lld: no sigmoid-naive run to check against -> FAILED\n", (long long)b);
+      ok = false;
+      continue;
+    }
+    const double s = o.scale, t = std::fabs(o.bias), d = double(o.d), bb = double(b);
+    const double A = n->value("max_dot_bound"), S = n->value("sum_abs_g");
+    const double dx = s * gamma(d + 2.0) * A + u * (s * A + t);
+    const double L = std::fabs(n->value("loss")), dt = std::fabs(n->value("dbias")),
+                 ds = std::fabs(n->value("dscale"));
+    const double tol_loss = slack * (2.0 * dx * S + 6.2 * u * bb + (3.0 * u + gamma(bb)) * L +
+                                     u * (2.0 * (s * A + t) + 1.4));
+    const double tol_dt = slack * ((2.0 * dx + 15.0 * u + gamma(bb)) * S + 2.0 * u * dt + 4.0 * u);
+    const double tol_ds = slack * (S * ((dx + 10.0 * u + gamma(d)) * A + (dx + 6.0 * u + gamma(bb)) *
+                                   (A + dx / s) + dx / s) + 2.0 * u * A + 3.0 * u * ds);
+    for (const auto &isa : o.isas) {
+      const Run *f = find(runs, b, "sigmoid", isa);
+      if (!f || !f->ok()) {
+        std::printf("- b = %lld [%s]: no sigmoid run -> FAILED\n", (long long)b, isa.c_str());
+        ok = false;
+        continue;
+      }
+      const struct {
+        const char *name, *key;
+        double tolerance;
+      } quantities[] = {{"loss", "loss", tol_loss}, {"ds", "dscale", tol_ds}, {"dt", "dbias", tol_dt}};
+      for (const auto &q : quantities) {
+        const double diff = std::fabs(f->value(q.key) - n->value(q.key));
+        const bool pass = diff <= q.tolerance;  // NaN fails
+        ok = ok && pass;
+        std::printf("- b = %lld [%s] %-4s flatmem %.9g naive %.9g: |diff| %.3g <= %.3g -> %s\n", (long long)b,
+                    isa.c_str(), q.name, f->value(q.key), n->value(q.key), diff, q.tolerance, pass ? "ok" : "FAILED");
+      }
+    }
+  }
+  return ok;
+}
+
 int driver_main(int argc, char **argv) {
   const Options o = parse(argc, argv);
   const bool clip = selects_any(o, clip_variants), sigmoid = selects_any(o, sigmoid_variants);
@@ -662,6 +726,7 @@ int driver_main(int argc, char **argv) {
     write_csv(o.csv, runs, o);
     std::printf("\nwrote %s\n", o.csv.c_str());
   }
+  if (o.check && !check_sigmoid(runs, o)) return 1;
   for (const auto &r : runs)
     if (r.status == "failed") return 1;
   return 0;

@@ -375,6 +375,17 @@ SigmoidSums sigmoid_rows(float *x, std::int64_t b, std::int64_t begin, std::int6
   return sums;
 }
 
+// max_i |m_i| (Euclidean) over the rows of an n x d matrix, in double.
+double max_norm(const float *m, std::int64_t n, std::int64_t d) {
+  double largest = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    double sq = 0.0;
+    for (std::int64_t t = 0; t < d; ++t) sq += double(m[i * d + t]) * m[i * d + t];
+    largest = std::max(largest, std::sqrt(sq));
+  }
+  return largest;
+}
+
 Report run_sigmoid_naive(const VariantConfig &c) {
   Features f(c.b, c.d, c.seed);
   const std::int64_t b = c.b, d = c.d;
@@ -410,6 +421,18 @@ Report run_sigmoid_naive(const VariantConfig &c) {
   report.push_back({"loss", total.loss / double(b)});
   report.push_back({"dscale", total.ds / c.scale});  // X holds s <q_i, k_j>
   report.push_back({"dbias", total.dt});
+  // For contrastive_bench --check (untimed): sum_ij |G_ij| (X holds s G) and
+  // A = max_i |q_i| max_j |k_j| >= max_ij sum_t |q_it k_jt|.
+  std::vector<double> part_abs(parts.size());
+  parallel_for(b, [&](std::int64_t lo, std::int64_t hi, int thread) {
+    double sum = 0.0;
+    for (std::int64_t i = lo * b; i < hi * b; ++i) sum += std::fabs(double(x[i]));
+    part_abs[std::size_t(thread)] = sum;
+  });
+  double sum_abs = 0.0;
+  for (double p : part_abs) sum_abs += p;
+  report.push_back({"sum_abs_g", sum_abs / c.scale});
+  report.push_back({"max_dot_bound", max_norm(f.q.get(), b, d) * max_norm(f.k.get(), b, d)});
   return report;
 }
 
