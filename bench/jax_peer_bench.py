@@ -295,6 +295,14 @@ def isa_of(lib, headers) -> str:
     if returns_text and args in ("", "void"):                      # const char *f(void)
         fn.restype, fn.argtypes = ctypes.c_char_p, []
         return (fn() or b"?").decode(errors="replace")
+    if returns_text and re.fullmatch(r"flatmem_cpu_isa\s*\w*", args) and hasattr(lib, "flatmem_cpu_isa_get"):
+        # const char *f(flatmem_cpu_isa), the ISA in use from flatmem_cpu_isa_get(&in_use, NULL)
+        in_use = ctypes.c_int(0)
+        get = lib.flatmem_cpu_isa_get
+        get.restype, get.argtypes = ctypes.c_int, [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p]
+        status = get(ctypes.byref(in_use), None)
+        fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_int]
+        return (fn(in_use.value) or b"?").decode(errors="replace") if status == 0 else f"(status {status})"
     if re.fullmatch(r"const char \*\s*\*\s*\w*", args):          # flatmem_status f(const char **)
         name = ctypes.c_char_p()
         fn.restype, fn.argtypes = ctypes.c_int, [ctypes.POINTER(ctypes.c_char_p)]
