@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The sigmoid (SigLIP) loss benchmark's check: a Release CPU build in build/ (configured as
 # scripts/common.sh does, CUDA off), the sigmoid suites of ctest (values and refused input
-# under every CPU ISA the processor has, and the bench/sigmoid_smoke tests: sigmoid against
-# sigmoid-naive within derived bounds), then `contrastive_bench --loss sigmoid --quick` and,
+# under every CPU ISA the processor has; the bench/sigmoid_smoke tests: sigmoid against
+# sigmoid-naive within derived bounds; bench/log1p_unit_check: the kernel's fp32 log1p), then `contrastive_bench --loss sigmoid --quick` and,
 # when the bindings' venv has JAX, `jax_peer_bench.py --loss sigmoid` at one small size. Every
 # step under a hard deadline. Timings printed here are for show: the machine may be busy.
-#   bash bench/check-sigmoid-bench.sh            # FLATMEM_JOBS=2 by default (a shared machine)
+#   bash bench/check-sigmoid-bench.sh            # -j2 (FLATMEM_JOBS_OVERRIDE=N for more)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/common.sh"
 cd "$FLATMEM_ROOT"
@@ -14,10 +14,10 @@ FLATMEM_JOBS=${FLATMEM_JOBS_OVERRIDE:-2}
 step "configure and build (Release, CUDA off, build/)"
 flatmem_configure build -DCMAKE_BUILD_TYPE=Release -DFLATMEM_WITH_CUDA=OFF >/dev/null
 timeout 1800 cmake --build build -j "$FLATMEM_JOBS" --target isa_run test_contrastive_sigmoid_values \
-  test_contrastive_sigmoid_bad_input contrastive_bench
+  test_contrastive_sigmoid_bad_input contrastive_bench log1p_unit_check
 
-step "ctest -R sigmoid"
-(cd build && ctest -R sigmoid --output-on-failure --timeout 300)
+step "ctest -R 'sigmoid|log1p'"
+(cd build && ctest -R 'sigmoid|log1p' --output-on-failure --timeout 300)
 
 step "contrastive_bench --loss sigmoid --quick --check"
 timeout 600 build/bench/contrastive_bench --loss sigmoid --quick --check
