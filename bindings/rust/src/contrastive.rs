@@ -27,6 +27,10 @@ pub enum Loss {
     Symmetric,
     /// InfoNCE, rows -> columns: `c >= b` allowed, optional labels.
     InfoNce,
+    /// The pairwise sigmoid (SigLIP) loss: computed by
+    /// [`SigmoidLoss`](crate::SigmoidLoss) (which sets this kind), not by
+    /// [`Contrastive::forward`] / [`Contrastive::backward`], which refuse it.
+    Sigmoid,
 }
 
 impl Loss {
@@ -34,6 +38,7 @@ impl Loss {
         match self {
             Loss::Symmetric => sys::FLATMEM_CONTRASTIVE_SYMMETRIC,
             Loss::InfoNce => sys::FLATMEM_CONTRASTIVE_INFONCE,
+            Loss::Sigmoid => sys::FLATMEM_CONTRASTIVE_SIGMOID,
         }
     }
 }
@@ -221,7 +226,7 @@ impl HandleKind for ContrastiveKind {
 /// `*_workspace_size` queries before every call and grown when needed
 /// ([`Contrastive::workspace_bytes`], [`Contrastive::release_workspace`]).
 pub struct Contrastive {
-    handle: OwnedHandle<ContrastiveKind>,
+    pub(crate) handle: OwnedHandle<ContrastiveKind>,
     loss: Loss,
     workspace: Vec<u8>,
 }
@@ -248,7 +253,7 @@ impl Contrastive {
         Contrastive::create(options, ptr::null_mut())
     }
 
-    fn create(options: &Options, comm: *mut sys::flatmem_comm_t) -> Result<Contrastive> {
+    pub(crate) fn create(options: &Options, comm: *mut sys::flatmem_comm_t) -> Result<Contrastive> {
         let mut raw = options.to_raw()?;
         raw.comm = comm;
         // SAFETY: `out` is a valid out-pointer, `raw` a valid options struct.
@@ -330,7 +335,7 @@ impl Contrastive {
     }
 
     /// The handle's workspace grown to at least `bytes`: (pointer, length).
-    fn workspace(&mut self, bytes: usize) -> Result<(*mut c_void, usize)> {
+    pub(crate) fn workspace(&mut self, bytes: usize) -> Result<(*mut c_void, usize)> {
         if self.workspace.len() < bytes {
             let mut grown = Vec::new();
             grown.try_reserve_exact(bytes).map_err(|_| {
@@ -365,7 +370,7 @@ impl Contrastive {
         let mut row_lse = vec![0.0f32; q.rows()];
         let mut col_lse = match self.loss {
             Loss::Symmetric => Some(vec![0.0f32; k.rows()]),
-            Loss::InfoNce => None,
+            Loss::InfoNce | Loss::Sigmoid => None,
         };
         let loss = self.forward_into(q, k, labels, logit_scale, &mut row_lse, col_lse.as_deref_mut())?;
         Ok(ForwardOutput { loss, row_lse, col_lse })

@@ -59,10 +59,7 @@ fn check_case(comm: &Communicator, case: &Case, seed: u64) {
     let (big_b, big_c, d) = (case.rows.iter().sum::<usize>(), case.cols.iter().sum::<usize>(), case.d);
     let symmetric = case.loss == Loss::Symmetric;
     let mut rng = Rng::new(seed);
-    let q = rng.unit_rows(big_b, d);
-    let paired = big_b.min(big_c);
-    let mut k = rng.noisy_copy(&q[..paired * d], d, 0.5);
-    k.extend(rng.unit_rows(big_c - paired, d));
+    let (q, k) = rng.batch(big_b, big_c, d);
     let labels: Option<Vec<i64>> = if case.labels {
         // Row g of rank r: a column of rank r + 1's shard (mod n), so that
         // with several ranks every positive lives on another rank.
