@@ -345,3 +345,23 @@ pub fn grad_out(dtype: Dtype, data: &mut [u16], rows: usize, dim: usize) -> Feat
         Dtype::F32 => unreachable!(),
     }
 }
+
+/// Rows (or columns) of the shards before rank `rank`'s: where its shard
+/// starts in the global batch.
+pub fn prefix(counts: &[usize], rank: usize) -> usize {
+    counts[..rank].iter().sum()
+}
+
+/// Global labels of a batch cut into shards (`rows[r]` rows and `cols[r]`
+/// columns on rank r): row g of rank r gets a column of rank r + 1's shard
+/// (mod n), so that with several ranks every positive lives on another rank.
+pub fn labels_on_next_rank(rng: &mut Rng, rows: &[usize], cols: &[usize]) -> Vec<i64> {
+    let n = rows.len();
+    let owner = |g: usize| (0..n).find(|&r| g < prefix(rows, r + 1)).unwrap();
+    (0..rows.iter().sum::<usize>())
+        .map(|g| {
+            let next = (owner(g) + 1) % n;
+            (prefix(cols, next) + (g + rng.below(7)) % cols[next]) as i64
+        })
+        .collect()
+}
