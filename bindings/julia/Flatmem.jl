@@ -579,6 +579,12 @@ the features' element type (as `contrastive_loss` returns them).
 """
 function backward_workspace_size(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix; dq::Bool=true, dk::Bool=true)
     ensure_open(c)
+    return gradient_workspace_size(:backward, c, q, k, dq, dk)
+end
+
+# The workspace query of the backward (:backward) or of the sigmoid calls
+# (:sigmoid) for q, k and, when requested, gradients in the features' type.
+function gradient_workspace_size(which::Symbol, c::Contrastive, q::AbstractMatrix, k::AbstractMatrix, dq::Bool, dk::Bool)
     check_features(q, k)
     q_t = matrix_tensor(as_rows(q))
     k_t = matrix_tensor(as_rows(k))
@@ -586,9 +592,15 @@ function backward_workspace_size(c::Contrastive, q::AbstractMatrix, k::AbstractM
     dk_t = dk ? k_t : nothing
     bytes = Ref{Csize_t}(0)
     status = GC.@preserve q_t k_t dq_t dk_t begin
-        ccall((:flatmem_contrastive_backward_workspace_size, libflatmem), Cint,
-              (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ref{Csize_t}),
-              c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(dq_t), tensor_ptr(dk_t), bytes)
+        if which === :sigmoid
+            ccall((:flatmem_contrastive_sigmoid_workspace_size, libflatmem), Cint,
+                  (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ref{Csize_t}),
+                  c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(dq_t), tensor_ptr(dk_t), bytes)
+        else
+            ccall((:flatmem_contrastive_backward_workspace_size, libflatmem), Cint,
+                  (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ref{Csize_t}),
+                  c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(dq_t), tensor_ptr(dk_t), bytes)
+        end
     end
     check(status)
     return Int(bytes[])
@@ -733,19 +745,7 @@ forward). Informational: the calls here let the handle keep its own buffer.
 """
 function sigmoid_workspace_size(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix; dq::Bool=true, dk::Bool=true)
     ensure_sigmoid(c)
-    check_features(q, k)
-    q_t = matrix_tensor(as_rows(q))
-    k_t = matrix_tensor(as_rows(k))
-    dq_t = dq ? q_t : nothing   # dq has q's shape and dtype; the query reads nothing else
-    dk_t = dk ? k_t : nothing
-    bytes = Ref{Csize_t}(0)
-    status = GC.@preserve q_t k_t dq_t dk_t begin
-        ccall((:flatmem_contrastive_sigmoid_workspace_size, libflatmem), Cint,
-              (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ref{Csize_t}),
-              c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(dq_t), tensor_ptr(dk_t), bytes)
-    end
-    check(status)
-    return Int(bytes[])
+    return gradient_workspace_size(:sigmoid, c, q, k, dq, dk)
 end
 
 # The inputs of a sigmoid call as C takes them: features with contiguous

@@ -208,6 +208,17 @@ pub struct GradientsMut<'a> {
     pub dlogit_scale: Option<&'a mut f32>,
 }
 
+/// A workspace query taking q, k, dq, dk (`flatmem_contrastive_backward_workspace_size`,
+/// `flatmem_contrastive_sigmoid_workspace_size`).
+pub(crate) type WorkspaceQuery = unsafe extern "C" fn(
+    *const sys::flatmem_contrastive_t,
+    *const sys::DLTensor,
+    *const sys::DLTensor,
+    *const sys::DLTensor,
+    *const sys::DLTensor,
+    *mut usize,
+) -> sys::flatmem_status;
+
 pub(crate) struct ContrastiveKind;
 
 impl HandleKind for ContrastiveKind {
@@ -304,14 +315,29 @@ impl Contrastive {
         dq: Option<Dtype>,
         dk: Option<Dtype>,
     ) -> Result<usize> {
+        self.query_for_dtypes(sys::flatmem_contrastive_backward_workspace_size, q, k, dq, dk)
+    }
+
+    /// `query` for `q`, `k` and gradients of their shapes in these dtypes
+    /// (`None`: not requested); only shapes are read.
+    pub(crate) fn query_for_dtypes(
+        &self,
+        query: WorkspaceQuery,
+        q: &Features<'_>,
+        k: &Features<'_>,
+        dq: Option<Dtype>,
+        dk: Option<Dtype>,
+    ) -> Result<usize> {
         let (mut qd, mut kd) = (q.shape_desc("q")?, k.shape_desc("k")?);
         let mut dqd = dq.map(|t| Features::shape_only(t, q.rows(), q.dim()).shape_desc("dq")).transpose()?;
         let mut dkd = dk.map(|t| Features::shape_only(t, k.rows(), k.dim()).shape_desc("dk")).transpose()?;
-        self.backward_size(&mut qd, &mut kd, dqd.as_mut(), dkd.as_mut())
+        self.query_workspace(query, &mut qd, &mut kd, dqd.as_mut(), dkd.as_mut())
     }
 
-    fn backward_size(
+    /// `query` for these tensors (`None`: NULL); only shapes are read.
+    pub(crate) fn query_workspace(
         &self,
+        query: WorkspaceQuery,
         qd: &mut Desc<'_>,
         kd: &mut Desc<'_>,
         dqd: Option<&mut Desc<'_>>,
@@ -321,16 +347,7 @@ impl Contrastive {
         let (dqt, dkt) = (dqd.map(|d| d.dl()), dkd.map(|d| d.dl()));
         let mut bytes = 0usize;
         // SAFETY: valid handle and tensors (or NULL); only shapes are read.
-        check(unsafe {
-            sys::flatmem_contrastive_backward_workspace_size(
-                self.handle.as_ptr(),
-                qt.ptr(),
-                kt.ptr(),
-                opt_ptr(&dqt),
-                opt_ptr(&dkt),
-                &mut bytes,
-            )
-        })?;
+        check(unsafe { query(self.handle.as_ptr(), qt.ptr(), kt.ptr(), opt_ptr(&dqt), opt_ptr(&dkt), &mut bytes) })?;
         Ok(bytes)
     }
 
@@ -469,7 +486,8 @@ impl Contrastive {
         let bytes = {
             let mut dq_shape = dq.as_ref().map(|g| g.shape_desc("dq")).transpose()?;
             let mut dk_shape = dk.as_ref().map(|g| g.shape_desc("dk")).transpose()?;
-            self.backward_size(&mut qd, &mut kd, dq_shape.as_mut(), dk_shape.as_mut())?
+            let query = sys::flatmem_contrastive_backward_workspace_size;
+            self.query_workspace(query, &mut qd, &mut kd, dq_shape.as_mut(), dk_shape.as_mut())?
         };
         let mut labels_d = labels.map(|l| Desc::i64s(l, "labels")).transpose()?;
         let mut scale = logit_scale;

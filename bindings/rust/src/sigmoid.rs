@@ -145,34 +145,7 @@ impl SigmoidLoss {
         dq: Option<Dtype>,
         dk: Option<Dtype>,
     ) -> Result<usize> {
-        let (mut qd, mut kd) = (q.shape_desc("q")?, k.shape_desc("k")?);
-        let mut dqd = dq.map(|t| Features::shape_only(t, q.rows(), q.dim()).shape_desc("dq")).transpose()?;
-        let mut dkd = dk.map(|t| Features::shape_only(t, k.rows(), k.dim()).shape_desc("dk")).transpose()?;
-        self.size(&mut qd, &mut kd, dqd.as_mut(), dkd.as_mut())
-    }
-
-    fn size(
-        &self,
-        qd: &mut Desc<'_>,
-        kd: &mut Desc<'_>,
-        dqd: Option<&mut Desc<'_>>,
-        dkd: Option<&mut Desc<'_>>,
-    ) -> Result<usize> {
-        let (qt, kt) = (qd.dl(), kd.dl());
-        let (dqt, dkt) = (dqd.map(|d| d.dl()), dkd.map(|d| d.dl()));
-        let mut bytes = 0usize;
-        // SAFETY: valid handle and tensors (or NULL); only shapes are read.
-        check(unsafe {
-            sys::flatmem_contrastive_sigmoid_workspace_size(
-                self.inner.handle.as_ptr(),
-                qt.ptr(),
-                kt.ptr(),
-                opt_ptr(&dqt),
-                opt_ptr(&dkt),
-                &mut bytes,
-            )
-        })?;
-        Ok(bytes)
+        self.inner.query_for_dtypes(sys::flatmem_contrastive_sigmoid_workspace_size, q, k, dq, dk)
     }
 
     /// The loss `L` alone (`2 b c d` FLOPs).
@@ -295,7 +268,8 @@ impl SigmoidLoss {
         let bytes = {
             let mut dq_shape = dq.as_ref().map(|g| g.shape_desc("dq")).transpose()?;
             let mut dk_shape = dk.as_ref().map(|g| g.shape_desc("dk")).transpose()?;
-            self.size(&mut qd, &mut kd, dq_shape.as_mut(), dk_shape.as_mut())?
+            let query = sys::flatmem_contrastive_sigmoid_workspace_size;
+            self.inner.query_workspace(query, &mut qd, &mut kd, dq_shape.as_mut(), dk_shape.as_mut())?
         };
         let mut labels_d = labels.map(|l| Desc::i64s(l, "labels")).transpose()?;
         let mut scale_d = Desc::scalar(&mut scalars.scale);

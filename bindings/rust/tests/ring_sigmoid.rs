@@ -120,13 +120,7 @@ fn check_all(comm: &Communicator) {
 #[test]
 fn ring_sigmoid_over_two_processes_equals_the_global_batch() {
     const TEST: &str = "ring_sigmoid_over_two_processes_equals_the_global_batch";
-    if let Some(child) = ranks::child(TEST) {
-        let comm = ranks::communicator_from_unique_id(&child);
-        check_all(&comm);
-        return ranks::done(&child);
-    }
-    let outcomes = ranks::run(TEST, 2, |_| Vec::new());
-    ranks::assert_succeeded(TEST, &outcomes);
+    ranks::on_processes(TEST, 2, check_all);
 }
 
 #[test]

@@ -251,26 +251,21 @@ fn dlogit_scale_and_bias_by_finite_differences() {
         let (_, tol) = s.expect(&cs, 1.0);
         let a = sigmoid_reference(&s.problem(&cs, cs.scale, cs.bias, 1.0)).max_abs_dot;
 
-        let (dt_fd, dt_budget) = central_difference(&mut h, &cs, &s, 0.0, 1e-2);
-        let dt = out.grads.dlogit_bias as f64;
-        assert!(
-            (dt - dt_fd).abs() <= dt_budget + tol.dt,
-            "{:?}: dlogit_bias {} vs finite difference {} (budget {})",
-            cs,
-            dt,
-            dt_fd,
-            dt_budget + tol.dt
-        );
-        let (ds_fd, ds_budget) = central_difference(&mut h, &cs, &s, (1e-2 / a.max(1.0)) as f32, 0.0);
-        let ds = out.grads.dlogit_scale as f64;
-        assert!(
-            (ds - ds_fd).abs() <= ds_budget + tol.ds,
-            "{:?}: dlogit_scale {} vs finite difference {} (budget {})",
-            cs,
-            ds,
-            ds_fd,
-            ds_budget + tol.ds
-        );
+        let check = |name: &str, got: f32, (fd, budget): (f64, f64), tol: f64| {
+            let diff = (got as f64 - fd).abs();
+            assert!(
+                diff <= budget + tol,
+                "{:?}: {} {} vs finite difference {} (budget {})",
+                cs,
+                name,
+                got,
+                fd,
+                budget + tol
+            );
+        };
+        check("dlogit_bias", out.grads.dlogit_bias, central_difference(&mut h, &cs, &s, 0.0, 1e-2), tol.dt);
+        let step = (1e-2 / a.max(1.0)) as f32;
+        check("dlogit_scale", out.grads.dlogit_scale, central_difference(&mut h, &cs, &s, step, 0.0), tol.ds);
     }
 }
 
