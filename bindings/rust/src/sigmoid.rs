@@ -368,8 +368,14 @@ impl SigmoidGradients {
 /// `dloss = N`); `dlogit_scale` and `dlogit_bias` are identical on every
 /// rank.
 ///
+/// Without labels global row `g`'s positive is global column `g` (so every
+/// rank needs `R_r + b_r <= C`, `R_r` its first global row).
+///
 /// Calls are collective: every rank calls the same function in the same
-/// order with the same d, dtype, `s`, `t` and `dloss`; a transport failure
+/// order with the same d, dtype, `s`, `t` (bitwise) and `dloss`, and the
+/// `*_into` calls request the same of `dk`, `dlogit_scale` and `dlogit_bias`
+/// on every rank (`dq` may differ); a mismatch is `InvalidArgument` on every
+/// rank naming it. A transport failure
 /// (`Timeout`, `PeerFailure`, `CommPoisoned`) poisons the communicator and
 /// writes nothing the caller owns. It borrows the communicator (which must
 /// outlive it) and is neither `Send` nor `Sync`.
