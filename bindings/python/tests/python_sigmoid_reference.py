@@ -5,7 +5,7 @@ to: the derivation of tests/contrastive/sigmoid_reference.hpp (the C suite),
 with python_reference's unit roundoff, gamma_n, SLACK and 16-bit output
 rounding."""
 import numpy as np
-from python_reference import SLACK, U32, _round_bound, gamma
+from python_reference import SLACK, U32, _round_bound, gamma, magnitudes
 
 U64 = 2.0**-53  # fp64 unit roundoff
 # max_v |softplus'''(v)| = max |sigma (1 - sigma) (1 - 2 sigma)| = 1 / (6 sqrt 3)
@@ -64,12 +64,9 @@ def sigmoid_tolerances(q, k, s, t, labels=None, g=1.0, dtype=np.float32):
        ds adds gamma_d to R = sum_t |q_it k_jt|; dt and ds are rounded to fp32;
     4. 16-bit dq / dk are the fp32 values rounded once (python_reference).
     All times SLACK = 2 for second-order terms."""
-    q64 = np.asarray(q, np.float64)
-    k64 = np.asarray(k, np.float64)
-    qa, ka = np.abs(q64), np.abs(k64)
+    q64, k64, qa, ka, R = magnitudes(q, k)
     b, d = q64.shape
     c = k64.shape[0]
-    R = qa @ ka.T
     ref = sigmoid_reference(q64, k64, s, t, labels, g)
     G_abs = np.abs(ref["G"])
     dx = s * gamma(d + 2) * np.max(R) + U32 * abs(t)
