@@ -258,9 +258,7 @@ public final class RankWorker {
    *  ContrastiveReference.Sigmoid of the whole batch (B = the global rows in
    *  the mean): loss, dL/ds and dL/dt (the same bits on every rank), this
    *  rank's rows of dq and columns of dk; labels (global, most on other
-   *  ranks' columns) or none (row g's positive is column g, C &gt;= B).
-   *  Skipped, saying so, while the library refuses a sigmoid handle with a
-   *  communicator (UNSUPPORTED naming options.comm). */
+   *  ranks' columns) or none (row g's positive is column g, C &gt;= B). */
   static void sigmoidRing(Communicator comm, String name, boolean withLabels, int[] rows, int[] cols, int d,
                           double s, double t, long seed) {
     final int b = Arrays.stream(rows).sum(), c = Arrays.stream(cols).sum();
@@ -279,15 +277,7 @@ public final class RankWorker {
       options.setTile_rows(2);
       options.setTile_cols(2);
       options.setNum_threads(1);
-      Contrastive h;
-      try {
-        h = new Contrastive(options, comm);
-      } catch (FlatmemException e) {
-        if (e.status() != Status.STATUS_UNSUPPORTED || !e.getMessage().contains("options.comm")) throw e;
-        System.out.println("SKIP " + what + ": this libflatmem has no sigmoid ring: " + e.getMessage());
-        return;
-      }
-      try (Contrastive handle = h;
+      try (Contrastive handle = new Contrastive(options, comm);
            Tensor qr = Tensor.of(flatten(q, r0, br), br, d);
            Tensor kr = Tensor.of(flatten(k, c0, cr), cr, d);
            Tensor lr = labels == null ? null : Tensor.of(Arrays.copyOfRange(labels, r0, r0 + br));

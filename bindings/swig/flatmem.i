@@ -434,6 +434,11 @@ static void flatmem_swig_throw_java(JNIEnv *jenv, int status, const char *messag
    * summed over ranks (a wrapper that averages gradients over N ranks passes
    * dloss = N). forward / backward are collective (every rank, same order,
    * same options and logit scale); transport failures throw FlatmemException.
+   * CONTRASTIVE_SIGMOID: the sigmoid_* calls, collective alike -- labels GLOBAL
+   * (none: global row g's positive is global column g), loss, dlogit_scale and
+   * dlogit_bias those of the whole batch (the mean over the B global rows, the
+   * same bits on every rank), the same logit bias and the same outputs
+   * requested on every rank, workspace null.
    * The handle holds comm: comm.close() is refused until this handle is closed.
    * One thread at a time per handle and communicator.
    */
@@ -1383,7 +1388,11 @@ struct flatmem_contrastive_s {};
    * (the mean over the b rows of the sum over the c columns). logit_scale s
    * and logit_bias t are one fp32 element each; dlogit_scale = dL/ds and
    * dlogit_bias = dL/dt of the given s and t. No saved state between calls.
-   * A handle of another loss is refused (INVALID_ARGUMENT). */
+   * A handle of another loss is refused (INVALID_ARGUMENT). With a
+   * communicator (the ring, "Ring across ranks" under the sigmoid loss in
+   * flatmem.h) the calls are collective over the global batch, labels are
+   * global column indices and the workspace must be None/null (its query
+   * returns 0). */
 
   /* flatmem_contrastive_sigmoid_workspace_size: bytes for the call with these
    * dq / dk (None/null for the forward, or for a gradient not requested). */

@@ -197,22 +197,6 @@ SIGMOID_RING_CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def sigmoid_ring_supported():
-    """Skips, saying why, when the loaded libflatmem refuses a sigmoid handle
-    with a communicator (UNSUPPORTED naming options.comm: a library from
-    before the sigmoid ring); any other outcome runs the tests."""
-    comms = flatmem.Communicator.create_local(1, timeout_ms=5000)
-    try:
-        flatmem.Contrastive("sigmoid", comm=comms[0]).close()
-    except flatmem.UnsupportedError as e:
-        if "options.comm" not in str(e):
-            raise
-        pytest.skip(f"this libflatmem has no sigmoid ring: {e}")
-    finally:
-        comms[0].abort()
-
-
 def sigmoid_ring_params(case, seed):
     _, shards, d, labels, api, s, t = case
     return {"seed": seed, "shards": shards, "d": d, "labels": labels, "api": api, "s": s, "t": t, "g": -2.0}
@@ -246,7 +230,7 @@ def check_sigmoid_ring(params, results):
 
 
 @pytest.mark.parametrize("case", SIGMOID_RING_CASES, ids=[c[0] for c in SIGMOID_RING_CASES])
-def test_processes_sigmoid_ring_matches_concatenated_batch(tmp_path, case, sigmoid_ring_supported):
+def test_processes_sigmoid_ring_matches_concatenated_batch(tmp_path, case):
     """2 and 4 processes, uneven shards, labels pointing at other ranks' columns."""
     params = sigmoid_ring_params(case, 17)
     check_sigmoid_ring(params, run(tmp_path, "sigmoid_ring", len(params["shards"]), params))
@@ -259,12 +243,12 @@ LOCAL_SIGMOID_RING_CASES = SIGMOID_RING_CASES + [
 
 
 @pytest.mark.parametrize("case", LOCAL_SIGMOID_RING_CASES, ids=[c[0] for c in LOCAL_SIGMOID_RING_CASES])
-def test_local_group_sigmoid_ring_matches_concatenated_batch(local_group, case, sigmoid_ring_supported):
+def test_local_group_sigmoid_ring_matches_concatenated_batch(local_group, case):
     params = sigmoid_ring_params(case, 19)
     check_sigmoid_ring(params, run_threads(local_group(len(params["shards"])), job_sigmoid_ring, params))
 
 
-def test_sigmoid_ring_bias_that_differs_between_ranks_is_named(local_group, sigmoid_ring_supported):
+def test_sigmoid_ring_bias_that_differs_between_ranks_is_named(local_group):
     """Every rank must pass the same logit bias: each rank raises (nothing hangs)."""
     comms = local_group(2, timeout_ms=5000)
     q = np.eye(2, 3, dtype=np.float32)
@@ -272,6 +256,22 @@ def test_sigmoid_ring_bias_that_differs_between_ranks_is_named(local_group, sigm
     def job(comm, _):
         with pytest.raises(flatmem.InvalidArgumentError, match="logit_bias"):
             flatmem.sigmoid_loss(q, q, 10.0, -1.0 * (comm.rank + 1), comm=comm)
+
+    run_threads(comms, job)
+
+
+def test_sigmoid_ring_workspace_is_refused_and_queried_as_zero(local_group):
+    """The ring keeps its own buffers: the query says 0 bytes and a workspace
+    is refused on every rank, naming it (nothing hangs)."""
+    comms = local_group(2, timeout_ms=5000)
+    q = np.eye(2, 3, dtype=np.float32)
+
+    def job(comm, _):
+        with flatmem.Contrastive("sigmoid", comm=comm) as h:
+            assert h.sigmoid_workspace_size(q, q, dq=True, dk=True) == 0
+            with raises_flatmem(flatmem.InvalidArgumentError, capi.STATUS_INVALID_ARGUMENT,
+                                "workspace: must be NULL (and workspace_bytes 0) for a handle with a communicator"):
+                h.sigmoid_value_and_grad(q, q, 10.0, -1.0, workspace=np.empty(64, np.uint8))
 
     run_threads(comms, job)
 
