@@ -196,6 +196,21 @@ public final class RankWorker {
     check(true, "barrier");
   }
 
+  /** |got - want| &lt;= tolerance, reported with the three numbers. */
+  static void checkValue(String what, double got, double want, double tolerance) {
+    check(Math.abs(got - want) <= tolerance, what + " " + got + " vs " + want + " (tolerance " + tolerance + ")");
+  }
+
+  /** dq (this rank's rows from r0) and dk (its columns from c0) within the
+   *  reference's element-wise bounds. */
+  static void checkSlices(String what, Tensor dq, Tensor dk, double[][] refDq, double[][] dqTolerance,
+                          double[][] refDk, double[][] dkTolerance, int r0, int c0) {
+    double dqRatio = ContrastiveReference.worstRatio(widen(dq.toFloatArray()), refDq, dqTolerance, r0);
+    double dkRatio = ContrastiveReference.worstRatio(widen(dk.toFloatArray()), refDk, dkTolerance, c0);
+    check(dqRatio <= 1, what + ": dq = this rank's rows of the global dL/dq (worst error / tolerance " + dqRatio + ")");
+    check(dkRatio <= 1, what + ": dk = this rank's columns of the global dL/dk (worst error / tolerance " + dkRatio + ")");
+  }
+
   /** The ring loss of this rank's slice (rows[rank] of q, cols[rank] of k) of
    *  a global batch against the reference of the whole batch. */
   static void ringLoss(Communicator comm, String name, boolean symmetric, int[] rows, int[] cols, int d, double s,
@@ -231,19 +246,14 @@ public final class RankWorker {
         h.forward(qr, kr, lr, scale, loss, rowLse, symmetric ? colLse : null);
         h.backward(qr, kr, lr, scale, rowLse, symmetric ? colLse : null, null, dq, dk, ds);
         double gotLoss = loss.get(0), gotDs = ds.get(0);
-        check(Math.abs(gotLoss - ref.loss) <= ref.lossTolerance,
-              what + ": loss " + gotLoss + " vs " + ref.loss + " (tolerance " + ref.lossTolerance + ")");
-        check(Math.abs(gotDs - ref.ds) <= ref.dsTolerance,
-              what + ": dL/ds " + gotDs + " vs " + ref.ds + " (tolerance " + ref.dsTolerance + ")");
+        checkValue(what + ": loss", gotLoss, ref.loss, ref.lossTolerance);
+        checkValue(what + ": dL/ds", gotDs, ref.ds, ref.dsTolerance);
         double rowRatio = ContrastiveReference.worstRatio(widen(rowLse.toFloatArray()), ref.rowLse, ref.rowLseTolerance, r0);
         double colRatio = symmetric
             ? ContrastiveReference.worstRatio(widen(colLse.toFloatArray()), ref.colLse, ref.colLseTolerance, c0) : 0;
         check(rowRatio <= 1 && colRatio <= 1, what + ": global row / column LSEs (worst error / tolerance "
               + Math.max(rowRatio, colRatio) + ")");
-        double dqRatio = ContrastiveReference.worstRatio(widen(dq.toFloatArray()), ref.dq, ref.dqTolerance, r0);
-        double dkRatio = ContrastiveReference.worstRatio(widen(dk.toFloatArray()), ref.dk, ref.dkTolerance, c0);
-        check(dqRatio <= 1, what + ": dq = this rank's rows of the global dL/dq (worst error / tolerance " + dqRatio + ")");
-        check(dkRatio <= 1, what + ": dk = this rank's columns of the global dL/dk (worst error / tolerance " + dkRatio + ")");
+        checkSlices(what, dq, dk, ref.dq, ref.dqTolerance, ref.dk, ref.dkTolerance, r0, c0);
         check(sameOnAllRanks(comm, new double[] {gotLoss, gotDs}), what + ": loss and dL/ds: the same bits on every rank");
 
         expectFailure("Communicator.close() while a Contrastive uses it", comm::close, FlatmemArgumentException.class,
@@ -290,16 +300,10 @@ public final class RankWorker {
            Tensor dt = Tensor.allocated(Flatmem.kDLFloat, 32)) {
         handle.sigmoid_value_and_grad(qr, kr, lr, scale, bias, loss, dq, dk, ds, dt);
         double gotLoss = loss.get(0), gotDs = ds.get(0), gotDt = dt.get(0);
-        check(Math.abs(gotLoss - ref.loss) <= ref.lossTolerance,
-              what + ": loss " + gotLoss + " vs " + ref.loss + " (tolerance " + ref.lossTolerance + ")");
-        check(Math.abs(gotDs - ref.ds) <= ref.dsTolerance,
-              what + ": dL/ds " + gotDs + " vs " + ref.ds + " (tolerance " + ref.dsTolerance + ")");
-        check(Math.abs(gotDt - ref.dt) <= ref.dtTolerance,
-              what + ": dL/dt " + gotDt + " vs " + ref.dt + " (tolerance " + ref.dtTolerance + ")");
-        double dqRatio = ContrastiveReference.worstRatio(widen(dq.toFloatArray()), ref.dq, ref.dqTolerance, r0);
-        double dkRatio = ContrastiveReference.worstRatio(widen(dk.toFloatArray()), ref.dk, ref.dkTolerance, c0);
-        check(dqRatio <= 1, what + ": dq = this rank's rows of the global dL/dq (worst error / tolerance " + dqRatio + ")");
-        check(dkRatio <= 1, what + ": dk = this rank's columns of the global dL/dk (worst error / tolerance " + dkRatio + ")");
+        checkValue(what + ": loss", gotLoss, ref.loss, ref.lossTolerance);
+        checkValue(what + ": dL/ds", gotDs, ref.ds, ref.dsTolerance);
+        checkValue(what + ": dL/dt", gotDt, ref.dt, ref.dtTolerance);
+        checkSlices(what, dq, dk, ref.dq, ref.dqTolerance, ref.dk, ref.dkTolerance, r0, c0);
         check(sameOnAllRanks(comm, new double[] {gotLoss, gotDs, gotDt}),
               what + ": loss, dL/ds and dL/dt: the same bits on every rank");
       }
