@@ -106,7 +106,7 @@ const VariantSpec specs[] = {
 };
 
 // The variants that run flatmem's own kernels: once per CPU ISA.
-bool is_flatmem(const std::string &variant) { return variant.rfind("flatmem", 0) == 0 || variant == "sigmoid"; }
+bool runs_per_isa(const std::string &variant) { return variant.rfind("flatmem", 0) == 0 || variant == "sigmoid"; }
 
 const VariantSpec &spec(const std::string &name) {
   for (const auto &s : specs)
@@ -404,7 +404,7 @@ void print_progress(const Run &r, std::int64_t d) {
 const Run *find(const std::vector<Run> &runs, std::int64_t b, const std::string &variant,
                 const std::string &isa = "") {
   for (const auto &r : runs)
-    if (r.b == b && r.variant == variant && (!is_flatmem(variant) || r.isa == isa)) return &r;
+    if (r.b == b && r.variant == variant && (!runs_per_isa(variant) || r.isa == isa)) return &r;
   return nullptr;
 }
 
@@ -681,7 +681,7 @@ int driver_main(int argc, char **argv) {
     const std::size_t first = runs.size();
     std::vector<std::pair<std::string, std::string>> jobs;  // (variant, isa)
     for (const auto &v : o.variants)
-      if (is_flatmem(v))
+      if (runs_per_isa(v))
         for (const auto &isa : o.isas) jobs.emplace_back(v, isa);
       else
         jobs.emplace_back(v, "");
