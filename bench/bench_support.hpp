@@ -113,7 +113,7 @@ inline float exp_nonpositive(float x) {
 // e = exp(-|v|)), branch-free for the same reason: log1p(e) = 2 atanh(r),
 // r = e / (2 + e) in [0, 1/3], by its series through r^13 (the first omitted
 // term, 2 r^15 / 15 <= 1e-8, is below fp32 rounding of the result).
-inline float log1p_unit(float e) {
+inline float log1p_series(float e) {
   const float r = e / (2.0f + e), r2 = r * r;
   float p = 1.0f / 13.0f;
   p = p * r2 + 1.0f / 11.0f;

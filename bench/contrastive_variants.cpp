@@ -337,7 +337,7 @@ struct SigmoidSums {
 
 // softplus(v) = max(v, 0) + log1p(e) and sigmoid(v) = (v >= 0 ? 1 : e) / (1 + e),
 // e = exp(-|v|): the stable forms (nothing overflows at s = 100, t = -10).
-inline float softplus(float v, float e) { return (v > 0.0f ? v : 0.0f) + log1p_unit(e); }
+inline float softplus(float v, float e) { return (v > 0.0f ? v : 0.0f) + log1p_series(e); }
 inline float sigmoid(float v, float e) { return (v >= 0.0f ? 1.0f : e) / (1.0f + e); }
 
 // Rows [begin, end) of X = s Q K^T (b x b, the diagonal positive): the
