@@ -464,6 +464,20 @@ void print_memory_target(const std::vector<Run> &runs, const Options &o, const s
               !std::isfinite(mem) ? "not measured" : mem < memory_target_bytes ? "MET" : "MISSED");
 }
 
+// "loss, flatmem vs naive (same features): b=... [isa]: L vs L (rel. diff ...)".
+void print_loss_agreement(const std::vector<Run> &runs, const Options &o, const std::string &variant,
+                          const std::string &naive) {
+  std::printf("\nloss, %s vs naive (same features):", variant.c_str());
+  for (auto b : o.sizes)
+    for (const auto &isa : o.isas) {
+      const Run *f = find(runs, b, variant, isa), *n = find(runs, b, naive);
+      if (f && n && f->ok() && n->ok())
+        std::printf("  b=%lld [%s]: %.6f vs %.6f (rel. diff %.1e)", (long long)b, isa.c_str(), f->value("loss"),
+                    n->value("loss"), std::fabs(f->value("loss") - n->value("loss")) / std::fabs(n->value("loss")));
+    }
+  std::printf("\n");
+}
+
 void print_clip_tables(const std::vector<Run> &runs, const Options &o) {
   std::printf("\n### Symmetric contrastive loss, forward + backward, fp32, d = %lld (%s, %d threads)\n\n",
               (long long)o.d, cpu_model().c_str(), bench::hardware_threads());
@@ -512,15 +526,7 @@ void print_clip_tables(const std::vector<Run> &runs, const Options &o) {
         break;
       }
 
-  std::printf("\nloss, flatmem vs naive (same features):");
-  for (auto b : o.sizes)
-    for (const auto &isa : o.isas) {
-      const Run *f = find(runs, b, "flatmem", isa), *n = find(runs, b, "naive");
-      if (f && n && f->ok() && n->ok())
-        std::printf("  b=%lld [%s]: %.6f vs %.6f (rel. diff %.1e)", (long long)b, isa.c_str(), f->value("loss"),
-                    n->value("loss"), std::fabs(f->value("loss") - n->value("loss")) / std::fabs(n->value("loss")));
-    }
-  std::printf("\n");
+  print_loss_agreement(runs, o, "flatmem", "naive");
 
   std::printf("\n### Targets\n\n");
   const Run *g = find(runs, target_batch, "gemm4"), *n = find(runs, target_batch, "naive");
@@ -562,15 +568,7 @@ void print_sigmoid_tables(const std::vector<Run> &runs, const Options &o) {
               "of a process holding only q, k, dq, dk. Times: fastest timed run. CPU ISA: FLATMEM_CPU_ISA of "
               "the flatmem runs.\n", (long long)o.strip);
 
-  std::printf("\nloss, sigmoid vs naive (same features):");
-  for (auto b : o.sizes)
-    for (const auto &isa : o.isas) {
-      const Run *f = find(runs, b, "sigmoid", isa), *n = find(runs, b, "sigmoid-naive");
-      if (f && n && f->ok() && n->ok())
-        std::printf("  b=%lld [%s]: %.6f vs %.6f (rel. diff %.1e)", (long long)b, isa.c_str(), f->value("loss"),
-                    n->value("loss"), std::fabs(f->value("loss") - n->value("loss")) / std::fabs(n->value("loss")));
-    }
-  std::printf("\n");
+  print_loss_agreement(runs, o, "sigmoid", "sigmoid-naive");
 
   std::printf("\n### Sigmoid targets\n\n");
   const Run *g = find(runs, target_batch, "gemm3");

@@ -12,10 +12,10 @@
 // exceeds 1 u = 2^-24: the sigmoid loss's error budget (tests/contrastive/
 // sigmoid_reference.hpp, section 2) gives log1p less than 2u per term, and the
 // kernel's comment claims 0.74u.
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <string>
 
 #include "contrastive/cpu/sigmoid_math.hpp"
@@ -36,27 +36,19 @@ struct Worst {
   }
 };
 
-float from_bits(std::uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-std::uint32_t bits_of(float f) {
-  std::uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
+float from_bits(std::uint64_t bits) { return std::bit_cast<float>(std::uint32_t(bits)); }
+std::uint32_t bits_of(float f) { return std::bit_cast<std::uint32_t>(f); }
 
 // The same loop twice: baseline code, and code for x86-64-v3 into which the
 // inline function is compiled with FMA contraction.
 void check_range_baseline(std::uint32_t lo, std::uint32_t hi, std::uint32_t step, Worst &w) {
-  for (std::uint64_t b = lo; b <= hi; b += step) w.add(from_bits(std::uint32_t(b)), log1p_unit(from_bits(std::uint32_t(b))));
+  for (std::uint64_t b = lo; b <= hi; b += step) w.add(from_bits(b), log1p_unit(from_bits(b)));
 }
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target("arch=x86-64-v3")))
 #endif
 void check_range_fma(std::uint32_t lo, std::uint32_t hi, std::uint32_t step, Worst &w) {
-  for (std::uint64_t b = lo; b <= hi; b += step) w.add(from_bits(std::uint32_t(b)), log1p_unit(from_bits(std::uint32_t(b))));
+  for (std::uint64_t b = lo; b <= hi; b += step) w.add(from_bits(b), log1p_unit(from_bits(b)));
 }
 
 }  // namespace
