@@ -108,12 +108,28 @@ TEST_CASE("contrastive/sigmoid/unsupported/communicator and logit cache at creat
   CHECK_MESSAGE(message.find("options.comm") != std::string::npos, message);
 }
 
+// Host memory labelled kDLCUDA (every tensor of the call): under
+// FLATMEM_NONFINITE_ERROR always UNSUPPORTED (no host scan of device memory);
+// under PROPAGATE UNSUPPORTED in a build without the CUDA backend or on a
+// machine without a usable device, and INVALID_ARGUMENT (host memory, not
+// device memory) where the CUDA backend runs; the message says kDLCUDA.
 TEST_CASE("contrastive/sigmoid/unsupported/kDLCUDA tensors") {
   for (flatmem_nonfinite_policy policy : {FLATMEM_NONFINITE_ERROR, FLATMEM_NONFINITE_PROPAGATE}) {
     SigmoidCase c(small());
     Handle h = sigmoid_handle(1, 0, 0, policy);
-    for (HostTensor *t : {&c.q, &c.k}) t->dl()->device = DLDevice{kDLCUDA, 0};
-    expect_all_refused(c, h.get(), FLATMEM_STATUS_UNSUPPORTED, {"kDLCUDA"});
+    SigmoidOutputs o = c.outputs();
+    for (HostTensor *t : {&c.q, &c.k, &c.labels, &c.scale, &c.bias, &o.loss, &o.dq, &o.dk, &o.ds, &o.dt})
+      t->dl()->device = DLDevice{kDLCUDA, 0};
+    const auto check = [&](flatmem_status status) {  // right after the call: its message
+      if (policy == FLATMEM_NONFINITE_ERROR) CHECK(status == FLATMEM_STATUS_UNSUPPORTED);
+      CHECK((status == FLATMEM_STATUS_UNSUPPORTED || status == FLATMEM_STATUS_INVALID_ARGUMENT));
+      expect_refused(o, status, status, {"kDLCUDA"});
+    };
+    check(c.forward(h.get(), o));
+    check(c.value_and_grad(h.get(), o));
+    check(flatmem_contrastive_sigmoid_backward(h.get(), c.q.dl(), c.k.dl(), c.labels.dl(), c.scale.dl(),
+                                               c.bias.dl(), nullptr, o.dq.dl(), o.dk.dl(), o.ds.dl(),
+                                               o.dt.dl(), nullptr, 0, nullptr));
   }
 }
 
