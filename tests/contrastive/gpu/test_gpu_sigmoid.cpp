@@ -150,3 +150,21 @@ TEST_CASE("gpu/sigmoid/determinism") {
     check_gpu_sigmoid(c, first, 1.0, {}, pr.fp32);
   }
 }
+
+// The small case the compute-sanitizer tests run (tests/CMakeLists.txt,
+// scripts/gpu-check.sh): every call, both passes, the block sums.
+TEST_CASE("gpu/sigmoid/sanitizer-case/bf16 and fp32, b=70, c=131, d=40, labels") {
+  for (const Precision &pr : {precisions[0], precisions[2]}) {
+    INFO(pr.name);
+    SigmoidShape s = shape(70, 131, 40, true, 10.0, -10.0, 4);
+    s.dtype = pr.dtype;
+    s.grad_dtype = pr.dtype;
+    const SigmoidCase c(s);
+    Handle h = gpu_sigmoid_handle(pr.fp32);
+    check_gpu_sigmoid(c, gpu_sigmoid(h.get(), c, SigmoidCall::value_and_grad), 1.0, {}, pr.fp32);
+    check_gpu_sigmoid(c, gpu_sigmoid(h.get(), c, SigmoidCall::forward), 1.0, {true, false, false, false, false},
+                      pr.fp32);
+    check_gpu_sigmoid(c, gpu_sigmoid(h.get(), c, SigmoidCall::backward, {}, 0.5), 0.5,
+                      {false, true, true, true, true}, pr.fp32);
+  }
+}
