@@ -79,7 +79,7 @@ echo "check-rust: OK: $passed tests passed, $failed failed, in $((SECONDS - star
 step "the numeric tests once per CPU instruction set ($(flatmem_cpu_isas "$prefix"))"
 for isa in $(flatmem_cpu_isas "$prefix"); do
   echo "check-rust: FLATMEM_CPU_ISA=$isa"
-  (cd "$FLATMEM_ROOT/bindings/rust" && FLATMEM_CPU_ISA=$isa "$cargo" test --offline -q --test values --test reversible --test ring) ||
+  (cd "$FLATMEM_ROOT/bindings/rust" && FLATMEM_CPU_ISA=$isa "$cargo" test --offline -q --test values --test reversible --test ring --test sigmoid --test ring_sigmoid) ||
     fail "the numeric tests under FLATMEM_CPU_ISA=$isa"
 done
 

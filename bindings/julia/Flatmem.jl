@@ -21,7 +21,8 @@ module Flatmem
 using Libdl
 
 export Contrastive, FlatmemError, BF16, contrastive_loss, forward_workspace_size,
-       backward_workspace_size, library_version, version_string, cpu_isa, set_cpu_isa!,
+       backward_workspace_size, sigmoid_loss, sigmoid_forward, sigmoid_value_and_grad, sigmoid_backward,
+       sigmoid_workspace_size, library_version, version_string, cpu_isa, set_cpu_isa!,
        Block, Segment, set_parameters!, zero_gradients!, parameter_sizes, forward!, backward!,
        last_mode, rebuild_error, block_seed,
        CyclicSchedule, CyclicAction, cyclic_schedule, cyclic_offset, cyclic_delay, cyclic_length,
@@ -422,16 +423,25 @@ end
 
 include("comm.jl")
 
+# The labels argument of a loss call as the ABI takes them (0-based Int64, or
+# nothing): columns of this k, or GLOBAL columns on a ring handle.
+labels_arg(c, labels::Nothing, q::AbstractMatrix, k::AbstractMatrix) = nothing
+labels_arg(c, labels::AbstractVector{<:Integer}, q::AbstractMatrix, k::AbstractMatrix) =
+    zero_based_labels(labels, size(q, 2), c.comm === nothing ? size(k, 2) : nothing)
+
 # ---------------------------------------------------------------------------
 # The contrastive loss handle
 # ---------------------------------------------------------------------------
 
 """
-    Contrastive(; symmetric=true, num_threads=0, tile_rows=0, tile_cols=0, propagate_nonfinite=false,
-                logit_cache_bytes=0, comm=nothing)
+    Contrastive(; symmetric=true, loss=(symmetric ? :symmetric : :infonce), num_threads=0, tile_rows=0,
+                tile_cols=0, propagate_nonfinite=false, logit_cache_bytes=0, comm=nothing)
 
 A `flatmem_contrastive_t` handle: the symmetric CLIP loss (`symmetric=true`)
-or the one-way InfoNCE loss (`symmetric=false`, optional labels). It owns
+or the one-way InfoNCE loss (`symmetric=false`, optional labels), both for
+`contrastive_loss`; or, with `loss=:sigmoid`, the pairwise sigmoid (SigLIP)
+loss for `sigmoid_loss` and the other `sigmoid_*` functions (`loss`, when
+given, wins over `symmetric`). It owns
 `num_threads - 1` worker threads (0 = all processors) and a workspace buffer;
 `close(c)` releases them now, otherwise a finalizer does when `c` is garbage.
 Use one handle from one task at a time. Zero means the library default for
@@ -463,21 +473,29 @@ finalizer waits) until this handle is closed. A transport failure (a dead or wed
 is a `FlatmemError` with `FLATMEM_STATUS_TIMEOUT` / `_PEER_FAILURE` naming the ring step;
 the communicator is then poisoned (close this handle, then `abort!(comm)`).
 """
+# The loss kinds of `Contrastive(; loss)`, by name.
+const CONTRASTIVE_LOSSES = (symmetric = FLATMEM_CONTRASTIVE_SYMMETRIC, infonce = FLATMEM_CONTRASTIVE_INFONCE,
+                            sigmoid = FLATMEM_CONTRASTIVE_SIGMOID)
+
 mutable struct Contrastive
     ptr::Ptr{ContrastiveHandle}
     symmetric::Bool
+    loss::Symbol                # :symmetric, :infonce or :sigmoid
     comm::Union{Nothing,Comm}   # the ring's communicator, kept open while this handle is
 
-    function Contrastive(; symmetric::Bool=true, num_threads::Integer=0, tile_rows::Integer=0,
-                         tile_cols::Integer=0, propagate_nonfinite::Bool=false, logit_cache_bytes::Integer=0,
+    function Contrastive(; symmetric::Bool=true, loss::Symbol=(symmetric ? :symmetric : :infonce),
+                         num_threads::Integer=0, tile_rows::Integer=0, tile_cols::Integer=0,
+                         propagate_nonfinite::Bool=false, logit_cache_bytes::Integer=0,
                          comm::Union{Nothing,Comm}=nothing)
+        haskey(CONTRASTIVE_LOSSES, loss) ||
+            throw(ArgumentError("loss must be one of $(join(map(repr, keys(CONTRASTIVE_LOSSES)), ", ")), not $(repr(loss))"))
         comm === nothing || ensure_open(comm)
         options = Ref{ContrastiveOptions}()
         check(ccall((:flatmem_contrastive_options_init, libflatmem), Cint,
                     (Ref{ContrastiveOptions},), options))
         defaults = options[]
         options[] = ContrastiveOptions(defaults.struct_size,
-                                       symmetric ? FLATMEM_CONTRASTIVE_SYMMETRIC : FLATMEM_CONTRASTIVE_INFONCE,
+                                       CONTRASTIVE_LOSSES[loss],
                                        Int32(num_threads), Int32(tile_rows), Int32(tile_cols),
                                        propagate_nonfinite ? FLATMEM_NONFINITE_PROPAGATE : FLATMEM_NONFINITE_ERROR,
                                        defaults.fp32_precision, comm === nothing ? Ptr{CommHandle}(C_NULL) : comm.ptr,
@@ -486,7 +504,7 @@ mutable struct Contrastive
         check(ccall((:flatmem_contrastive_create, libflatmem), Cint,
                     (Ref{Ptr{ContrastiveHandle}}, Ref{ContrastiveOptions}), out, options))
         comm === nothing || (comm.users += 1)
-        c = new(out[], symmetric, comm)
+        c = new(out[], loss === :symmetric, loss, comm)
         finalizer(destroy_quietly, c)
         return c
     end
@@ -499,7 +517,7 @@ Base.unsafe_convert(::Type{Ptr{ContrastiveHandle}}, c::Contrastive) = c.ptr
 Base.isopen(c::Contrastive) = c.ptr != C_NULL
 
 function Base.show(io::IO, c::Contrastive)
-    print(io, "Flatmem.Contrastive(", c.symmetric ? "symmetric" : "infonce",
+    print(io, "Flatmem.Contrastive(", c.loss,
           c.comm === nothing ? "" : ", ring rank $(c.comm.rank) of $(c.comm.world_size)", isopen(c) ? ")" : ", closed)")
 end
 
@@ -561,6 +579,12 @@ the features' element type (as `contrastive_loss` returns them).
 """
 function backward_workspace_size(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix; dq::Bool=true, dk::Bool=true)
     ensure_open(c)
+    return gradient_workspace_size(:backward, c, q, k, dq, dk)
+end
+
+# The workspace query of the backward (:backward) or of the sigmoid calls
+# (:sigmoid) for q, k and, when requested, gradients in the features' type.
+function gradient_workspace_size(which::Symbol, c::Contrastive, q::AbstractMatrix, k::AbstractMatrix, dq::Bool, dk::Bool)
     check_features(q, k)
     q_t = matrix_tensor(as_rows(q))
     k_t = matrix_tensor(as_rows(k))
@@ -568,9 +592,15 @@ function backward_workspace_size(c::Contrastive, q::AbstractMatrix, k::AbstractM
     dk_t = dk ? k_t : nothing
     bytes = Ref{Csize_t}(0)
     status = GC.@preserve q_t k_t dq_t dk_t begin
-        ccall((:flatmem_contrastive_backward_workspace_size, libflatmem), Cint,
-              (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ref{Csize_t}),
-              c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(dq_t), tensor_ptr(dk_t), bytes)
+        if which === :sigmoid
+            ccall((:flatmem_contrastive_sigmoid_workspace_size, libflatmem), Cint,
+                  (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ref{Csize_t}),
+                  c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(dq_t), tensor_ptr(dk_t), bytes)
+        else
+            ccall((:flatmem_contrastive_backward_workspace_size, libflatmem), Cint,
+                  (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ref{Csize_t}),
+                  c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(dq_t), tensor_ptr(dk_t), bytes)
+        end
     end
     check(status)
     return Int(bytes[])
@@ -664,6 +694,7 @@ gradients are those of the global batch's mean loss (see `Contrastive`).
 function contrastive_loss(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix, logit_scale::Real;
                           labels::Union{Nothing,AbstractVector{<:Integer}}=nothing)
     ensure_open(c)
+    c.loss === :sigmoid && throw(ArgumentError("this Flatmem.Contrastive computes the sigmoid loss: call sigmoid_loss"))
     check_features(q, k)
     if c.symmetric
         labels === nothing || throw(ArgumentError("labels are for the InfoNCE loss (symmetric=false) only"))
@@ -672,7 +703,7 @@ function contrastive_loss(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix, 
     end
     qm = as_rows(q)
     km = as_rows(k)
-    labels0 = labels === nothing ? nothing : zero_based_labels(labels, size(qm, 2), c.comm === nothing ? size(km, 2) : nothing)
+    labels0 = labels_arg(c, labels, qm, km)
     scale = Float32[logit_scale]
     loss, row_lse, col_lse = forward_pass(c, qm, km, labels0, scale)
     backward(dloss::Real = 1.0f0) = backward_pass(c, qm, km, labels0, scale, row_lse, col_lse, Float32(dloss))
@@ -687,6 +718,210 @@ function contrastive_loss(q::AbstractMatrix, k::AbstractMatrix, logit_scale::Rea
 end
 
 # ---------------------------------------------------------------------------
+# The sigmoid (SigLIP) loss: a Contrastive made with loss = :sigmoid
+# ---------------------------------------------------------------------------
+#
+# L = -(1/b) Σ_i Σ_j log σ(z_ij x_ij), x_ij = s q[:, i]' k[:, j] + t, z_ij = +1
+# for sample i's positive column y_i and -1 for every other column: the sum
+# over all c columns of a sample, the MEAN over the b samples (flatmem.h,
+# "Sigmoid (SigLIP) loss"). Gradients are those of this L with respect to q,
+# k, and to s and t themselves (a framework learning log s multiplies
+# dlogit_scale by s).
+
+function ensure_sigmoid(c::Contrastive)
+    ensure_open(c)
+    c.loss === :sigmoid ||
+        throw(ArgumentError("this Flatmem.Contrastive computes the $(c.loss) loss; the sigmoid functions need Contrastive(; loss = :sigmoid)"))
+    return c
+end
+
+"""
+    sigmoid_workspace_size(c, q, k; dq=true, dk=true) -> Int
+
+Bytes of workspace the sigmoid calls of `c` (made with `loss = :sigmoid`)
+need for d x b features `q` and d x c features `k`, with gradients `dq`
+/ `dk` in the features' element type when requested (both `false`: the
+forward). Informational: the calls here let the handle keep its own buffer.
+"""
+function sigmoid_workspace_size(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix; dq::Bool=true, dk::Bool=true)
+    ensure_sigmoid(c)
+    return gradient_workspace_size(:sigmoid, c, q, k, dq, dk)
+end
+
+# The inputs of a sigmoid call as C takes them: features with contiguous
+# columns, 0-based labels (or nothing), s and t as 1-element Float32 vectors.
+struct SigmoidInputs{T}
+    q::AbstractMatrix{T}
+    k::AbstractMatrix{T}
+    labels::Union{Nothing,Vector{Int64}}
+    scale::Vector{Float32}
+    bias::Vector{Float32}
+end
+
+function SigmoidInputs(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix, logit_scale::Real, logit_bias::Real,
+                       labels::Union{Nothing,AbstractVector{<:Integer}})
+    ensure_sigmoid(c)
+    check_features(q, k)
+    qm = as_rows(q)
+    km = as_rows(k)
+    return SigmoidInputs(qm, km, labels_arg(c, labels, qm, km), Float32[logit_scale], Float32[logit_bias])
+end
+
+# One call of flatmem_contrastive_sigmoid_<path> (:forward, :value_and_grad,
+# :backward) into the given outputs: `loss` a 1-element Float32 vector or
+# nothing (:backward), `grads` nothing (:forward) or (dq, dk) matrices of one
+# element type (Float32 or the features') and 1-element ds, dt vectors.
+function sigmoid_call(path::Symbol, c::Contrastive, x::SigmoidInputs, loss::Union{Nothing,Vector{Float32}},
+                      grads::Union{Nothing,Tuple}, dloss::Float32)
+    ensure_sigmoid(c)
+    q_t = matrix_tensor(x.q)
+    k_t = matrix_tensor(x.k)
+    labels_t = x.labels === nothing ? nothing : vector_tensor(x.labels)
+    scale_t = scalar_tensor(x.scale)
+    bias_t = scalar_tensor(x.bias)
+    g_t = scalar_tensor(Float32[dloss])
+    loss_t = loss === nothing ? nothing : scalar_tensor(loss)
+    dq_t, dk_t, ds_t, dt_t = grads === nothing ? (nothing, nothing, nothing, nothing) :
+        (matrix_tensor(grads[1]), matrix_tensor(grads[2]), scalar_tensor(grads[3]), scalar_tensor(grads[4]))
+    status = GC.@preserve q_t k_t labels_t scale_t bias_t g_t loss_t dq_t dk_t ds_t dt_t begin
+        if path === :forward
+            @gc_safe ccall((:flatmem_contrastive_sigmoid_forward, libflatmem), Cint,
+                           (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
+                            Ptr{DLTensor}, Ptr{DLTensor}, Ptr{Cvoid}, Csize_t, Ptr{Cvoid}),
+                           c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(labels_t), tensor_ptr(scale_t),
+                           tensor_ptr(bias_t), tensor_ptr(loss_t), C_NULL, Csize_t(0), C_NULL)
+        elseif path === :value_and_grad
+            @gc_safe ccall((:flatmem_contrastive_sigmoid_value_and_grad, libflatmem), Cint,
+                           (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
+                            Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
+                            Ptr{Cvoid}, Csize_t, Ptr{Cvoid}),
+                           c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(labels_t), tensor_ptr(scale_t),
+                           tensor_ptr(bias_t), tensor_ptr(loss_t), tensor_ptr(dq_t), tensor_ptr(dk_t),
+                           tensor_ptr(ds_t), tensor_ptr(dt_t), C_NULL, Csize_t(0), C_NULL)
+        else
+            @gc_safe ccall((:flatmem_contrastive_sigmoid_backward, libflatmem), Cint,
+                           (Ptr{ContrastiveHandle}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
+                            Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor}, Ptr{DLTensor},
+                            Ptr{Cvoid}, Csize_t, Ptr{Cvoid}),
+                           c, tensor_ptr(q_t), tensor_ptr(k_t), tensor_ptr(labels_t), tensor_ptr(scale_t),
+                           tensor_ptr(bias_t), tensor_ptr(g_t), tensor_ptr(dq_t), tensor_ptr(dk_t),
+                           tensor_ptr(ds_t), tensor_ptr(dt_t), C_NULL, Csize_t(0), C_NULL)
+        end
+    end
+    check(status)
+    return nothing
+end
+
+# New gradient outputs of element type G for these inputs: (dq d x b, dk d x c, ds, dt).
+new_sigmoid_grads(x::SigmoidInputs, ::Type{G}) where {G} =
+    (Matrix{G}(undef, size(x.q)...), Matrix{G}(undef, size(x.k)...), Float32[0], Float32[0])
+
+"""
+    sigmoid_forward(c, q, k, logit_scale, logit_bias; labels=nothing) -> Float32
+
+The sigmoid (SigLIP) loss alone (`2 b c d` FLOPs) on a `Contrastive(; loss = :sigmoid)`:
+`q` d x b and `k` d x c (one sample per column) of one element type (`Float32`, `Float16`
+or bfloat16), `logit_scale` s (finite, > 0) and `logit_bias` t (finite),
+`labels[i]` in `1:c` the positive column of sample i (1-based; default i, which needs
+c >= b). Returns `L = -(1/b) Σ_i Σ_j log σ(z_ij (s q[:, i]' k[:, j] + t))`.
+"""
+function sigmoid_forward(c::Contrastive, q::AbstractMatrix, k::AbstractMatrix, logit_scale::Real, logit_bias::Real;
+                         labels::Union{Nothing,AbstractVector{<:Integer}}=nothing)
+    x = SigmoidInputs(c, q, k, logit_scale, logit_bias, labels)
+    loss = Float32[0]
+    sigmoid_call(:forward, c, x, loss, nothing, 1.0f0)
+    return loss[1]
+end
+
+"""
+    sigmoid_value_and_grad(c, q, k, logit_scale, logit_bias; labels=nothing)
+        -> (loss, dq, dk, dlogit_scale, dlogit_bias)
+
+The loss and all its gradients from one tile walk (`6 b c d` FLOPs); arguments as for
+`sigmoid_forward`. `dq` (d x b) and `dk` (d x c) are new arrays of the features'
+element type (16-bit ones accumulated in fp32, rounded once); `dlogit_scale` = dL/ds
+and `dlogit_bias` = dL/dt are `Float32`s (with respect to s and t themselves).
+"""
+function sigmoid_value_and_grad(c::Contrastive, q::AbstractMatrix{T}, k::AbstractMatrix{T}, logit_scale::Real,
+                                logit_bias::Real; labels::Union{Nothing,AbstractVector{<:Integer}}=nothing) where {T}
+    x = SigmoidInputs(c, q, k, logit_scale, logit_bias, labels)
+    loss = Float32[0]
+    dq, dk, ds, dt = grads = new_sigmoid_grads(x, T)
+    sigmoid_call(:value_and_grad, c, x, loss, grads, 1.0f0)
+    return loss[1], dq, dk, ds[1], dt[1]
+end
+
+"""
+    sigmoid_backward(c, q, k, logit_scale, logit_bias, dloss=1f0; labels=nothing)
+        -> (dq, dk, dlogit_scale, dlogit_bias)
+
+`dloss` times the gradients of `sigmoid_value_and_grad`, recomputing the logits
+(`6 b c d` FLOPs): for callers that do not keep gradients between their forward and
+backward. Arguments and results as for `sigmoid_value_and_grad`.
+"""
+function sigmoid_backward(c::Contrastive, q::AbstractMatrix{T}, k::AbstractMatrix{T}, logit_scale::Real,
+                          logit_bias::Real, dloss::Real=1.0f0;
+                          labels::Union{Nothing,AbstractVector{<:Integer}}=nothing) where {T}
+    x = SigmoidInputs(c, q, k, logit_scale, logit_bias, labels)
+    dq, dk, ds, dt = grads = new_sigmoid_grads(x, T)
+    sigmoid_call(:backward, c, x, nothing, grads, Float32(dloss))
+    return dq, dk, ds[1], dt[1]
+end
+
+"""
+    sigmoid_loss(q, k, logit_scale, logit_bias; labels=nothing, num_threads=0) -> (loss, backward)
+    sigmoid_loss(c::Contrastive, q, k, logit_scale, logit_bias; labels=nothing) -> (loss, backward)
+
+The pairwise sigmoid (SigLIP) loss of features `q` (d x b: one sample per column) and
+`k` (d x c), logit scale s and bias t, never storing the b x c logit matrix:
+
+    L = -(1/b) Σ_i Σ_j log σ(z_ij (s q[:, i]' k[:, j] + t))
+
+with z_ij = +1 for sample i's positive column (`labels[i]` in `1:c`, 1-based; default i,
+which needs c >= b) and -1 for every other column: the sum over all c columns, the
+MEAN over the b samples. Element types as for `contrastive_loss` (`Float32`,
+`Float16`, bfloat16; `q` and `k` alike); s (finite, > 0) and t (finite) are taken as
+`Float32`.
+
+Returns the loss (`Float32`) and `backward(dloss = 1f0) -> (dq, dk, dlogit_scale,
+dlogit_bias)`: the gradients of `dloss * loss`, `dq` (d x b) and `dk` (d x c) new arrays
+of the features' element type, `dlogit_scale` = dL/ds and `dlogit_bias` = dL/dt
+(`Float32`, with respect to s and t themselves: times s for a learned log s). The
+forward computes the loss and its gradients in ONE tile walk
+(`flatmem_contrastive_sigmoid_value_and_grad`, `6 b c d` FLOPs, fp32 gradients kept in
+the closure: `4 (b + c) d` bytes) and `backward` only scales them by `dloss` (rounded
+once to the features' type): no recompute. The first form creates a handle
+(`Contrastive(; loss = :sigmoid, num_threads)`, freed with the closure); the second
+reuses `c`, which must be made with `loss = :sigmoid`. When `c` has a `Comm` (the ring),
+`q` and `k` are this rank's shards, the call is collective, `labels` are GLOBAL 1-based
+columns, `L` is the mean over the B global samples and `dq`, `dk` are this rank's
+columns of the global gradient (`dlogit_scale`, `dlogit_bias` the same on every rank;
+nothing summed over ranks, see `Contrastive`).
+"""
+function sigmoid_loss(c::Contrastive, q::AbstractMatrix{T}, k::AbstractMatrix{T}, logit_scale::Real,
+                      logit_bias::Real; labels::Union{Nothing,AbstractVector{<:Integer}}=nothing) where {T}
+    x = SigmoidInputs(c, q, k, logit_scale, logit_bias, labels)
+    loss = Float32[0]
+    dq, dk, ds, dt = grads = new_sigmoid_grads(x, Float32)
+    sigmoid_call(:value_and_grad, c, x, loss, grads, 1.0f0)
+    function backward(dloss::Real = 1.0f0)
+        g = Float32(dloss)
+        return T.(g .* dq), T.(g .* dk), g * ds[1], g * dt[1]
+    end
+    return loss[1], backward
+end
+
+function sigmoid_loss(q::AbstractMatrix, k::AbstractMatrix, logit_scale::Real, logit_bias::Real;
+                      labels::Union{Nothing,AbstractVector{<:Integer}}=nothing, num_threads::Integer=0)
+    c = Contrastive(; loss=:sigmoid, num_threads=num_threads)
+    try
+        return sigmoid_loss(c, q, k, logit_scale, logit_bias; labels=labels)
+    finally
+        close(c)
+    end
+end
+
+# ---------------------------------------------------------------------------
 # Reversible segments of built-in blocks (flatmem/reversible.h)
 # ---------------------------------------------------------------------------
 #
@@ -698,10 +933,6 @@ end
 # (no copy is made: the C block keeps pointers to the parameters).
 #
 # Only built-in blocks are exposed as F and G, not Julia functions:
-# flatmem-check: not wrapped: flatmem_contrastive_sigmoid_workspace_size: the sigmoid (SigLIP) loss of issue 17 has its C core only so far; the Julia wrapper is a later step of that issue
-# flatmem-check: not wrapped: flatmem_contrastive_sigmoid_forward: the sigmoid (SigLIP) loss of issue 17 has its C core only so far; the Julia wrapper is a later step of that issue
-# flatmem-check: not wrapped: flatmem_contrastive_sigmoid_value_and_grad: the sigmoid (SigLIP) loss of issue 17 has its C core only so far; the Julia wrapper is a later step of that issue
-# flatmem-check: not wrapped: flatmem_contrastive_sigmoid_backward: the sigmoid (SigLIP) loss of issue 17 has its C core only so far; the Julia wrapper is a later step of that issue
 # flatmem-check: not wrapped: flatmem_reversible_callback_error: it is for F/G callbacks written in the binding's language, and Julia functions are not exposed as F/G: OVERLAPPED (and AUTO) backwards call the rebuild's forward callbacks on a thread the library owns, which Julia cannot enter through a @cfunction before 1.9 (foreign-thread adoption), and no Julia runtime exists here to test the @cfunction path; the built-in blocks' callbacks are C
 
 # flatmem_reversible_mode

@@ -152,6 +152,9 @@ BLOCKING_FUNCTIONS = {
     "flatmem_comm_init_device", "flatmem_comm_group_end", "flatmem_comm_synchronize",
     "flatmem_cyclic_create", "flatmem_cyclic_next", "flatmem_cyclic_destroy",
     "flatmem_contrastive_forward", "flatmem_contrastive_backward",
+    # collective on a ring handle (options.comm), like the softmax forward / backward
+    "flatmem_contrastive_sigmoid_forward", "flatmem_contrastive_sigmoid_value_and_grad",
+    "flatmem_contrastive_sigmoid_backward",
 }  # fmt: skip
 
 NOT_WRAPPED_RE = re.compile(r"#\s*flatmem-check:\s*not wrapped:\s*(.*)$")
@@ -1702,6 +1705,15 @@ def self_test_cases(header, js):
          replace_in_julia(r"@gc_safe (ccall\(\(:flatmem_cyclic_next,)", r"\1", "drop @gc_safe in cyclic_next!")),
         ("comm abort without @gc_safe", "gc-safe",
          replace_in_julia(r"@gc_safe\((ccall\(\(:flatmem_comm_abort,[^\n]*\))\)", r"(\1)", "drop @gc_safe( ) around the abort ccall")),
+        ("sigmoid value_and_grad without @gc_safe", "gc-safe",
+         replace_in_julia(r"@gc_safe (ccall\(\(:flatmem_contrastive_sigmoid_value_and_grad,)", r"\1",
+                          "drop @gc_safe in the sigmoid value_and_grad call")),
+        ("sigmoid backward one tensor argument short", "arg-count",
+         replace_in_julia(r"(:flatmem_contrastive_sigmoid_backward, libflatmem\), Cint,\s*\(Ptr\{ContrastiveHandle\}, )Ptr\{DLTensor\}, ",
+                          r"\1", "drop one tensor type from the sigmoid backward call")),
+        ("sigmoid wrapper dropped", "not-wrapped",
+         replace_in_julia(r":flatmem_contrastive_sigmoid_forward\b", ":flatmem_contrastive_forward",
+                          "rename the sigmoid forward ccall")),
         ("blocking call without @gc_safe", "gc-safe", append(f"ccall((:flatmem_comm_barrier, libflatmem), Cint, ({cm}, Int64), c, 0)")),
         ("the @gc_safe macro without gc_safe_leave", "gc-safe",
          replace_in_julia(r"(local result = \$\(esc\(call\)\)\n)(\s*)gc_safe_leave\(state\)", r"\1\2nothing", "drop gc_safe_leave in macro gc_safe")),

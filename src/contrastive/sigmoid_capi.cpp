@@ -3,10 +3,13 @@
 // (validate.hpp), then the backend q's device selects: the CPU driver
 // (cpu/sigmoid.hpp) or, for kDLCUDA tensors in a build with the CUDA backend,
 // the CUDA kernels (cuda/backend.hpp; t and g then stay on the device, and
-// the CUDA path is compiled everywhere but tested only where a GPU exists).
-// A communicator and the logit cache are refused when the handle is created
-// (validate.cpp).
+// the CUDA path is compiled everywhere but tested only where a GPU exists);
+// or, for a handle with a communicator, the ring across ranks
+// (ring/ring_sigmoid.cpp, CPU tensors only), which runs the same checks on
+// every rank before the agreement. The logit cache is refused when the handle
+// is created (validate.cpp).
 #include <cmath>
+#include <functional>
 
 #include "contrastive/cpu/sigmoid.hpp"
 #ifdef FLATMEM_HAVE_CUDA_BACKEND
@@ -14,6 +17,7 @@
 #endif
 #include "contrastive/handle.hpp"
 #include "contrastive/plan.hpp"
+#include "contrastive/ring/ring.hpp"
 #include "contrastive/validate.hpp"
 #include "core/cpu_isa.hpp"
 #include "core/error.hpp"
@@ -49,7 +53,8 @@ float *scalar_on(const DLTensor *t, const char *name, const Inputs &in) {
 Inputs check_sigmoid_inputs(const flatmem_contrastive_t *h, const DLTensor *q, const DLTensor *k,
                             const DLTensor *labels, const DLTensor *logit_scale,
                             const DLTensor *logit_bias, cpu::SigmoidArgs &args) {
-  const Inputs in = check_inputs(h->options, q, k, labels, logit_scale);
+  const Inputs in = check_inputs(h->options, q, k, labels, logit_scale,
+                                 h->options.comm ? Scope::ring : Scope::single_process);
   if (logit_bias == nullptr) invalid("logit_bias: NULL; pass the bias t (0 for none)");
   args.bias_data = scalar_on(logit_bias, "logit_bias", in);
   if (on_cuda(in.q)) return in;  // t is read (and checked) on the device
@@ -89,6 +94,18 @@ void run(flatmem_contrastive_t *h, const Inputs &in, const cpu::SigmoidArgs &arg
   cpu::sigmoid(h->pool, plan, in, args, h->workspace.resolve(workspace, workspace_bytes, needed));
 }
 
+// This rank's checks fill in `in` and `args`; then the ring (collective, CPU
+// tensors only) or the single-process call on q's device.
+using Check = std::function<void(Inputs &, cpu::SigmoidArgs &)>;
+void dispatch(flatmem_contrastive_t *h, const char *function, const Check &check, void *workspace,
+              size_t workspace_bytes, void *stream) {
+  if (h->options.comm) return ring::sigmoid(*h, function, check, workspace, workspace_bytes);
+  Inputs in;
+  cpu::SigmoidArgs args;
+  check(in, args);
+  run(h, in, args, workspace, workspace_bytes, stream);
+}
+
 }  // namespace
 
 extern "C" {
@@ -102,6 +119,10 @@ flatmem_status flatmem_contrastive_sigmoid_workspace_size(const flatmem_contrast
     if (bytes == nullptr) invalid("bytes: NULL");
     MatrixView qv, kv;
     check_features(handle->options, q, k, DataUse::metadata_only, qv, kv);
+    if (handle->options.comm) {  // the ring uses the handle's own buffers
+      *bytes = 0;
+      return;
+    }
     const MatrixView dqv = check_gradient(dq, "dq", qv, "q", DataUse::metadata_only);
     const MatrixView dkv = check_gradient(dk, "dk", kv, "k", DataUse::metadata_only);
 #ifdef FLATMEM_HAVE_CUDA_BACKEND
@@ -126,11 +147,11 @@ flatmem_status flatmem_contrastive_sigmoid_forward(flatmem_contrastive_t *handle
     constexpr const char *fn = "flatmem_contrastive_sigmoid_forward";
     check_handle(handle, fn);
     cpu_isa::active();
-    cpu::SigmoidArgs args;
-    const Inputs in = check_sigmoid_inputs(handle, q, k, labels, logit_scale, logit_bias, args);
-    if (loss == nullptr) invalid("loss: NULL");
-    args.loss = scalar_on(loss, "loss", in);
-    run(handle, in, args, workspace, workspace_bytes, stream);
+    dispatch(handle, fn, [&](Inputs &in, cpu::SigmoidArgs &args) {
+      in = check_sigmoid_inputs(handle, q, k, labels, logit_scale, logit_bias, args);
+      if (loss == nullptr) invalid("loss: NULL");
+      args.loss = scalar_on(loss, "loss", in);
+    }, workspace, workspace_bytes, stream);
   });
 }
 
@@ -143,13 +164,13 @@ flatmem_status flatmem_contrastive_sigmoid_value_and_grad(
     constexpr const char *fn = "flatmem_contrastive_sigmoid_value_and_grad";
     check_handle(handle, fn);
     cpu_isa::active();
-    cpu::SigmoidArgs args;
-    const Inputs in = check_sigmoid_inputs(handle, q, k, labels, logit_scale, logit_bias, args);
-    args.loss = scalar_on(loss, "loss", in);
-    check_sigmoid_gradients(in, dq, dk, dlogit_scale, dlogit_bias, args);
-    if (!args.loss && !args.wants_gradient())
-      invalid("loss, dq, dk, dlogit_scale, dlogit_bias: all NULL; request at least one output");
-    run(handle, in, args, workspace, workspace_bytes, stream);
+    dispatch(handle, fn, [&](Inputs &in, cpu::SigmoidArgs &args) {
+      in = check_sigmoid_inputs(handle, q, k, labels, logit_scale, logit_bias, args);
+      args.loss = scalar_on(loss, "loss", in);
+      check_sigmoid_gradients(in, dq, dk, dlogit_scale, dlogit_bias, args);
+      if (!args.loss && !args.wants_gradient())
+        invalid("loss, dq, dk, dlogit_scale, dlogit_bias: all NULL; request at least one output");
+    }, workspace, workspace_bytes, stream);
   });
 }
 
@@ -162,16 +183,17 @@ flatmem_status flatmem_contrastive_sigmoid_backward(
     constexpr const char *fn = "flatmem_contrastive_sigmoid_backward";
     check_handle(handle, fn);
     cpu_isa::active();
-    cpu::SigmoidArgs args;
-    const Inputs in = check_sigmoid_inputs(handle, q, k, labels, logit_scale, logit_bias, args);
-    args.dloss_data = scalar_on(dloss, "dloss", in);
-    if (args.dloss_data && !on_cuda(in.q)) args.dloss = *args.dloss_data;
-    if (handle->options.nonfinite == FLATMEM_NONFINITE_ERROR && !std::isfinite(args.dloss))
-      fail(FLATMEM_STATUS_NON_FINITE, "dloss: ", args.dloss, "; expected a finite upstream gradient");
-    check_sigmoid_gradients(in, dq, dk, dlogit_scale, dlogit_bias, args);
-    if (!args.wants_gradient())
-      invalid("dq, dk, dlogit_scale, dlogit_bias: all NULL; request at least one gradient");
-    run(handle, in, args, workspace, workspace_bytes, stream);
+    dispatch(handle, fn, [&](Inputs &in, cpu::SigmoidArgs &args) {
+      in = check_sigmoid_inputs(handle, q, k, labels, logit_scale, logit_bias, args);
+      args.dloss_data = scalar_on(dloss, "dloss", in);
+      if (args.dloss_data && !on_cuda(in.q)) args.dloss = *args.dloss_data;
+      if (handle->options.nonfinite == FLATMEM_NONFINITE_ERROR && !std::isfinite(args.dloss))
+        fail(FLATMEM_STATUS_NON_FINITE, "dloss: ", args.dloss,
+             "; expected a finite upstream gradient");
+      check_sigmoid_gradients(in, dq, dk, dlogit_scale, dlogit_bias, args);
+      if (!args.wants_gradient())
+        invalid("dq, dk, dlogit_scale, dlogit_bias: all NULL; request at least one gradient");
+    }, workspace, workspace_bytes, stream);
   });
 }
 

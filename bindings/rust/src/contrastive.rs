@@ -27,6 +27,10 @@ pub enum Loss {
     Symmetric,
     /// InfoNCE, rows -> columns: `c >= b` allowed, optional labels.
     InfoNce,
+    /// The pairwise sigmoid (SigLIP) loss: computed by
+    /// [`SigmoidLoss`](crate::SigmoidLoss) (which sets this kind), not by
+    /// [`Contrastive::forward`] / [`Contrastive::backward`], which refuse it.
+    Sigmoid,
 }
 
 impl Loss {
@@ -34,6 +38,7 @@ impl Loss {
         match self {
             Loss::Symmetric => sys::FLATMEM_CONTRASTIVE_SYMMETRIC,
             Loss::InfoNce => sys::FLATMEM_CONTRASTIVE_INFONCE,
+            Loss::Sigmoid => sys::FLATMEM_CONTRASTIVE_SIGMOID,
         }
     }
 }
@@ -203,6 +208,17 @@ pub struct GradientsMut<'a> {
     pub dlogit_scale: Option<&'a mut f32>,
 }
 
+/// A workspace query taking q, k, dq, dk (`flatmem_contrastive_backward_workspace_size`,
+/// `flatmem_contrastive_sigmoid_workspace_size`).
+pub(crate) type WorkspaceQuery = unsafe extern "C" fn(
+    *const sys::flatmem_contrastive_t,
+    *const sys::DLTensor,
+    *const sys::DLTensor,
+    *const sys::DLTensor,
+    *const sys::DLTensor,
+    *mut usize,
+) -> sys::flatmem_status;
+
 pub(crate) struct ContrastiveKind;
 
 impl HandleKind for ContrastiveKind {
@@ -221,7 +237,7 @@ impl HandleKind for ContrastiveKind {
 /// `*_workspace_size` queries before every call and grown when needed
 /// ([`Contrastive::workspace_bytes`], [`Contrastive::release_workspace`]).
 pub struct Contrastive {
-    handle: OwnedHandle<ContrastiveKind>,
+    pub(crate) handle: OwnedHandle<ContrastiveKind>,
     loss: Loss,
     workspace: Vec<u8>,
 }
@@ -248,7 +264,7 @@ impl Contrastive {
         Contrastive::create(options, ptr::null_mut())
     }
 
-    fn create(options: &Options, comm: *mut sys::flatmem_comm_t) -> Result<Contrastive> {
+    pub(crate) fn create(options: &Options, comm: *mut sys::flatmem_comm_t) -> Result<Contrastive> {
         let mut raw = options.to_raw()?;
         raw.comm = comm;
         // SAFETY: `out` is a valid out-pointer, `raw` a valid options struct.
@@ -299,14 +315,29 @@ impl Contrastive {
         dq: Option<Dtype>,
         dk: Option<Dtype>,
     ) -> Result<usize> {
+        self.query_for_dtypes(sys::flatmem_contrastive_backward_workspace_size, q, k, dq, dk)
+    }
+
+    /// `query` for `q`, `k` and gradients of their shapes in these dtypes
+    /// (`None`: not requested); only shapes are read.
+    pub(crate) fn query_for_dtypes(
+        &self,
+        query: WorkspaceQuery,
+        q: &Features<'_>,
+        k: &Features<'_>,
+        dq: Option<Dtype>,
+        dk: Option<Dtype>,
+    ) -> Result<usize> {
         let (mut qd, mut kd) = (q.shape_desc("q")?, k.shape_desc("k")?);
         let mut dqd = dq.map(|t| Features::shape_only(t, q.rows(), q.dim()).shape_desc("dq")).transpose()?;
         let mut dkd = dk.map(|t| Features::shape_only(t, k.rows(), k.dim()).shape_desc("dk")).transpose()?;
-        self.backward_size(&mut qd, &mut kd, dqd.as_mut(), dkd.as_mut())
+        self.query_workspace(query, &mut qd, &mut kd, dqd.as_mut(), dkd.as_mut())
     }
 
-    fn backward_size(
+    /// `query` for these tensors (`None`: NULL); only shapes are read.
+    pub(crate) fn query_workspace(
         &self,
+        query: WorkspaceQuery,
         qd: &mut Desc<'_>,
         kd: &mut Desc<'_>,
         dqd: Option<&mut Desc<'_>>,
@@ -316,21 +347,12 @@ impl Contrastive {
         let (dqt, dkt) = (dqd.map(|d| d.dl()), dkd.map(|d| d.dl()));
         let mut bytes = 0usize;
         // SAFETY: valid handle and tensors (or NULL); only shapes are read.
-        check(unsafe {
-            sys::flatmem_contrastive_backward_workspace_size(
-                self.handle.as_ptr(),
-                qt.ptr(),
-                kt.ptr(),
-                opt_ptr(&dqt),
-                opt_ptr(&dkt),
-                &mut bytes,
-            )
-        })?;
+        check(unsafe { query(self.handle.as_ptr(), qt.ptr(), kt.ptr(), opt_ptr(&dqt), opt_ptr(&dkt), &mut bytes) })?;
         Ok(bytes)
     }
 
     /// The handle's workspace grown to at least `bytes`: (pointer, length).
-    fn workspace(&mut self, bytes: usize) -> Result<(*mut c_void, usize)> {
+    pub(crate) fn workspace(&mut self, bytes: usize) -> Result<(*mut c_void, usize)> {
         if self.workspace.len() < bytes {
             let mut grown = Vec::new();
             grown.try_reserve_exact(bytes).map_err(|_| {
@@ -365,7 +387,7 @@ impl Contrastive {
         let mut row_lse = vec![0.0f32; q.rows()];
         let mut col_lse = match self.loss {
             Loss::Symmetric => Some(vec![0.0f32; k.rows()]),
-            Loss::InfoNce => None,
+            Loss::InfoNce | Loss::Sigmoid => None,
         };
         let loss = self.forward_into(q, k, labels, logit_scale, &mut row_lse, col_lse.as_deref_mut())?;
         Ok(ForwardOutput { loss, row_lse, col_lse })
@@ -464,7 +486,8 @@ impl Contrastive {
         let bytes = {
             let mut dq_shape = dq.as_ref().map(|g| g.shape_desc("dq")).transpose()?;
             let mut dk_shape = dk.as_ref().map(|g| g.shape_desc("dk")).transpose()?;
-            self.backward_size(&mut qd, &mut kd, dq_shape.as_mut(), dk_shape.as_mut())?
+            let query = sys::flatmem_contrastive_backward_workspace_size;
+            self.query_workspace(query, &mut qd, &mut kd, dq_shape.as_mut(), dk_shape.as_mut())?
         };
         let mut labels_d = labels.map(|l| Desc::i64s(l, "labels")).transpose()?;
         let mut scale = logit_scale;

@@ -6,6 +6,8 @@
 //!   DLPack structs it takes: the `flatmem-sys` crate, bindgen's output for
 //!   the installed header (checked in; `scripts/check-bindgen.sh`).
 //! - [`contrastive`]: the tiled contrastive loss handle [`Contrastive`].
+//! - [`sigmoid`]: the pairwise sigmoid (SigLIP) loss [`SigmoidLoss`] and its
+//!   ring across ranks [`RingSigmoidLoss`].
 //! - [`cpu_isa`](mod@cpu_isa): the instruction set of the CPU kernels
 //!   ([`CpuIsa`], [`cpu_isa()`], [`set_cpu_isa`]).
 //! - [`reversible`]: reversible segments [`Segment`] over built-in transformer
@@ -35,6 +37,7 @@ mod error;
 pub mod half;
 mod handle;
 pub mod reversible;
+pub mod sigmoid;
 mod tensor;
 mod version;
 
@@ -48,5 +51,6 @@ pub use cpu_isa::{cpu_isa, set_cpu_isa, CpuIsa};
 pub use error::{Error, Result, Status};
 pub use handle::live_handles;
 pub use reversible::{Block, BlockMath, BlockOptions, Layer, Parameters, ReversibleFunction, Segment, SegmentOptions};
+pub use sigmoid::{RingSigmoidLoss, SigmoidGradients, SigmoidGradientsMut, SigmoidLoss, SigmoidValueAndGrad};
 pub use tensor::{Dtype, Element, Features, FeaturesMut};
 pub use version::{check_version, version, version_string, Version, HEADER_VERSION};

@@ -105,14 +105,7 @@ fn unique_id_round_trips_through_bytes_and_hex() {
 #[test]
 fn two_processes_from_unique_id() {
     const TEST: &str = "two_processes_from_unique_id";
-    if let Some(child) = ranks::child(TEST) {
-        let comm = ranks::communicator_from_unique_id(&child);
-        assert_eq!((comm.rank(), comm.world_size()), (child.rank, 2));
-        exercise(&comm);
-        return ranks::done(&child);
-    }
-    let outcomes = ranks::run(TEST, 2, |_| Vec::new());
-    ranks::assert_succeeded(TEST, &outcomes);
+    ranks::on_processes(TEST, 2, exercise);
 }
 
 /// Each rank of a from-env run: create, check rank and size, exercise.

@@ -126,13 +126,7 @@ fn check(comm: &Communicator, rule: Rule, delay: u64) {
 #[test]
 fn sync_over_two_processes_is_plain_sgd() {
     const TEST: &str = "sync_over_two_processes_is_plain_sgd";
-    if let Some(child) = ranks::child(TEST) {
-        let comm = ranks::communicator_from_unique_id(&child);
-        check(&comm, Rule::Sync, 0);
-        return ranks::done(&child);
-    }
-    let outcomes = ranks::run(TEST, 2, |_| Vec::new());
-    ranks::assert_succeeded(TEST, &outcomes);
+    ranks::on_processes(TEST, 2, |comm| check(comm, Rule::Sync, 0));
 }
 
 #[test]

@@ -1,7 +1,10 @@
 //! Refused input: every bad argument is an `Err` with the right status and a
 //! message naming the argument, and nothing the caller owns is written.
 
-use flatmem::{Contrastive, Features, FeaturesMut, GradientsMut, Loss, NonFinite, Options, Status};
+use flatmem::{
+    Contrastive, Features, FeaturesMut, GradientsMut, Loss, NonFinite, Options, SigmoidGradientsMut, SigmoidLoss,
+    Status,
+};
 
 fn clip() -> Contrastive {
     Options::new().threads(2).build().unwrap()
@@ -275,4 +278,139 @@ fn every_status_round_trips_with_the_library_name() {
     let unknown = Status::from_raw(sys::FLATMEM_STATUS_COMM_POISONED + 1);
     assert_eq!(unknown, Status::Unknown(10));
     assert_eq!(unknown.name(), "FLATMEM_STATUS_UNKNOWN");
+}
+
+fn sigmoid() -> SigmoidLoss {
+    SigmoidLoss::new(&Options::new().threads(2)).unwrap()
+}
+
+/// The sigmoid loss's three calls on the same arguments, each refused with
+/// `status` naming every `needle`, and nothing written (outputs prefilled
+/// with a sentinel).
+fn sigmoid_refused(
+    q: Features<'_>,
+    k: Features<'_>,
+    labels: Option<&[i64]>,
+    (s, t): (f32, f32),
+    status: Status,
+    needles: &[&str],
+) {
+    let mut h = sigmoid();
+    expect_err(h.forward(q, k, labels, s, t), status, needles);
+    let (mut dq, mut dk, mut ds, mut dt) =
+        (vec![-7.0f32; q.rows() * q.dim()], vec![-7.0f32; k.rows() * k.dim()], -7.0f32, -7.0f32);
+    for backward in [false, true] {
+        let out = SigmoidGradientsMut {
+            dq: Some(FeaturesMut::f32(&mut dq, q.rows(), q.dim())),
+            dk: Some(FeaturesMut::f32(&mut dk, k.rows(), k.dim())),
+            dlogit_scale: Some(&mut ds),
+            dlogit_bias: Some(&mut dt),
+        };
+        if backward {
+            expect_err(h.backward_into(q, k, labels, s, t, 1.0, out), status, needles);
+        } else {
+            expect_err(h.value_and_grad_into(q, k, labels, s, t, out), status, needles);
+        }
+    }
+    expect_err(h.value_and_grad(q, k, labels, s, t), status, needles);
+    expect_err(h.backward(q, k, labels, s, t, 1.0), status, needles);
+    assert!(dq.iter().chain(&dk).chain([&ds, &dt]).all(|&v| v == -7.0), "outputs written on error");
+}
+
+#[test]
+fn sigmoid_bad_scale_and_bias() {
+    let (q, k) = (ones(4), ones(4));
+    let (qf, kf) = (Features::f32(&q, 2, 2), Features::f32(&k, 2, 2));
+    for s in [0.0f32, -1.0, f32::NAN, f32::INFINITY] {
+        sigmoid_refused(qf, kf, None, (s, -10.0), Status::InvalidArgument, &["logit_scale"]);
+    }
+    for t in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        sigmoid_refused(qf, kf, None, (10.0, t), Status::InvalidArgument, &["logit_bias"]);
+    }
+}
+
+#[test]
+fn sigmoid_bad_labels_and_shapes() {
+    let (q, k) = (ones(3 * 2), ones(4 * 2));
+    let (qf, kf) = (Features::f32(&q, 3, 2), Features::f32(&k, 4, 2));
+    for bad in [4i64, -1, i64::MAX] {
+        let labels = [0, 1, bad];
+        sigmoid_refused(
+            qf,
+            kf,
+            Some(&labels),
+            (10.0, -10.0),
+            Status::InvalidArgument,
+            &["labels[2]", &bad.to_string()],
+        );
+    }
+    sigmoid_refused(qf, kf, Some(&[0, 1]), (10.0, -10.0), Status::InvalidArgument, &["labels"]);
+    // y_i = i needs c >= b (with labels c < b is fine)
+    let k2 = ones(2 * 2);
+    let k2f = Features::f32(&k2, 2, 2);
+    sigmoid_refused(qf, k2f, None, (10.0, -10.0), Status::InvalidArgument, &["c >= b"]);
+    sigmoid().forward(qf, k2f, Some(&[1, 0, 1]), 10.0, -10.0).unwrap();
+    // feature dims differ; dtypes differ; a slice shorter than its shape
+    let k3 = ones(4 * 3);
+    sigmoid_refused(qf, Features::f32(&k3, 4, 3), None, (10.0, -10.0), Status::InvalidArgument, &["k:"]);
+    let kb = [0x3f80u16; 8]; // bf16 ones
+    sigmoid_refused(qf, Features::bf16(&kb, 4, 2), None, (10.0, -10.0), Status::InvalidArgument, &["dtype"]);
+    sigmoid_refused(qf, Features::f32(&k[..7], 4, 2), None, (10.0, -10.0), Status::InvalidArgument, &["k:"]);
+}
+
+#[test]
+fn sigmoid_non_finite_features_and_dloss() {
+    let (mut q, k) = (ones(3 * 4), ones(3 * 4));
+    q[2 * 4 + 1] = f32::NAN;
+    sigmoid_refused(Features::f32(&q, 3, 4), Features::f32(&k, 3, 4), None, (10.0, -10.0), Status::NonFinite, &["q"]);
+    let q = ones(3 * 4);
+    let mut ds = -7.0f32;
+    let out = SigmoidGradientsMut { dlogit_scale: Some(&mut ds), ..Default::default() };
+    let (qf, kf) = (Features::f32(&q, 3, 4), Features::f32(&k, 3, 4));
+    expect_err(sigmoid().backward_into(qf, kf, None, 10.0, -10.0, f32::NAN, out), Status::NonFinite, &["dloss"]);
+    assert_eq!(ds, -7.0, "dlogit_scale written on error");
+}
+
+#[test]
+fn sigmoid_outputs_are_checked() {
+    let (q, k) = (ones(3 * 2), ones(3 * 2));
+    let (qf, kf) = (Features::f32(&q, 3, 2), Features::f32(&k, 3, 2));
+    let mut h = sigmoid();
+    // no gradient requested from the backward
+    expect_err(
+        h.backward_into(qf, kf, None, 10.0, -10.0, 1.0, SigmoidGradientsMut::default()),
+        Status::InvalidArgument,
+        &["all NULL"],
+    );
+    // a dq of another shape (checked by the library), a dk slice too short
+    // (checked by the crate), a dk of a third dtype
+    let mut dq = vec![0.0f32; 4 * 2];
+    let out = SigmoidGradientsMut { dq: Some(FeaturesMut::f32(&mut dq, 4, 2)), ..Default::default() };
+    expect_err(h.value_and_grad_into(qf, kf, None, 10.0, -10.0, out), Status::InvalidArgument, &["dq"]);
+    let mut dk = vec![0.0f32; 5];
+    let out = SigmoidGradientsMut { dk: Some(FeaturesMut::f32(&mut dk, 3, 2)), ..Default::default() };
+    expect_err(h.backward_into(qf, kf, None, 10.0, -10.0, 1.0, out), Status::InvalidArgument, &["dk"]);
+    let mut dk16 = vec![0u16; 3 * 2];
+    let out = SigmoidGradientsMut { dk: Some(FeaturesMut::f16(&mut dk16, 3, 2)), ..Default::default() };
+    expect_err(h.value_and_grad_into(qf, kf, None, 10.0, -10.0, out), Status::InvalidArgument, &["dk"]);
+}
+
+#[test]
+fn sigmoid_and_softmax_handles_do_not_mix() {
+    let (q, k) = (ones(3 * 2), ones(3 * 2));
+    let (qf, kf) = (Features::f32(&q, 3, 2), Features::f32(&k, 3, 2));
+    // a Contrastive built with Loss::Sigmoid refuses the softmax calls,
+    // pointing at the sigmoid functions
+    let mut h = Options::new().loss(Loss::Sigmoid).build().unwrap();
+    assert_eq!(h.loss_kind(), Loss::Sigmoid);
+    expect_err(h.forward(qf, kf, None, 10.0), Status::InvalidArgument, &["flatmem_contrastive_sigmoid_forward"]);
+    // SigmoidLoss sets its kind whatever the options named
+    let mut s = SigmoidLoss::new(&Options::new().loss(Loss::InfoNce)).unwrap();
+    s.forward(qf, kf, None, 10.0, -10.0).unwrap();
+    // the logit cache is refused at create
+    expect_err(
+        SigmoidLoss::new(&Options::new().logit_cache_bytes(1 << 20)),
+        Status::Unsupported,
+        &["logit_cache_bytes"],
+    );
 }

@@ -18,7 +18,9 @@
 mod common;
 
 use common::ranks;
-use common::{assert_close, backward_tolerance, forward_tolerance, reference, widen, Problem, Rng};
+use common::{
+    assert_close, backward_tolerance, forward_tolerance, labels_on_next_rank, prefix, reference, widen, Problem, Rng,
+};
 use flatmem::{Communicator, Dtype, Features, Loss, Options, RingContrastive};
 
 /// One global batch cut into shards: rank r holds rows[r] rows of q and
@@ -47,10 +49,6 @@ fn cases(world_size: usize) -> Vec<Case> {
     }
 }
 
-fn prefix(counts: &[usize], rank: usize) -> usize {
-    counts[..rank].iter().sum()
-}
-
 /// This rank's forward and backward of `case`, checked against the f64
 /// loss of the whole batch (every rank builds the same global batch from the
 /// same seed and takes its shard).
@@ -59,26 +57,8 @@ fn check_case(comm: &Communicator, case: &Case, seed: u64) {
     let (big_b, big_c, d) = (case.rows.iter().sum::<usize>(), case.cols.iter().sum::<usize>(), case.d);
     let symmetric = case.loss == Loss::Symmetric;
     let mut rng = Rng::new(seed);
-    let q = rng.unit_rows(big_b, d);
-    let paired = big_b.min(big_c);
-    let mut k = rng.noisy_copy(&q[..paired * d], d, 0.5);
-    k.extend(rng.unit_rows(big_c - paired, d));
-    let labels: Option<Vec<i64>> = if case.labels {
-        // Row g of rank r: a column of rank r + 1's shard (mod n), so that
-        // with several ranks every positive lives on another rank.
-        let n = case.rows.len();
-        let owner = |g: usize| (0..n).find(|&r| g < prefix(&case.rows, r + 1)).unwrap();
-        Some(
-            (0..big_b)
-                .map(|g| {
-                    let next = (owner(g) + 1) % n;
-                    (prefix(&case.cols, next) + (g + rng.below(7)) % case.cols[next]) as i64
-                })
-                .collect(),
-        )
-    } else {
-        None
-    };
+    let (q, k) = rng.batch(big_b, big_c, d);
+    let labels = if case.labels { Some(labels_on_next_rank(&mut rng, &case.rows, &case.cols)) } else { None };
     let (scale, dloss) = (9.5f32, 0.75f32);
     let problem = Problem {
         symmetric,
@@ -146,13 +126,7 @@ fn check_all(comm: &Communicator) {
 #[test]
 fn ring_loss_over_two_processes_equals_the_global_batch() {
     const TEST: &str = "ring_loss_over_two_processes_equals_the_global_batch";
-    if let Some(child) = ranks::child(TEST) {
-        let comm = ranks::communicator_from_unique_id(&child);
-        check_all(&comm);
-        return ranks::done(&child);
-    }
-    let outcomes = ranks::run(TEST, 2, |_| Vec::new());
-    ranks::assert_succeeded(TEST, &outcomes);
+    ranks::on_processes(TEST, 2, check_all);
 }
 
 #[test]

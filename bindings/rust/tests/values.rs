@@ -4,45 +4,10 @@
 
 mod common;
 
-use common::{assert_close, backward_tolerance, forward_tolerance, reference, widen, Problem, Rng};
-use flatmem::half::{bf16_from_f32, bf16_to_f32, f16_from_f32, f16_to_f32};
+use common::{
+    assert_close, backward_tolerance, forward_tolerance, grad_out, reference, widen, widen16, Input, Problem, Rng,
+};
 use flatmem::{Contrastive, Dtype, Features, FeaturesMut, GradientsMut, Loss, Options};
-
-/// Features in one dtype: the bits the library gets and their exact values.
-struct Input {
-    f32s: Vec<f32>,
-    bits: Vec<u16>,
-    dtype: Dtype,
-    rows: usize,
-    dim: usize,
-}
-
-impl Input {
-    fn new(values: &[f32], dtype: Dtype, rows: usize, dim: usize) -> Input {
-        let (bits, f32s): (Vec<u16>, Vec<f32>) = match dtype {
-            Dtype::F32 => (Vec::new(), values.to_vec()),
-            Dtype::Bf16 => {
-                let bits: Vec<u16> = values.iter().map(|&x| bf16_from_f32(x)).collect();
-                let f = bits.iter().map(|&h| bf16_to_f32(h)).collect();
-                (bits, f)
-            }
-            Dtype::F16 => {
-                let bits: Vec<u16> = values.iter().map(|&x| f16_from_f32(x)).collect();
-                let f = bits.iter().map(|&h| f16_to_f32(h)).collect();
-                (bits, f)
-            }
-        };
-        Input { f32s, bits, dtype, rows, dim }
-    }
-
-    fn features(&self) -> Features<'_> {
-        match self.dtype {
-            Dtype::F32 => Features::f32(&self.f32s, self.rows, self.dim),
-            Dtype::Bf16 => Features::bf16(&self.bits, self.rows, self.dim),
-            Dtype::F16 => Features::f16(&self.bits, self.rows, self.dim),
-        }
-    }
-}
 
 #[derive(Clone, Copy)]
 struct Case {
@@ -77,22 +42,6 @@ fn case(loss: Loss, b: usize, c: usize, d: usize) -> Case {
     }
 }
 
-fn widen16(bits: &[u16], dtype: Dtype) -> Vec<f64> {
-    match dtype {
-        Dtype::Bf16 => bits.iter().map(|&h| bf16_to_f32(h) as f64).collect(),
-        Dtype::F16 => bits.iter().map(|&h| f16_to_f32(h) as f64).collect(),
-        Dtype::F32 => unreachable!(),
-    }
-}
-
-fn grad_out(dtype: Dtype, data: &mut [u16], rows: usize, dim: usize) -> FeaturesMut<'_> {
-    match dtype {
-        Dtype::Bf16 => FeaturesMut::bf16(data, rows, dim),
-        Dtype::F16 => FeaturesMut::f16(data, rows, dim),
-        Dtype::F32 => unreachable!(),
-    }
-}
-
 fn run(cs: Case) {
     let what = format!(
         "{:?} b={} c={} d={} {:?}->{:?} labels={} s={} g={} tiles={:?} threads={}",
@@ -100,11 +49,7 @@ fn run(cs: Case) {
     );
     let (b, c, d) = (cs.b, cs.c, cs.d);
     let mut rng = Rng::new(cs.seed);
-    let qv = rng.unit_rows(b, d);
-    // k: a noisy copy of q for the paired rows, unrelated rows after them.
-    let paired = b.min(c);
-    let mut kv = rng.noisy_copy(&qv[..paired * d], d, 0.5);
-    kv.extend(rng.unit_rows(c - paired, d));
+    let (qv, kv) = rng.batch(b, c, d);
     let labels: Option<Vec<i64>> = if cs.labels { Some((0..b).map(|_| rng.below(c) as i64).collect()) } else { None };
 
     let q = Input::new(&qv, cs.dtype, b, d);

@@ -11,13 +11,15 @@
 #![allow(dead_code)]
 
 pub mod ranks;
+pub mod sigmoid;
 
-use flatmem::Dtype;
+use flatmem::half::{bf16_from_f32, bf16_to_f32, f16_from_f32, f16_to_f32};
+use flatmem::{Dtype, Features, FeaturesMut};
 
 pub const U32: f64 = 1.0 / 16_777_216.0; // 2^-24
-const SLACK: f64 = 2.0;
+pub const SLACK: f64 = 2.0;
 
-fn gamma(n: f64) -> f64 {
+pub fn gamma(n: f64) -> f64 {
     n * U32 / (1.0 - n * U32)
 }
 
@@ -60,6 +62,17 @@ impl Rng {
             out.extend(row.iter().map(|x| (x / norm) as f32));
         }
         out
+    }
+
+    /// A batch: `q` `(b, d)` with unit-norm rows, `k` `(c, d)` whose first
+    /// `min(b, c)` rows are noisy copies of `q`'s (the diagonal positives)
+    /// and the rest unrelated.
+    pub fn batch(&mut self, b: usize, c: usize, d: usize) -> (Vec<f32>, Vec<f32>) {
+        let q = self.unit_rows(b, d);
+        let paired = b.min(c);
+        let mut k = self.noisy_copy(&q[..paired * d], d, 0.5);
+        k.extend(self.unit_rows(c - paired, d));
+        (q, k)
     }
 
     /// `base` plus noise of this size, rows renormalised: the positive
@@ -209,7 +222,7 @@ pub fn forward_tolerance(p: &Problem, r: &Reference) -> ForwardTolerance {
 }
 
 /// Half an ulp of an output format (relative) and its subnormal floor.
-fn rounding(out: Dtype) -> (f64, f64) {
+pub fn rounding(out: Dtype) -> (f64, f64) {
     match out {
         Dtype::F32 => (0.0, 0.0),
         Dtype::Bf16 => (1.0 / 256.0, 0.0),
@@ -277,4 +290,78 @@ pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: &[f64]) {
 
 pub fn widen(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&v| v as f64).collect()
+}
+
+/// Features in one dtype: the bits the library gets and their exact values.
+pub struct Input {
+    pub f32s: Vec<f32>,
+    pub bits: Vec<u16>,
+    pub dtype: Dtype,
+    pub rows: usize,
+    pub dim: usize,
+}
+
+impl Input {
+    pub fn new(values: &[f32], dtype: Dtype, rows: usize, dim: usize) -> Input {
+        let (bits, f32s): (Vec<u16>, Vec<f32>) = match dtype {
+            Dtype::F32 => (Vec::new(), values.to_vec()),
+            Dtype::Bf16 => {
+                let bits: Vec<u16> = values.iter().map(|&x| bf16_from_f32(x)).collect();
+                let f = bits.iter().map(|&h| bf16_to_f32(h)).collect();
+                (bits, f)
+            }
+            Dtype::F16 => {
+                let bits: Vec<u16> = values.iter().map(|&x| f16_from_f32(x)).collect();
+                let f = bits.iter().map(|&h| f16_to_f32(h)).collect();
+                (bits, f)
+            }
+        };
+        Input { f32s, bits, dtype, rows, dim }
+    }
+
+    pub fn features(&self) -> Features<'_> {
+        match self.dtype {
+            Dtype::F32 => Features::f32(&self.f32s, self.rows, self.dim),
+            Dtype::Bf16 => Features::bf16(&self.bits, self.rows, self.dim),
+            Dtype::F16 => Features::f16(&self.bits, self.rows, self.dim),
+        }
+    }
+}
+
+/// 16-bit outputs widened exactly.
+pub fn widen16(bits: &[u16], dtype: Dtype) -> Vec<f64> {
+    match dtype {
+        Dtype::Bf16 => bits.iter().map(|&h| bf16_to_f32(h) as f64).collect(),
+        Dtype::F16 => bits.iter().map(|&h| f16_to_f32(h) as f64).collect(),
+        Dtype::F32 => unreachable!(),
+    }
+}
+
+/// A 16-bit gradient output over `data`.
+pub fn grad_out(dtype: Dtype, data: &mut [u16], rows: usize, dim: usize) -> FeaturesMut<'_> {
+    match dtype {
+        Dtype::Bf16 => FeaturesMut::bf16(data, rows, dim),
+        Dtype::F16 => FeaturesMut::f16(data, rows, dim),
+        Dtype::F32 => unreachable!(),
+    }
+}
+
+/// Rows (or columns) of the shards before rank `rank`'s: where its shard
+/// starts in the global batch.
+pub fn prefix(counts: &[usize], rank: usize) -> usize {
+    counts[..rank].iter().sum()
+}
+
+/// Global labels of a batch cut into shards (`rows[r]` rows and `cols[r]`
+/// columns on rank r): row g of rank r gets a column of rank r + 1's shard
+/// (mod n), so that with several ranks every positive lives on another rank.
+pub fn labels_on_next_rank(rng: &mut Rng, rows: &[usize], cols: &[usize]) -> Vec<i64> {
+    let n = rows.len();
+    let owner = |g: usize| (0..n).find(|&r| g < prefix(rows, r + 1)).unwrap();
+    (0..rows.iter().sum::<usize>())
+        .map(|g| {
+            let next = (owner(g) + 1) % n;
+            (prefix(cols, next) + (g + rng.below(7)) % cols[next]) as i64
+        })
+        .collect()
 }

@@ -204,6 +204,21 @@ pub fn communicator_from_unique_id(child: &Child) -> Communicator {
     Communicator::new(child.rank, child.world_size, &id, &options()).unwrap()
 }
 
+/// Runs `body(communicator)` on every rank of `world_size` processes over
+/// UCX, bootstrapped from a unique id: in the parent (the test itself) it
+/// spawns the ranks and asserts that each succeeded; in a rank spawned for
+/// `test` it runs that rank's part.
+pub fn on_processes(test: &str, world_size: usize, body: impl FnOnce(&Communicator)) {
+    if let Some(child) = child(test) {
+        let comm = communicator_from_unique_id(&child);
+        assert_eq!((comm.rank(), comm.world_size()), (child.rank, world_size));
+        body(&comm);
+        return done(&child);
+    }
+    let outcomes = run(test, world_size, |_| Vec::new());
+    assert_succeeded(test, &outcomes);
+}
+
 /// Runs `body(communicator)` for each rank of an in-process group of
 /// `world_size`, one thread per rank, and fails when a thread panics or the
 /// threads overrun [`DEADLINE`] (then they are left behind: the test fails).
