@@ -46,7 +46,8 @@ step "the numeric tests once per CPU instruction set ($(flatmem_cpu_isas "$prefi
 for isa in $(flatmem_cpu_isas "$prefix"); do
   echo "check-python: FLATMEM_CPU_ISA=$isa"
   FLATMEM_CPU_ISA=$isa "$python" -m pytest -q -p no:cacheprovider \
-    bindings/python/tests/test_python_values.py bindings/python/tests/test_python_reversible.py ||
+    bindings/python/tests/test_python_values.py bindings/python/tests/test_python_sigmoid.py \
+    bindings/python/tests/test_python_reversible.py ||
     { echo "check-python: FAIL: the numeric tests under FLATMEM_CPU_ISA=$isa" >&2; exit 1; }
 done
 echo "check-python: OK"

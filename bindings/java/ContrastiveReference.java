@@ -3,7 +3,8 @@
 // library's fp32 computation against it (tests/support/tolerance.hpp, the
 // same derivation; summarised below). Shared by FlatmemTest (one process)
 // and RankWorker (the ring loss: every rank compares its slice with the
-// reference of the concatenated batch).
+// reference of the concatenated batch). ContrastiveReference.Sigmoid: the
+// sigmoid (SigLIP) loss, likewise.
 //
 // Definitions (x_ij = s <q_i, k_j>, P = row softmax, Q = column softmax, dloss = 1):
 //   INFONCE    L = (1/B) sum_i [LSE_j x_ij - x_i,pos(i)], pos(i) = labels[i] (global
@@ -141,6 +142,77 @@ final class ContrastiveReference {
     ds = dsValue;
     dsTolerance = SLACK * (epsG * weighted + 2 * U * count + (gamma(d) + gamma(c + 1) + 3 * U) * abs)
                   + 2 * U * Math.abs(ds);
+  }
+
+  /**
+   * The sigmoid (SigLIP) loss of one (global) batch in double precision, and
+   * the bounds of tests/contrastive/sigmoid_reference.hpp (same derivation):
+   *   x_ij = s &lt;q_i, k_j&gt; + t, z_ij = +1 for j = pos(i) (labels[i] or i), -1 else,
+   *   v = -z x, L = (1/B) sum_ij softplus(v_ij) (mean over the B rows),
+   *   G_ij = g (-z_ij) sigmoid(v_ij) / B, dq = s G k, dk = s G^T q,
+   *   ds = sum G_ij &lt;q_i, k_j&gt;, dt = sum G_ij   (the gradients of g L).
+   * Bounds (fp32 outputs): logits dx = s gamma_{d+2} A + u |t|; loss
+   * 2 (dx sum |G| + 4u C + 2u |L|) (sum |G| at g = 1); eps_G = dx + 10u, an
+   * exp underflow adds s |g| / B 2^-125 per term; dq_it 2 s (eps_G + gamma_C)
+   * sum_j |G_ij| |k_jt| (+ underflow), dk alike (gamma_B); ds 2 (eps_G + gamma_d)
+   * sum |G| R + 2u |ds|; dt 2 eps_G sum |G| + 2u |dt|.
+   */
+  static final class Sigmoid {
+    final double loss, ds, dt, lossTolerance, dsTolerance, dtTolerance;
+    final double[][] dq, dk, dqTolerance, dkTolerance;
+
+    static double softplus(double v) { return Math.max(v, 0) + Math.log1p(Math.exp(-Math.abs(v))); }
+
+    static double sigmoid(double v) {
+      double e = Math.exp(-Math.abs(v));
+      return v >= 0 ? 1 / (1 + e) : e / (1 + e);
+    }
+
+    /** q (B x d), k (C x d); labels: B global column indices or null (the
+     *  diagonal, C &gt;= B); g the upstream gradient. */
+    Sigmoid(double[][] q, double[][] k, long[] labels, double s, double t, double g) {
+      final int b = q.length, c = k.length, d = q[0].length;
+      final double underflowScale = 0x1p-125;
+      double[][] gm = new double[b][c], absDot = new double[b][c];
+      double l = 0, dsValue = 0, dtValue = 0, maxAbsDot = 0, sumAbsG = 0, sumAbsGR = 0;
+      for (int i = 0; i < b; ++i)
+        for (int j = 0; j < c; ++j) {
+          double dot = 0;
+          for (int e = 0; e < d; ++e) {
+            dot += q[i][e] * k[j][e];
+            absDot[i][j] += Math.abs(q[i][e] * k[j][e]);
+          }
+          double z = j == (labels != null ? labels[i] : i) ? 1 : -1, v = -z * (s * dot + t);
+          l += softplus(v);
+          gm[i][j] = g * -z * sigmoid(v) / b;
+          dsValue += gm[i][j] * dot;
+          dtValue += gm[i][j];
+          maxAbsDot = Math.max(maxAbsDot, absDot[i][j]);
+          sumAbsG += Math.abs(gm[i][j]);
+          sumAbsGR += Math.abs(gm[i][j]) * absDot[i][j];
+        }
+      loss = l / b;
+      ds = dsValue;
+      dt = dtValue;
+      final double dx = s * gamma(d + 2) * maxAbsDot + U * Math.abs(t);
+      final double epsG = dx + 10 * U, underflow = Math.abs(g) / b * underflowScale;
+      final double sumAbsG1 = g != 0 ? sumAbsG / Math.abs(g) : c;
+      lossTolerance = SLACK * (dx * sumAbsG1 + 4 * U * c + 2 * U * Math.abs(loss));
+      dsTolerance = SLACK * ((epsG + gamma(d)) * sumAbsGR + underflow * b * c * maxAbsDot) + 2 * U * Math.abs(ds);
+      dtTolerance = SLACK * (epsG * sumAbsG + underflow * b * c) + 2 * U * Math.abs(dt);
+      dq = new double[b][d];
+      dqTolerance = new double[b][d];
+      dk = new double[c][d];
+      dkTolerance = new double[c][d];
+      for (int i = 0; i < b; ++i)
+        for (int j = 0; j < c; ++j)
+          for (int e = 0; e < d; ++e) {
+            dq[i][e] += s * gm[i][j] * k[j][e];
+            dk[j][e] += s * gm[i][j] * q[i][e];
+            dqTolerance[i][e] += SLACK * s * ((epsG + gamma(c)) * Math.abs(gm[i][j] * k[j][e]) + underflow * Math.abs(k[j][e]));
+            dkTolerance[j][e] += SLACK * s * ((epsG + gamma(b)) * Math.abs(gm[i][j] * q[i][e]) + underflow * Math.abs(q[i][e]));
+          }
+    }
   }
 
   /** The largest |got - want| / tolerance over rows [first, first + got.length / d) of want

@@ -9,7 +9,8 @@
 // value outside the enum is refused; the cyclic schedule queries follow the
 // closed forms of cyclic.h; ContrastiveOptions.logit_cache_bytes gives the
 // bits of a handle without it; the CPU instruction set can be read and set
-// (CpuIsa), and one above the processor's best is refused.
+// (CpuIsa), and one above the processor's best is refused; the sigmoid (SigLIP)
+// loss's five outputs against ContrastiveReference.Sigmoid, and its refusals.
 // Built and run by scripts/check-java.sh; exits 1 on failure.
 import flatmem.Block;
 import flatmem.BlockKind;
@@ -362,6 +363,104 @@ public final class FlatmemTest {
     }
   }
 
+  private static double[][] rows(Tensor t) {
+    final int n = (int) t.shape(0), d = (int) t.shape(1);
+    double[][] out = new double[n][d];
+    for (int i = 0; i < n; ++i)
+      for (int e = 0; e < d; ++e) out[i][e] = t.get((long) i * d + e);
+    return out;
+  }
+
+  /**
+   * The sigmoid (SigLIP) loss of a CONTRASTIVE_SIGMOID handle against
+   * ContrastiveReference.Sigmoid (double precision, derived bounds): the loss
+   * of sigmoid_forward and the five outputs of sigmoid_value_and_grad, at
+   * b = c = 1, b = 5 &lt; c = 7 with labels (s = 10, t = -10) and b = 6 &gt; c = 3
+   * with labels (s = 100, t = -10); sigmoid_backward(g = -2) gives exactly -2
+   * times value_and_grad's gradients. Then refused calls: the handle of
+   * another loss, a non-finite bias, a label out of range, NaN features, a
+   * sigmoid handle given to forward().
+   */
+  private static void sigmoidLoss() {
+    final int[][] shapes = {{1, 1, 1}, {5, 7, 3}, {6, 3, 4}};
+    final double[][] scaleBias = {{10, -10}, {10, -10}, {100, -10}};
+    for (int n = 0; n < shapes.length; ++n) {
+      final int b = shapes[n][0], c = shapes[n][1], d = shapes[n][2];
+      final double s = scaleBias[n][0], t = scaleBias[n][1];
+      final long[] labels = n == 0 ? null : new long[b];
+      for (int i = 0; labels != null && i < b; ++i) labels[i] = (3L * i + 1) % c;  // repeats when b > c
+      try (ContrastiveOptions options = new ContrastiveOptions();
+           Tensor Q = fill(Tensor.allocated(Flatmem.kDLFloat, 32, b, d), 51 + n, 0.6, 0.0);
+           Tensor K = fill(Tensor.allocated(Flatmem.kDLFloat, 32, c, d), 61 + n, 0.6, 0.0);
+           Tensor L = labels == null ? null : Tensor.of(labels);
+           Tensor S = Tensor.of(new float[] {(float) s});
+           Tensor T = Tensor.of(new float[] {(float) t});
+           Tensor G = Tensor.of(new float[] {-2f});
+           Tensor loss = Tensor.allocated(Flatmem.kDLFloat, 32);
+           Tensor loss2 = Tensor.allocated(Flatmem.kDLFloat, 32);
+           Tensor dq = Tensor.allocated(Flatmem.kDLFloat, 32, b, d);
+           Tensor dk = Tensor.allocated(Flatmem.kDLFloat, 32, c, d);
+           Tensor ds = Tensor.allocated(Flatmem.kDLFloat, 32);
+           Tensor dt = Tensor.allocated(Flatmem.kDLFloat, 32);
+           Tensor gq = Tensor.allocated(Flatmem.kDLFloat, 32, b, d);
+           Tensor gk = Tensor.allocated(Flatmem.kDLFloat, 32, c, d);
+           Tensor gs = Tensor.allocated(Flatmem.kDLFloat, 32);
+           Tensor gt = Tensor.allocated(Flatmem.kDLFloat, 32)) {
+        options.setLoss(ContrastiveLoss.CONTRASTIVE_SIGMOID);
+        options.setNum_threads(2);
+        options.setTile_rows(2);
+        options.setTile_cols(3);
+        ContrastiveReference.Sigmoid ref = new ContrastiveReference.Sigmoid(rows(Q), rows(K), labels, s, t, 1.0);
+        String at = "sigmoid b=" + b + " c=" + c + " d=" + d + " s=" + s + " t=" + t + ": ";
+        try (Contrastive h = new Contrastive(options)) {
+          h.sigmoid_forward(Q, K, L, S, T, loss);
+          h.sigmoid_value_and_grad(Q, K, L, S, T, loss2, dq, dk, ds, dt);
+          h.sigmoid_backward(Q, K, L, S, T, G, gq, gk, gs, gt);
+          check(Math.abs(loss.get(0) - ref.loss) <= ref.lossTolerance && Math.abs(loss2.get(0) - ref.loss) <= ref.lossTolerance,
+                at + "loss " + loss.get(0) + ", " + loss2.get(0) + " vs " + ref.loss + " (tolerance " + ref.lossTolerance + ")");
+          double rq = ContrastiveReference.worstRatio(values(dq), ref.dq, ref.dqTolerance, 0);
+          double rk = ContrastiveReference.worstRatio(values(dk), ref.dk, ref.dkTolerance, 0);
+          check(rq <= 1 && rk <= 1, at + "dq, dk within their bounds (worst " + rq + ", " + rk + " of the bound)");
+          check(Math.abs(ds.get(0) - ref.ds) <= ref.dsTolerance,
+                at + "dL/ds " + ds.get(0) + " vs " + ref.ds + " (tolerance " + ref.dsTolerance + ")");
+          check(Math.abs(dt.get(0) - ref.dt) <= ref.dtTolerance,
+                at + "dL/dt " + dt.get(0) + " vs " + ref.dt + " (tolerance " + ref.dtTolerance + ")");
+          double[] scaled = values(dq, dk, ds, dt);
+          for (int i = 0; i < scaled.length; ++i) scaled[i] = (float) (-2.0 * scaled[i]);
+          check(sameBits(values(gq, gk, gs, gt), scaled), at + "sigmoid_backward(g = -2) is -2 x value_and_grad");
+        }
+      }
+    }
+    final int b = 4, d = 3;
+    try (Tensor Q = fill(Tensor.allocated(Flatmem.kDLFloat, 32, b, d), 71, 0.6, 0.0);
+         Tensor K = fill(Tensor.allocated(Flatmem.kDLFloat, 32, b, d), 72, 0.6, 0.0);
+         Tensor S = Tensor.of(new float[] {10f});
+         Tensor T = Tensor.of(new float[] {-10f});
+         Tensor nanT = Tensor.of(new float[] {Float.NaN});
+         Tensor bad = Tensor.of(new long[] {0, 1, 4, 2});
+         Tensor loss = Tensor.allocated(Flatmem.kDLFloat, 32);
+         Tensor rowLse = Tensor.allocated(Flatmem.kDLFloat, 32, b);
+         ContrastiveOptions options = new ContrastiveOptions();
+         Contrastive softmax = new Contrastive()) {
+      options.setLoss(ContrastiveLoss.CONTRASTIVE_SIGMOID);
+      try (Contrastive h = new Contrastive(options)) {
+        expectFailure("a softmax handle is refused by sigmoid_forward", () -> softmax.sigmoid_forward(Q, K, null, S, T, loss),
+                      FlatmemArgumentException.class, "FLATMEM_STATUS_INVALID_ARGUMENT",
+                      "flatmem_contrastive_sigmoid_forward needs a handle created with loss = FLATMEM_CONTRASTIVE_SIGMOID");
+        expectFailure("a sigmoid handle is refused by forward", () -> h.forward(Q, K, null, S, loss, rowLse, null),
+                      FlatmemArgumentException.class, "FLATMEM_STATUS_INVALID_ARGUMENT",
+                      "which flatmem_contrastive_forward does not compute");
+        expectFailure("a NaN logit bias is refused", () -> h.sigmoid_value_and_grad(Q, K, null, S, nanT, loss, null, null, null, null),
+                      FlatmemArgumentException.class, "FLATMEM_STATUS_INVALID_ARGUMENT", "logit_bias: nan; expected a finite value");
+        expectFailure("a label out of range is refused", () -> h.sigmoid_backward(Q, K, bad, S, T, null, null, null, null, loss),
+                      FlatmemArgumentException.class, "FLATMEM_STATUS_INVALID_ARGUMENT", "labels[2] = 4 is outside [0, c = 4)");
+        Q.set(4, Double.NaN);
+        expectFailure("NaN features are refused by the sigmoid loss", () -> h.sigmoid_forward(Q, K, null, S, T, loss),
+                      FlatmemArgumentException.class, "FLATMEM_STATUS_NON_FINITE", "q: element (1, 1) is nan");
+      }
+    }
+  }
+
   /** cpu_isa_in_use / _best / _set / _name (flatmem_cpu_isa_*): every
    *  instruction set up to the best can be selected, DEFAULT goes back to
    *  where the process started, one above the best is refused. */
@@ -502,6 +601,7 @@ public final class FlatmemTest {
     blockMath();
     cyclicSchedule();
     logitCache();
+    sigmoidLoss();
     cpuIsa();
 
     System.out.println(failures == 0 ? "FlatmemTest: OK" : "FlatmemTest: " + failures + " FAILED");

@@ -1,7 +1,8 @@
 // One rank of CommTest's multi-process runs: a JVM that joins a communicator
 // over UCX and checks, as this rank, the communicator (messages, all-reduce),
-// the ring contrastive loss against ContrastiveReference of the concatenated
-// global batch, and the cyclic runtime's SYNC rule against plain SGD; with
+// the ring contrastive loss and the sigmoid ring against ContrastiveReference
+// (and its Sigmoid) of the concatenated global batch, and the cyclic runtime's
+// SYNC rule against plain SGD; with
 // FLATMEM_TEST_KILL=1 the last rank then waits to be killed and the others
 // check that their next collective fails, naming it, within the timeout.
 //
@@ -18,6 +19,7 @@ import flatmem.Cyclic;
 import flatmem.CyclicAction;
 import flatmem.CyclicActionKind;
 import flatmem.CyclicRule;
+import flatmem.Flatmem;
 import flatmem.FlatmemArgumentException;
 import flatmem.FlatmemException;
 import flatmem.Status;
@@ -194,6 +196,21 @@ public final class RankWorker {
     check(true, "barrier");
   }
 
+  /** |got - want| &lt;= tolerance, reported with the three numbers. */
+  static void checkValue(String what, double got, double want, double tolerance) {
+    check(Math.abs(got - want) <= tolerance, what + " " + got + " vs " + want + " (tolerance " + tolerance + ")");
+  }
+
+  /** dq (this rank's rows from r0) and dk (its columns from c0) within the
+   *  reference's element-wise bounds. */
+  static void checkSlices(String what, Tensor dq, Tensor dk, double[][] refDq, double[][] dqTolerance,
+                          double[][] refDk, double[][] dkTolerance, int r0, int c0) {
+    double dqRatio = ContrastiveReference.worstRatio(widen(dq.toFloatArray()), refDq, dqTolerance, r0);
+    double dkRatio = ContrastiveReference.worstRatio(widen(dk.toFloatArray()), refDk, dkTolerance, c0);
+    check(dqRatio <= 1, what + ": dq = this rank's rows of the global dL/dq (worst error / tolerance " + dqRatio + ")");
+    check(dkRatio <= 1, what + ": dk = this rank's columns of the global dL/dk (worst error / tolerance " + dkRatio + ")");
+  }
+
   /** The ring loss of this rank's slice (rows[rank] of q, cols[rank] of k) of
    *  a global batch against the reference of the whole batch. */
   static void ringLoss(Communicator comm, String name, boolean symmetric, int[] rows, int[] cols, int d, double s,
@@ -229,19 +246,14 @@ public final class RankWorker {
         h.forward(qr, kr, lr, scale, loss, rowLse, symmetric ? colLse : null);
         h.backward(qr, kr, lr, scale, rowLse, symmetric ? colLse : null, null, dq, dk, ds);
         double gotLoss = loss.get(0), gotDs = ds.get(0);
-        check(Math.abs(gotLoss - ref.loss) <= ref.lossTolerance,
-              what + ": loss " + gotLoss + " vs " + ref.loss + " (tolerance " + ref.lossTolerance + ")");
-        check(Math.abs(gotDs - ref.ds) <= ref.dsTolerance,
-              what + ": dL/ds " + gotDs + " vs " + ref.ds + " (tolerance " + ref.dsTolerance + ")");
+        checkValue(what + ": loss", gotLoss, ref.loss, ref.lossTolerance);
+        checkValue(what + ": dL/ds", gotDs, ref.ds, ref.dsTolerance);
         double rowRatio = ContrastiveReference.worstRatio(widen(rowLse.toFloatArray()), ref.rowLse, ref.rowLseTolerance, r0);
         double colRatio = symmetric
             ? ContrastiveReference.worstRatio(widen(colLse.toFloatArray()), ref.colLse, ref.colLseTolerance, c0) : 0;
         check(rowRatio <= 1 && colRatio <= 1, what + ": global row / column LSEs (worst error / tolerance "
               + Math.max(rowRatio, colRatio) + ")");
-        double dqRatio = ContrastiveReference.worstRatio(widen(dq.toFloatArray()), ref.dq, ref.dqTolerance, r0);
-        double dkRatio = ContrastiveReference.worstRatio(widen(dk.toFloatArray()), ref.dk, ref.dkTolerance, c0);
-        check(dqRatio <= 1, what + ": dq = this rank's rows of the global dL/dq (worst error / tolerance " + dqRatio + ")");
-        check(dkRatio <= 1, what + ": dk = this rank's columns of the global dL/dk (worst error / tolerance " + dkRatio + ")");
+        checkSlices(what, dq, dk, ref.dq, ref.dqTolerance, ref.dk, ref.dkTolerance, r0, c0);
         check(sameOnAllRanks(comm, new double[] {gotLoss, gotDs}), what + ": loss and dL/ds: the same bits on every rank");
 
         expectFailure("Communicator.close() while a Contrastive uses it", comm::close, FlatmemArgumentException.class,
@@ -249,6 +261,52 @@ public final class RankWorker {
         check(comm.is_open(), "the refused close() left the communicator open");
       }
       check(comm.users() == 0, "closing the Contrastive releases the communicator");
+    }
+  }
+
+  /** The sigmoid (SigLIP) ring loss of this rank's slice against
+   *  ContrastiveReference.Sigmoid of the whole batch (B = the global rows in
+   *  the mean): loss, dL/ds and dL/dt (the same bits on every rank), this
+   *  rank's rows of dq and columns of dk; labels (global, most on other
+   *  ranks' columns) or none (row g's positive is column g, C &gt;= B). */
+  static void sigmoidRing(Communicator comm, String name, boolean withLabels, int[] rows, int[] cols, int d,
+                          double s, double t, long seed) {
+    final int b = Arrays.stream(rows).sum(), c = Arrays.stream(cols).sum();
+    final int r0 = prefix(rows, rank), c0 = prefix(cols, rank), br = rows[rank], cr = cols[rank];
+    double[][] q = matrix(seed, b, d, 0.6), k = matrix(seed + 1, c, d, 0.6);
+    long[] labels = null;
+    if (withLabels) {
+      labels = new long[b];
+      for (int g = 0; g < b; ++g) labels[g] = (5L * g + 2) % c;
+    }
+    ContrastiveReference.Sigmoid ref = new ContrastiveReference.Sigmoid(q, k, labels, s, t, 1.0);
+    String what = name + " (B " + b + ", C " + c + ", d " + d + ", s " + s + ", t " + t + "; rank rows " + br
+                  + ", cols " + cr + ")";
+    try (ContrastiveOptions options = new ContrastiveOptions()) {
+      options.setLoss(ContrastiveLoss.CONTRASTIVE_SIGMOID);
+      options.setTile_rows(2);
+      options.setTile_cols(2);
+      options.setNum_threads(1);
+      try (Contrastive handle = new Contrastive(options, comm);
+           Tensor qr = Tensor.of(flatten(q, r0, br), br, d);
+           Tensor kr = Tensor.of(flatten(k, c0, cr), cr, d);
+           Tensor lr = labels == null ? null : Tensor.of(Arrays.copyOfRange(labels, r0, r0 + br));
+           Tensor scale = Tensor.of(new float[] {(float) s});
+           Tensor bias = Tensor.of(new float[] {(float) t});
+           Tensor loss = Tensor.allocated(Flatmem.kDLFloat, 32);
+           Tensor dq = Tensor.allocated(Flatmem.kDLFloat, 32, br, d);
+           Tensor dk = Tensor.allocated(Flatmem.kDLFloat, 32, cr, d);
+           Tensor ds = Tensor.allocated(Flatmem.kDLFloat, 32);
+           Tensor dt = Tensor.allocated(Flatmem.kDLFloat, 32)) {
+        handle.sigmoid_value_and_grad(qr, kr, lr, scale, bias, loss, dq, dk, ds, dt);
+        double gotLoss = loss.get(0), gotDs = ds.get(0), gotDt = dt.get(0);
+        checkValue(what + ": loss", gotLoss, ref.loss, ref.lossTolerance);
+        checkValue(what + ": dL/ds", gotDs, ref.ds, ref.dsTolerance);
+        checkValue(what + ": dL/dt", gotDt, ref.dt, ref.dtTolerance);
+        checkSlices(what, dq, dk, ref.dq, ref.dqTolerance, ref.dk, ref.dkTolerance, r0, c0);
+        check(sameOnAllRanks(comm, new double[] {gotLoss, gotDs, gotDt}),
+              what + ": loss, dL/ds and dL/dt: the same bits on every rank");
+      }
     }
   }
 
@@ -381,6 +439,10 @@ public final class RankWorker {
       // infonce with global labels: rows and columns differ per rank and from each other
       int[] rows = Arrays.copyOf(new int[] {3, 1, 2, 1}, world), cols = Arrays.copyOf(new int[] {2, 3, 1, 2}, world);
       ringLoss(comm, "ring infonce, global labels", false, rows, cols, 7, 4.0, 23);
+      sigmoidRing(comm, "sigmoid ring, global labels", true, rows, cols, 7, 10.0, -10.0, 31);
+      // without labels: C >= B, one rank with more rows than columns
+      int[] sigmoidCols = Arrays.copyOf(new int[] {4, 1, 3, 2}, world);
+      sigmoidRing(comm, "sigmoid ring, s 100", false, rows, sigmoidCols, 5, 100.0, -10.0, 37);
       cyclicSync(comm);
       if ("1".equals(System.getenv("FLATMEM_TEST_KILL"))) killedPeer(comm);
       else comm.barrier();

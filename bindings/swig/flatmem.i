@@ -17,7 +17,9 @@
  *   ContrastiveOptions   flatmem_contrastive_options, initialised to the defaults (every
  *                        field but struct_size and comm settable, logit_cache_bytes included)
  *   Contrastive          flatmem_contrastive_t: constructor = *_create, destructor = *_destroy,
- *                        forward/backward and the two workspace queries as methods
+ *                        forward/backward and the two workspace queries as methods;
+ *                        sigmoid_forward / sigmoid_value_and_grad / sigmoid_backward /
+ *                        sigmoid_workspace_size for a CONTRASTIVE_SIGMOID handle
  *   Tensor               a DLTensor together with the shape and strides it points to
  *   CyclicSchedule       flatmem_cyclic_schedule: offset(), delay(), length(), action() (pure)
  *   CyclicAction         flatmem_cyclic_action, read-only; CYCLIC_* rules and action kinds
@@ -432,6 +434,11 @@ static void flatmem_swig_throw_java(JNIEnv *jenv, int status, const char *messag
    * summed over ranks (a wrapper that averages gradients over N ranks passes
    * dloss = N). forward / backward are collective (every rank, same order,
    * same options and logit scale); transport failures throw FlatmemException.
+   * CONTRASTIVE_SIGMOID: the sigmoid_* calls, collective alike -- labels GLOBAL
+   * (none: global row g's positive is global column g), loss, dlogit_scale and
+   * dlogit_bias those of the whole batch (the mean over the B global rows, the
+   * same bits on every rank), the same logit bias and the same outputs
+   * requested on every rank, workspace null.
    * The handle holds comm: comm.close() is refused until this handle is closed.
    * One thread at a time per handle and communicator.
    */
@@ -460,6 +467,38 @@ static void flatmem_swig_throw_java(JNIEnv *jenv, int status, const char *messag
   public void backward(Tensor q, Tensor k, Tensor labels, Tensor logit_scale, Tensor row_lse,
                        Tensor col_lse, Tensor dloss, Tensor dq, Tensor dk, Tensor dlogit_scale) {
     backward(q, k, labels, logit_scale, row_lse, col_lse, dloss, dq, dk, dlogit_scale, null, 0);
+  }
+
+  /** sigmoid_forward() with the handle's own workspace, on the CPU: the
+   *  SigLIP loss L = -(1/b) sum_ij log sigmoid(z_ij (s &lt;q_i, k_j&gt; + t))
+   *  (z = +1 at (i, labels[i] or i), -1 elsewhere: the mean over the b rows
+   *  of the sum over the c columns) of a handle made with loss
+   *  CONTRASTIVE_SIGMOID. q (b, d), k (c, d) float32 / bfloat16 / float16;
+   *  labels (b,) int64 in [0, c) or null (y_i = i, needs c &gt;= b);
+   *  logit_scale s (finite, &gt; 0), logit_bias t (finite) and loss one
+   *  float32 element each. */
+  public void sigmoid_forward(Tensor q, Tensor k, Tensor labels, Tensor logit_scale, Tensor logit_bias,
+                              Tensor loss) {
+    sigmoid_forward(q, k, labels, logit_scale, logit_bias, loss, null, 0);
+  }
+
+  /** sigmoid_value_and_grad() with the handle's own workspace, on the CPU:
+   *  the loss and any of dq (b, d), dk (c, d) (float32 or the input dtype),
+   *  dlogit_scale = dL/ds, dlogit_bias = dL/dt (one float32 element each);
+   *  null = not computed. */
+  public void sigmoid_value_and_grad(Tensor q, Tensor k, Tensor labels, Tensor logit_scale,
+                                     Tensor logit_bias, Tensor loss, Tensor dq, Tensor dk,
+                                     Tensor dlogit_scale, Tensor dlogit_bias) {
+    sigmoid_value_and_grad(q, k, labels, logit_scale, logit_bias, loss, dq, dk, dlogit_scale, dlogit_bias,
+                           null, 0);
+  }
+
+  /** sigmoid_backward() with the handle's own workspace, on the CPU: the
+   *  gradients of dloss * L (dloss one float32 element, null = 1),
+   *  recomputing the logits. */
+  public void sigmoid_backward(Tensor q, Tensor k, Tensor labels, Tensor logit_scale, Tensor logit_bias,
+                               Tensor dloss, Tensor dq, Tensor dk, Tensor dlogit_scale, Tensor dlogit_bias) {
+    sigmoid_backward(q, k, labels, logit_scale, logit_bias, dloss, dq, dk, dlogit_scale, dlogit_bias, null, 0);
   }
 %}
 %typemap(javainterfaces) struct flatmem_swig_tensor "AutoCloseable"
@@ -685,6 +724,10 @@ const char *flatmem_swig_version_mismatch(void);
 %ignore flatmem_contrastive_backward_workspace_size;
 %ignore flatmem_contrastive_forward;
 %ignore flatmem_contrastive_backward;
+%ignore flatmem_contrastive_sigmoid_workspace_size;
+%ignore flatmem_contrastive_sigmoid_forward;
+%ignore flatmem_contrastive_sigmoid_value_and_grad;
+%ignore flatmem_contrastive_sigmoid_backward;
 /* Takes the status enum; status_string(int) below serves every language. */
 %ignore flatmem_status_string;
 /* The enums' 0x7fffffff sentinels only fix the enum width. */
@@ -1336,6 +1379,74 @@ struct flatmem_contrastive_s {};
         $self, flatmem_swig_dl(q), flatmem_swig_dl(k), flatmem_swig_dl(labels), flatmem_swig_dl(logit_scale),
         flatmem_swig_dl(row_lse), flatmem_swig_dl(col_lse), flatmem_swig_dl(dloss), flatmem_swig_dl_out(dq),
         flatmem_swig_dl_out(dk), flatmem_swig_dl_out(dlogit_scale), ws, workspace_bytes,
+        (void *)(intptr_t)stream));
+  }
+
+  /* The sigmoid (SigLIP) loss of a handle made with loss = CONTRASTIVE_SIGMOID
+   * ("Sigmoid (SigLIP) loss" in flatmem.h): x_ij = s <q_i, k_j> + t,
+   * L = -(1/b) sum_ij log sigmoid(z_ij x_ij), z = +1 at (i, y_i), -1 elsewhere
+   * (the mean over the b rows of the sum over the c columns). logit_scale s
+   * and logit_bias t are one fp32 element each; dlogit_scale = dL/ds and
+   * dlogit_bias = dL/dt of the given s and t. No saved state between calls.
+   * A handle of another loss is refused (INVALID_ARGUMENT). With a
+   * communicator (the ring, "Ring across ranks" under the sigmoid loss in
+   * flatmem.h) the calls are collective over the global batch, labels are
+   * global column indices and the workspace must be None/null (its query
+   * returns 0). */
+
+  /* flatmem_contrastive_sigmoid_workspace_size: bytes for the call with these
+   * dq / dk (None/null for the forward, or for a gradient not requested). */
+  size_t sigmoid_workspace_size(const flatmem_swig_tensor *q, const flatmem_swig_tensor *k,
+                                const flatmem_swig_tensor *dq, const flatmem_swig_tensor *dk) const {
+    size_t bytes = 0;
+    flatmem_swig_check(flatmem_contrastive_sigmoid_workspace_size(
+        $self, flatmem_swig_dl(q), flatmem_swig_dl(k), flatmem_swig_dl(dq), flatmem_swig_dl(dk), &bytes));
+    return bytes;
+  }
+
+  /* flatmem_contrastive_sigmoid_forward: writes loss (2 b c d FLOPs). */
+  void sigmoid_forward(const flatmem_swig_tensor *q, const flatmem_swig_tensor *k,
+                       const flatmem_swig_tensor *labels, const flatmem_swig_tensor *logit_scale,
+                       const flatmem_swig_tensor *logit_bias, flatmem_swig_tensor *loss,
+                       const flatmem_swig_tensor *workspace = NULL, int64_t stream = 0) {
+    size_t workspace_bytes;
+    void *ws = flatmem_swig_workspace(workspace, &workspace_bytes);
+    flatmem_swig_check(flatmem_contrastive_sigmoid_forward(
+        $self, flatmem_swig_dl(q), flatmem_swig_dl(k), flatmem_swig_dl(labels), flatmem_swig_dl(logit_scale),
+        flatmem_swig_dl(logit_bias), flatmem_swig_dl_out(loss), ws, workspace_bytes, (void *)(intptr_t)stream));
+  }
+
+  /* flatmem_contrastive_sigmoid_value_and_grad: the loss and the requested
+   * gradients (None/null = skip; at least one output) in one walk (6 b c d FLOPs). */
+  void sigmoid_value_and_grad(const flatmem_swig_tensor *q, const flatmem_swig_tensor *k,
+                              const flatmem_swig_tensor *labels, const flatmem_swig_tensor *logit_scale,
+                              const flatmem_swig_tensor *logit_bias, flatmem_swig_tensor *loss,
+                              flatmem_swig_tensor *dq, flatmem_swig_tensor *dk,
+                              flatmem_swig_tensor *dlogit_scale, flatmem_swig_tensor *dlogit_bias,
+                              const flatmem_swig_tensor *workspace = NULL, int64_t stream = 0) {
+    size_t workspace_bytes;
+    void *ws = flatmem_swig_workspace(workspace, &workspace_bytes);
+    flatmem_swig_check(flatmem_contrastive_sigmoid_value_and_grad(
+        $self, flatmem_swig_dl(q), flatmem_swig_dl(k), flatmem_swig_dl(labels), flatmem_swig_dl(logit_scale),
+        flatmem_swig_dl(logit_bias), flatmem_swig_dl_out(loss), flatmem_swig_dl_out(dq), flatmem_swig_dl_out(dk),
+        flatmem_swig_dl_out(dlogit_scale), flatmem_swig_dl_out(dlogit_bias), ws, workspace_bytes,
+        (void *)(intptr_t)stream));
+  }
+
+  /* flatmem_contrastive_sigmoid_backward: the gradients of dloss * L (dloss
+   * None/null: 1), recomputing the logits (6 b c d FLOPs). */
+  void sigmoid_backward(const flatmem_swig_tensor *q, const flatmem_swig_tensor *k,
+                        const flatmem_swig_tensor *labels, const flatmem_swig_tensor *logit_scale,
+                        const flatmem_swig_tensor *logit_bias, const flatmem_swig_tensor *dloss,
+                        flatmem_swig_tensor *dq, flatmem_swig_tensor *dk, flatmem_swig_tensor *dlogit_scale,
+                        flatmem_swig_tensor *dlogit_bias, const flatmem_swig_tensor *workspace = NULL,
+                        int64_t stream = 0) {
+    size_t workspace_bytes;
+    void *ws = flatmem_swig_workspace(workspace, &workspace_bytes);
+    flatmem_swig_check(flatmem_contrastive_sigmoid_backward(
+        $self, flatmem_swig_dl(q), flatmem_swig_dl(k), flatmem_swig_dl(labels), flatmem_swig_dl(logit_scale),
+        flatmem_swig_dl(logit_bias), flatmem_swig_dl(dloss), flatmem_swig_dl_out(dq), flatmem_swig_dl_out(dk),
+        flatmem_swig_dl_out(dlogit_scale), flatmem_swig_dl_out(dlogit_bias), ws, workspace_bytes,
         (void *)(intptr_t)stream));
   }
 }

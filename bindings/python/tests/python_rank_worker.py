@@ -61,6 +61,27 @@ def job_ring_loss(comm, params):
     return {"loss": float(loss), "dq": dq, "dk": dk, "ds": float(ds)}
 
 
+def job_sigmoid_ring(comm, params):
+    """The sigmoid (SigLIP) ring loss of this rank's shard: the loss from the
+    forward, value_and_grad's five outputs and backward(g)'s four, through
+    the functions (api "function") or a Contrastive("sigmoid") handle."""
+    q, k, labels = global_batch(params)
+    r0, r1, c0, c1 = shard_bounds(params["shards"], comm.rank)
+    q_r, k_r = q[r0:r1], k[c0:c1]
+    labels_r = labels[r0:r1] if labels is not None else None
+    s, t, g = params["s"], params["t"], params["g"]
+    if params.get("api") == "handle":
+        with flatmem.Contrastive("sigmoid", num_threads=1, tile_rows=3, tile_cols=2, comm=comm) as h:
+            loss = h.sigmoid_forward(q_r, k_r, s, t, labels_r)
+            result = h.sigmoid_value_and_grad(q_r, k_r, s, t, labels_r)
+            grads = h.sigmoid_backward(q_r, k_r, s, t, labels_r, g)
+    else:
+        loss, backward = flatmem.sigmoid_loss(q_r, k_r, s, t, labels_r, num_threads=1, comm=comm)
+        grads = backward(g)
+        result = flatmem.sigmoid_value_and_grad(q_r, k_r, s, t, labels_r, num_threads=1, comm=comm)
+    return {"loss": loss, "result": tuple(result), "grads": tuple(grads)}
+
+
 def job_messages(comm, params):
     """isend/irecv around the ring (and to itself), all-reduce of several
     dtypes, ring_shift and barrier."""

@@ -103,15 +103,21 @@ def _round_bound(fp32_bound, ref, dtype):
     return fp32_bound + U32 * np.abs(ref)
 
 
-def gradient_tolerances(q, k, s, labels=None, symmetric=True, g=1.0, dtype=np.float32):
-    """Element-wise bounds (tau_dq, tau_dk, tau_ds) on the gradients of
-    g * L computed in fp32, dq and dk stored in dtype (3. to 5.)."""
+def magnitudes(q, k):
+    """(q64, k64, |q|, |k|, R) in float64, R_ij = sum_t |q_it k_jt|: what
+    the bounds are made of."""
     q64 = np.asarray(q, np.float64)
     k64 = np.asarray(k, np.float64)
     qa, ka = np.abs(q64), np.abs(k64)
+    return q64, k64, qa, ka, qa @ ka.T
+
+
+def gradient_tolerances(q, k, s, labels=None, symmetric=True, g=1.0, dtype=np.float32):
+    """Element-wise bounds (tau_dq, tau_dk, tau_ds) on the gradients of
+    g * L computed in fp32, dq and dk stored in dtype (3. to 5.)."""
+    q64, k64, qa, ka, R = magnitudes(q, k)
     b, d = q64.shape
     c = k64.shape[0]
-    R = qa @ ka.T
     dx = s * gamma(d + 1) * np.max(R)
     x = s * (q64 @ k64.T)
     row_lse = logsumexp(x, axis=1)

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from python_ranks import launch, run
 from python_rank_worker import (cyclic_targets, global_batch, job_cyclic, job_messages, job_ring_loss,
-                                shard_bounds)
+                                job_sigmoid_ring, shard_bounds)
 from python_reference import U32, contrastive_reference, forward_tolerance, gradient_tolerances
+from python_sigmoid_reference import sigmoid_reference, sigmoid_tolerances
 from python_support import raises_flatmem
 
 import flatmem
@@ -179,6 +180,100 @@ LOCAL_RING_CASES = RING_CASES + [
 def test_local_group_ring_loss_matches_concatenated_batch(local_group, case):
     params = ring_params(case, 11)
     check_ring(params, run_threads(local_group(len(params["shards"])), job_ring_loss, params))
+
+
+# ---------------------------------------------------------------------------
+# the sigmoid (SigLIP) ring loss vs the single-process float64 loss of the
+# concatenated batch
+# ---------------------------------------------------------------------------
+
+# (id, shards [(b_r, c_r) per rank], d, global labels?, api, s, t). Labels are
+# drawn over all C global columns: most point at other ranks' columns.
+SIGMOID_RING_CASES = [
+    ("2-uneven-labels", [(1, 4), (5, 2)], 7, True, "function", 10.0, -10.0),
+    ("2-identity-handle", [(3, 4), (2, 2)], 5, False, "handle", 100.0, -10.0),
+    ("4-primes-labels-handle", [(3, 2), (5, 7), (1, 1), (2, 3)], 11, True, "handle", 100.0, -10.0),
+    ("4-uneven-identity", [(2, 3), (1, 1), (4, 5), (1, 2)], 3, False, "function", 10.0, 0.5),
+]
+
+
+def sigmoid_ring_params(case, seed):
+    _, shards, d, labels, api, s, t = case
+    return {"seed": seed, "shards": shards, "d": d, "labels": labels, "api": api, "s": s, "t": t, "g": -2.0}
+
+
+def check_sigmoid_ring(params, results):
+    """Every rank's loss, dlogit_scale and dlogit_bias are the same bits; the
+    values and each rank's slices of dq, dk are those of the whole batch in
+    one process, within the single-process bounds (derived for any summation
+    order); backward(g) is g * value_and_grad (g = -2: exact scaling)."""
+    q, k, labels = global_batch(params)
+    s, t, g = params["s"], params["t"], params["g"]
+    ref = sigmoid_reference(q, k, s, t, labels)
+    tol = sigmoid_tolerances(q, k, s, t, labels)
+    for name, pick in (("loss", lambda r: r["loss"]), ("vg loss", lambda r: r["result"][0]),
+                       ("ds", lambda r: r["result"][3]), ("dt", lambda r: r["result"][4])):
+        assert len({float(pick(r)) for r in results}) == 1, name
+    first = results[0]
+    assert abs(float(first["loss"]) - ref["loss"]) <= tol["loss"], (float(first["loss"]), ref["loss"])
+    assert abs(float(first["result"][0]) - ref["loss"]) <= tol["loss"]
+    assert abs(float(first["result"][3]) - ref["ds"]) <= tol["ds"], (float(first["result"][3]), ref["ds"])
+    assert abs(float(first["result"][4]) - ref["dt"]) <= tol["dt"], (float(first["result"][4]), ref["dt"])
+    for rank, res in enumerate(results):
+        r0, r1, c0, c1 = shard_bounds(params["shards"], rank)
+        _, dq, dk, _, _ = res["result"]
+        assert dq.shape == (r1 - r0, q.shape[1]) and dk.shape == (c1 - c0, k.shape[1])
+        assert np.all(np.abs(dq - ref["dq"][r0:r1]) <= tol["dq"][r0:r1]), rank
+        assert np.all(np.abs(dk - ref["dk"][c0:c1]) <= tol["dk"][c0:c1]), rank
+        for got, want in zip(res["grads"], res["result"][1:]):
+            np.testing.assert_array_equal(got, np.float32(g) * want)
+
+
+@pytest.mark.parametrize("case", SIGMOID_RING_CASES, ids=[c[0] for c in SIGMOID_RING_CASES])
+def test_processes_sigmoid_ring_matches_concatenated_batch(tmp_path, case):
+    """2 and 4 processes, uneven shards, labels pointing at other ranks' columns."""
+    params = sigmoid_ring_params(case, 17)
+    check_sigmoid_ring(params, run(tmp_path, "sigmoid_ring", len(params["shards"]), params))
+
+
+LOCAL_SIGMOID_RING_CASES = SIGMOID_RING_CASES + [
+    ("1-rank", [(6, 7)], 4, False, "function", 10.0, -10.0),
+    ("3-labels-far", [(1, 6), (5, 1), (2, 2)], 9, True, "handle", 10.0, -10.0),
+]
+
+
+@pytest.mark.parametrize("case", LOCAL_SIGMOID_RING_CASES, ids=[c[0] for c in LOCAL_SIGMOID_RING_CASES])
+def test_local_group_sigmoid_ring_matches_concatenated_batch(local_group, case):
+    params = sigmoid_ring_params(case, 19)
+    check_sigmoid_ring(params, run_threads(local_group(len(params["shards"])), job_sigmoid_ring, params))
+
+
+def test_sigmoid_ring_bias_that_differs_between_ranks_is_named(local_group):
+    """Every rank must pass the same logit bias: each rank raises (nothing hangs)."""
+    comms = local_group(2, timeout_ms=5000)
+    q = np.eye(2, 3, dtype=np.float32)
+
+    def job(comm, _):
+        with pytest.raises(flatmem.InvalidArgumentError, match="logit_bias"):
+            flatmem.sigmoid_loss(q, q, 10.0, -1.0 * (comm.rank + 1), comm=comm)
+
+    run_threads(comms, job)
+
+
+def test_sigmoid_ring_workspace_is_refused_and_queried_as_zero(local_group):
+    """The ring keeps its own buffers: the query says 0 bytes and a workspace
+    is refused on every rank, naming it (nothing hangs)."""
+    comms = local_group(2, timeout_ms=5000)
+    q = np.eye(2, 3, dtype=np.float32)
+
+    def job(comm, _):
+        with flatmem.Contrastive("sigmoid", comm=comm) as h:
+            assert h.sigmoid_workspace_size(q, q, dq=True, dk=True) == 0
+            with raises_flatmem(flatmem.InvalidArgumentError, capi.STATUS_INVALID_ARGUMENT,
+                                "workspace: must be NULL (and workspace_bytes 0) for a handle with a communicator"):
+                h.sigmoid_value_and_grad(q, q, 10.0, -1.0, workspace=np.empty(64, np.uint8))
+
+    run_threads(comms, job)
 
 
 # ---------------------------------------------------------------------------

@@ -3,6 +3,8 @@
     import numpy as np, flatmem
     loss, backward = flatmem.contrastive_loss(q, k, logit_scale=10.0)   # CLIP loss
     dq, dk, dlogit_scale = backward()
+    loss, backward = flatmem.sigmoid_loss(q, k, logit_scale=10.0, logit_bias=-10.0)  # SigLIP loss
+    dq, dk, dlogit_scale, dlogit_bias = backward()
 
     seg = flatmem.ReversibleSegment([(flatmem.Block("attention", 64, heads=4), mlp)])
     y1, y2 = seg.forward(x1, x2)                                        # reversible segment
@@ -41,7 +43,8 @@ from .capi import (
     WorkspaceTooSmallError,
 )
 from .comm import Communicator, Request, UniqueId
-from .contrastive import Contrastive, ForwardResult, contrastive_loss
+from .contrastive import (Contrastive, ForwardResult, SigmoidGrads, SigmoidResult, contrastive_loss,
+                          sigmoid_loss, sigmoid_value_and_grad)
 from .cpu import CPU_ISAS, cpu_isa, set_cpu_isa
 from .cyclic import Cyclic, CyclicAction, CyclicSchedule, CyclicSummary, CyclicTimeStepStats
 from .reversible import Block, Context, Function, ReversibleSegment
@@ -77,6 +80,8 @@ __all__ = [
     "PeerFailureError",
     "Request",
     "ReversibleSegment",
+    "SigmoidGrads",
+    "SigmoidResult",
     "UniqueId",
     "UnsupportedError",
     "WorkspaceTooSmallError",
@@ -85,4 +90,6 @@ __all__ = [
     "cpu_isa",
     "library_version",
     "set_cpu_isa",
+    "sigmoid_loss",
+    "sigmoid_value_and_grad",
 ]

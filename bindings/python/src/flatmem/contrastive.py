@@ -6,6 +6,25 @@ Two levels:
   ``(loss, backward)``; ``backward(dloss=1.0)`` returns ``(dq, dk, dlogit_scale)``.
 * ``Contrastive``: the handle itself, with its options, ``forward``,
   ``backward`` and the workspace queries (the pattern later handles follow).
+* ``sigmoid_loss(q, k, logit_scale, logit_bias, labels=None)`` returns
+  ``(loss, backward)`` for the pairwise sigmoid (SigLIP) loss;
+  ``backward(dloss=1.0)`` returns ``(dq, dk, dlogit_scale, dlogit_bias)``.
+  ``sigmoid_value_and_grad(...)`` returns the loss and all four gradients
+  from one pass (SigmoidResult). On a handle: ``Contrastive("sigmoid")`` with
+  ``sigmoid_forward``, ``sigmoid_value_and_grad``, ``sigmoid_backward`` and
+  ``sigmoid_workspace_size``.
+
+The sigmoid loss (flatmem.h, "Sigmoid (SigLIP) loss"): logits
+x_ij = s <q_i, k_j> + t, z_ij = +1 for row i's positive column y_i (labels[i],
+or i without labels, which needs c >= b) and -1 for every other column,
+
+    L = -(1/b) sum_i sum_j log sigmoid(z_ij x_ij)
+
+the sum over all c columns of a row, the MEAN over the b rows. The gradients
+are those of L itself: ``dlogit_scale`` = dL/ds and ``dlogit_bias`` = dL/dt
+at the given s and t (a framework that learns log s multiplies dlogit_scale
+by s). Unlike the softmax losses nothing is saved between calls: the
+backward recomputes the logits from q, k, s and t.
 
 Both take ``comm=`` (a flatmem.Communicator): the ring loss, where each rank
 passes ITS rows q_r and columns k_r of one global batch (see "Ring across
@@ -39,7 +58,11 @@ _LOSSES = {
     "symmetric": capi.CONTRASTIVE_SYMMETRIC,
     "clip": capi.CONTRASTIVE_SYMMETRIC,
     "infonce": capi.CONTRASTIVE_INFONCE,
+    "sigmoid": capi.CONTRASTIVE_SIGMOID,
+    "siglip": capi.CONTRASTIVE_SIGMOID,
 }
+_LOSS_NAMES = {capi.CONTRASTIVE_DEFAULT: "symmetric", capi.CONTRASTIVE_SYMMETRIC: "symmetric",
+               capi.CONTRASTIVE_INFONCE: "infonce", capi.CONTRASTIVE_SIGMOID: "sigmoid"}
 _NONFINITE = {"error": capi.NONFINITE_ERROR, "propagate": capi.NONFINITE_PROPAGATE}
 
 
@@ -79,12 +102,39 @@ class ForwardResult(NamedTuple):
     col_lse: Optional[np.ndarray]
 
 
+class SigmoidResult(NamedTuple):
+    """What the sigmoid loss's value_and_grad returns (an entry not requested
+    is None): loss (0-d float32), dq (b, d) and dk (c, d) in the gradient
+    dtype, dlogit_scale = dL/ds and dlogit_bias = dL/dt (float32, shaped like
+    logit_scale / logit_bias)."""
+
+    loss: Optional[np.ndarray]
+    dq: Optional[np.ndarray]
+    dk: Optional[np.ndarray]
+    dlogit_scale: Optional[np.ndarray]
+    dlogit_bias: Optional[np.ndarray]
+
+
+class SigmoidGrads(NamedTuple):
+    """What the sigmoid loss's backward returns: the gradients of dloss * L
+    (an entry not requested is None), as in SigmoidResult."""
+
+    dq: Optional[np.ndarray]
+    dk: Optional[np.ndarray]
+    dlogit_scale: Optional[np.ndarray]
+    dlogit_bias: Optional[np.ndarray]
+
+
 class Contrastive:
     """A flatmem_contrastive_t handle: created with its options, destroyed with
     the object (or by close() / a with-block).
 
-    loss        "symmetric" (CLIP, c = b, no labels) or "infonce" (rows ->
-                columns, optional int64 labels, c >= b allowed)
+    loss        "symmetric" (CLIP, c = b, no labels), "infonce" (rows ->
+                columns, optional int64 labels, c >= b allowed) or "sigmoid"
+                (alias "siglip": the pairwise sigmoid loss, module docstring;
+                its calls are the sigmoid_* methods, forward / backward and
+                their workspace queries refuse such a handle, and the sigmoid_*
+                methods refuse a handle of another loss)
     num_threads CPU threads including the caller's; 0 = all processors
     tile_rows, tile_cols   tile extents (0 = 512); results depend on them
                 (summation order), not on num_threads
@@ -108,6 +158,12 @@ class Contrastive:
                 ring loss over its ranks (module docstring; CPU tensors, no
                 workspace, no logit cache). The handle keeps a reference to
                 it, and comm.close() raises until this handle is closed.
+                For the sigmoid loss: each rank passes its rows q_r and
+                columns k_r, labels are GLOBAL column indices (without labels
+                global row g's positive is global column g), L is that of the
+                concatenated batch (B = global rows in the mean), dq / dk this
+                rank's rows / columns of the global gradient, dlogit_scale and
+                dlogit_bias identical on every rank; no workspace.
 
     Inputs are NumPy arrays (float32, ml_dtypes.bfloat16 or float16 features,
     any row stride; int64 labels) or objects with __dlpack__; outputs are new
@@ -127,12 +183,13 @@ class Contrastive:
         options.nonfinite = _option(nonfinite, _NONFINITE, "nonfinite")
         options.logit_cache_bytes = _cache_bytes(logit_cache_bytes)
         self._symmetric = options.loss in (capi.CONTRASTIVE_DEFAULT, capi.CONTRASTIVE_SYMMETRIC)
+        loss_name = _LOSS_NAMES.get(options.loss, options.loss)
         self._lock = threading.Lock()
         if comm is not None:
             check_communicator(comm, "comm")
         self.comm = comm
         self._handle = capi.Contrastive(options, comm._raw if comm is not None else None)
-        self.options = {"loss": "symmetric" if self._symmetric else "infonce",
+        self.options = {"loss": loss_name,
                         "num_threads": options.num_threads, "tile_rows": options.tile_rows,
                         "tile_cols": options.tile_cols, "nonfinite": options.nonfinite,
                         "logit_cache_bytes": options.logit_cache_bytes}
@@ -258,6 +315,101 @@ class Contrastive:
             return output(shape, dtype, name)
         return spec, as_output(spec, name)
 
+    @staticmethod
+    def _scalar_gradient(wanted, like: Arg, name):
+        """(array, Arg) of a new float32 gradient shaped like a one-element
+        argument (0-d, or (1,) when it is), or (None, None)."""
+        if not wanted:
+            return None, None
+        return output(like.shape if like.ndim == 1 else (), np.float32, name)
+
+    # ---- the sigmoid (SigLIP) loss --------------------------------------------
+
+    def sigmoid_workspace_size(self, q, k, grad_dtype=None, *, dq=False, dk=False):
+        """Bytes of workspace the sigmoid calls need: sigmoid_forward with the
+        defaults (dq = dk = False), sigmoid_value_and_grad / sigmoid_backward
+        with dq / dk True when they write those gradients in grad_dtype (None:
+        the input dtype)."""
+        q, k = as_arg(q, "q"), as_arg(k, "k")
+        dq_t = self._grad_meta(q, grad_dtype, "dq") if dq else None
+        dk_t = self._grad_meta(k, grad_dtype, "dk") if dk else None
+        with self._lock:
+            return self._h().sigmoid_workspace_size(q.tensor, k.tensor, dq_t, dk_t)
+
+    def sigmoid_forward(self, q, k, logit_scale, logit_bias, labels=None, *, workspace=None):
+        """The sigmoid loss L alone (2 b c d FLOPs): a 0-d float32 array.
+
+        q (b, d), k (c, d): float32, bfloat16 or float16 (the same dtype; any
+        row stride, contiguous rows). logit_scale s (finite, > 0) and
+        logit_bias t (finite): Python / NumPy numbers (converted to float32)
+        or one-element float32 arrays. labels: (b,) int64 column indices in
+        [0, c), or None (y_i = i, needs c >= b).
+        """
+        return self._sigmoid_forward(*_sigmoid_args(q, k, logit_scale, logit_bias, labels),
+                                     as_workspace(workspace))
+
+    def sigmoid_value_and_grad(self, q, k, logit_scale, logit_bias, labels=None, *, loss=True, dq=True,
+                               dk=True, dlogit_scale=True, dlogit_bias=True, grad_dtype=None,
+                               workspace=None):
+        """The sigmoid loss and its gradients in one pass (6 b c d FLOPs):
+        SigmoidResult(loss, dq, dk, dlogit_scale, dlogit_bias).
+
+        Arguments as for sigmoid_forward. loss, dlogit_scale, dlogit_bias:
+        True (a new float32 array) or False (None returned). dq, dk: True = a
+        new array in grad_dtype (None: the input dtype; "float32" also
+        allowed), False = not computed, or a writable NumPy array (any row
+        stride) to write into. At least one output. dq = dL/dq (b, d),
+        dk = dL/dk (c, d), dlogit_scale = dL/ds, dlogit_bias = dL/dt, for
+        L the mean over the b rows.
+        """
+        return self._sigmoid_value_and_grad(*_sigmoid_args(q, k, logit_scale, logit_bias, labels), loss, dq,
+                                            dk, dlogit_scale, dlogit_bias, grad_dtype, as_workspace(workspace))
+
+    def sigmoid_backward(self, q, k, logit_scale, logit_bias, labels=None, dloss=None, *, dq=True, dk=True,
+                         dlogit_scale=True, dlogit_bias=True, grad_dtype=None, workspace=None):
+        """The gradients of dloss * L, recomputing the logits (6 b c d FLOPs):
+        SigmoidGrads(dq, dk, dlogit_scale, dlogit_bias).
+
+        dloss: the upstream gradient g (None = 1; a number or a one-element
+        float32 array, finite under nonfinite="error"). Outputs as for
+        sigmoid_value_and_grad (at least one).
+        """
+        return self._sigmoid_backward(*_sigmoid_args(q, k, logit_scale, logit_bias, labels),
+                                      as_scalar_arg(dloss, "dloss"), dq, dk, dlogit_scale, dlogit_bias,
+                                      grad_dtype, as_workspace(workspace))
+
+    def _sigmoid_outputs(self, q: Arg, k: Arg, s: Arg, t: Arg, dq, dk, dlogit_scale, dlogit_bias, grad_dtype):
+        """The four gradient outputs of a sigmoid call: ((arrays), (Args))."""
+        dq, dq_t = self._gradient(dq, q, grad_dtype, "dq")
+        dk, dk_t = self._gradient(dk, k, grad_dtype, "dk")
+        ds, ds_t = self._scalar_gradient(dlogit_scale, s, "dlogit_scale")
+        dt, dt_t = self._scalar_gradient(dlogit_bias, t, "dlogit_bias")
+        return (dq, dk, ds, dt), tuple(a and a.tensor for a in (dq_t, dk_t, ds_t, dt_t))
+
+    def _sigmoid_forward(self, q: Arg, k: Arg, s: Arg, t: Arg, labels: Optional[Arg], ws: Optional[Arg]):
+        loss, loss_t = output((), np.float32, "loss")
+        with self._locked() as h:
+            h.sigmoid_forward(q.tensor, k.tensor, labels and labels.tensor, s.tensor, t.tensor, loss_t.tensor,
+                              ws and ws.tensor)
+        return loss
+
+    def _sigmoid_value_and_grad(self, q: Arg, k: Arg, s: Arg, t: Arg, labels: Optional[Arg], loss, dq, dk,
+                                dlogit_scale, dlogit_bias, grad_dtype, ws: Optional[Arg]) -> SigmoidResult:
+        loss, loss_t = output((), np.float32, "loss") if loss else (None, None)
+        grads, tensors = self._sigmoid_outputs(q, k, s, t, dq, dk, dlogit_scale, dlogit_bias, grad_dtype)
+        with self._locked() as h:
+            h.sigmoid_value_and_grad(q.tensor, k.tensor, labels and labels.tensor, s.tensor, t.tensor,
+                                     loss_t and loss_t.tensor, *tensors, ws and ws.tensor)
+        return SigmoidResult(loss, *grads)
+
+    def _sigmoid_backward(self, q: Arg, k: Arg, s: Arg, t: Arg, labels: Optional[Arg], dloss: Optional[Arg],
+                          dq, dk, dlogit_scale, dlogit_bias, grad_dtype, ws: Optional[Arg]) -> SigmoidGrads:
+        grads, tensors = self._sigmoid_outputs(q, k, s, t, dq, dk, dlogit_scale, dlogit_bias, grad_dtype)
+        with self._locked() as h:
+            h.sigmoid_backward(q.tensor, k.tensor, labels and labels.tensor, s.tensor, t.tensor,
+                               dloss and dloss.tensor, *tensors, ws and ws.tensor)
+        return SigmoidGrads(*grads)
+
 
 _shared = threading.local()
 
@@ -288,6 +440,16 @@ def _ring_handle(comm, loss, num_threads, tile_rows, tile_cols, nonfinite):
                                                       tile_rows=tile_rows, tile_cols=tile_cols,
                                                       nonfinite=nonfinite, comm=comm)
     return handle
+
+
+def _handle_for(comm, loss, num_threads, tile_rows, tile_cols, nonfinite, logit_cache_bytes=0):
+    """The kept handle of a functional call: the communicator's (ring) or the
+    calling thread's."""
+    if comm is None:
+        return _shared_handle(loss, num_threads, tile_rows, tile_cols, nonfinite, logit_cache_bytes)
+    if logit_cache_bytes:
+        raise ValueError("logit_cache_bytes: the ring loss (comm=...) has no logit cache; pass 0")
+    return _ring_handle(comm, loss, num_threads, tile_rows, tile_cols, nonfinite)
 
 
 def contrastive_loss(q, k, logit_scale, labels=None, symmetric=True, *, num_threads=0,
@@ -324,14 +486,8 @@ def contrastive_loss(q, k, logit_scale, labels=None, symmetric=True, *, num_thre
     (nothing summed over ranks). The handle is kept by the communicator
     (closed by comm.close(); backward() afterwards raises). No logit cache.
     """
-    if comm is not None:
-        if logit_cache_bytes:
-            raise ValueError("logit_cache_bytes: the ring loss (comm=...) has no logit cache; pass 0")
-        handle = _ring_handle(comm, "symmetric" if symmetric else "infonce", num_threads, tile_rows,
-                              tile_cols, nonfinite)
-    else:
-        handle = _shared_handle("symmetric" if symmetric else "infonce", num_threads, tile_rows,
-                                tile_cols, nonfinite, logit_cache_bytes)
+    handle = _handle_for(comm, "symmetric" if symmetric else "infonce", num_threads, tile_rows, tile_cols,
+                         nonfinite, logit_cache_bytes)
     q, k = as_arg(q, "q"), as_arg(k, "k")
     s, labels = as_scalar_arg(logit_scale, "logit_scale"), as_arg(labels, "labels")
     saved = handle._forward(q, k, s, labels, None)
@@ -344,3 +500,70 @@ def contrastive_loss(q, k, logit_scale, labels=None, symmetric=True, *, num_thre
                                 True, True, True, None, None)
 
     return saved.loss, backward
+
+
+def _sigmoid_args(q, k, logit_scale, logit_bias, labels):
+    return (as_arg(q, "q"), as_arg(k, "k"), as_scalar_arg(logit_scale, "logit_scale"),
+            as_scalar_arg(logit_bias, "logit_bias"), as_arg(labels, "labels"))
+
+
+def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, comm=None, num_threads=0, tile_rows=0,
+                 tile_cols=0, nonfinite="error"):
+    """The pairwise sigmoid (SigLIP) loss of row features q (b, d) against
+    column features k (c, d): returns (loss, backward).
+
+    L = -(1/b) sum_i sum_j log sigmoid(z_ij (s <q_i, k_j> + t)), z_ij = +1 for
+    j = y_i and -1 otherwise: the sum over all c columns, the MEAN over the b
+    rows. y_i = labels[i] (labels (b,) int64 in [0, c)) or i (labels None,
+    needs c >= b). q, k: float32, bfloat16 or float16 (the same dtype).
+    logit_scale s (finite, > 0) and logit_bias t (finite): numbers or
+    one-element float32 arrays.
+
+    loss is a 0-d float32 array (2 b c d FLOPs). backward(dloss=1.0) returns
+    SigmoidGrads(dq, dk, dlogit_scale, dlogit_bias), the gradients of
+    dloss * L: dq (b, d) and dk (c, d) in the input dtype, dlogit_scale =
+    dL/ds and dlogit_bias = dL/dt (float32, shaped like logit_scale /
+    logit_bias). backward recomputes the logits (6 b c d FLOPs), may be
+    called more than once and keeps q, k, s, t alive. When the gradients are
+    wanted anyway, sigmoid_value_and_grad is one pass (6 b c d FLOPs instead
+    of 8 b c d).
+
+    Options as for Contrastive; a handle per thread and option set is kept
+    between calls. Errors raise flatmem.Error subclasses whose message is
+    flatmem's (which argument, its shape or value, what was expected).
+
+    comm: a flatmem.Communicator -> the loss of the global batch whose rows q
+    and columns k on this rank are this rank's shard; labels are GLOBAL
+    column indices (without labels, global row g's positive is global column
+    g). Collective: every rank calls it, and backward(), in the same order
+    with the same s, t and dloss. The loss (mean over the B global rows),
+    dlogit_scale and dlogit_bias are identical on every rank; dq, dk are this
+    rank's slices of the global gradient (nothing summed over ranks). The
+    handle is kept by the communicator (closed by comm.close()).
+    """
+    handle = _handle_for(comm, "sigmoid", num_threads, tile_rows, tile_cols, nonfinite)
+    q, k, s, t, labels = _sigmoid_args(q, k, logit_scale, logit_bias, labels)
+    loss = handle._sigmoid_forward(q, k, s, t, labels, None)
+
+    def backward(dloss=1.0):
+        """SigmoidGrads(dq, dk, dlogit_scale, dlogit_bias): gradients of dloss * loss."""
+        return handle._sigmoid_backward(q, k, s, t, labels, as_scalar_arg(dloss, "dloss"), True, True, True,
+                                        True, None, None)
+
+    return loss, backward
+
+
+def sigmoid_value_and_grad(q, k, logit_scale, logit_bias, labels=None, *, comm=None, num_threads=0,
+                           tile_rows=0, tile_cols=0, nonfinite="error", grad_dtype=None):
+    """The sigmoid (SigLIP) loss and all its gradients in one pass (6 b c d
+    FLOPs): SigmoidResult(loss, dq, dk, dlogit_scale, dlogit_bias).
+
+    Arguments, loss convention (mean over the b rows), options and comm as
+    for sigmoid_loss. dq (b, d), dk (c, d) in grad_dtype (None: the input
+    dtype; "float32" for fp32 gradients of 16-bit inputs); loss, dlogit_scale
+    = dL/ds and dlogit_bias = dL/dt float32. For an upstream gradient g,
+    multiply the results by g (or use sigmoid_loss's backward(g)).
+    """
+    handle = _handle_for(comm, "sigmoid", num_threads, tile_rows, tile_cols, nonfinite)
+    q, k, s, t, labels = _sigmoid_args(q, k, logit_scale, logit_bias, labels)
+    return handle._sigmoid_value_and_grad(q, k, s, t, labels, True, True, True, True, True, grad_dtype, None)
