@@ -5,6 +5,7 @@
 // kDLCUDA tensors): UNSUPPORTED, never a silent answer; and the workspace
 // query against a guarded buffer of exactly that size.
 #include <doctest/doctest.h>
+#include <flatmem/comm.h>
 #include <flatmem/flatmem.h>
 
 #include <cmath>
@@ -125,6 +126,32 @@ TEST_CASE("contrastive/sigmoid/unsupported/kDLCUDA tensors") {
                                                c.bias.dl(), nullptr, o.dq.dl(), o.dk.dl(), o.ds.dl(),
                                                o.dt.dl(), nullptr, 0, nullptr));
   }
+}
+
+// A ring handle (options.comm) with kDLCUDA tensors: UNSUPPORTED (the ring
+// runs on CPU tensors) in every build, decided before any value behind a
+// device pointer (t, g) would be read on the host.
+TEST_CASE("contrastive/sigmoid/unsupported/kDLCUDA tensors with a communicator") {
+  flatmem_comm_t *comm = nullptr;
+  REQUIRE(flatmem_comm_create_local(&comm, 1, nullptr) == FLATMEM_STATUS_SUCCESS);
+  {
+    flatmem_contrastive_options o = make_options(FLATMEM_CONTRASTIVE_SIGMOID, 1, 0, 0, FLATMEM_NONFINITE_PROPAGATE);
+    o.comm = comm;
+    Handle h = create_handle(o);
+    SigmoidCase c(small());
+    SigmoidOutputs out = c.outputs();
+    HostTensor g = HostTensor::scalar(Dtype::f32, 1.0);
+    for (HostTensor *t : {&c.q, &c.k, &c.labels, &c.scale, &c.bias, &g, &out.loss, &out.dq, &out.dk, &out.ds, &out.dt})
+      t->dl()->device = DLDevice{kDLCUDA, 0};
+    expect_refused(out, c.forward(h.get(), out), FLATMEM_STATUS_UNSUPPORTED, {"q"});
+    expect_refused(out, c.value_and_grad(h.get(), out), FLATMEM_STATUS_UNSUPPORTED, {"q"});
+    expect_refused(out,
+                   flatmem_contrastive_sigmoid_backward(h.get(), c.q.dl(), c.k.dl(), c.labels.dl(), c.scale.dl(),
+                                                        c.bias.dl(), g.dl(), out.dq.dl(), out.dk.dl(),
+                                                        out.ds.dl(), out.dt.dl(), nullptr, 0, nullptr),
+                   FLATMEM_STATUS_UNSUPPORTED, {"q"});
+  }
+  flatmem_comm_destroy(comm);
 }
 
 TEST_CASE("contrastive/sigmoid/bad input/logit bias") {
