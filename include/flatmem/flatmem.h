@@ -599,10 +599,40 @@ FLATMEM_API flatmem_status flatmem_contrastive_backward(
  * 16-bit inputs, the widened rows; 3 doubles per row group; the 16-bit
  * gradient accumulators. workspace NULL: the handle's own buffer is used.
  *
- * Not yet supported (FLATMEM_STATUS_UNSUPPORTED with a message, never a
- * wrong answer): kDLCUDA tensors, a communicator (options.comm, refused at
- * create) and the logit cache (options.logit_cache_bytes != 0, refused at
- * create).
+ * Ring across ranks (options.comm != NULL; CPU tensors): the same four
+ * functions, collective, on the global batch exactly as "Ring across ranks"
+ * above says for INFONCE: rank r passes its rows q_r (b_r x d) and its
+ * columns k_r (c_r x d); labels are GLOBAL column indices in [0, C), and
+ * without labels global row g's positive is global column g (needs
+ * R_r + b_r <= C on every rank; b_r and c_r may differ). L is the mean over
+ * the B global rows; loss, dlogit_scale and dlogit_bias are identical bits on
+ * every rank, dq and dk are this rank's rows and columns of the exact
+ * gradient of the global L (nothing to sum over ranks; a wrapper that
+ * averages parameter gradients over N ranks passes dloss = N, as above).
+ * One pass round the ring computes everything asked for: at step t rank r
+ * holds the column block of rank (r - t) mod n, sends it on to r + 1 while it
+ * computes (its rows) x (that block), adds s G k into its dq, and adds its
+ * share of that block's dk to the partial dk that arrived from r - 1 before
+ * sending it on (it reaches the block's owner after the last step); one
+ * all-reduce of three doubles gives L, ds and dt. Per step: 2 b_r c_o d
+ * FLOPs (forward) or 6 b_r c_o d (value_and_grad, backward); messages: the
+ * column blocks in the input dtype and, with dk, the fp32 partial dk blocks.
+ * Every rank must pass the same d, dtype, logit_scale and logit_bias
+ * (bitwise), nonfinite policy, dloss (backward), and the same choice of NULL
+ * or a tensor for loss, dk, dlogit_scale and dlogit_bias (these are summed
+ * or delivered across ranks; dq may differ). Mismatches, refused arguments,
+ * non-finite inputs and transport errors fail every rank as above; outputs
+ * are written only after every message has arrived. workspace must be NULL
+ * (0 bytes) and the workspace query returns 0: the handle keeps 2 column
+ * blocks (max_s c_s x d, input dtype), and with dq 4 b_r d bytes, with dk 3
+ * fp32 blocks of max_s c_s x d. flatmem_contrastive_ring_stats_get reports
+ * the last sigmoid_forward (or value_and_grad with only the loss) as the
+ * forward and a call with gradients as the backward.
+ *
+ * Not supported (FLATMEM_STATUS_UNSUPPORTED with a message, never a wrong
+ * answer): kDLCUDA tensors (no CUDA kernels yet), and the logit cache
+ * (options.logit_cache_bytes != 0, refused at create): value_and_grad never
+ * recomputes a tile, so there is nothing to cache.
  */
 
 /** Workspace bytes of the sigmoid calls: dq, dk as they will be passed (both

@@ -1,13 +1,17 @@
 // extern "C" entry points of the sigmoid (SigLIP) loss (flatmem.h, "Sigmoid
 // (SigLIP) loss"): argument checks shared with the softmax losses
-// (validate.hpp), then the CPU driver (cpu/sigmoid.hpp). kDLCUDA tensors are
-// refused as UNSUPPORTED until the CUDA kernels exist; a communicator and the
-// logit cache are refused when the handle is created (validate.cpp).
+// (validate.hpp), then the CPU driver (cpu/sigmoid.hpp) or, for a handle
+// with a communicator, the ring across ranks (ring/ring_sigmoid.cpp), which
+// runs the same checks on every rank before the agreement. kDLCUDA tensors are
+// refused as UNSUPPORTED until the CUDA kernels exist; the logit cache is
+// refused when the handle is created (validate.cpp).
 #include <cmath>
+#include <functional>
 
 #include "contrastive/cpu/sigmoid.hpp"
 #include "contrastive/handle.hpp"
 #include "contrastive/plan.hpp"
+#include "contrastive/ring/ring.hpp"
 #include "contrastive/validate.hpp"
 #include "core/cpu_isa.hpp"
 #include "core/error.hpp"
@@ -46,7 +50,8 @@ Inputs check_sigmoid_inputs(const flatmem_contrastive_t *h, const DLTensor *q, c
   MatrixView qv, kv;  // the device first: CUDA tensors are refused before any pointer is read
   check_features(h->options, q, k, DataUse::metadata_only, qv, kv);
   refuse_cuda(qv, function);
-  const Inputs in = check_inputs(h->options, q, k, labels, logit_scale);
+  const Inputs in = check_inputs(h->options, q, k, labels, logit_scale,
+                                 h->options.comm ? Scope::ring : Scope::single_process);
   if (logit_bias == nullptr) invalid("logit_bias: NULL; pass the bias t (0 for none)");
   args.bias = *scalar_on(logit_bias, "logit_bias", in);
   if (!std::isfinite(args.bias)) invalid("logit_bias: ", args.bias, "; expected a finite value");
@@ -75,6 +80,18 @@ void run(flatmem_contrastive_t *h, const Inputs &in, const cpu::SigmoidArgs &arg
   cpu::sigmoid(h->pool, plan, in, args, h->workspace.resolve(workspace, workspace_bytes, needed));
 }
 
+// This rank's checks fill in `in` and `args`; then the ring (collective) or
+// the single-process call.
+using Check = std::function<void(Inputs &, cpu::SigmoidArgs &)>;
+void dispatch(flatmem_contrastive_t *h, const char *function, const Check &check, void *workspace,
+              size_t workspace_bytes) {
+  if (h->options.comm) return ring::sigmoid(*h, function, check, workspace, workspace_bytes);
+  Inputs in;
+  cpu::SigmoidArgs args;
+  check(in, args);
+  run(h, in, args, workspace, workspace_bytes);
+}
+
 }  // namespace
 
 extern "C" {
@@ -89,6 +106,10 @@ flatmem_status flatmem_contrastive_sigmoid_workspace_size(const flatmem_contrast
     MatrixView qv, kv;
     check_features(handle->options, q, k, DataUse::metadata_only, qv, kv);
     refuse_cuda(qv, "flatmem_contrastive_sigmoid_workspace_size");
+    if (handle->options.comm) {  // the ring uses the handle's own buffers
+      *bytes = 0;
+      return;
+    }
     const MatrixView dqv = check_gradient(dq, "dq", qv, "q", DataUse::metadata_only);
     const MatrixView dkv = check_gradient(dk, "dk", kv, "k", DataUse::metadata_only);
     *bytes = cpu::sigmoid_workspace_bytes(plan_for(handle, qv, kv), qv.dtype,
@@ -108,11 +129,11 @@ flatmem_status flatmem_contrastive_sigmoid_forward(flatmem_contrastive_t *handle
     constexpr const char *fn = "flatmem_contrastive_sigmoid_forward";
     check_handle(handle, fn);
     cpu_isa::active();
-    cpu::SigmoidArgs args;
-    const Inputs in = check_sigmoid_inputs(handle, q, k, labels, logit_scale, logit_bias, args, fn);
-    if (loss == nullptr) invalid("loss: NULL");
-    args.loss = scalar_on(loss, "loss", in);
-    run(handle, in, args, workspace, workspace_bytes);
+    dispatch(handle, fn, [&](Inputs &in, cpu::SigmoidArgs &args) {
+      in = check_sigmoid_inputs(handle, q, k, labels, logit_scale, logit_bias, args, fn);
+      if (loss == nullptr) invalid("loss: NULL");
+      args.loss = scalar_on(loss, "loss", in);
+    }, workspace, workspace_bytes);
   });
 }
 
@@ -126,13 +147,13 @@ flatmem_status flatmem_contrastive_sigmoid_value_and_grad(
     constexpr const char *fn = "flatmem_contrastive_sigmoid_value_and_grad";
     check_handle(handle, fn);
     cpu_isa::active();
-    cpu::SigmoidArgs args;
-    const Inputs in = check_sigmoid_inputs(handle, q, k, labels, logit_scale, logit_bias, args, fn);
-    args.loss = scalar_on(loss, "loss", in);
-    check_sigmoid_gradients(in, dq, dk, dlogit_scale, dlogit_bias, args);
-    if (!args.loss && !args.wants_gradient())
-      invalid("loss, dq, dk, dlogit_scale, dlogit_bias: all NULL; request at least one output");
-    run(handle, in, args, workspace, workspace_bytes);
+    dispatch(handle, fn, [&](Inputs &in, cpu::SigmoidArgs &args) {
+      in = check_sigmoid_inputs(handle, q, k, labels, logit_scale, logit_bias, args, fn);
+      args.loss = scalar_on(loss, "loss", in);
+      check_sigmoid_gradients(in, dq, dk, dlogit_scale, dlogit_bias, args);
+      if (!args.loss && !args.wants_gradient())
+        invalid("loss, dq, dk, dlogit_scale, dlogit_bias: all NULL; request at least one output");
+    }, workspace, workspace_bytes);
   });
 }
 
@@ -146,15 +167,16 @@ flatmem_status flatmem_contrastive_sigmoid_backward(
     constexpr const char *fn = "flatmem_contrastive_sigmoid_backward";
     check_handle(handle, fn);
     cpu_isa::active();
-    cpu::SigmoidArgs args;
-    const Inputs in = check_sigmoid_inputs(handle, q, k, labels, logit_scale, logit_bias, args, fn);
-    if (const float *g = scalar_on(dloss, "dloss", in)) args.dloss = *g;
-    if (handle->options.nonfinite == FLATMEM_NONFINITE_ERROR && !std::isfinite(args.dloss))
-      fail(FLATMEM_STATUS_NON_FINITE, "dloss: ", args.dloss, "; expected a finite upstream gradient");
-    check_sigmoid_gradients(in, dq, dk, dlogit_scale, dlogit_bias, args);
-    if (!args.wants_gradient())
-      invalid("dq, dk, dlogit_scale, dlogit_bias: all NULL; request at least one gradient");
-    run(handle, in, args, workspace, workspace_bytes);
+    dispatch(handle, fn, [&](Inputs &in, cpu::SigmoidArgs &args) {
+      in = check_sigmoid_inputs(handle, q, k, labels, logit_scale, logit_bias, args, fn);
+      if (const float *g = scalar_on(dloss, "dloss", in)) args.dloss = *g;
+      if (handle->options.nonfinite == FLATMEM_NONFINITE_ERROR && !std::isfinite(args.dloss))
+        fail(FLATMEM_STATUS_NON_FINITE, "dloss: ", args.dloss,
+             "; expected a finite upstream gradient");
+      check_sigmoid_gradients(in, dq, dk, dlogit_scale, dlogit_bias, args);
+      if (!args.wants_gradient())
+        invalid("dq, dk, dlogit_scale, dlogit_bias: all NULL; request at least one gradient");
+    }, workspace, workspace_bytes);
   });
 }
 

@@ -76,9 +76,6 @@ Options resolve_options(const flatmem_contrastive_options *given) {
   if (r.comm && r.logit_cache_bytes != 0)
     invalid("options.logit_cache_bytes: ", r.logit_cache_bytes,
             " with options.comm set; the ring across ranks keeps no logit tiles, set it to 0");
-  if (r.loss == Loss::sigmoid && r.comm)
-    fail(FLATMEM_STATUS_UNSUPPORTED, "options.comm: the sigmoid loss has no ring across ranks "
-         "yet; create the handle with comm = NULL");
   if (r.loss == Loss::sigmoid && r.logit_cache_bytes != 0)
     fail(FLATMEM_STATUS_UNSUPPORTED, "options.logit_cache_bytes: ", r.logit_cache_bytes,
          "; the sigmoid loss keeps no logit tiles (value_and_grad needs none), set it to 0");

@@ -15,13 +15,6 @@ namespace {
 
 using namespace flatmem_test;
 
-HostTensor rows_of(const HostTensor &m, std::int64_t first, std::int64_t count) {
-  HostTensor out = HostTensor::matrix(m.dtype(), count, m.cols());
-  for (std::int64_t i = 0; i < count; ++i)
-    for (std::int64_t t = 0; t < m.cols(); ++t) out.set(i, t, m.get(first + i, t));
-  return out;
-}
-
 HostTensor nan_vector(Dtype t, std::int64_t n) {
   HostTensor v = HostTensor::vector(t, n);
   for (std::int64_t i = 0; i < n; ++i) v.set(i, std::nan(""));
@@ -35,8 +28,15 @@ HostTensor nan_matrix(Dtype t, std::int64_t rows, std::int64_t cols) {
   return m;
 }
 
-// Compares got[i] with want[offset + i] (tolerance tol[offset + i]); "" if all pass.
-// FLATMEM_TEST_VERBOSE=1 prints the largest error / tolerance of each output.
+}  // namespace
+
+HostTensor rows_of(const HostTensor &m, std::int64_t first, std::int64_t count) {
+  HostTensor out = HostTensor::matrix(m.dtype(), count, m.cols());
+  for (std::int64_t i = 0; i < count; ++i)
+    for (std::int64_t t = 0; t < m.cols(); ++t) out.set(i, t, m.get(first + i, t));
+  return out;
+}
+
 std::string compare(const char *what, const HostTensor &got, const std::vector<double> &want,
                     const std::vector<double> &tol, std::int64_t offset) {
   double worst = 0.0;
@@ -54,8 +54,6 @@ std::string compare(const char *what, const HostTensor &got, const std::vector<d
   if (std::getenv("FLATMEM_TEST_VERBOSE")) std::printf("%s: largest error / tolerance %.3g\n", what, worst);
   return "";
 }
-
-}  // namespace
 
 GlobalBatch make_batch(const RingCase &rc) {
   GlobalBatch b;

@@ -81,6 +81,15 @@ flatmem_test::ReferenceResult reference_of(const RingCase &rc, const GlobalBatch
 std::string check_rank(const RingCase &rc, const GlobalBatch &batch,
                        const flatmem_test::ReferenceResult &ref, const RankResult &result, int rank);
 
+// Rows first .. first + count - 1 of m, as a compact matrix.
+HostTensor rows_of(const HostTensor &m, std::int64_t first, std::int64_t count);
+
+// Compares got[i] with want[offset + i] (tolerance tol[offset + i]); "" when
+// all pass, else the first failure. Usable in rank processes (no doctest).
+// FLATMEM_TEST_VERBOSE=1 prints the largest error / tolerance of each output.
+std::string compare(const char *what, const HostTensor &got, const std::vector<double> &want,
+                    const std::vector<double> &tol, std::int64_t offset);
+
 // Whether two runs gave the same bits in every output.
 bool same_bits(const RankResult &a, const RankResult &b);
 

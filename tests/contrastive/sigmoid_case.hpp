@@ -32,6 +32,9 @@ struct SigmoidOutputs {
 class SigmoidCase {
  public:
   explicit SigmoidCase(const SigmoidShape &shape);
+  // Given inputs (shape.b, shape.c, shape.d must match them; labels empty
+  // unless shape.labels); s and t from the shape.
+  SigmoidCase(const SigmoidShape &shape, HostTensor q, HostTensor k, HostTensor labels);
 
   // The calls, on `handle` (created with FLATMEM_CONTRASTIVE_SIGMOID). want_*
   // false passes NULL for that output. Workspace: the handle's own buffer.

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 
-#include "contrastive/cpu/blocks.hpp"
 #include "contrastive/cpu/sigmoid_math.hpp"
 #include "contrastive/cpu/tile_walk.hpp"
 
@@ -31,6 +30,34 @@ SigmoidBuffers carve_sigmoid(WorkspaceCarver &carver, const Plan &plan, Dtype in
 
 }  // namespace
 
+void sigmoid_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const SigmoidTerms &terms,
+                   const Accumulator &dq, const Accumulator &dk,
+                   const std::vector<ThreadScratch> &scratch, const SigmoidGroupSums &sums) {
+  SigmoidTile tile;
+  tile.scale = in.scale;
+  tile.bias = terms.bias;
+  tile.coef = terms.coef;
+  walk_tiles(pool, plan, in, scratch,
+             [&](std::int64_t row_group, Range rows, Range cols, const Fp32Rows &q,
+                 const Fp32Rows &k, const ThreadScratch &s) {
+               tile_logits(q, k, rows.size(), cols.size(), plan.d, s.tile);
+               tile_positives(in, rows, cols, s.positives);
+               SigmoidTile t = tile;
+               t.positive_col = s.positives;
+               const SigmoidSums tile_sums = sigmoid_tile(
+                   s.tile, terms.gradient ? s.tile : nullptr, rows.size(), cols.size(), t, terms.loss);
+               sums.loss[row_group] += tile_sums.loss;
+               sums.ds[row_group] += tile_sums.ds;
+               sums.dt[row_group] += tile_sums.dt;
+               if (dq.data)
+                 accumulate_rows_times(s.tile, k, rows.size(), cols.size(), plan.d,
+                                       dq.row(rows.begin), dq.ld);
+               if (dk.data)
+                 accumulate_cols_times(s.tile, q, rows.size(), cols.size(), plan.d,
+                                       dk.row(cols.begin), dk.ld);
+             });
+}
+
 std::size_t sigmoid_workspace_bytes(const Plan &plan, Dtype input, const Dtype *dq_dtype,
                                     const Dtype *dk_dtype, int threads) {
   WorkspaceCarver measure;
@@ -47,41 +74,21 @@ void sigmoid(ThreadPool &pool, const Plan &plan, const Inputs &in, const Sigmoid
   const Accumulator dk = accumulator_for(args.dk, buf.grad.dk_acc);
   if (dq.data) dq.zero(plan.b, plan.d);
   if (dk.data) dk.zero(plan.c, plan.d);
-  for (double *sums : {buf.grad.group_ds, buf.group_loss, buf.group_dt})
-    std::fill(sums, sums + plan.groups, 0.0);
+  const SigmoidGroupSums sums{buf.group_loss, buf.grad.group_ds, buf.group_dt};
+  for (double *group : {sums.loss, sums.ds, sums.dt}) std::fill(group, group + plan.groups, 0.0);
 
-  const bool gradient = args.wants_gradient();
-  SigmoidTile tile;
-  tile.scale = in.scale;
-  tile.bias = args.bias;
-  tile.coef = float(double(args.dloss) / double(plan.b));
-  walk_tiles(pool, plan, in, buf.grad.threads,
-             [&](std::int64_t row_group, Range rows, Range cols, const Fp32Rows &q,
-                 const Fp32Rows &k, const ThreadScratch &s) {
-               tile_logits(q, k, rows.size(), cols.size(), plan.d, s.tile);
-               tile_positives(in, rows, cols, s.positives);
-               SigmoidTile t = tile;
-               t.positive_col = s.positives;
-               const SigmoidSums sums = sigmoid_tile(s.tile, gradient ? s.tile : nullptr,
-                                                     rows.size(), cols.size(), t,
-                                                     args.loss != nullptr);
-               buf.group_loss[row_group] += sums.loss;
-               buf.grad.group_ds[row_group] += sums.ds;
-               buf.group_dt[row_group] += sums.dt;
-               if (dq.data)
-                 accumulate_rows_times(s.tile, k, rows.size(), cols.size(), plan.d,
-                                       dq.row(rows.begin), dq.ld);
-               if (dk.data)
-                 accumulate_cols_times(s.tile, q, rows.size(), cols.size(), plan.d,
-                                       dk.row(cols.begin), dk.ld);
-             });
+  SigmoidTerms terms;
+  terms.bias = args.bias;
+  terms.coef = float(double(args.dloss) / double(plan.b));
+  terms.loss = args.loss != nullptr;
+  terms.gradient = args.wants_gradient();
+  sigmoid_block(pool, plan, in, terms, dq, dk, buf.grad.threads, sums);
 
   store_gradient(dq, args.dq);
   store_gradient(dk, args.dk);
-  if (args.loss)
-    *args.loss = float(sum_in_order(buf.group_loss, plan.groups) / double(plan.b));
-  if (args.dscale) *args.dscale = float(sum_in_order(buf.grad.group_ds, plan.groups));
-  if (args.dbias) *args.dbias = float(sum_in_order(buf.group_dt, plan.groups));
+  if (args.loss) *args.loss = float(sum_in_order(sums.loss, plan.groups) / double(plan.b));
+  if (args.dscale) *args.dscale = float(sum_in_order(sums.ds, plan.groups));
+  if (args.dbias) *args.dbias = float(sum_in_order(sums.dt, plan.groups));
 }
 
 }  // namespace flatmem::contrastive::cpu

@@ -18,7 +18,11 @@ float as_float(std::uint32_t bits) {
   return f;
 }
 
-const char *loss_text(std::int32_t loss) { return loss == 0 ? "SYMMETRIC" : "INFONCE"; }
+const char *loss_text(std::int32_t loss) {
+  static const char *names[] = {"SYMMETRIC", "INFONCE", "SIGMOID"};
+  return loss >= 0 && loss < 3 ? names[loss] : "?";
+}
+const char *given(std::int32_t wanted) { return wanted ? "a tensor" : "NULL"; }
 const char *dtype_text(std::int32_t dtype) {
   static const char *names[] = {"float32", "bfloat16", "float16"};
   return dtype >= 0 && dtype < 3 ? names[dtype] : "?";
@@ -47,8 +51,16 @@ void check_agreement(const std::vector<RankEntry> &all) {
                [](const RankEntry &e) { return as_float(e.scale_bits); });
   require_same(all, "dloss", [](const RankEntry &e) { return e.dloss_bits; },
                [](const RankEntry &e) { return as_float(e.dloss_bits); });
+  require_same(all, "logit_bias", [](const RankEntry &e) { return e.bias_bits; },
+               [](const RankEntry &e) { return as_float(e.bias_bits); });
   require_same(all, "dk", [](const RankEntry &e) { return e.wants_dk; },
                [](const RankEntry &e) { return e.wants_dk ? "a dk tensor" : "NULL"; });
+  require_same(all, "loss", [](const RankEntry &e) { return e.wants_loss; },
+               [](const RankEntry &e) { return given(e.wants_loss); });
+  require_same(all, "dlogit_scale", [](const RankEntry &e) { return e.wants_dscale; },
+               [](const RankEntry &e) { return given(e.wants_dscale); });
+  require_same(all, "dlogit_bias", [](const RankEntry &e) { return e.wants_dbias; },
+               [](const RankEntry &e) { return given(e.wants_dbias); });
 }
 
 Layout layout_of(const std::vector<RankEntry> &all, int rank) {

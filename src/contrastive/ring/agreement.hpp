@@ -20,7 +20,10 @@ struct RankEntry {
   std::int32_t loss = 0, dtype = 0, nonfinite = 0;
   std::int64_t rows = 0, cols = 0, d = 0;
   std::uint32_t scale_bits = 0, dloss_bits = 0;  // fp32 bit patterns (dloss: backward only)
+  std::uint32_t bias_bits = 0;                   // sigmoid: the logit bias t
   std::int32_t has_labels = 0, wants_dk = 0;
+  // sigmoid: the outputs summed over the ranks must be requested everywhere
+  std::int32_t wants_loss = 0, wants_dscale = 0, wants_dbias = 0;
   std::int64_t label_min = 0, label_max = -1;    // over this rank's labels
 };
 

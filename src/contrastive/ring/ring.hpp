@@ -6,7 +6,10 @@
 
 #include <flatmem/flatmem.h>
 
+#include <functional>
+
 #include "comm/communicator.hpp"
+#include "contrastive/cpu/sigmoid.hpp"
 #include "contrastive/problem.hpp"
 #include "contrastive/ring/agreement.hpp"
 #include "contrastive/ring/stats.hpp"
@@ -26,11 +29,23 @@ void backward(flatmem_contrastive_s &handle, const DLTensor *q, const DLTensor *
               const DLTensor *col_lse, const DLTensor *dloss, DLTensor *dq, DLTensor *dk,
               DLTensor *dlogit_scale, const void *workspace, std::size_t workspace_bytes);
 
+// The sigmoid calls (sigmoid_capi.cpp) when the handle has a communicator:
+// `local_check` runs this rank's argument checks (Scope::ring) and fills in
+// `in` and `args`; then the agreement of all ranks and the sigmoid ring.
+// `call` names the C function. Collective.
+void sigmoid(flatmem_contrastive_s &handle, const char *call,
+             const std::function<void(Inputs &, cpu::SigmoidArgs &)> &local_check,
+             const void *workspace, std::size_t workspace_bytes);
+
 // The rings themselves (ring_forward.cpp, ring_backward.cpp), after agree().
 // Outputs are written only once every message has arrived.
 void run_forward(flatmem_contrastive_s &handle, comm::Communicator &comm, const Layout &layout,
                  const Inputs &in, const ForwardOutputs &out, Stats &stats);
 void run_backward(flatmem_contrastive_s &handle, comm::Communicator &comm, const Layout &layout,
                   const Inputs &in, const BackwardArgs &args, Stats &stats);
+// ring_sigmoid.cpp: the loss and / or gradients of args in one pass; `phase`
+// names it in messages ("contrastive sigmoid ring").
+void run_sigmoid(flatmem_contrastive_s &handle, comm::Communicator &comm, const Layout &layout,
+                 const Inputs &in, const cpu::SigmoidArgs &args, const char *phase, Stats &stats);
 
 }  // namespace flatmem::contrastive::ring

@@ -36,7 +36,7 @@ std::uint32_t bits_of(float value) {
 
 RankEntry entry_of(const Options &options, const Inputs &in) {
   RankEntry e;
-  e.loss = in.loss == Loss::symmetric ? 0 : 1;
+  e.loss = int(in.loss);  // symmetric 0, infonce 1, sigmoid 2
   e.dtype = int(in.q.dtype);
   e.nonfinite = options.nonfinite;
   e.rows = in.b();
@@ -112,6 +112,33 @@ void backward(flatmem_contrastive_s &h, const DLTensor *q, const DLTensor *k,
   in.row_offset = layout.row_offset[std::size_t(layout.rank)];
   run_guarded(comm, h.ring_backward_stats, "contrastive backward ring",
               [&] { run_backward(h, comm, layout, in, args, h.ring_backward_stats); });
+}
+
+void sigmoid(flatmem_contrastive_s &h, const char *call,
+             const std::function<void(Inputs &, cpu::SigmoidArgs &)> &local_check,
+             const void *workspace, std::size_t workspace_bytes) {
+  comm::Communicator &comm = communicator_of(h);
+  Inputs in;
+  cpu::SigmoidArgs args;
+  const Layout layout = agree(comm, call, [&] {
+    refuse_workspace(workspace, workspace_bytes);
+    local_check(in, args);
+    refuse_device(in);
+    if (h.options.nonfinite == FLATMEM_NONFINITE_ERROR) check_features_finite(in);
+    RankEntry e = entry_of(h.options, in);
+    e.bias_bits = bits_of(args.bias);
+    e.dloss_bits = bits_of(args.dloss);
+    e.wants_dk = args.dk.data != nullptr;
+    e.wants_loss = args.loss != nullptr;
+    e.wants_dscale = args.dscale != nullptr;
+    e.wants_dbias = args.dbias != nullptr;
+    return e;
+  });
+  in.row_offset = layout.row_offset[std::size_t(layout.rank)];
+  // the forward's statistics for the loss alone, the backward's when gradients are computed
+  Stats &stats = args.wants_gradient() ? h.ring_backward_stats : h.ring_forward_stats;
+  const char *phase = "contrastive sigmoid ring";
+  run_guarded(comm, stats, phase, [&] { run_sigmoid(h, comm, layout, in, args, phase, stats); });
 }
 
 }  // namespace flatmem::contrastive::ring
