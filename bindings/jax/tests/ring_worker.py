@@ -142,12 +142,19 @@ def check_sigmoid_case(name, comm, row_sizes, col_sizes, d, s, t, labelled, reco
     mine_r, mine_c = slice(rows[r], rows[r + 1]), slice(cols[r], cols[r + 1])
     my_labels = None if labels is None else jnp.asarray(labels[mine_r])
 
-    def loss(q, k, s, t):
-        return flatmem_jax.sigmoid_loss(q, k, s, t, my_labels, recompute=recompute, comm=comm)
+    def run(recompute):
+        def loss(q, k, s, t):
+            return flatmem_jax.sigmoid_loss(q, k, s, t, my_labels, recompute=recompute, comm=comm)
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(
+            q[mine_r], k[mine_c], jnp.float32(s), jnp.float32(t))
 
-    value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(
-        q[mine_r], k[mine_c], jnp.float32(s), jnp.float32(t))
+    value, grads = run(recompute)
     check_sigmoid(value, grads, q, k, s, t, labels, rows=mine_r, cols=mine_c)
+    if recompute:  # flatmem's backward with dloss = 1: value_and_grad's bits
+        saved = run(False)
+        assert value == saved[0], (value, saved[0])
+        for a, b in zip(grads, saved[1]):
+            np.testing.assert_array_equal(a, b)
     print("CHECKED", name, bits(value), bits(grads[2]), bits(grads[3]), flush=True)
 
 

@@ -166,8 +166,8 @@ def test_cuda_handlers_return_flatmems_unsupported_error():
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASSED: 0 failure(s)" in run.stdout
     # XLA_FFI_Error_Code_UNIMPLEMENTED: 5 handler calls, 2 more with a logit cache budget,
-    # and the 5 ring handlers
-    assert run.stdout.count("-> code 12: ") == 12
+    # the 5 ring handlers, 4 sigmoid handler calls and the 3 sigmoid ring handlers
+    assert run.stdout.count("-> code 12: ") == 19
     # the reversible CUDA handlers fail in the handler (what refuses them depends on the
     # flatmem build: its buffer checks, or no CUDA device for the gradient zeroing)
     assert run.stdout.count("(reversible): ") == 2

@@ -230,8 +230,3 @@ def test_vmap_equals_per_element_calls():
             np.testing.assert_array_equal(a[i], b_)
         check_sigmoid(values[i], (grads[0][i], grads[1][i]), qs[i], ks[i], 10.0, biases[i], labels[i])
 
-
-def test_flatmem_jax_module_reexports_it():
-    flatmem = pytest.importorskip("flatmem")
-    import flatmem.jax
-    assert flatmem.jax.sigmoid_loss is flatmem_jax.sigmoid_loss
