@@ -59,16 +59,23 @@ def foreign_labels(seed, row_sizes, col_sizes):
     return np.asarray(labels, np.int64)
 
 
-def check_case(name, comm, symmetric, row_sizes, col_sizes, d, s, dtype, labelled):
-    """This rank's shard of a global batch (the same seeds on every rank),
-    through the ring under jit(value_and_grad), against the float64 loss and
-    gradients of the concatenated batch."""
-    r = comm.rank
-    q, k = unit_rows(101, sum(row_sizes), d, dtype), unit_rows(102, sum(col_sizes), d, dtype)
-    labels = foreign_labels(103, row_sizes, col_sizes) if labelled else None
+def global_batch(seed, rank, row_sizes, col_sizes, d, dtype, labelled):
+    """The global q, k and labels of a case (the same seeds on every rank), and
+    this rank's row and column slices of them and its labels."""
+    q, k = unit_rows(seed, sum(row_sizes), d, dtype), unit_rows(seed + 1, sum(col_sizes), d, dtype)
+    labels = foreign_labels(seed + 2, row_sizes, col_sizes) if labelled else None
     rows, cols = offsets(row_sizes), offsets(col_sizes)
-    mine_r, mine_c = slice(rows[r], rows[r + 1]), slice(cols[r], cols[r + 1])
+    mine_r, mine_c = slice(rows[rank], rows[rank + 1]), slice(cols[rank], cols[rank + 1])
     my_labels = None if labels is None else jnp.asarray(labels[mine_r])
+    return q, k, labels, mine_r, mine_c, my_labels
+
+
+def check_case(name, comm, symmetric, row_sizes, col_sizes, d, s, dtype, labelled):
+    """This rank's shard of a global batch through the ring under
+    jit(value_and_grad), against the float64 loss and gradients of the
+    concatenated batch."""
+    q, k, labels, mine_r, mine_c, my_labels = global_batch(101, comm.rank, row_sizes, col_sizes,
+                                                           d, dtype, labelled)
     loss, grads = ring_value_and_grad(symmetric, comm)(q[mine_r], k[mine_c], jnp.float32(s),
                                                        my_labels)
     check_loss(loss, q, k, s, labels, symmetric)
@@ -135,12 +142,8 @@ def check_sigmoid_case(name, comm, row_sizes, col_sizes, d, s, t, labelled, reco
     """This rank's shard of a global batch through sigmoid_loss(comm=...) under
     jit(value_and_grad) against the float64 loss and gradients (q, k, s, t)
     of the concatenated batch."""
-    r = comm.rank
-    q, k = unit_rows(201, sum(row_sizes), d, dtype), unit_rows(202, sum(col_sizes), d, dtype)
-    labels = foreign_labels(203, row_sizes, col_sizes) if labelled else None
-    rows, cols = offsets(row_sizes), offsets(col_sizes)
-    mine_r, mine_c = slice(rows[r], rows[r + 1]), slice(cols[r], cols[r + 1])
-    my_labels = None if labels is None else jnp.asarray(labels[mine_r])
+    q, k, labels, mine_r, mine_c, my_labels = global_batch(201, comm.rank, row_sizes, col_sizes,
+                                                           d, dtype, labelled)
 
     def run(recompute):
         def loss(q, k, s, t):
