@@ -48,11 +48,12 @@ Arguments
                  accepted and ignored (flatmem's CUDA backend recomputes).
 
 Across processes
-    With comm=RingComm (flatmem_jax.ring.initialize()), clip_loss and
-    infonce_loss compute the loss of ONE global batch spread over processes,
-    each passing its shard, through flatmem's ring; the gradients are this
-    rank's rows of the exact gradients of the global mean, the scale's
-    gradient the global one on every rank. Collective; CPU only. See
+    With comm=RingComm (flatmem_jax.ring.initialize()), clip_loss,
+    infonce_loss and sigmoid_loss compute the loss of ONE global batch spread
+    over processes, each passing its shard, through flatmem's ring; the
+    gradients are this rank's rows of the exact gradients of the global mean,
+    the scale's (and the sigmoid loss's bias') gradient the global one on
+    every rank. Collective; CPU only. See
     flatmem_jax.ring's docstring.
 
 Differentiation
