@@ -19,10 +19,10 @@
 #                  benchmarks
 #   4. probe       the CUDA runtime must see the device (else every GPU test would just skip)
 #   5. ctest       ctest -L gpu (the compute-sanitizer tests run in step 6 instead)
-#   6. sanitizer   compute-sanitizer memcheck and racecheck on two GPU test executables, filtered
+#   6. sanitizer   compute-sanitizer memcheck and racecheck on three GPU test executables, filtered
 #                  to small cases
 #   7. contrastive bench/cuda/contrastive_cuda_bench (its fixed sweep: d 512, 768; b 16384,
-#                  65536, 262144)
+#                  65536, 262144; a symmetric-loss and a sigmoid-loss row each)
 #   8. reversible  reversible_cuda_bench, width 768, 12 heads, MLP 3072, depths 12 and 24,
 #                  batches 8..128, TF32 then FP32 (rows of both in one CSV)
 #   9. infcl       bench/infcl_compare.py (d 768, b 16384 and 65536) when python3 imports inf_cl
@@ -289,7 +289,7 @@ else
 fi
 
 targets=(flatmem test_gpu_contrastive_values test_gpu_contrastive_determinism test_gpu_contrastive_bad_input
-         test_gpu_reversible_segment test_gpu_reversible_blocks contrastive_cuda_bench reversible_cuda_bench)
+         test_gpu_sigmoid test_gpu_sigmoid_bad_input test_gpu_reversible_segment test_gpu_reversible_blocks contrastive_cuda_bench reversible_cuda_bench)
 # test_gpu_comm exists when configure found NCCL.
 grep -qs test_gpu_comm "$build/tests/CTestTestfile.cmake" && targets+=(test_gpu_comm)
 if $dry_run; then echo "    (+ test_gpu_comm when configure found NCCL)"; fi
@@ -332,6 +332,9 @@ if gated sanitizer; then
       # The contrastive loss's small case (what ctest's gpu/contrastive/compute-sanitizer/* run) ...
       run_step "sanitizer $tool contrastive" 45 sanitizer.log "$san" --tool "$tool" --error-exitcode 1 \
         "$tests_dir/test_gpu_contrastive_determinism" '--test-case=*sanitizer-case*'
+      # ... the sigmoid loss's small case (both passes, every call) ...
+      run_step "sanitizer $tool sigmoid" 45 sanitizer.log "$san" --tool "$tool" --error-exitcode 1 \
+        "$tests_dir/test_gpu_sigmoid" '--test-case=*sanitizer-case*'
       # ... and attention + MLP blocks of (2, 31, 96) in FP32 and TF32 (flatmem's kernels, cuBLASLt).
       run_step "sanitizer $tool blocks" 45 sanitizer.log "$san" --tool "$tool" --error-exitcode 1 \
         "$tests_dir/test_gpu_reversible_blocks" '--test-case=gpu/blocks/math/*'

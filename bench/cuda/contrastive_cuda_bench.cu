@@ -1,5 +1,6 @@
-// contrastive_cuda_bench: the symmetric CLIP loss, forward + backward, bf16,
-// on one GPU, against baselines measured in the same run:
+// contrastive_cuda_bench: the symmetric CLIP loss, forward + backward, and
+// the sigmoid (SigLIP) loss, value_and_grad, bf16, on one GPU, against
+// baselines measured in the same run. Symmetric loss:
 //   - flatmem's CUDA backend (flatmem_contrastive_forward + _backward with
 //     dq, dk (bf16) and dlogit_scale), time per step and TFLOP/s counted on
 //     the useful 8 b^2 d FLOPs;
@@ -8,8 +9,15 @@
 //     not fit at large b, so the rate of a b x 8192 x d slice is measured and
 //     the four full GEMMs' time is 8 b^2 d / rate;
 //   - the naive materialised loss (naive_loss.cuh) where its 6 b^2 bytes fit.
+// Sigmoid loss (c = b, s = 10, t = -10, no labels), the same shapes:
+//   - flatmem_contrastive_sigmoid_value_and_grad with loss, dq, dk (bf16), ds
+//     and dt, TFLOP/s counted on the useful 6 b^2 d FLOPs (flatmem does 8:
+//     its column pass recomputes the logits, see src/contrastive/cuda/
+//     sigmoid_pass.cu);
+//   - "3 GEMMs": logits, G k and G^T q, 6 b^2 d / rate (the same measured rate);
+//   - the naive materialised sigmoid loss (naive_loss.cuh) where it fits.
 // Memory: flatmem's beyond inputs and outputs is its workspace (it never
-// allocates; the larger of the two workspace queries); the naive loss's is its
+// allocates; the larger of the workspace queries); the naive loss's is its
 // b x b buffers. cudaMemGetInfo deltas around each are printed as a check.
 //
 // Usage: contrastive_cuda_bench [--quick]   (--quick: d = 512, b = 16384 only)
@@ -95,30 +103,76 @@ void require(flatmem_status s, const char *what) {
   }
 }
 
+// One loss at one shape: flatmem's time, the GEMM floor's, the naive loss's (-1: did not fit).
 struct Row {
   int d = 0;
   std::int64_t b = 0;
-  double flatmem_s = 0, gemm4_s = 0, naive_s = -1;
+  double flatmem_s = 0, gemm_s = 0, naive_s = -1;
   double workspace_mb = 0, measured_delta_mb = 0, naive_mb = 0;
   float loss = 0;
 };
 
-Row run(int d, std::int64_t b, cudaStream_t stream, bench::LtGemm &lt, int reps) {
+// The device buffers of one shape, shared by both losses: q, k, dq, dk (bf16,
+// b x d), fp32 scalars and two b-vectors, and their DLTensors.
+struct Problem {
+  std::int64_t b;
+  int d;
+  DeviceMemory q, k, dq, dk, scalars, row_lse, col_lse;
+  std::int64_t mat[2], vec[1];
+  DLTensor Q, K, DQ, DK, RL, CL;
+  Problem(int d_, std::int64_t b_, cudaStream_t stream)
+      : b(b_), d(d_), q(std::size_t(b) * d * 2), k(std::size_t(b) * d * 2), dq(std::size_t(b) * d * 2),
+        dk(std::size_t(b) * d * 2), scalars(64), row_lse(std::size_t(b) * 4), col_lse(std::size_t(b) * 4),
+        mat{b, d}, vec{b} {
+    const DLDataType bf16{kDLBfloat, 16, 1}, f32{kDLFloat, 32, 1};
+    bench::fill_features(q.as<__nv_bfloat16>(), b, d, 1u, stream);
+    bench::fill_features(k.as<__nv_bfloat16>(), b, d, 2u, stream);
+    Q = tensor(q.p, 2, mat, bf16);
+    K = tensor(k.p, 2, mat, bf16);
+    DQ = tensor(dq.p, 2, mat, bf16);
+    DK = tensor(dk.p, 2, mat, bf16);
+    RL = tensor(row_lse.p, 1, vec, f32);
+    CL = tensor(col_lse.p, 1, vec, f32);
+  }
+  // fp32 scalar number i (0..15) of `scalars`, set to value (when given) on the device
+  DLTensor scalar(int i) { return tensor(scalars.as<float>() + i, 0, nullptr, DLDataType{kDLFloat, 32, 1}); }
+  void set_scalar(int i, float value) {
+    CUDA_CHECK(cudaMemcpy(scalars.as<float>() + i, &value, 4, cudaMemcpyHostToDevice));
+  }
+  float get_scalar(int i) const {
+    float v = 0;
+    CUDA_CHECK(cudaMemcpy(&v, scalars.as<float>() + i, 4, cudaMemcpyDeviceToHost));
+    return v;
+  }
+};
+
+// FLOP/s of cuBLASLt's bf16 b x slice x d "nt" GEMM (the logits' shape): the
+// rate the GEMM floors are computed from (the b x b output does not fit at large b).
+double gemm_rate(Problem &p, cudaStream_t stream, bench::LtGemm &lt, int reps) {
+  const std::int64_t slice = std::min<std::int64_t>(p.b, 8192);
+  DeviceMemory c(std::size_t(p.b) * slice * 2);
+  const double t = time_it(stream, reps, [&] {
+    lt.run(bench::Layout::nt, p.b, slice, p.d, p.q.p, p.k.p, c.p, false, stream);
+  });
+  return 2.0 * double(p.b) * double(slice) * p.d / t;
+}
+
+// Whether the naive loss's b x b buffers (6 b^2 bytes) fit.
+bool naive_fits(std::int64_t b) {
+  return std::size_t(b) * b * 6 < std::size_t(0.85 * double(free_bytes()));
+}
+
+Row run(Problem &p, double rate, cudaStream_t stream, bench::LtGemm &lt, int reps) {
   Row row;
+  const std::int64_t b = p.b;
+  const int d = p.d;
   row.d = d;
   row.b = b;
-  const DLDataType bf16{kDLBfloat, 16, 1}, f32{kDLFloat, 32, 1};
-  DeviceMemory q(std::size_t(b) * d * 2), k(std::size_t(b) * d * 2), dq(std::size_t(b) * d * 2),
-      dk(std::size_t(b) * d * 2), scalars(64), row_lse(std::size_t(b) * 4), col_lse(std::size_t(b) * 4);
-  bench::fill_features(q.as<__nv_bfloat16>(), b, d, 1u, stream);
-  bench::fill_features(k.as<__nv_bfloat16>(), b, d, 2u, stream);
+  DeviceMemory &q = p.q, &k = p.k, &dq = p.dq, &dk = p.dk, &row_lse = p.row_lse, &col_lse = p.col_lse;
   const float scale = 14.3f;
-  CUDA_CHECK(cudaMemcpy(scalars.as<float>(), &scale, 4, cudaMemcpyHostToDevice));
-  std::int64_t mat[2] = {b, d}, vec[1] = {b};
-  DLTensor Q = tensor(q.p, 2, mat, bf16), K = tensor(k.p, 2, mat, bf16), DQ = tensor(dq.p, 2, mat, bf16),
-           DK = tensor(dk.p, 2, mat, bf16), RL = tensor(row_lse.p, 1, vec, f32),
-           CL = tensor(col_lse.p, 1, vec, f32), S = tensor(scalars.as<float>(), 0, nullptr, f32),
-           L = tensor(scalars.as<float>() + 1, 0, nullptr, f32), DS = tensor(scalars.as<float>() + 2, 0, nullptr, f32);
+  p.set_scalar(0, scale);
+  DLTensor &Q = p.Q, &K = p.K, &DQ = p.DQ, &DK = p.DK, &RL = p.RL, &CL = p.CL;
+  DLTensor S = p.scalar(0), L = p.scalar(1), DS = p.scalar(2);
 
   // --- flatmem ---------------------------------------------------------------------
   flatmem_contrastive_options options = FLATMEM_CONTRASTIVE_OPTIONS_INIT;
@@ -140,26 +194,17 @@ Row run(int d, std::int64_t b, cudaStream_t stream, bench::LtGemm &lt, int reps)
                                            bwd_bytes, stream),
               "backward");
     });
-    CUDA_CHECK(cudaMemcpy(&row.loss, scalars.as<float>() + 1, 4, cudaMemcpyDeviceToHost));
+    row.loss = p.get_scalar(1);
   }
   flatmem_contrastive_destroy(h);
 
-  // --- four cuBLASLt GEMMs, from the rate of a b x slice x d GEMM -------------------------
-  const std::int64_t slice = std::min<std::int64_t>(b, 8192);
-  {
-    DeviceMemory c(std::size_t(b) * slice * 2);
-    const double t = time_it(stream, reps, [&] {
-      lt.run(bench::Layout::nt, b, slice, d, q.p, k.p, c.p, false, stream);
-    });
-    const double rate = 2.0 * double(b) * double(slice) * d / t;
-    row.gemm4_s = 4.0 * 2.0 * double(b) * double(b) * d / rate;
-  }
+  // --- four cuBLASLt GEMMs, from the measured rate -------------------------------------------
+  row.gemm_s = 4.0 * 2.0 * double(b) * double(b) * d / rate;
 
   // --- naive materialised loss where it fits -----------------------------------------------
-  const std::size_t naive_bytes = std::size_t(b) * b * 6;
-  if (naive_bytes < std::size_t(0.85 * double(free_bytes()))) {
+  if (naive_fits(b)) {
     DeviceMemory logits(std::size_t(b) * b * 4), g(std::size_t(b) * b * 2);
-    row.naive_mb = double(naive_bytes) / 1048576.0;
+    row.naive_mb = double(std::size_t(b) * b * 6) / 1048576.0;
     row.naive_s = time_it(stream, reps, [&] {
       lt.run(bench::Layout::nt, b, b, d, q.p, k.p, logits.p, true, stream);
       bench::row_lse(logits.as<float>(), b, scale, row_lse.as<float>(), stream);
@@ -173,6 +218,81 @@ Row run(int d, std::int64_t b, cudaStream_t stream, bench::LtGemm &lt, int reps)
   return row;
 }
 
+// The sigmoid loss at the problem's shape (c = b, no labels): flatmem's
+// value_and_grad (loss, dq, dk, ds, dt), three GEMMs' time, the naive loss.
+Row run_sigmoid(Problem &p, double rate, cudaStream_t stream, bench::LtGemm &lt, int reps) {
+  Row row;
+  const std::int64_t b = p.b;
+  const int d = p.d;
+  row.d = d;
+  row.b = b;
+  const float scale = 10.0f, bias = -10.0f;
+  p.set_scalar(4, scale);
+  p.set_scalar(5, bias);
+  DLTensor S = p.scalar(4), T = p.scalar(5), L = p.scalar(6), DS = p.scalar(7), DT = p.scalar(8);
+
+  // --- flatmem ---------------------------------------------------------------------
+  flatmem_contrastive_options options = FLATMEM_CONTRASTIVE_OPTIONS_INIT;
+  options.loss = FLATMEM_CONTRASTIVE_SIGMOID;
+  options.nonfinite = FLATMEM_NONFINITE_PROPAGATE;
+  flatmem_contrastive_t *h = nullptr;
+  require(flatmem_contrastive_create(&h, &options), "create (sigmoid)");
+  std::size_t bytes = 0;
+  require(flatmem_contrastive_sigmoid_workspace_size(h, &p.Q, &p.K, &p.DQ, &p.DK, &bytes), "sigmoid size");
+  const std::size_t before = free_bytes();
+  {
+    DeviceMemory workspace(bytes);
+    row.workspace_mb = double(bytes) / 1048576.0;
+    row.measured_delta_mb = double(before - free_bytes()) / 1048576.0;
+    row.flatmem_s = time_it(stream, reps, [&] {
+      require(flatmem_contrastive_sigmoid_value_and_grad(h, &p.Q, &p.K, nullptr, &S, &T, &L, &p.DQ, &p.DK, &DS,
+                                                         &DT, workspace.p, bytes, stream),
+              "sigmoid value_and_grad");
+    });
+    row.loss = p.get_scalar(6);
+  }
+  flatmem_contrastive_destroy(h);
+
+  // --- three cuBLASLt GEMMs (logits, G k, G^T q), from the measured rate -------------------
+  row.gemm_s = 3.0 * 2.0 * double(b) * double(b) * d / rate;
+
+  // --- naive materialised sigmoid loss where it fits (its loss partials are left unsummed) ---
+  if (naive_fits(b)) {
+    DeviceMemory logits(std::size_t(b) * b * 4), g(std::size_t(b) * b * 2),
+        partial(std::size_t(bench::sigmoid_partials(b)) * 4);
+    row.naive_mb = double(std::size_t(b) * b * 6) / 1048576.0;
+    row.naive_s = time_it(stream, reps, [&] {
+      lt.run(bench::Layout::nt, b, b, d, p.q.p, p.k.p, logits.p, true, stream);
+      bench::sigmoid_gradient_matrix(logits.as<float>(), b, scale, bias, g.as<__nv_bfloat16>(),
+                                     partial.as<float>(), stream);
+      lt.run(bench::Layout::nn, b, d, b, g.p, p.k.p, p.dq.p, false, stream);
+      lt.run(bench::Layout::tn, b, d, b, g.p, p.q.p, p.dk.p, false, stream);
+    });
+  }
+  return row;
+}
+
+// One table line: flatmem's time and rate (on `useful_flops`), the GEMM floor, the naive loss.
+void print_row(const char *loss, const Row &r, double useful_flops) {
+  const double tflops = useful_flops / r.flatmem_s / 1e12;
+  char naive[3][32] = {"-", "-", "-"};
+  if (r.naive_s > 0) {
+    std::snprintf(naive[0], 32, "%.4f", r.naive_s);
+    std::snprintf(naive[1], 32, "%.2f", r.naive_s / r.flatmem_s);
+    std::snprintf(naive[2], 32, "%.0f", r.naive_mb);
+  }
+  std::printf("%-9s %5d %7lld | %10.4f %8.1f %9.1f | %10.4f %9.2f | %10s %9s %10s | %12.6f\n", loss, r.d,
+              (long long)r.b, r.flatmem_s, tflops, r.workspace_mb, r.gemm_s, r.gemm_s / r.flatmem_s, naive[0], naive[1], naive[2],
+              r.loss);
+  std::printf("      (cudaMemGetInfo delta around the flatmem workspace: %.1f MiB)\n", r.measured_delta_mb);
+  std::fflush(stdout);
+}
+
+void print_header() {
+  std::printf("%-9s %5s %7s | %10s %8s %9s | %10s %9s | %10s %9s %10s | %12s\n", "loss", "d", "b", "flatmem s",
+              "TFLOP/s", "ws MiB", "GEMMs s", "GEMMs/fm", "naive s", "naive/fm", "naive MiB", "value");
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -184,32 +304,24 @@ int main(int argc, char **argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("contrastive_cuda_bench: symmetric loss, forward + backward (dq, dk bf16, ds), bf16, s = 14.3\n");
+  std::printf("contrastive_cuda_bench: bf16; symmetric loss, forward + backward (dq, dk bf16, ds), s = 14.3; "
+              "sigmoid loss, value_and_grad (loss, dq, dk bf16, ds, dt), s = 10, t = -10\n");
   std::printf("device: %s (sm_%d%d, %d SMs, %.1f GiB)\n", prop.name, prop.major, prop.minor,
               prop.multiProcessorCount, double(prop.totalGlobalMem) / 1073741824.0);
-  std::printf("TFLOP/s counted on 8 b^2 d; 4-GEMM time from the measured cuBLASLt rate; memory beyond inputs and "
-              "outputs\n\n");
-  std::printf("%5s %7s | %10s %8s %9s | %10s %9s | %10s %9s %10s | %12s\n", "d", "b", "flatmem s", "TFLOP/s",
-              "ws MiB", "4-GEMM s", "4GEMM/fm", "naive s", "naive/fm", "naive MiB", "loss");
+  std::printf("TFLOP/s counted on 8 b^2 d (symmetric) and 6 b^2 d (sigmoid); GEMMs: 4 (symmetric) or 3 "
+              "(sigmoid) cuBLASLt GEMMs' time from the measured rate; memory beyond inputs and outputs\n\n");
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreate(&stream));
   bench::LtGemm lt;
+  print_header();
   for (int d : {512, 768}) {
     for (std::int64_t b : {std::int64_t(16384), std::int64_t(65536), std::int64_t(262144)}) {
       if (quick && (d != 512 || b != 16384)) continue;
-      const Row r = run(d, b, stream, lt, b >= 262144 ? 2 : 5);
-      const double tflops = 8.0 * double(b) * double(b) * d / r.flatmem_s / 1e12;
-      char naive[3][32] = {"-", "-", "-"};
-      if (r.naive_s > 0) {
-        std::snprintf(naive[0], 32, "%.4f", r.naive_s);
-        std::snprintf(naive[1], 32, "%.2f", r.naive_s / r.flatmem_s);
-        std::snprintf(naive[2], 32, "%.0f", r.naive_mb);
-      }
-      std::printf("%5d %7lld | %10.4f %8.1f %9.1f | %10.4f %9.2f | %10s %9s %10s | %12.6f\n", r.d, (long long)r.b,
-                  r.flatmem_s, tflops, r.workspace_mb, r.gemm4_s, r.gemm4_s / r.flatmem_s, naive[0], naive[1],
-                  naive[2], r.loss);
-      std::printf("      (cudaMemGetInfo delta around the flatmem workspace: %.1f MiB)\n", r.measured_delta_mb);
-      std::fflush(stdout);
+      const int reps = b >= 262144 ? 2 : 5;
+      Problem p(d, b, stream);
+      const double rate = gemm_rate(p, stream, lt, reps);
+      print_row("symmetric", run(p, rate, stream, lt, reps), 8.0 * double(b) * double(b) * d);
+      print_row("sigmoid", run_sigmoid(p, rate, stream, lt, reps), 6.0 * double(b) * double(b) * d);
     }
   }
   cudaStreamDestroy(stream);

@@ -55,6 +55,28 @@ __global__ void gradient_kernel(const float *x, std::int64_t b, float s, const f
   g[n] = __float2bfloat16_rn(gt * s / (2.0f * float(b)));
 }
 
+__global__ void sigmoid_kernel(const float *x, std::int64_t b, float s, float t, __nv_bfloat16 *g,
+                               float *loss_partial) {
+  __shared__ float red[256];
+  const std::int64_t n = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  float term = 0.0f;
+  if (n < b * b) {
+    const bool positive = n / b == n % b;
+    const float logit = s * x[n] + t, v = positive ? -logit : logit;
+    const float e = expf(-fabsf(v));
+    term = fmaxf(v, 0.0f) + log1pf(e);
+    const float sig = (v >= 0.0f ? 1.0f : e) / (1.0f + e);
+    g[n] = __float2bfloat16_rn((positive ? -sig : sig) * s / float(b));
+  }
+  red[threadIdx.x] = term;
+  __syncthreads();
+  for (int h = 128; h > 0; h >>= 1) {
+    if (threadIdx.x < h) red[threadIdx.x] += red[threadIdx.x + h];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) loss_partial[blockIdx.x] = red[0];
+}
+
 __global__ void fill_kernel(__nv_bfloat16 *x, std::int64_t n, std::uint32_t seed, float amplitude) {
   const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
@@ -78,6 +100,11 @@ void col_lse(const float *x, std::int64_t b, float s, float *lse, cudaStream_t s
 void gradient_matrix(const float *x, std::int64_t b, float s, const float *rl, const float *cl,
                      __nv_bfloat16 *g, cudaStream_t stream) {
   gradient_kernel<<<blocks(b * b, 256), 256, 0, stream>>>(x, b, s, rl, cl, g);
+}
+std::int64_t sigmoid_partials(std::int64_t b) { return std::int64_t(blocks(b * b, 256)); }
+void sigmoid_gradient_matrix(const float *x, std::int64_t b, float s, float t, __nv_bfloat16 *g,
+                             float *loss_partial, cudaStream_t stream) {
+  sigmoid_kernel<<<blocks(b * b, 256), 256, 0, stream>>>(x, b, s, t, g, loss_partial);
 }
 void fill_features(__nv_bfloat16 *x, std::int64_t rows, std::int64_t d, std::uint32_t seed, cudaStream_t stream) {
   // uniform in [-a/2, a/2) with a = sqrt(12 / d): rows of about unit norm

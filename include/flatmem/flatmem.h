@@ -599,6 +599,19 @@ FLATMEM_API flatmem_status flatmem_contrastive_backward(
  * 16-bit inputs, the widened rows; 3 doubles per row group; the 16-bit
  * gradient accumulators. workspace NULL: the handle's own buffer is used.
  *
+ * CUDA tensors: as for the softmax losses ("CUDA tensors" above: device
+ * tensors throughout, logit_bias and dloss included; PROPAGATE handles; a
+ * device workspace of the queried size, never NULL; tensor-core products;
+ * bitwise reproducible on one GPU, not bitwise equal to the CPU). A logit
+ * bias that is not finite, like a bad s or label, makes the outputs NaN. Two
+ * row-owned passes, no atomics: the row pass gives L, ds, dt and dq, the
+ * column pass dk, each recomputing its logit tiles; value_and_grad and
+ * backward with dq and dk do 8 b c d FLOPs (4 b c d with one of them, 2 b c d
+ * for the forward or the scalars alone). Workspace: with dq or dk the
+ * backward's accumulator tiles (above), and always 3 doubles per 64 rows of
+ * max(b, c) (per-row-tile partial sums). The CUDA path is compiled wherever
+ * nvcc is found and tested only on machines with a GPU (ctest -L gpu).
+ *
  * Ring across ranks (options.comm != NULL; CPU tensors): the same four
  * functions, collective, on the global batch exactly as "Ring across ranks"
  * above says for INFONCE: rank r passes its rows q_r (b_r x d) and its
@@ -630,9 +643,9 @@ FLATMEM_API flatmem_status flatmem_contrastive_backward(
  * forward and a call with gradients as the backward.
  *
  * Not supported (FLATMEM_STATUS_UNSUPPORTED with a message, never a wrong
- * answer): kDLCUDA tensors (no CUDA kernels yet), and the logit cache
- * (options.logit_cache_bytes != 0, refused at create): value_and_grad never
- * recomputes a tile, so there is nothing to cache.
+ * answer): kDLCUDA tensors with a communicator (the ring runs on CPU tensors),
+ * and the logit cache (options.logit_cache_bytes != 0, refused at create):
+ * value_and_grad never recomputes a tile, so there is nothing to cache.
  */
 
 /** Workspace bytes of the sigmoid calls: dq, dk as they will be passed (both

@@ -5,6 +5,7 @@
 // kDLCUDA tensors): UNSUPPORTED, never a silent answer; and the workspace
 // query against a guarded buffer of exactly that size.
 #include <doctest/doctest.h>
+#include <flatmem/comm.h>
 #include <flatmem/flatmem.h>
 
 #include <cmath>
@@ -102,13 +103,55 @@ TEST_CASE("contrastive/sigmoid/unsupported/the logit cache at create") {
   CHECK_MESSAGE(message.find("logit_cache_bytes") != std::string::npos, message);
 }
 
+// Host memory labelled kDLCUDA (every tensor of the call): under
+// FLATMEM_NONFINITE_ERROR always UNSUPPORTED (no host scan of device memory);
+// under PROPAGATE UNSUPPORTED in a build without the CUDA backend or on a
+// machine without a usable device, and INVALID_ARGUMENT (host memory, not
+// device memory) where the CUDA backend runs; the message says kDLCUDA.
 TEST_CASE("contrastive/sigmoid/unsupported/kDLCUDA tensors") {
   for (flatmem_nonfinite_policy policy : {FLATMEM_NONFINITE_ERROR, FLATMEM_NONFINITE_PROPAGATE}) {
     SigmoidCase c(small());
     Handle h = sigmoid_handle(1, 0, 0, policy);
-    for (HostTensor *t : {&c.q, &c.k}) t->dl()->device = DLDevice{kDLCUDA, 0};
-    expect_all_refused(c, h.get(), FLATMEM_STATUS_UNSUPPORTED, {"kDLCUDA"});
+    SigmoidOutputs o = c.outputs();
+    for (HostTensor *t : {&c.q, &c.k, &c.labels, &c.scale, &c.bias, &o.loss, &o.dq, &o.dk, &o.ds, &o.dt})
+      t->dl()->device = DLDevice{kDLCUDA, 0};
+    const auto check = [&](flatmem_status status) {  // right after the call: its message
+      if (policy == FLATMEM_NONFINITE_ERROR) CHECK(status == FLATMEM_STATUS_UNSUPPORTED);
+      CHECK((status == FLATMEM_STATUS_UNSUPPORTED || status == FLATMEM_STATUS_INVALID_ARGUMENT));
+      expect_refused(o, status, status, {"kDLCUDA"});
+    };
+    check(c.forward(h.get(), o));
+    check(c.value_and_grad(h.get(), o));
+    check(flatmem_contrastive_sigmoid_backward(h.get(), c.q.dl(), c.k.dl(), c.labels.dl(), c.scale.dl(),
+                                               c.bias.dl(), nullptr, o.dq.dl(), o.dk.dl(), o.ds.dl(),
+                                               o.dt.dl(), nullptr, 0, nullptr));
   }
+}
+
+// A ring handle (options.comm) with kDLCUDA tensors: UNSUPPORTED (the ring
+// runs on CPU tensors) in every build, decided before any value behind a
+// device pointer (t, g) would be read on the host.
+TEST_CASE("contrastive/sigmoid/unsupported/kDLCUDA tensors with a communicator") {
+  flatmem_comm_t *comm = nullptr;
+  REQUIRE(flatmem_comm_create_local(&comm, 1, nullptr) == FLATMEM_STATUS_SUCCESS);
+  {
+    flatmem_contrastive_options o = make_options(FLATMEM_CONTRASTIVE_SIGMOID, 1, 0, 0, FLATMEM_NONFINITE_PROPAGATE);
+    o.comm = comm;
+    Handle h = create_handle(o);
+    SigmoidCase c(small());
+    SigmoidOutputs out = c.outputs();
+    HostTensor g = HostTensor::scalar(Dtype::f32, 1.0);
+    for (HostTensor *t : {&c.q, &c.k, &c.labels, &c.scale, &c.bias, &g, &out.loss, &out.dq, &out.dk, &out.ds, &out.dt})
+      t->dl()->device = DLDevice{kDLCUDA, 0};
+    expect_refused(out, c.forward(h.get(), out), FLATMEM_STATUS_UNSUPPORTED, {"q"});
+    expect_refused(out, c.value_and_grad(h.get(), out), FLATMEM_STATUS_UNSUPPORTED, {"q"});
+    expect_refused(out,
+                   flatmem_contrastive_sigmoid_backward(h.get(), c.q.dl(), c.k.dl(), c.labels.dl(), c.scale.dl(),
+                                                        c.bias.dl(), g.dl(), out.dq.dl(), out.dk.dl(),
+                                                        out.ds.dl(), out.dt.dl(), nullptr, 0, nullptr),
+                   FLATMEM_STATUS_UNSUPPORTED, {"q"});
+  }
+  flatmem_comm_destroy(comm);
 }
 
 TEST_CASE("contrastive/sigmoid/bad input/logit bias") {

@@ -10,6 +10,12 @@
 //   infonce forward   q, k, logit_scale -> loss, row_lse [, workspace], labels?
 //   infonce backward  q, k, logit_scale, row_lse, dloss
 //                       -> dq, dk, dlogit_scale [, workspace], labels?
+//   sigmoid forward   q, k, logit_scale, logit_bias -> loss [, workspace], labels?
+//   sigmoid value_and_grad
+//                     q, k, logit_scale, logit_bias
+//                       -> loss, dq, dk, dlogit_scale, dlogit_bias [, workspace], labels?
+//   sigmoid backward  q, k, logit_scale, logit_bias, dloss
+//                       -> dq, dk, dlogit_scale, dlogit_bias [, workspace], labels?
 //
 // Every one of them has one attribute after the buffers, Attrs: by default
 // logit_cache_bytes (u64), options.logit_cache_bytes of the pooled handle
@@ -89,6 +95,29 @@ template <bool Workspace, typename Attrs = CacheAttr, typename Binder>
 auto infonce_backward_binding(Binder &&b) {
   using namespace binding_detail;
   return Attrs{}(rets<3 + Workspace>(args<5>(std::move(b))).template OptionalArg<B>());
+}
+
+// The sigmoid loss: `Args` buffers (q, k, logit_scale, logit_bias [, dloss]),
+// `Rets` results plus the workspace, the optional labels, the attributes.
+template <int Args, int Rets, bool Workspace, typename Attrs = CacheAttr, typename Binder>
+auto sigmoid_binding(Binder &&b) {
+  using namespace binding_detail;
+  return Attrs{}(rets<Rets + Workspace>(args<Args>(std::move(b))).template OptionalArg<B>());
+}
+
+template <bool Workspace, typename Attrs = CacheAttr, typename Binder>
+auto sigmoid_forward_binding(Binder &&b) {
+  return sigmoid_binding<4, 1, Workspace, Attrs>(std::move(b));
+}
+
+template <bool Workspace, typename Attrs = CacheAttr, typename Binder>
+auto sigmoid_value_and_grad_binding(Binder &&b) {
+  return sigmoid_binding<4, 5, Workspace, Attrs>(std::move(b));
+}
+
+template <bool Workspace, typename Attrs = CacheAttr, typename Binder>
+auto sigmoid_backward_binding(Binder &&b) {
+  return sigmoid_binding<5, 4, Workspace, Attrs>(std::move(b));
 }
 
 }  // namespace flatmem_jax

@@ -63,6 +63,28 @@ class Views {
   ffi::Error error_;
 };
 
+// The handle and the workspace of a call whose operands converted.
+struct Prepared {
+  flatmem_contrastive_t *handle;
+  Workspace space;
+};
+
+ffi::ErrorOr<Prepared> prepare(HandleSource &handles, WorkspaceSource &workspace,
+                               flatmem_contrastive_loss loss, const DLTensor &q, const DLTensor &k,
+                               const DLTensor *dq, const DLTensor *dk) {
+  ffi::ErrorOr<flatmem_contrastive_t *> handle = handles.acquire(q.data, k.data);
+  if (!handle) return ffi::Unexpected(handle.error());
+  ffi::ErrorOr<Workspace> space = workspace.get(loss, *handle, q, k, dq, dk);
+  if (!space) return ffi::Unexpected(space.error());
+  return Prepared{*handle, *space};
+}
+
+// The softmax loss of a call: SYMMETRIC when it has col_lse.
+template <typename Buffers>
+flatmem_contrastive_loss softmax_loss(const Buffers &io) {
+  return io.col_lse ? FLATMEM_CONTRASTIVE_SYMMETRIC : FLATMEM_CONTRASTIVE_INFONCE;
+}
+
 }  // namespace
 
 ffi::Error flatmem_error(flatmem_status status, const char *function) {
@@ -103,6 +125,27 @@ class PoolSource final : public HandleSource {
 
 }  // namespace
 
+ffi::ErrorOr<std::size_t> workspace_size(flatmem_contrastive_loss loss,
+                                         const flatmem_contrastive_t *handle, const DLTensor &q,
+                                         const DLTensor &k, const DLTensor *dq, const DLTensor *dk) {
+  const bool forward = dq == nullptr && dk == nullptr;
+  std::size_t bytes = 0;
+  flatmem_status status;
+  const char *function;
+  if (loss == FLATMEM_CONTRASTIVE_SIGMOID) {
+    function = "flatmem_contrastive_sigmoid_workspace_size";
+    status = flatmem_contrastive_sigmoid_workspace_size(handle, &q, &k, dq, dk, &bytes);
+  } else if (forward) {
+    function = "flatmem_contrastive_forward_workspace_size";
+    status = flatmem_contrastive_forward_workspace_size(handle, &q, &k, &bytes);
+  } else {
+    function = "flatmem_contrastive_backward_workspace_size";
+    status = flatmem_contrastive_backward_workspace_size(handle, &q, &k, dq, dk, &bytes);
+  }
+  if (status != FLATMEM_STATUS_SUCCESS) return ffi::Unexpected(flatmem_error(status, function));
+  return bytes;
+}
+
 ffi::Error run_forward(flatmem_contrastive_loss loss, std::size_t logit_cache_bytes,
                        DLDevice device, void *stream, const ForwardBuffers &io,
                        WorkspaceSource &workspace) {
@@ -117,6 +160,12 @@ ffi::Error run_backward(flatmem_contrastive_loss loss, std::size_t logit_cache_b
   return call_backward(handles, device, stream, io, workspace);
 }
 
+ffi::Error run_sigmoid(SigmoidCall call, std::size_t logit_cache_bytes, DLDevice device,
+                       void *stream, const SigmoidBuffers &io, WorkspaceSource &workspace) {
+  PoolSource handles(FLATMEM_CONTRASTIVE_SIGMOID, logit_cache_bytes, device, /*backward=*/false);
+  return call_sigmoid(call, handles, device, stream, io, workspace);
+}
+
 ffi::Error call_forward(HandleSource &handles, DLDevice device, void *stream,
                         const ForwardBuffers &io, WorkspaceSource &workspace) {
   Views v(device);
@@ -129,13 +178,11 @@ ffi::Error call_forward(HandleSource &handles, DLDevice device, void *stream,
   DLTensor *col_lse = v.out(io.col_lse, "col_lse");
   if (v.error().failure()) return v.error();
 
-  ffi::ErrorOr<flatmem_contrastive_t *> handle = handles.acquire(q->data, k->data);
-  if (!handle) return handle.error();
-  ffi::ErrorOr<Workspace> space = workspace.get(*handle, *q, *k, nullptr, nullptr);
-  if (!space) return space.error();
+  ffi::ErrorOr<Prepared> p = prepare(handles, workspace, softmax_loss(io), *q, *k, nullptr, nullptr);
+  if (!p) return p.error();
   const flatmem_status status =
-      flatmem_contrastive_forward(*handle, q, k, labels, logit_scale, loss_out, row_lse,
-                                  col_lse, space->data, space->bytes, stream);
+      flatmem_contrastive_forward(p->handle, q, k, labels, logit_scale, loss_out, row_lse,
+                                  col_lse, p->space.data, p->space.bytes, stream);
   handles.forward_done(status == FLATMEM_STATUS_SUCCESS);
   if (status != FLATMEM_STATUS_SUCCESS) return flatmem_error(status, "flatmem_contrastive_forward");
   return ffi::Error::Success();
@@ -156,15 +203,59 @@ ffi::Error call_backward(HandleSource &handles, DLDevice device, void *stream,
   DLTensor *dlogit_scale = v.out(io.dlogit_scale, "dlogit_scale");
   if (v.error().failure()) return v.error();
 
-  ffi::ErrorOr<flatmem_contrastive_t *> handle = handles.acquire(q->data, k->data);
-  if (!handle) return handle.error();
-  ffi::ErrorOr<Workspace> space = workspace.get(*handle, *q, *k, dq, dk);
-  if (!space) return space.error();
+  ffi::ErrorOr<Prepared> p = prepare(handles, workspace, softmax_loss(io), *q, *k, dq, dk);
+  if (!p) return p.error();
   const flatmem_status status = flatmem_contrastive_backward(
-      *handle, q, k, labels, logit_scale, row_lse, col_lse, dloss, dq, dk, dlogit_scale,
-      space->data, space->bytes, stream);
+      p->handle, q, k, labels, logit_scale, row_lse, col_lse, dloss, dq, dk, dlogit_scale,
+      p->space.data, p->space.bytes, stream);
   if (status != FLATMEM_STATUS_SUCCESS)
     return flatmem_error(status, "flatmem_contrastive_backward");
+  return ffi::Error::Success();
+}
+
+ffi::Error call_sigmoid(SigmoidCall call, HandleSource &handles, DLDevice device, void *stream,
+                        const SigmoidBuffers &io, WorkspaceSource &workspace) {
+  Views v(device);
+  const DLTensor *q = v.add(io.q, "q");
+  const DLTensor *k = v.add(io.k, "k");
+  const DLTensor *labels = v.add_labels(io.labels);
+  const DLTensor *logit_scale = v.add(io.logit_scale, "logit_scale");
+  const DLTensor *logit_bias = v.add(io.logit_bias, "logit_bias");
+  const DLTensor *dloss = v.add(io.dloss, "dloss");
+  DLTensor *loss_out = v.out(io.loss, "loss");
+  DLTensor *dq = v.out(io.dq, "dq");
+  DLTensor *dk = v.out(io.dk, "dk");
+  DLTensor *dlogit_scale = v.out(io.dlogit_scale, "dlogit_scale");
+  DLTensor *dlogit_bias = v.out(io.dlogit_bias, "dlogit_bias");
+  if (v.error().failure()) return v.error();
+
+  ffi::ErrorOr<Prepared> p = prepare(handles, workspace, FLATMEM_CONTRASTIVE_SIGMOID, *q, *k, dq, dk);
+  if (!p) return p.error();
+  flatmem_contrastive_t *handle = p->handle;
+  void *space = p->space.data;
+  const std::size_t bytes = p->space.bytes;
+  flatmem_status status;
+  const char *function;
+  switch (call) {
+    case SigmoidCall::forward:
+      function = "flatmem_contrastive_sigmoid_forward";
+      status = flatmem_contrastive_sigmoid_forward(handle, q, k, labels, logit_scale, logit_bias,
+                                                   loss_out, space, bytes, stream);
+      break;
+    case SigmoidCall::value_and_grad:
+      function = "flatmem_contrastive_sigmoid_value_and_grad";
+      status = flatmem_contrastive_sigmoid_value_and_grad(
+          handle, q, k, labels, logit_scale, logit_bias, loss_out, dq, dk, dlogit_scale,
+          dlogit_bias, space, bytes, stream);
+      break;
+    default:
+      function = "flatmem_contrastive_sigmoid_backward";
+      status = flatmem_contrastive_sigmoid_backward(handle, q, k, labels, logit_scale, logit_bias,
+                                                    dloss, dq, dk, dlogit_scale, dlogit_bias,
+                                                    space, bytes, stream);
+      break;
+  }
+  if (status != FLATMEM_STATUS_SUCCESS) return flatmem_error(status, function);
   return ffi::Error::Success();
 }
 

@@ -26,11 +26,12 @@ struct Workspace {
 };
 
 // Where a call's workspace comes from (the CPU handlers: a result buffer; the
-// CUDA handlers: XLA's scratch allocator). dq and dk are NULL for the forward.
+// CUDA handlers: XLA's scratch allocator). dq and dk are NULL for the forward;
+// `loss` says which of flatmem's workspace queries answers (workspace_size).
 class WorkspaceSource {
  public:
-  virtual ffi::ErrorOr<Workspace> get(flatmem_contrastive_t *handle, const DLTensor &q,
-                                      const DLTensor &k, const DLTensor *dq,
+  virtual ffi::ErrorOr<Workspace> get(flatmem_contrastive_loss loss, flatmem_contrastive_t *handle,
+                                      const DLTensor &q, const DLTensor &k, const DLTensor *dq,
                                       const DLTensor *dk) = 0;
 
  protected:
@@ -52,11 +53,18 @@ class HandleSource {
 // No workspace (the ring handles take none: flatmem.h, "Ring across ranks").
 class NoWorkspace final : public WorkspaceSource {
  public:
-  ffi::ErrorOr<Workspace> get(flatmem_contrastive_t *, const DLTensor &, const DLTensor &,
-                              const DLTensor *, const DLTensor *) override {
+  ffi::ErrorOr<Workspace> get(flatmem_contrastive_loss, flatmem_contrastive_t *, const DLTensor &,
+                              const DLTensor &, const DLTensor *, const DLTensor *) override {
     return Workspace{};
   }
 };
+
+// flatmem's workspace query of a `loss` handle for q, k and the gradients dq,
+// dk (NULL for a forward): the softmax losses' forward or backward query, or
+// the sigmoid loss's one; on failure an XLA error naming the query.
+ffi::ErrorOr<std::size_t> workspace_size(flatmem_contrastive_loss loss,
+                                         const flatmem_contrastive_t *handle, const DLTensor &q,
+                                         const DLTensor &k, const DLTensor *dq, const DLTensor *dk);
 
 // flatmem status -> XLA error: "<function>: <STATUS>: <flatmem_last_error()>",
 // with the closest XLA error code. Call it right after the failing call (the
@@ -90,11 +98,33 @@ ffi::Error run_backward(flatmem_contrastive_loss loss, std::size_t logit_cache_b
                         DLDevice device, void *stream, const BackwardBuffers &io,
                         WorkspaceSource &workspace);
 
-// The same with the handle from `handles` (run_forward / run_backward lend
-// one from the pool).
+// The sigmoid (SigLIP) loss (flatmem.h, "Sigmoid (SigLIP) loss"): one of its
+// three C calls per custom call. Operands q, k, logit_scale, logit_bias
+// [, dloss for the backward] [, labels]; results as the C call writes them.
+enum class SigmoidCall {
+  forward,         // flatmem_contrastive_sigmoid_forward: loss
+  value_and_grad,  // flatmem_contrastive_sigmoid_value_and_grad: loss, dq, dk, ds, dt
+  backward,        // flatmem_contrastive_sigmoid_backward: dloss -> dq, dk, ds, dt
+};
+
+struct SigmoidBuffers {
+  ffi::AnyBuffer q, k, logit_scale, logit_bias;
+  std::optional<ffi::AnyBuffer> labels;
+  std::optional<ffi::AnyBuffer> dloss;  // backward only
+  std::optional<ffi::AnyBuffer> loss;   // forward and value_and_grad
+  std::optional<ffi::AnyBuffer> dq, dk, dlogit_scale, dlogit_bias;  // not the forward
+};
+
+ffi::Error run_sigmoid(SigmoidCall call, std::size_t logit_cache_bytes, DLDevice device,
+                       void *stream, const SigmoidBuffers &io, WorkspaceSource &workspace);
+
+// The same with the handle from `handles` (run_forward / run_backward /
+// run_sigmoid lend one from the pool).
 ffi::Error call_forward(HandleSource &handles, DLDevice device, void *stream,
                         const ForwardBuffers &io, WorkspaceSource &workspace);
 ffi::Error call_backward(HandleSource &handles, DLDevice device, void *stream,
                          const BackwardBuffers &io, WorkspaceSource &workspace);
+ffi::Error call_sigmoid(SigmoidCall call, HandleSource &handles, DLDevice device, void *stream,
+                        const SigmoidBuffers &io, WorkspaceSource &workspace);
 
 }  // namespace flatmem_jax

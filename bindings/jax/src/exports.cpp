@@ -67,10 +67,12 @@ int flatmem_jax_has_cuda(void) {
 int flatmem_jax_workspace_size(int loss, int backward, int q_code, int q_bits, int64_t b,
                                int64_t dq, int k_code, int k_bits, int64_t c, int64_t dk,
                                size_t *bytes, char *message, size_t message_size) {
-  if (loss != FLATMEM_CONTRASTIVE_SYMMETRIC && loss != FLATMEM_CONTRASTIVE_INFONCE) {
+  if (loss != FLATMEM_CONTRASTIVE_SYMMETRIC && loss != FLATMEM_CONTRASTIVE_INFONCE &&
+      loss != FLATMEM_CONTRASTIVE_SIGMOID) {
     if (message != nullptr && message_size > 0)
-      std::snprintf(message, message_size, "FLATMEM_STATUS_INVALID_ARGUMENT: loss: %d is neither FLATMEM_CONTRASTIVE_SYMMETRIC (1) "
-                    "nor FLATMEM_CONTRASTIVE_INFONCE (2)", loss);
+      std::snprintf(message, message_size,
+                    "FLATMEM_STATUS_INVALID_ARGUMENT: loss: %d is none of "
+                    "FLATMEM_CONTRASTIVE_SYMMETRIC (1), _INFONCE (2), _SIGMOID (3)", loss);
     return FLATMEM_STATUS_INVALID_ARGUMENT;
   }
   int64_t q_shape[2] = {b, dq};
@@ -80,10 +82,17 @@ int flatmem_jax_workspace_size(int loss, int backward, int q_code, int q_bits, i
   // Any CPU handle of the loss answers (the logit cache is not part of the workspace).
   flatmem_jax::PooledHandle handle({static_cast<flatmem_contrastive_loss>(loss), /*cuda=*/false, 0});
   flatmem_status status = handle.status();
-  if (status == FLATMEM_STATUS_SUCCESS)
-    status = backward  // dq like q and dk like k: the handlers return gradients in the input dtype
-                 ? flatmem_contrastive_backward_workspace_size(handle.get(), &q, &k, &q, &k, bytes)
-                 : flatmem_contrastive_forward_workspace_size(handle.get(), &q, &k, bytes);
+  if (status == FLATMEM_STATUS_SUCCESS) {
+    // dq like q and dk like k: the handlers return gradients in the input dtypes
+    // (the sigmoid loss: "backward" = value_and_grad and backward, which take the same).
+    const DLTensor *dq = backward ? &q : nullptr, *dk = backward ? &k : nullptr;
+    if (loss == FLATMEM_CONTRASTIVE_SIGMOID)
+      status = flatmem_contrastive_sigmoid_workspace_size(handle.get(), &q, &k, dq, dk, bytes);
+    else if (backward)
+      status = flatmem_contrastive_backward_workspace_size(handle.get(), &q, &k, dq, dk, bytes);
+    else
+      status = flatmem_contrastive_forward_workspace_size(handle.get(), &q, &k, bytes);
+  }
   if (status != FLATMEM_STATUS_SUCCESS) write_message(status, message, message_size);
   return status;
 }

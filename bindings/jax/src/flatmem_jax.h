@@ -14,6 +14,17 @@
  *       q (b,d), k (c,d), s [, labels]   -> loss (), row_lse (b,) [, workspace]
  *   flatmem_jax_infonce_backward_{cpu,cuda}
  *       q, k, s, row_lse, g [, labels]  -> dq (b,d), dk (c,d), ds () [, workspace]
+ *   flatmem_jax_sigmoid_forward_{cpu,cuda}
+ *       q (b,d), k (c,d), s (), t () [, labels]      -> loss () [, workspace]
+ *   flatmem_jax_sigmoid_value_and_grad_{cpu,cuda}
+ *       q, k, s, t [, labels]  -> loss, dq (b,d), dk (c,d), ds (), dt () [, workspace]
+ *   flatmem_jax_sigmoid_backward_{cpu,cuda}
+ *       q, k, s, t, g () [, labels]  -> dq, dk, ds, dt [, workspace]
+ *
+ * The sigmoid (SigLIP) ones call flatmem_contrastive_sigmoid_forward (2 b c d
+ * FLOPs), _value_and_grad (loss and the gradients of L in one tile walk, 6 b c
+ * d) and _backward (the gradients of g L, recomputing the logits, 6 b c d);
+ * t is the logit bias, dt its gradient (fp32).
  *
  * Attribute (every one of them): logit_cache_bytes (u64), the logit-cache
  * budget of the pooled handle, flatmem_contrastive_options.logit_cache_bytes
@@ -68,7 +79,9 @@ FLATMEM_JAX_API int flatmem_jax_has_cuda(void);
 /** Bytes of workspace the *_cpu handler of (loss, backward) needs for q of
  *  shape (b, dq) and DLPack dtype (q_code, q_bits), k of shape (c, dk) and
  *  dtype (k_code, k_bits), gradients in the input dtypes. loss is a
- *  flatmem_contrastive_loss value. Returns a flatmem_status; on failure
+ *  flatmem_contrastive_loss value; for FLATMEM_CONTRASTIVE_SIGMOID backward
+ *  = 1 sizes the value_and_grad and backward handlers (the same), 0 the
+ *  forward. Returns a flatmem_status; on failure
  *  writes "STATUS_NAME: flatmem_last_error()" into message (NUL-terminated,
  *  truncated to message_size). Thread-safe. */
 FLATMEM_JAX_API int flatmem_jax_workspace_size(int loss, int backward, int q_code, int q_bits,
@@ -88,6 +101,9 @@ FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_clip_forward_cpu(XLA_FFI_CallFrame *f
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_clip_backward_cpu(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_infonce_forward_cpu(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_infonce_backward_cpu(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_sigmoid_forward_cpu(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_sigmoid_value_and_grad_cpu(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_sigmoid_backward_cpu(XLA_FFI_CallFrame *frame);
 
 /* A reversible segment of flatmem's built-in blocks (reversible.h): block k
  * is F = pre-LN attention, G = pre-LN GELU MLP. fp32. Operands:
@@ -136,6 +152,10 @@ FLATMEM_JAX_API int flatmem_jax_reversible_workspace_size(int backward, int dept
  *   flatmem_jax_ring_clip_backward_{cpu,cuda}    q, k, s, row_lse, col_lse, g -> dq, dk, ds
  *   flatmem_jax_ring_infonce_forward_{cpu,cuda}  q, k, s [, labels] -> loss, row_lse
  *   flatmem_jax_ring_infonce_backward_{cpu,cuda} q, k, s, row_lse, g [, labels] -> dq, dk, ds
+ *   flatmem_jax_ring_sigmoid_forward_{cpu,cuda}  q, k, s, t [, labels] -> loss
+ *   flatmem_jax_ring_sigmoid_value_and_grad_{cpu,cuda}
+ *                                                q, k, s, t [, labels] -> loss, dq, dk, ds, dt
+ *   flatmem_jax_ring_sigmoid_backward_{cpu,cuda} q, k, s, t, g [, labels] -> dq, dk, ds, dt
  *   flatmem_jax_ring_all_reduce_{cpu,cuda}       x -> sum over ranks of x (fp32, fp64,
  *                                                int32, int64; any shape)
  *
@@ -154,6 +174,9 @@ FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_clip_forward_cpu(XLA_FFI_CallFra
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_clip_backward_cpu(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_infonce_forward_cpu(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_infonce_backward_cpu(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_sigmoid_forward_cpu(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_sigmoid_value_and_grad_cpu(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_sigmoid_backward_cpu(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_all_reduce_cpu(XLA_FFI_CallFrame *frame);
 
 /* The communicators of the ring handlers. Each returns a flatmem_status; on
@@ -189,12 +212,18 @@ FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_clip_forward_cuda(XLA_FFI_CallFrame *
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_clip_backward_cuda(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_infonce_forward_cuda(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_infonce_backward_cuda(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_sigmoid_forward_cuda(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_sigmoid_value_and_grad_cuda(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_sigmoid_backward_cuda(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_reversible_forward_cuda(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_reversible_backward_cuda(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_clip_forward_cuda(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_clip_backward_cuda(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_infonce_forward_cuda(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_infonce_backward_cuda(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_sigmoid_forward_cuda(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_sigmoid_value_and_grad_cuda(XLA_FFI_CallFrame *frame);
+FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_sigmoid_backward_cuda(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_all_reduce_cuda(XLA_FFI_CallFrame *frame);
 
 #ifdef __cplusplus

@@ -18,8 +18,8 @@ using Out = ffi::Result<ffi::AnyBuffer>;
 class ResultWorkspace final : public WorkspaceSource {
  public:
   explicit ResultWorkspace(Buffer buffer) : buffer_(buffer) {}
-  ffi::ErrorOr<Workspace> get(flatmem_contrastive_t *, const DLTensor &, const DLTensor &,
-                              const DLTensor *, const DLTensor *) override {
+  ffi::ErrorOr<Workspace> get(flatmem_contrastive_loss, flatmem_contrastive_t *, const DLTensor &,
+                              const DLTensor &, const DLTensor *, const DLTensor *) override {
     // flatmem checks the size and says WORKSPACE_TOO_SMALL if it is short.
     return Workspace{buffer_.untyped_data(), buffer_.size_bytes()};
   }
@@ -57,6 +57,31 @@ ffi::Error infonce_backward(Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer
                       {q, k, s, labels, row_lse, std::nullopt, g, *dq, *dk, *ds}, ws);
 }
 
+ffi::Error sigmoid_forward(Buffer q, Buffer k, Buffer s, Buffer t, Out loss, Out workspace,
+                           std::optional<Buffer> labels, uint64_t logit_cache_bytes) {
+  ResultWorkspace ws(*workspace);
+  return run_sigmoid(SigmoidCall::forward, logit_cache_bytes, kCpu, nullptr,
+                     {q, k, s, t, labels, std::nullopt, *loss, std::nullopt, std::nullopt,
+                      std::nullopt, std::nullopt},
+                     ws);
+}
+
+ffi::Error sigmoid_value_and_grad(Buffer q, Buffer k, Buffer s, Buffer t, Out loss, Out dq, Out dk,
+                                  Out ds, Out dt, Out workspace, std::optional<Buffer> labels,
+                                  uint64_t logit_cache_bytes) {
+  ResultWorkspace ws(*workspace);
+  return run_sigmoid(SigmoidCall::value_and_grad, logit_cache_bytes, kCpu, nullptr,
+                     {q, k, s, t, labels, std::nullopt, *loss, *dq, *dk, *ds, *dt}, ws);
+}
+
+ffi::Error sigmoid_backward(Buffer q, Buffer k, Buffer s, Buffer t, Buffer g, Out dq, Out dk,
+                            Out ds, Out dt, Out workspace, std::optional<Buffer> labels,
+                            uint64_t logit_cache_bytes) {
+  ResultWorkspace ws(*workspace);
+  return run_sigmoid(SigmoidCall::backward, logit_cache_bytes, kCpu, nullptr,
+                     {q, k, s, t, labels, g, std::nullopt, *dq, *dk, *ds, *dt}, ws);
+}
+
 }  // namespace
 
 // The symbols are declared with FLATMEM_JAX_API in flatmem_jax.h, which keeps
@@ -70,3 +95,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_infonce_forward_cpu, infonce_forward,
                               infonce_forward_binding<true>(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_infonce_backward_cpu, infonce_backward,
                               infonce_backward_binding<true>(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_sigmoid_forward_cpu, sigmoid_forward,
+                              sigmoid_forward_binding<true>(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_sigmoid_value_and_grad_cpu, sigmoid_value_and_grad,
+                              sigmoid_value_and_grad_binding<true>(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_sigmoid_backward_cpu, sigmoid_backward,
+                              sigmoid_backward_binding<true>(ffi::Ffi::Bind()));

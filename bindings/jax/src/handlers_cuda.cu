@@ -33,23 +33,17 @@ using Out = ffi::Result<ffi::AnyBuffer>;
 class ScratchWorkspace final : public WorkspaceSource {
  public:
   explicit ScratchWorkspace(ffi::ScratchAllocator &scratch) : scratch_(scratch) {}
-  ffi::ErrorOr<Workspace> get(flatmem_contrastive_t *handle, const DLTensor &q, const DLTensor &k,
-                              const DLTensor *dq, const DLTensor *dk) override {
-    const bool forward = dq == nullptr && dk == nullptr;
-    std::size_t bytes = 0;
-    const flatmem_status status =
-        forward ? flatmem_contrastive_forward_workspace_size(handle, &q, &k, &bytes)
-                : flatmem_contrastive_backward_workspace_size(handle, &q, &k, dq, dk, &bytes);
-    if (status != FLATMEM_STATUS_SUCCESS)
-      return ffi::Unexpected(flatmem_error(status, forward
-                                                       ? "flatmem_contrastive_forward_workspace_size"
-                                                       : "flatmem_contrastive_backward_workspace_size"));
-    std::optional<void *> data = scratch_.Allocate(bytes, 256);
+  ffi::ErrorOr<Workspace> get(flatmem_contrastive_loss loss, flatmem_contrastive_t *handle,
+                              const DLTensor &q, const DLTensor &k, const DLTensor *dq,
+                              const DLTensor *dk) override {
+    ffi::ErrorOr<std::size_t> bytes = workspace_size(loss, handle, q, k, dq, dk);
+    if (!bytes) return ffi::Unexpected(bytes.error());
+    std::optional<void *> data = scratch_.Allocate(*bytes, 256);
     if (!data)
       return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kResourceExhausted,
                                         "flatmem_jax: XLA's scratch allocator could not provide " +
-                                            std::to_string(bytes) + " bytes of workspace"));
-    return Workspace{*data, bytes};
+                                            std::to_string(*bytes) + " bytes of workspace"));
+    return Workspace{*data, *bytes};
   }
 
  private:
@@ -89,6 +83,35 @@ ffi::Error infonce_backward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAl
                       {q, k, s, labels, row_lse, std::nullopt, g, *dq, *dk, *ds}, ws);
 }
 
+ffi::Error sigmoid_forward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
+                           Buffer q, Buffer k, Buffer s, Buffer t, Out loss,
+                           std::optional<Buffer> labels, uint64_t /*logit_cache_bytes: CPU only*/) {
+  ScratchWorkspace ws(scratch);
+  return run_sigmoid(SigmoidCall::forward, 0, cuda_device(ordinal), stream,
+                     {q, k, s, t, labels, std::nullopt, *loss, std::nullopt, std::nullopt,
+                      std::nullopt, std::nullopt},
+                     ws);
+}
+
+ffi::Error sigmoid_value_and_grad(cudaStream_t stream, int32_t ordinal,
+                                  ffi::ScratchAllocator scratch, Buffer q, Buffer k, Buffer s,
+                                  Buffer t, Out loss, Out dq, Out dk, Out ds, Out dt,
+                                  std::optional<Buffer> labels,
+                                  uint64_t /*logit_cache_bytes: CPU only*/) {
+  ScratchWorkspace ws(scratch);
+  return run_sigmoid(SigmoidCall::value_and_grad, 0, cuda_device(ordinal), stream,
+                     {q, k, s, t, labels, std::nullopt, *loss, *dq, *dk, *ds, *dt}, ws);
+}
+
+ffi::Error sigmoid_backward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
+                            Buffer q, Buffer k, Buffer s, Buffer t, Buffer g, Out dq, Out dk,
+                            Out ds, Out dt, std::optional<Buffer> labels,
+                            uint64_t /*logit_cache_bytes: CPU only*/) {
+  ScratchWorkspace ws(scratch);
+  return run_sigmoid(SigmoidCall::backward, 0, cuda_device(ordinal), stream,
+                     {q, k, s, t, labels, g, std::nullopt, *dq, *dk, *ds, *dt}, ws);
+}
+
 }  // namespace
 
 // Lists: contrastive_bindings.hpp, behind the CUDA contexts (cuda_binding.hpp).
@@ -100,3 +123,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_infonce_forward_cuda, infonce_forward,
                               infonce_forward_binding<false>(cuda_binding()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_infonce_backward_cuda, infonce_backward,
                               infonce_backward_binding<false>(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_sigmoid_forward_cuda, sigmoid_forward,
+                              sigmoid_forward_binding<false>(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_sigmoid_value_and_grad_cuda, sigmoid_value_and_grad,
+                              sigmoid_value_and_grad_binding<false>(cuda_binding()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_sigmoid_backward_cuda, sigmoid_backward,
+                              sigmoid_backward_binding<false>(cuda_binding()));

@@ -42,6 +42,21 @@ ffi::Error infonce_backward(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buff
   return ring_on_cuda_unsupported("infonce_loss(comm=...) backward");
 }
 
+ffi::Error sigmoid_forward(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Buffer, Out,
+                           std::optional<Buffer>, int64_t) {
+  return ring_on_cuda_unsupported("sigmoid_loss(comm=...)");
+}
+
+ffi::Error sigmoid_value_and_grad(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Buffer,
+                                  Out, Out, Out, Out, Out, std::optional<Buffer>, int64_t) {
+  return ring_on_cuda_unsupported("sigmoid_loss(comm=...) value_and_grad");
+}
+
+ffi::Error sigmoid_backward(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Buffer, Buffer,
+                            Out, Out, Out, Out, std::optional<Buffer>, int64_t) {
+  return ring_on_cuda_unsupported("sigmoid_loss(comm=...) backward");
+}
+
 ffi::Error all_reduce(cudaStream_t, int32_t, Scratch, Buffer, Out, int64_t) {
   return ring_on_cuda_unsupported("RingComm.all_reduce");
 }
@@ -56,5 +71,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_ring_infonce_forward_cuda, infonce_for
                               (infonce_forward_binding<false, CommAttr>(cuda_binding())));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_ring_infonce_backward_cuda, infonce_backward,
                               (infonce_backward_binding<false, CommAttr>(cuda_binding())));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_ring_sigmoid_forward_cuda, sigmoid_forward,
+                              (sigmoid_forward_binding<false, CommAttr>(cuda_binding())));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_ring_sigmoid_value_and_grad_cuda, sigmoid_value_and_grad,
+                              (sigmoid_value_and_grad_binding<false, CommAttr>(cuda_binding())));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_ring_sigmoid_backward_cuda, sigmoid_backward,
+                              (sigmoid_backward_binding<false, CommAttr>(cuda_binding())));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_ring_all_reduce_cuda, all_reduce,
                               cuda_binding().Arg<Buffer>().Ret<Buffer>().Attr<int64_t>("comm"));

@@ -46,6 +46,31 @@ ffi::Error infonce_backward(Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer
                        {q, k, s, labels, row_lse, std::nullopt, g, *dq, *dk, *ds}, ws);
 }
 
+ffi::Error sigmoid(SigmoidCall call, int64_t comm, const SigmoidBuffers &io) {
+  RingSource handles(comm, FLATMEM_CONTRASTIVE_SIGMOID);
+  NoWorkspace ws;
+  return call_sigmoid(call, handles, kCpu, nullptr, io, ws);
+}
+
+ffi::Error sigmoid_forward(Buffer q, Buffer k, Buffer s, Buffer t, Out loss,
+                           std::optional<Buffer> labels, int64_t comm) {
+  return sigmoid(SigmoidCall::forward, comm,
+                 {q, k, s, t, labels, std::nullopt, *loss, std::nullopt, std::nullopt,
+                  std::nullopt, std::nullopt});
+}
+
+ffi::Error sigmoid_value_and_grad(Buffer q, Buffer k, Buffer s, Buffer t, Out loss, Out dq, Out dk,
+                                  Out ds, Out dt, std::optional<Buffer> labels, int64_t comm) {
+  return sigmoid(SigmoidCall::value_and_grad, comm,
+                 {q, k, s, t, labels, std::nullopt, *loss, *dq, *dk, *ds, *dt});
+}
+
+ffi::Error sigmoid_backward(Buffer q, Buffer k, Buffer s, Buffer t, Buffer g, Out dq, Out dk,
+                            Out ds, Out dt, std::optional<Buffer> labels, int64_t comm) {
+  return sigmoid(SigmoidCall::backward, comm,
+                 {q, k, s, t, labels, g, std::nullopt, *dq, *dk, *ds, *dt});
+}
+
 ffi::Error all_reduce(Buffer x, Out sum, int64_t comm) { return ring_all_reduce(comm, x, *sum); }
 
 }  // namespace
@@ -58,5 +83,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_ring_infonce_forward_cpu, infonce_forw
                               (infonce_forward_binding<false, CommAttr>(ffi::Ffi::Bind())));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_ring_infonce_backward_cpu, infonce_backward,
                               (infonce_backward_binding<false, CommAttr>(ffi::Ffi::Bind())));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_ring_sigmoid_forward_cpu, sigmoid_forward,
+                              (sigmoid_forward_binding<false, CommAttr>(ffi::Ffi::Bind())));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_ring_sigmoid_value_and_grad_cpu, sigmoid_value_and_grad,
+                              (sigmoid_value_and_grad_binding<false, CommAttr>(ffi::Ffi::Bind())));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_ring_sigmoid_backward_cpu, sigmoid_backward,
+                              (sigmoid_backward_binding<false, CommAttr>(ffi::Ffi::Bind())));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flatmem_jax_ring_all_reduce_cpu, all_reduce,
                               ffi::Ffi::Bind().Arg<Buffer>().Ret<Buffer>().Attr<int64_t>("comm"));

@@ -9,7 +9,13 @@ namespace flatmem_jax {
 struct CommSlot {
   std::mutex mutex;
   flatmem_comm_t *comm = nullptr;  // NULL once closed
-  flatmem_contrastive_t *symmetric = nullptr, *infonce = nullptr;
+  flatmem_contrastive_t *symmetric = nullptr, *infonce = nullptr, *sigmoid = nullptr;
+
+  flatmem_contrastive_t *&handle(flatmem_contrastive_loss loss) {
+    return loss == FLATMEM_CONTRASTIVE_SYMMETRIC ? symmetric
+           : loss == FLATMEM_CONTRASTIVE_INFONCE ? infonce
+                                                 : sigmoid;
+  }
 };
 
 namespace {
@@ -62,9 +68,10 @@ flatmem_status close_comm(std::int64_t index, bool abort, std::string &message) 
     return FLATMEM_STATUS_INVALID_ARGUMENT;
   }
   // The handles first: they use the communicator (it must outlive them).
-  flatmem_contrastive_destroy(slot->symmetric);
-  flatmem_contrastive_destroy(slot->infonce);
-  slot->symmetric = slot->infonce = nullptr;
+  for (flatmem_contrastive_t **handle : {&slot->symmetric, &slot->infonce, &slot->sigmoid}) {
+    flatmem_contrastive_destroy(*handle);
+    *handle = nullptr;
+  }
   const flatmem_status status =
       abort ? flatmem_comm_abort(slot->comm) : flatmem_comm_destroy(slot->comm);
   slot->comm = nullptr;
@@ -91,8 +98,7 @@ flatmem_comm_t *RingLease::comm() const {
 
 flatmem_status RingLease::handle(flatmem_contrastive_loss loss, flatmem_contrastive_t **out) {
   if (status_ != FLATMEM_STATUS_SUCCESS) return status_;
-  flatmem_contrastive_t *&handle =
-      loss == FLATMEM_CONTRASTIVE_SYMMETRIC ? slot_->symmetric : slot_->infonce;
+  flatmem_contrastive_t *&handle = slot_->handle(loss);
   if (handle == nullptr) {
     flatmem_contrastive_options options;
     flatmem_status status = flatmem_contrastive_options_init(&options);

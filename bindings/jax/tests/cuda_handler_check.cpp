@@ -12,7 +12,9 @@
 // logit_cache_bytes: 0 and a budget (the CPU forward gives the same loss bits;
 // the CUDA handlers accept it and refuse the host buffers all the same). The
 // ring handlers (attribute comm) must refuse too, saying that flatmem's ring
-// takes kDLCPU tensors only.
+// takes kDLCPU tensors only. The sigmoid (SigLIP) handlers likewise: the CPU
+// forward through the frame gives the loss of its constant logits (q, k, s
+// and the bias t in their places), the CUDA ones refuse.
 //
 // The reversible-segment handlers (attributes decoded by name, parameters as
 // remaining operands, gradients as remaining results) get the same fake
@@ -393,6 +395,43 @@ int main() {
     expect(std::memcmp(&losses[0], &losses[1], sizeof(float)) == 0,
            "logit_cache_bytes reaches the CPU handler and gives the same loss bits");
   }
+
+  // The sigmoid loss through the same frame: every logit is x = s <q_i, k_j> + t
+  // = 2 * 0.375 - 0.25 = 0.5, so L = softplus(-x) + (b - 1) softplus(x).
+  Buffer t = Buffer::f32({}, -0.25f), dt = Buffer::f32({}, -7.0f);
+  {
+    size_t bytes = 0;
+    char message[256] = "";
+    const int status = flatmem_jax_workspace_size(3, 0, 2, 32, b, d, 2, 32, b, d, &bytes, message,
+                                                  sizeof message);
+    Buffer workspace(XLA_FFI_DataType_U8, {static_cast<int64_t>(bytes)}, bytes);
+    Buffer cpu_loss = Buffer::f32({}, -7.0f);
+    ContrastiveAttrs attrs(0);
+    XLA_FFI_ExecutionContext ctx;
+    const Outcome out = call(flatmem_jax_sigmoid_forward_cpu, {&q, &k, &s, &t},
+                             {&cpu_loss, &workspace}, ctx, attrs.get());
+    const double softplus = std::log1p(std::exp(0.5)), want = softplus - 0.5 + 3.0 * softplus;
+    std::printf("      cpu sigmoid forward: %s loss %g (want %g)\n", out.ok ? "ok" : out.message.c_str(),
+                cpu_loss.floats()[0], want);
+    expect(status == 0 && out.ok && std::fabs(cpu_loss.floats()[0] - want) < 1e-5,
+           "harness: flatmem_jax_sigmoid_forward_cpu succeeds with the loss of logits 0.5");
+  }
+  expect_refused("flatmem_jax_sigmoid_forward_cuda", flatmem_jax_sigmoid_forward_cuda,
+                 {&q, &k, &s, &t}, {&loss});
+  expect_refused("flatmem_jax_sigmoid_forward_cuda (labels)", flatmem_jax_sigmoid_forward_cuda,
+                 {&q, &k, &s, &t, &labels}, {&loss});
+  expect_refused("flatmem_jax_sigmoid_value_and_grad_cuda", flatmem_jax_sigmoid_value_and_grad_cuda,
+                 {&q, &k, &s, &t}, {&loss, &dq, &dk, &ds, &dt});
+  expect_refused("flatmem_jax_sigmoid_backward_cuda", flatmem_jax_sigmoid_backward_cuda,
+                 {&q, &k, &s, &t, &g, &labels}, {&dq, &dk, &ds, &dt});
+  expect_ring_refused("flatmem_jax_ring_sigmoid_forward_cuda", flatmem_jax_ring_sigmoid_forward_cuda,
+                      {&q, &k, &s, &t}, {&loss});
+  expect_ring_refused("flatmem_jax_ring_sigmoid_value_and_grad_cuda",
+                      flatmem_jax_ring_sigmoid_value_and_grad_cuda, {&q, &k, &s, &t, &labels},
+                      {&loss, &dq, &dk, &ds, &dt});
+  expect_ring_refused("flatmem_jax_ring_sigmoid_backward_cuda",
+                      flatmem_jax_ring_sigmoid_backward_cuda, {&q, &k, &s, &t, &g},
+                      {&dq, &dk, &ds, &dt});
 
   expect_refused("flatmem_jax_clip_forward_cuda", flatmem_jax_clip_forward_cuda, {&q, &k, &s},
                  {&loss, &out_row, &out_col});

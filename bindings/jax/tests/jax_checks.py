@@ -84,3 +84,36 @@ def check_scale_grad(got, q, k, s, labels=None, symmetric=True, g=1.0, factor=1.
     want, tau = factor * want, abs(factor) * tau + 2.0**-23 * abs(factor * want)  # + the fp32 product
     got = float(np.asarray(got).reshape(()))
     assert abs(got - want) <= tau, f"ds {got!r}, reference {want!r}, bound {tau:.3g}"
+
+
+def check_sigmoid(loss, grads, q, k, s, t, labels=None, g=1.0, rows=slice(None), cols=slice(None)):
+    """flatmem's sigmoid loss (fp32 scalar, or None to skip) and grads =
+    (dq, dk, ds, dt) of g * L (any prefix of them, None to skip one; dq, dk
+    in q's dtype)
+    against the float64 reference of sigmoid_reference.py, within its bounds.
+    rows, cols: the rows of dq and dk that grads hold (a ring rank's shard of
+    the global q, k; its ds and dt are the global ones)."""
+    from sigmoid_reference import scaled_tolerance, sigmoid_reference, sigmoid_tolerances
+    q64, k64, s, labels = _problem(q, k, s, labels)
+    t = fp32(t)
+    dtype = np.dtype(jnp.asarray(q).dtype)
+    want = sigmoid_reference(q64, k64, s, t, labels)[:5]
+    tau = sigmoid_tolerances(q64, k64, s, t, labels, dtype)
+    if loss is not None:
+        assert loss.dtype == jnp.float32 and loss.shape == ()
+        assert abs(float(loss) - want[0]) <= tau[0], f"loss {float(loss)!r}, reference {want[0]!r}, bound {tau[0]:.3g}"
+    names = ("dq", "dk", "ds", "dt")
+    parts = (rows, cols, (), ())
+    for name, got, ref, bound, part in zip(names, grads, want[1:], tau[1:], parts):
+        if got is None:
+            continue
+        ref, bound = np.asarray(ref)[part], np.asarray(bound)[part]
+        out_dtype = dtype if name in ("dq", "dk") else np.dtype(np.float32)
+        bound = scaled_tolerance(bound, ref, g, out_dtype)
+        ref = g * ref
+        got = jnp.asarray(got)
+        assert got.dtype == out_dtype and got.shape == np.shape(ref), (name, got.shape, got.dtype)
+        err = np.abs(widened(got) - ref)
+        worst = np.unravel_index(np.argmax(err / bound), err.shape) if err.ndim else ()
+        assert np.all(err <= bound), (f"{name}: worst at {worst}: got {widened(got)[worst]!r}, "
+                                      f"reference {ref[worst]!r}, bound {bound[worst]:.3g}")

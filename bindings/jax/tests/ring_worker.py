@@ -6,10 +6,12 @@ through ring_launch.py, which sets FLATMEM_RANK / _WORLD_SIZE / _COORDINATOR).
     python ring_worker.py single                world size 1 and bad input
     python ring_worker.py mismatch              a rank-dependent logit scale, then bad labels on one rank
     python ring_worker.py killed                the last rank dies; the others must fail
+    python ring_worker.py sigmoid               sigmoid_loss(comm=...) checks, then a bias
+                                                that differs on one rank
 
-Each check that passes prints "CHECKED <name> <loss bits> <ds bits>" (the
-parent compares the bits across ranks: flatmem promises identical loss and
-ds on every rank); an expected failure prints "FAILED <name> <elapsed s>
+Each check that passes prints "CHECKED <name> <loss bits> <ds bits> [<dt
+bits>]" (the parent compares the bits across ranks: flatmem promises identical
+loss, ds and dt on every rank); an expected failure prints "FAILED <name> <elapsed s>
 <message>". An assertion error exits non-zero. JAX's start-up is slow, so each
 process runs a batch of checks."""
 import os
@@ -22,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import flatmem_jax
-from jax_checks import check_grads, check_loss, unit_rows
+from jax_checks import check_grads, check_loss, check_sigmoid, unit_rows
 
 RUNTIME = (jax.errors.JaxRuntimeError, ValueError)  # as test_jax_errors.py
 
@@ -57,16 +59,23 @@ def foreign_labels(seed, row_sizes, col_sizes):
     return np.asarray(labels, np.int64)
 
 
-def check_case(name, comm, symmetric, row_sizes, col_sizes, d, s, dtype, labelled):
-    """This rank's shard of a global batch (the same seeds on every rank),
-    through the ring under jit(value_and_grad), against the float64 loss and
-    gradients of the concatenated batch."""
-    r = comm.rank
-    q, k = unit_rows(101, sum(row_sizes), d, dtype), unit_rows(102, sum(col_sizes), d, dtype)
-    labels = foreign_labels(103, row_sizes, col_sizes) if labelled else None
+def global_batch(seed, rank, row_sizes, col_sizes, d, dtype, labelled):
+    """The global q, k and labels of a case (the same seeds on every rank), and
+    this rank's row and column slices of them and its labels."""
+    q, k = unit_rows(seed, sum(row_sizes), d, dtype), unit_rows(seed + 1, sum(col_sizes), d, dtype)
+    labels = foreign_labels(seed + 2, row_sizes, col_sizes) if labelled else None
     rows, cols = offsets(row_sizes), offsets(col_sizes)
-    mine_r, mine_c = slice(rows[r], rows[r + 1]), slice(cols[r], cols[r + 1])
+    mine_r, mine_c = slice(rows[rank], rows[rank + 1]), slice(cols[rank], cols[rank + 1])
     my_labels = None if labels is None else jnp.asarray(labels[mine_r])
+    return q, k, labels, mine_r, mine_c, my_labels
+
+
+def check_case(name, comm, symmetric, row_sizes, col_sizes, d, s, dtype, labelled):
+    """This rank's shard of a global batch through the ring under
+    jit(value_and_grad), against the float64 loss and gradients of the
+    concatenated batch."""
+    q, k, labels, mine_r, mine_c, my_labels = global_batch(101, comm.rank, row_sizes, col_sizes,
+                                                           d, dtype, labelled)
     loss, grads = ring_value_and_grad(symmetric, comm)(q[mine_r], k[mine_c], jnp.float32(s),
                                                        my_labels)
     check_loss(loss, q, k, s, labels, symmetric)
@@ -110,6 +119,58 @@ def values(explicit):
     np.testing.assert_array_equal(comm.all_reduce(jnp.int32(comm.rank)), n * (n - 1) // 2)
     comm.barrier()
     flatmem_jax.ring.finalize()
+    print("DONE", flush=True)
+
+
+def sigmoid_cases(n):
+    """(row sizes, column sizes, d, s, t, labelled, recompute) per world size:
+    uneven shards, labels pointing at other ranks' columns, the diagonal
+    default (C >= B on every prefix), one row per rank, s = 100 with t = -10,
+    and the recomputing backward."""
+    uneven = {2: [1, 6], 4: [1, 5, 2, 3]}[n]
+    primes = {2: [13, 7], 4: [7, 2, 11, 3]}[n]
+    return {
+        "sigmoid-foreign-labels": (uneven, primes, 5, 10.0, -10.0, True, False),
+        "sigmoid-no-labels": (uneven, primes, 4, 10.0, -3.0, False, False),
+        "sigmoid-one-row-each": ([1] * n, uneven, 6, 10.0, 0.5, True, False),
+        "sigmoid-primes-s100": (primes, primes, 3, 100.0, -10.0, False, False),
+        "sigmoid-recompute": (uneven, primes, 5, 10.0, -10.0, True, True),
+    }
+
+
+def check_sigmoid_case(name, comm, row_sizes, col_sizes, d, s, t, labelled, recompute, dtype):
+    """This rank's shard of a global batch through sigmoid_loss(comm=...) under
+    jit(value_and_grad) against the float64 loss and gradients (q, k, s, t)
+    of the concatenated batch."""
+    q, k, labels, mine_r, mine_c, my_labels = global_batch(201, comm.rank, row_sizes, col_sizes,
+                                                           d, dtype, labelled)
+
+    def run(recompute):
+        def loss(q, k, s, t):
+            return flatmem_jax.sigmoid_loss(q, k, s, t, my_labels, recompute=recompute, comm=comm)
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(
+            q[mine_r], k[mine_c], jnp.float32(s), jnp.float32(t))
+
+    value, grads = run(recompute)
+    check_sigmoid(value, grads, q, k, s, t, labels, rows=mine_r, cols=mine_c)
+    if recompute:  # flatmem's backward with dloss = 1: value_and_grad's bits
+        saved = run(False)
+        assert value == saved[0], (value, saved[0])
+        for a, b in zip(grads, saved[1]):
+            np.testing.assert_array_equal(a, b)
+    print("CHECKED", name, bits(value), bits(grads[2]), bits(grads[3]), flush=True)
+
+
+def sigmoid():
+    comm = flatmem_jax.ring.initialize()
+    for dtype in (jnp.float32, jnp.bfloat16):
+        for name, case in sigmoid_cases(comm.world_size).items():
+            check_sigmoid_case(f"{name}-{jnp.dtype(dtype).name}", comm, *case, dtype)
+    # A bias that differs on rank 0: every rank fails, naming logit_bias.
+    q, k = unit_rows(1, 3, 4), unit_rows(2, 3, 4)
+    f = jax.jit(lambda q, k, t: flatmem_jax.sigmoid_loss(q, k, 10.0, t, comm=comm))
+    message = expect_failure("bias", f, q, k, jnp.float32(-1.0 if comm.rank == 0 else -2.0))
+    assert "FLATMEM_STATUS_INVALID_ARGUMENT" in message and "logit_bias" in message, message
     print("DONE", flush=True)
 
 
@@ -236,4 +297,4 @@ if __name__ == "__main__":
     elif scenario == "jax-distributed":
         jax_distributed(sys.argv[2])
     else:
-        {"mismatch": mismatch, "killed": killed, "single": single}[scenario]()
+        {"mismatch": mismatch, "killed": killed, "single": single, "sigmoid": sigmoid}[scenario]()

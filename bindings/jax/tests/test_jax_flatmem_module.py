@@ -19,13 +19,15 @@ from jax_checks import check_grads, check_loss, check_scale_grad, unit_rows  # n
 def test_reexports_flatmem_jax():
     assert flatmem.jax.clip_loss is flatmem_jax.clip_loss
     assert flatmem.jax.infonce_loss is flatmem_jax.infonce_loss
+    assert flatmem.jax.sigmoid_loss is flatmem_jax.sigmoid_loss
     assert flatmem.jax.FlatmemError is flatmem_jax.FlatmemError
     assert flatmem.jax.has_cuda is flatmem_jax.has_cuda
     assert flatmem.jax.reversible_transformer is flatmem_jax.reversible_transformer
     assert flatmem.jax.RingComm is flatmem_jax.RingComm
     assert flatmem.jax.ring is flatmem_jax.ring
     assert sorted(flatmem.jax.__all__) == ["FlatmemError", "RingComm", "clip_loss", "has_cuda",
-                                           "infonce_loss", "reversible_transformer", "ring"]
+                                           "infonce_loss", "reversible_transformer", "ring",
+                                           "sigmoid_loss"]
 
 
 def test_clip_loss_under_jit_and_grad_matches_flatmem_jax():

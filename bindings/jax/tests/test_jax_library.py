@@ -18,7 +18,9 @@ from jax_checks import unit_rows
 
 HANDLERS = [f"flatmem_jax_{loss}_{stage}"
             for loss in ("clip", "infonce", "reversible", "ring_clip", "ring_infonce")
-            for stage in ("forward", "backward")] + ["flatmem_jax_ring_all_reduce"]
+            for stage in ("forward", "backward")] + ["flatmem_jax_ring_all_reduce"] + [
+            f"flatmem_jax_{ring}sigmoid_{stage}" for ring in ("", "ring_")
+            for stage in ("forward", "value_and_grad", "backward")]
 
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
@@ -108,6 +110,13 @@ def test_ring_lowering_carries_the_comm_slot_and_no_workspace(platform):
     for _, call in calls:
         assert "comm = 3 : i64" in call and "logit_cache_bytes" not in call, call
     assert "ui8" not in text
+    sigmoid = jax.value_and_grad(
+        lambda q, k, s, t: flatmem_jax.sigmoid_loss(q, k, s, t, jnp.arange(6), comm=comm),
+        argnums=(0, 1, 2, 3))
+    calls = re.findall(r"custom_call @(flatmem_\w+)\((.*)", lowered(sigmoid, q, k, 1.0, 0.0,
+                                                                     platform=platform))
+    assert [name for name, _ in calls] == ["flatmem_ring_sigmoid_value_and_grad"], calls
+    assert "comm = 3 : i64" in calls[0][1] and "ui8" not in calls[0][1], calls
     reduced = lowered(comm.all_reduce, jnp.zeros((2, 3)), platform=platform)
     assert re.search(r"custom_call @flatmem_ring_all_reduce\(.*comm = 3 : i64", reduced), reduced
 
@@ -157,8 +166,8 @@ def test_cuda_handlers_return_flatmems_unsupported_error():
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASSED: 0 failure(s)" in run.stdout
     # XLA_FFI_Error_Code_UNIMPLEMENTED: 5 handler calls, 2 more with a logit cache budget,
-    # and the 5 ring handlers
-    assert run.stdout.count("-> code 12: ") == 12
+    # the 5 ring handlers, 4 sigmoid handler calls and the 3 sigmoid ring handlers
+    assert run.stdout.count("-> code 12: ") == 19
     # the reversible CUDA handlers fail in the handler (what refuses them depends on the
     # flatmem build: its buffer checks, or no CUDA device for the gradient zeroing)
     assert run.stdout.count("(reversible): ") == 2

@@ -46,8 +46,12 @@ def test_readme_snippet_runs(capsys):
     assert re.search(r"^InfoNCE \d+\.\d+$", out, re.M), out
     assert re.search(r"^per-element CLIP losses \[\S+ +\S+\]$", out, re.M), out
     # The snippet's numbers are the CLIP loss of its features (float64 reference).
-    from jax_checks import check_loss
+    from jax_checks import check_loss, check_sigmoid
     check_loss(namespace["loss"], namespace["q"], namespace["k"], 14.3)
+    assert re.search(r"^SigLIP loss \d+\.\d{4}, d/dlog_s -?\d+\.\d{4}, d/dbias -?\d+\.\d{4}$", out, re.M), out
+    s = jnp.exp(jnp.log(jnp.float32(10.0)))  # the scale the snippet's loss saw
+    check_sigmoid(namespace["siglip"], (), namespace["q"], namespace["k"], s, -10.0)
+    check_sigmoid(None, (None, None, None, namespace["dbias"]), namespace["q"], namespace["k"], s, -10.0)
 
 
 

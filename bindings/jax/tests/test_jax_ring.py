@@ -35,6 +35,21 @@ def test_ring_values_and_gradients_match_the_concatenated_batch(world_size, how)
     assert all(r.lines("DONE") for r in ranks)
 
 
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_sigmoid_ring_matches_the_concatenated_batch(world_size):
+    ranks = launch(world_size, ["sigmoid"], deadline_s=DEADLINE_S)
+    assert_all_succeeded(ranks)
+    results = [checked(r) for r in ranks]
+    # 5 cases x (fp32, bf16), each value_and_grad of (q, k, s, t) under jit against the reference.
+    assert len(results[0]) == 10, ranks[0].describe()
+    for r, result in enumerate(results[1:], 1):
+        assert result == results[0], f"rank {r}'s (loss, ds, dt) bits differ from rank 0's:\n{result}\n{results[0]}"
+    for rank in ranks:
+        elapsed, message = failures(rank)["bias"]
+        assert "logit_bias" in message, message
+    assert all(r.lines("DONE") for r in ranks)
+
+
 def test_rank_and_size_from_jax_distributed():
     ranks = launch(2, ["jax-distributed", f"127.0.0.1:{free_port()}"], deadline_s=DEADLINE_S)
     assert_all_succeeded(ranks)

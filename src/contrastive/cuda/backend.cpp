@@ -4,10 +4,12 @@
 //
 // forward:  forward_tiles -> forward_finish -> loss_sum
 // backward: [dq pass] -> [dk pass] -> [ds_sum]
+// sigmoid:  [row pass] -> [column pass] -> [loss_sum] [ds_sum] [ds_sum for dt]
 #include "contrastive/cuda/backend.hpp"
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "contrastive/cuda/kernels.hpp"
 #include "core/cuda/device.hpp"
@@ -141,6 +143,41 @@ void check_workspace(void *workspace, std::size_t given, std::size_t needed, int
     fail(FLATMEM_STATUS_WORKSPACE_TOO_SMALL, "workspace: ", given, " bytes given; ", needed,
          " bytes needed (ask the *_workspace_size function)");
   check_device_pointer(workspace, "workspace", device);
+}
+
+// --- sigmoid -------------------------------------------------------------------
+
+// The row pass (rows = q) runs for dq, and for the scalars when dk is not
+// wanted; the column pass (rows = k) for dk. The sums come from the first.
+struct SigmoidPasses {
+  bool row = false, col = false;
+};
+SigmoidPasses sigmoid_passes(bool want_dq, bool want_dk) { return {want_dq || !want_dk, want_dk}; }
+
+struct SigmoidSpace {
+  BackwardSpace grad;  // slots, ds_partial
+  double *loss_partial = nullptr, *dt_partial = nullptr;
+};
+
+SigmoidSpace carve_sigmoid(WorkspaceCarver &carver, const MatrixView &q, const MatrixView &k,
+                           bool want_dq, bool want_dk, int multiprocessors) {
+  SigmoidSpace s;
+  s.grad = carve_backward(carver, q, k, want_dq, want_dk, multiprocessors);
+  const std::int64_t partials = std::max(ceil_div(q.rows, tile_rows), ceil_div(k.rows, tile_rows));
+  s.loss_partial = carver.take<double>(partials);
+  s.dt_partial = carver.take<double>(partials);
+  return s;
+}
+
+cudaError_t launch_sigmoid_for(Operand op, const SigmoidPassParams &p, int grid,
+                               cudaStream_t stream) {
+  switch (op) {
+    case Operand::bf16: return launch_sigmoid_pass<Operand::bf16>(p, grid, stream);
+    case Operand::f16: return launch_sigmoid_pass<Operand::f16>(p, grid, stream);
+    case Operand::tf32: return launch_sigmoid_pass<Operand::tf32>(p, grid, stream);
+    case Operand::f32x3: return launch_sigmoid_pass<Operand::f32x3>(p, grid, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -290,6 +327,104 @@ void backward(const Options &options, const Inputs &in, const BackwardArgs &args
     sum.dloss = args.dloss_data;
     sum.dscale = args.dscale;
     check_launch(launch_ds_sum(sum, s), "launching the ds sum kernel");
+  }
+}
+
+std::size_t sigmoid_workspace_bytes(const MatrixView &q, const MatrixView &k, bool want_dq,
+                                    bool want_dk) {
+  WorkspaceCarver measure;
+  carve_sigmoid(measure, q, k, want_dq, want_dk, multiprocessor_count(q.device.device_id));
+  return measure.bytes();
+}
+
+void sigmoid(const Options &options, const Inputs &in, const cpu::SigmoidArgs &args,
+             void *workspace, std::size_t workspace_bytes, void *stream) {
+  const int device = in.q.device.device_id;
+  DeviceGuard guard(device);
+  const bool want_dq = args.dq.data != nullptr, want_dk = args.dk.data != nullptr;
+  check_device_pointer(in.q.data, "q", device);
+  check_device_pointer(in.k.data, "k", device);
+  if (in.labels) check_device_pointer(in.labels, "labels", device);
+  check_device_pointer(in.scale_data, "logit_scale", device);
+  check_device_pointer(args.bias_data, "logit_bias", device);
+  if (args.dloss_data) check_device_pointer(args.dloss_data, "dloss", device);
+  if (args.loss) check_device_pointer(args.loss, "loss", device);
+  if (want_dq) check_device_pointer(args.dq.data, "dq", device);
+  if (want_dk) check_device_pointer(args.dk.data, "dk", device);
+  if (args.dscale) check_device_pointer(args.dscale, "dlogit_scale", device);
+  if (args.dbias) check_device_pointer(args.dbias, "dlogit_bias", device);
+  const int multiprocessors = multiprocessor_count(device);
+  WorkspaceCarver measure;
+  carve_sigmoid(measure, in.q, in.k, want_dq, want_dk, multiprocessors);
+  check_workspace(workspace, workspace_bytes, measure.bytes(), device);
+
+  WorkspaceCarver carver(workspace);
+  const SigmoidSpace space = carve_sigmoid(carver, in.q, in.k, want_dq, want_dk, multiprocessors);
+  const Operand op = operand_for(in.q.dtype, options.fp32_precision);
+  const SigmoidPasses passes = sigmoid_passes(want_dq, want_dk);
+  cudaStream_t s = stream_of(stream);
+
+  SigmoidPassParams common;
+  common.scale = in.scale_data;
+  common.bias = args.bias_data;
+  common.dloss = args.dloss_data;
+  common.inv_n = 1.0 / double(in.b());
+  common.labels = in.labels;
+  common.slots = space.grad.slots;
+  common.slot_pitch = slot_pitch(in.d());
+  // The sums of the first pass that runs (row tiles of its output side).
+  const auto with_sums = [&](SigmoidPassParams &p) {
+    if (args.loss) p.loss_partial = space.loss_partial;
+    if (args.dscale) p.ds_partial = space.grad.ds_partial;
+    if (args.dbias) p.dt_partial = space.dt_partial;
+  };
+  const auto with_output = [](SigmoidPassParams &p, const MatrixView &out) {
+    p.out = out.data;
+    p.out_ld = out.row_stride;
+    p.out_type = out_type_for(out.dtype);
+  };
+
+  if (passes.row) {
+    SigmoidPassParams p = common;
+    p.rows = device_matrix(in.q);
+    p.cols = device_matrix(in.k);
+    p.label_side = in.labels ? LabelSide::of_row : LabelSide::identity;
+    if (want_dq) with_output(p, args.dq);
+    with_sums(p);
+    check_launch(launch_sigmoid_for(op, p, pass_grid(in.b(), multiprocessors), s),
+                 "launching the sigmoid row pass");
+  }
+  if (passes.col) {
+    SigmoidPassParams p = common;
+    p.rows = device_matrix(in.k);
+    p.cols = device_matrix(in.q);
+    p.label_side = in.labels ? LabelSide::of_col : LabelSide::identity;
+    with_output(p, args.dk);
+    if (!passes.row) with_sums(p);
+    check_launch(launch_sigmoid_for(op, p, pass_grid(in.c(), multiprocessors), s),
+                 "launching the sigmoid column pass");
+  }
+  const int partials = int(ceil_div(passes.row ? in.b() : in.c(), tile_rows));
+  if (args.loss) {
+    LossSumParams sum;
+    sum.partial = space.loss_partial;
+    sum.count = partials;
+    sum.inv_count = common.inv_n;
+    sum.loss = args.loss;
+    check_launch(launch_loss_sum(sum, s), "launching the sigmoid loss sum kernel");
+  }
+  // ds and dt: the same sum g / b * (sum of partials), over different partials.
+  const std::pair<double *, float *> scalars[] = {{space.grad.ds_partial, args.dscale},
+                                                  {space.dt_partial, args.dbias}};
+  for (const auto &[partial, result] : scalars) {
+    if (!result) continue;
+    DsSumParams sum;
+    sum.partial = partial;
+    sum.count = partials;
+    sum.inv_n = common.inv_n;
+    sum.dloss = args.dloss_data;
+    sum.dscale = result;
+    check_launch(launch_ds_sum(sum, s), "launching the sigmoid ds / dt sum kernel");
   }
 }
 

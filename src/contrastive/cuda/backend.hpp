@@ -5,6 +5,7 @@
 // (nothing written); a failed launch throws FLATMEM_STATUS_INTERNAL.
 #pragma once
 
+#include "contrastive/cpu/sigmoid.hpp"  // SigmoidArgs: what a sigmoid call computes
 #include "contrastive/problem.hpp"
 
 namespace flatmem::contrastive::cuda {
@@ -21,5 +22,15 @@ void forward(const Options &options, const Inputs &in, const ForwardOutputs &out
 
 void backward(const Options &options, const Inputs &in, const BackwardArgs &args,
               void *workspace, std::size_t workspace_bytes, void *stream);
+
+// The sigmoid (SigLIP) loss (sigmoid_pass.cu): one call computes what `args`
+// requests (loss and / or dq, dk, ds, dt, times dloss). On CUDA the scalars
+// t and g are read on the device: args.bias_data (required) and
+// args.dloss_data (nullptr: g = 1); args.bias / args.dloss are not used.
+std::size_t sigmoid_workspace_bytes(const MatrixView &q, const MatrixView &k, bool want_dq,
+                                    bool want_dk);
+
+void sigmoid(const Options &options, const Inputs &in, const cpu::SigmoidArgs &args,
+             void *workspace, std::size_t workspace_bytes, void *stream);
 
 }  // namespace flatmem::contrastive::cuda

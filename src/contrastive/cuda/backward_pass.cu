@@ -26,27 +26,14 @@
 // transposed copy of the column tile. The running sum of a row tile lives in
 // the CTA's own fp32 slot in the workspace (64 x d floats, L2-resident), is
 // read-modified-written by that CTA only, and is scaled by s g / N and
-// rounded to the output type once, at the last column tile.
+// rounded to the output type once, at the last column tile. The pass itself
+// (tile walk, Gt tile, product, slots) is row_pass.cuh, shared with the
+// sigmoid loss; this file is the softmax's Gt and ds.
 #include "contrastive/cuda/kernels.hpp"
-#include "contrastive/cuda/tile_logits.cuh"
+#include "contrastive/cuda/row_pass.cuh"
 
 namespace flatmem::contrastive::cuda {
 namespace {
-
-constexpr int out_frags = chunk_out / 8;
-
-template <Operand op>
-struct PassSmem {
-  static constexpr int gt_pitch = smem_pitch<op>(tile_cols);
-  static constexpr int kt_pitch = smem_pitch<op>(tile_cols);
-  static constexpr int kt_bytes = chunk_out * kt_pitch;
-  // The logit stages and the transposed column chunk are never live together.
-  static constexpr int shared_bytes =
-      LogitStages<op>::bytes > kt_bytes ? LogitStages<op>::bytes : kt_bytes;
-  static constexpr int gt_offset = shared_bytes;
-  static constexpr int ds_offset = gt_offset + tile_rows * gt_pitch;
-  static constexpr int bytes = ds_offset + warps * int(sizeof(double));
-};
 
 struct RowInfo {
   float lse = 0.0f;
@@ -71,129 +58,66 @@ __device__ __forceinline__ float gradient_entry(const PassParams &p, float logit
   return positive ? gt - p.positive_weight : gt;
 }
 
-// out_r += Gt_r * cols_tile for the CTA's 64 rows, chunk by chunk over d.
-template <Operand op>
-__device__ void accumulate_product(const PassParams &p, char *gt, char *kt, float *slot,
-                                   std::int64_t row0, std::int64_t col0, bool first, bool last,
-                                   float out_mult) {
-  using S = PassSmem<op>;
-  const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
-  const std::int64_t d = p.rows.cols;
-  for (int f0 = 0; f0 < p.slot_pitch; f0 += chunk_out) {
-    load_chunk_transposed<op, tile_cols, chunk_out>(kt, S::kt_pitch, p.cols, col0, f0);
-    __syncthreads();
-    float acc[out_frags][4];
-#pragma unroll
-    for (int n = 0; n < out_frags; ++n)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float2 v = first ? make_float2(0.0f, 0.0f)
-                               : *reinterpret_cast<const float2 *>(
-                                     slot + frag_row(2 * h) * p.slot_pitch + f0 + n * 8 + 2 * t);
-        acc[n][2 * h] = v.x;
-        acc[n][2 * h + 1] = v.y;
-      }
-    warp_gemm_nt<op, out_frags>(acc, gt + warp * 16 * S::gt_pitch, S::gt_pitch, kt, S::kt_pitch,
-                                tile_cols);
-#pragma unroll
-    for (int n = 0; n < out_frags; ++n)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = frag_row(2 * h), f = f0 + n * 8 + 2 * t;
-        if (last) {
-          const std::int64_t row = row0 + r;
-          if (row >= p.rows.rows) continue;
-          for (int e = 0; e < 2; ++e)
-            if (f + e < d)
-              store_output(p.out, row * p.out_ld + f + e, p.out_type, out_mult * acc[n][2 * h + e]);
-        } else {
-          *reinterpret_cast<float2 *>(slot + r * p.slot_pitch + f) =
-              make_float2(acc[n][2 * h], acc[n][2 * h + 1]);
-        }
-      }
-    __syncthreads();  // kt is reloaded next; it also aliases the next tile's logit stages
-  }
-}
+// The softmax policy of row_pass (row_pass.cuh): Gt from the saved LSE
+// vectors, ds = sum Gt raw (per tile in fp32, per row tile in double).
+struct SoftmaxEntries {
+  const PassParams &p;
+  float scale;
+  RowInfo row_info[2];
+  float ds_tile = 0.0f;
+  double ds = 0.0;
 
-// Block sum of the threads' ds terms in a fixed order (warp tree, then warps in order).
-__device__ void store_ds_partial(double value, double *ds_smem, double *out) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  if ((threadIdx.x & 31) == 0) ds_smem[threadIdx.x >> 5] = value;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0.0;
-    for (int w = 0; w < warps; ++w) total += ds_smem[w];
-    *out = total;
-  }
-  __syncthreads();
-}
+  __device__ SoftmaxEntries(const PassParams &params, float s) : p(params), scale(s) {}
 
-template <Operand op>
-__global__ void __launch_bounds__(threads) backward_pass_kernel(PassParams p) {
-  using S = PassSmem<op>;
-  using T = OperandTraits<op>;
-  extern __shared__ __align__(16) char smem[];
-  char *stages = smem, *kt = smem, *gt = smem + S::gt_offset;
-  double *ds_smem = reinterpret_cast<double *>(smem + S::ds_offset);
-
-  const std::int64_t rows_total = p.rows.rows, cols_total = p.cols.rows;
-  const int row_tiles = int((rows_total + tile_rows - 1) / tile_rows);
-  const int col_tiles = int((cols_total + tile_cols - 1) / tile_cols);
-  const float scale = read_scale(p.scale);
-  const float g = p.dloss ? *p.dloss : 1.0f;
-  const float out_mult = float(double(scale) * double(g) * p.inv_n);
-  float *slot = p.out ? p.slots + std::int64_t(blockIdx.x) * tile_rows * p.slot_pitch : nullptr;
-
-  for (int rt = blockIdx.x; rt < row_tiles; rt += gridDim.x) {
-    const std::int64_t row0 = std::int64_t(rt) * tile_rows;
-    RowInfo row_info[2];
+  __device__ void begin_rows(std::int64_t row0) {
+    ds = 0.0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const std::int64_t r = row0 + frag_row(2 * h);
-      if (r < rows_total) {
+      row_info[h] = RowInfo{};
+      if (r < p.rows.rows) {
         if (p.lse_rows) row_info[h].lse = p.lse_rows[r];
         if (p.label_side == LabelSide::of_row) row_info[h].label = p.labels[r];
       }
     }
-    double ds = 0.0;
-    for (int ct = 0; ct < col_tiles; ++ct) {
-      const std::int64_t col0 = std::int64_t(ct) * tile_cols;
-      float x[tile_col_frags][4];
-      logit_tile<op>(x, stages, p.rows, p.cols, row0, col0);
-      float ds_tile = 0.0f;
-#pragma unroll
-      for (int n = 0; n < tile_col_frags; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const std::int64_t r = row0 + frag_row(e), col = col0 + frag_col(n, e);
-          float entry = 0.0f;  // rows / columns past the matrix contribute nothing
-          if (r < rows_total && col < cols_total) {
-            entry = gradient_entry(p, scale * x[n][e], r, col, row_info[e >> 1]);
-            ds_tile = fmaf(entry, x[n][e], ds_tile);
-          }
-          x[n][e] = entry;
-        }
-      ds += ds_tile;
-      if (!p.out) continue;
-#pragma unroll
-      for (int n = 0; n < tile_col_frags; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          reinterpret_cast<typename T::Element *>(gt + frag_row(e) * S::gt_pitch)[frag_col(n, e)] =
-              T::from_float(x[n][e]);
-      __syncthreads();  // Gt complete (the logit stages are already free)
-      accumulate_product<op>(p, gt, kt, slot, row0, col0, ct == 0, ct == col_tiles - 1, out_mult);
-    }
-    if (p.ds_partial) store_ds_partial(ds, ds_smem, p.ds_partial + rt);
   }
+
+  __device__ float entry(float raw, std::int64_t r, std::int64_t col, int h) {
+    const float gt = gradient_entry(p, scale * raw, r, col, row_info[h]);
+    ds_tile = fmaf(gt, raw, ds_tile);
+    return gt;
+  }
+
+  __device__ void end_tile() {
+    ds += ds_tile;
+    ds_tile = 0.0f;
+  }
+
+  __device__ void end_rows(int rt, double *sums_smem) {
+    if (!p.ds_partial) return;
+    double values[1] = {ds};
+    double *const out[1] = {p.ds_partial + rt};
+    store_block_sums<1>(values, sums_smem, out);
+  }
+};
+
+constexpr int softmax_sums = 1;  // ds
+
+template <Operand op>
+__global__ void __launch_bounds__(threads) backward_pass_kernel(PassParams p) {
+  extern __shared__ __align__(16) char smem[];
+  const float scale = read_scale(p.scale);
+  const float g = p.dloss ? *p.dloss : 1.0f;
+  const float out_mult = float(double(scale) * double(g) * p.inv_n);
+  SoftmaxEntries entries(p, scale);
+  row_pass<op>(p, out_mult, entries, smem);
 }
 
 }  // namespace
 
 template <Operand op>
 int backward_pass_smem_bytes() {
-  return PassSmem<op>::bytes;
+  return PassSmem<op>::bytes(softmax_sums);
 }
 
 template <Operand op>

@@ -25,6 +25,12 @@ int backward_pass_smem_bytes();
 template <Operand op>
 cudaError_t launch_backward_pass(const PassParams &p, int grid, cudaStream_t stream);
 
+// sigmoid_pass.cu: `grid` persistent CTAs, each with its own accumulator slot.
+template <Operand op>
+int sigmoid_pass_smem_bytes();
+template <Operand op>
+cudaError_t launch_sigmoid_pass(const SigmoidPassParams &p, int grid, cudaStream_t stream);
+
 // final_sums.cu: one CTA each.
 cudaError_t launch_loss_sum(const LossSumParams &p, cudaStream_t stream);
 cudaError_t launch_ds_sum(const DsSumParams &p, cudaStream_t stream);

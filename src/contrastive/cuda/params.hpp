@@ -108,6 +108,30 @@ struct PassParams {
   double *ds_partial = nullptr;  // [row tiles] or nullptr: no ds from this pass
 };
 
+// One pass of the sigmoid loss (sigmoid_pass.cu): as PassParams, the output
+// side "rows" and the other side "cols" (row pass: q, k; column pass: k, q),
+// with the SigLIP element terms instead of the softmax ones:
+//   x = s raw + t,  v = -z x,  Gt = -z sigmoid(v)   (z = +1 at the positive)
+//   out_r = s g / b sum_c Gt_rc cols_c
+// and the row tile's sums of softplus(v), Gt raw and Gt (each in double) into
+// loss_partial / ds_partial / dt_partial [row tile] when those are set. Gt is
+// G without its g / b factor: entries in [-1, 1].
+struct SigmoidPassParams {
+  Matrix rows, cols;
+  const float *scale = nullptr;  // device scalar s
+  const float *bias = nullptr;   // device scalar t
+  const float *dloss = nullptr;  // nullptr: g = 1
+  double inv_n = 1.0;            // 1 / b (b: rows of q)
+  const std::int64_t *labels = nullptr;
+  LabelSide label_side = LabelSide::identity;
+  float *slots = nullptr;  // [gridDim.x][tile_rows][slot_pitch] fp32 accumulators
+  int slot_pitch = 0;      // d rounded up to chunk_out
+  void *out = nullptr;     // nullptr: no gradient matrix from this pass
+  std::int64_t out_ld = 0;
+  OutType out_type = OutType::f32;
+  double *loss_partial = nullptr, *ds_partial = nullptr, *dt_partial = nullptr;
+};
+
 struct DsSumParams {
   const double *partial = nullptr;
   int count = 0;

@@ -6,13 +6,17 @@ and reversible segments of flatmem's built-in transformer blocks.
 
     loss = clip_loss(q, k, logit_scale)                    # symmetric CLIP, q and k (b, d)
     loss = infonce_loss(q, k, logit_scale, labels=None)    # rows -> columns, k (c, d)
+    loss = sigmoid_loss(q, k, logit_scale, logit_bias)     # SigLIP's pairwise sigmoid loss
     dq, dk, ds = jax.grad(clip_loss, argnums=(0, 1, 2))(q, k, logit_scale)
     loss = clip_loss(q, k, logit_scale, logit_cache_bytes=4 * b * b)   # a logit cache, below
     y1, y2 = reversible_transformer(x1, x2, params, heads=4)   # see its docstring
     comm = flatmem_jax.ring.initialize()                   # one process per rank: flatmem_jax.ring
     loss = clip_loss(q_r, k_r, logit_scale, comm=comm)     # this rank's shard of a global batch
 
-(What follows is about the losses; reversible_transformer's docstring covers it.)
+(What follows is about the losses; reversible_transformer's docstring covers it,
+and sigmoid_loss's docstring the sigmoid loss, whose custom VJP differs: its
+value and gradients come from one tile walk, so its forward under
+differentiation saves the gradients themselves.)
 
 Both are ``jax.custom_vjp`` functions over flatmem's C ABI: the forward saves
 only the log-sum-exp vectors (row_lse, and col_lse for CLIP) besides q, k and
@@ -44,11 +48,12 @@ Arguments
                  accepted and ignored (flatmem's CUDA backend recomputes).
 
 Across processes
-    With comm=RingComm (flatmem_jax.ring.initialize()), clip_loss and
-    infonce_loss compute the loss of ONE global batch spread over processes,
-    each passing its shard, through flatmem's ring; the gradients are this
-    rank's rows of the exact gradients of the global mean, the scale's
-    gradient the global one on every rank. Collective; CPU only. See
+    With comm=RingComm (flatmem_jax.ring.initialize()), clip_loss,
+    infonce_loss and sigmoid_loss compute the loss of ONE global batch spread
+    over processes, each passing its shard, through flatmem's ring; the
+    gradients are this rank's rows of the exact gradients of the global mean,
+    the scale's (and the sigmoid loss's bias') gradient the global one on
+    every rank. Collective; CPU only. See
     flatmem_jax.ring's docstring.
 
 Differentiation
@@ -114,13 +119,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["clip_loss", "infonce_loss", "reversible_transformer", "FlatmemError", "has_cuda",
+__all__ = ["clip_loss", "infonce_loss", "sigmoid_loss", "reversible_transformer", "FlatmemError", "has_cuda",
            "library_path", "RingComm", "ring"]
 __version__ = "0.1.0"
 
 # flatmem_contrastive_loss values (flatmem.h).
 _SYMMETRIC = 1
 _INFONCE = 2
+_SIGMOID = 3
 # DLPack type codes (dlpack.h): what the workspace query is told q and k are.
 _DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT, _DL_COMPLEX = 0, 1, 2, 4, 5
 
@@ -199,12 +205,18 @@ _TARGETS = {
     "flatmem_clip_backward": "flatmem_jax_clip_backward",
     "flatmem_infonce_forward": "flatmem_jax_infonce_forward",
     "flatmem_infonce_backward": "flatmem_jax_infonce_backward",
+    "flatmem_sigmoid_forward": "flatmem_jax_sigmoid_forward",
+    "flatmem_sigmoid_value_and_grad": "flatmem_jax_sigmoid_value_and_grad",
+    "flatmem_sigmoid_backward": "flatmem_jax_sigmoid_backward",
     "flatmem_reversible_forward": "flatmem_jax_reversible_forward",
     "flatmem_reversible_backward": "flatmem_jax_reversible_backward",
     "flatmem_ring_clip_forward": "flatmem_jax_ring_clip_forward",
     "flatmem_ring_clip_backward": "flatmem_jax_ring_clip_backward",
     "flatmem_ring_infonce_forward": "flatmem_jax_ring_infonce_forward",
     "flatmem_ring_infonce_backward": "flatmem_jax_ring_infonce_backward",
+    "flatmem_ring_sigmoid_forward": "flatmem_jax_ring_sigmoid_forward",
+    "flatmem_ring_sigmoid_value_and_grad": "flatmem_jax_ring_sigmoid_value_and_grad",
+    "flatmem_ring_sigmoid_backward": "flatmem_jax_ring_sigmoid_backward",
     "flatmem_ring_all_reduce": "flatmem_jax_ring_all_reduce",
 }
 for _name, _symbol in _TARGETS.items():
@@ -252,11 +264,17 @@ def _features(q, k):
     return q, k
 
 
+def _scalar(x, name):
+    """A one-element argument (logit_scale, logit_bias) as the float32 0-d
+    array the handlers take."""
+    x = jnp.asarray(x, dtype=jnp.float32)
+    if x.size != 1:
+        raise ValueError(f"flatmem_jax: {name} must have one element, got shape {x.shape}")
+    return x.reshape(())
+
+
 def _scale(logit_scale):
-    s = jnp.asarray(logit_scale, dtype=jnp.float32)
-    if s.size != 1:
-        raise ValueError(f"flatmem_jax: logit_scale must have one element, got shape {s.shape}")
-    return s.reshape(())
+    return _scalar(logit_scale, "logit_scale")
 
 
 def _cache_budget(logit_cache_bytes) -> int:
@@ -450,6 +468,126 @@ def infonce_loss(q, k, logit_scale, labels=None, *, logit_cache_bytes=0, comm=No
     labels = None if labels is None else _labels_operand(labels)
     return _contrastive(_INFONCE, _site(logit_cache_bytes, comm), q, k, _scale(logit_scale),
                         labels)
+
+
+# ---------------------------------------------------------------------------
+# The sigmoid (SigLIP) loss
+# ---------------------------------------------------------------------------
+
+
+def _sigmoid_call(site, stage, q, k, s, t, labels, g=None):
+    """One custom call of the sigmoid loss: stage "forward" -> (loss,),
+    "value_and_grad" -> (loss, dq, dk, ds, dt), "backward" (g) -> (dq, dk,
+    ds, dt) of g L (flatmem.h, "Sigmoid (SigLIP) loss")."""
+    scalar = jax.ShapeDtypeStruct((), _F32)
+    grads = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
+             scalar, scalar]
+    results = {"forward": [scalar], "value_and_grad": [scalar] + grads, "backward": grads}[stage]
+    operands = (q, k, s, t)
+    if stage == "backward":
+        operands += (jnp.asarray(g, _F32).reshape(()),)
+    if labels is not None:
+        operands += (labels,)
+    # value_and_grad and backward take the same workspace (dq, dk in the input dtypes).
+    return site.call(f"sigmoid_{stage}", results, operands,
+                     lambda: _workspace_bytes(_SIGMOID, stage != "forward", q.dtype, q.shape,
+                                              k.dtype, k.shape))
+
+
+def _times(g, x):
+    """g x for a saved gradient x, computed in fp32 and stored in x's dtype
+    (exact for g = 1, the cotangent of a loss differentiated directly)."""
+    return (x.astype(_F32) * g).astype(x.dtype)
+
+
+# site and recompute are static: the _Site of the call and a Python bool.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _sigmoid(site, recompute, q, k, s, t, labels):
+    # Not differentiated: the plain forward (2 b c d FLOPs), no gradient products.
+    return _sigmoid_call(site, "forward", q, k, s, t, labels)[0]
+
+
+def _sigmoid_fwd(site, recompute, q, k, s, t, labels):
+    if recompute:  # save nothing new; the backward walks the tiles again
+        return _sigmoid_call(site, "forward", q, k, s, t, labels)[0], (q, k, s, t, labels)
+    loss, dq, dk, ds, dt = _sigmoid_call(site, "value_and_grad", q, k, s, t, labels)
+    return loss, (dq, dk, ds, dt)
+
+
+def _sigmoid_bwd(site, recompute, residuals, g):
+    if recompute:
+        q, k, s, t, labels = residuals
+        dq, dk, ds, dt = _sigmoid_call(site, "backward", q, k, s, t, labels, g)
+    else:  # the gradients of L, saved by the forward, times the cotangent: no tile walk
+        dq, dk, ds, dt = (_times(g, x) for x in residuals)
+    return dq, dk, ds, dt, None  # labels: integers, no cotangent
+
+
+_sigmoid.defvjp(_sigmoid_fwd, _sigmoid_bwd)
+
+
+def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, recompute=False, comm=None):
+    """The pairwise sigmoid (SigLIP) loss of rows q (b, d) against columns k (c, d):
+
+        x_ij = s <q_i, k_j> + t,   z_ij = +1 if j = y_i else -1
+        L = -(1/b) sum_i sum_j log sigmoid(z_ij x_ij)
+
+    summed over all c columns of a row, averaged over the b rows (SigLIP
+    normalises by the batch); y = labels, or y_i = i when labels is None
+    (then c >= b). Returns a float32 scalar, differentiable in q, k,
+    logit_scale and logit_bias (reverse mode, first order: jax.grad,
+    jax.value_and_grad, jax.vjp; under jax.jit; jax.vmap runs one call per
+    element). log sigmoid is evaluated in its overflow-free form, so any s
+    (10..100 and beyond) and t (e.g. -10) are safe.
+
+    q, k         (b, d) and (c, d), both float32, bfloat16 or float16 (fp32
+                 accumulation); the gradients of q and k have their dtype.
+    logit_scale  s > 0, the scale itself (not its logarithm), one element,
+                 taken as float32. The gradient returned is dL/ds for the s
+                 given: a model that learns log s gets s dL/ds by the chain
+                 rule, e.g. sigmoid_loss(q, k, jnp.exp(log_s), t).
+    logit_bias   t, finite, one element, taken as float32; gradient dL/dt.
+    labels       integer (b,) in [0, c), row i's one positive column, or None
+                 (y_i = i). Not differentiable.
+    recompute    static bool, default False: what the forward keeps for the
+                 backward (both give the same values and gradients to
+                 rounding; with g = 1 the same bits).
+                   False  under differentiation the forward makes ONE call,
+                          flatmem_contrastive_sigmoid_value_and_grad (loss,
+                          dq, dk, ds, dt in one tile walk, 6 b c d FLOPs), and
+                          saves dq, dk ((b + c) d elements in the input dtype)
+                          and ds, dt; the backward only multiplies them by the
+                          cotangent (element-wise, no tile walk). 6 b c d in
+                          all.
+                   True   the forward computes the loss alone (2 b c d) and
+                          saves nothing beyond q, k, s, t, labels; the
+                          backward calls flatmem_contrastive_sigmoid_backward,
+                          which walks the tiles again (6 b c d): 8 b c d in
+                          all, for callers that cannot hold (b + c) d
+                          gradient elements from the forward to the backward.
+                 Not differentiated (jax.jit(sigmoid_loss), eval), either
+                 way only flatmem_contrastive_sigmoid_forward runs (2 b c d
+                 FLOPs, no gradient products). Never a b x c buffer.
+    comm         a RingComm (flatmem_jax.ring.initialize()), default None:
+                 the loss of the GLOBAL batch spread over the communicator's
+                 ranks -- this rank passes its rows q (b_r, d) and columns
+                 k (c_r, d); labels (b_r,) are GLOBAL column indices in
+                 [0, C), C = sum of c_r (None: row g of the global batch pairs
+                 with column g); L is the mean over all B global rows, the
+                 same on every rank, dq and dk this rank's rows of its
+                 gradient, ds and dt the global ones on every rank.
+                 Collective; CPU only. See flatmem_jax.ring.
+
+    Errors: shapes and dtypes flatmem refuses raise FlatmemError at trace
+    time; labels out of range, NaN/Inf, s <= 0 or a non-finite t fail when
+    XLA runs the call, with flatmem's status and message naming the argument.
+    """
+    q, k = _features(q, k)
+    if not isinstance(recompute, (bool, np.bool_)):
+        raise TypeError(f"flatmem_jax: recompute must be a static Python bool, not {recompute!r}")
+    labels = None if labels is None else _labels_operand(labels)
+    return _sigmoid(_site(0, comm), bool(recompute), q, k, _scalar(logit_scale, "logit_scale"),
+                    _scalar(logit_bias, "logit_bias"), labels)
 
 
 # ---------------------------------------------------------------------------

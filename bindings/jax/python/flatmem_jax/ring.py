@@ -13,7 +13,7 @@ attribute).
 Model
     One process per rank (per device), each running JAX on its own. Each rank
     traces and runs THE SAME program: every ring call (clip_loss / infonce_loss
-    with comm=..., their backward, RingComm.all_reduce) is collective --
+    / sigmoid_loss with comm=..., their backward, RingComm.all_reduce) is collective --
     every rank makes it, in the same order. XLA may reorder custom calls that
     do not depend on each other by data, and JAX may run two dispatched
     programs at once: keep a program's ring calls ordered by data (a loss
@@ -41,7 +41,8 @@ Values and gradients
     only its own rows: the global parameter gradient is the SUM over ranks of
     the per-rank ones (comm.all_reduce), except for parameters only the
     scale depends on (a learnable log scale: its gradient is already the
-    global one on every rank; do not sum it). The results agree with the
+    global one on every rank; do not sum it; likewise the sigmoid loss's
+    bias, whose dL/dt is global too). The results agree with the
     single-process loss of the concatenated batch to rounding (the sums run
     in another order; with one rank they are bitwise the same).
 
@@ -124,7 +125,7 @@ def _milliseconds(name, value) -> int:
 
 class RingComm:
     """A flatmem communicator of this process (one rank), for the ring
-    losses (clip_loss / infonce_loss with comm=...) and all_reduce.
+    losses (clip_loss / infonce_loss / sigmoid_loss with comm=...) and all_reduce.
 
     Made by initialize() or RingComm.from_env(); collective creation. The
     custom calls name it by ``slot``, a small index into libflatmem_jax's

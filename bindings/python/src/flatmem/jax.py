@@ -31,7 +31,7 @@ except ModuleNotFoundError as _e:
     ) from _e
 
 from flatmem_jax import (FlatmemError, RingComm, clip_loss, has_cuda, infonce_loss,
-                         reversible_transformer, ring)
+                         reversible_transformer, ring, sigmoid_loss)
 
-__all__ = ["clip_loss", "infonce_loss", "reversible_transformer", "FlatmemError", "has_cuda",
-           "RingComm", "ring"]
+__all__ = ["clip_loss", "infonce_loss", "sigmoid_loss", "reversible_transformer", "FlatmemError",
+           "has_cuda", "RingComm", "ring"]
