@@ -16,15 +16,6 @@ using namespace test;
 
 namespace {
 
-TrainSetup setup_for(int stages, std::int64_t steps, flatmem_cyclic_rule rule) {
-  TrainSetup s;
-  s.widths = {5};
-  for (int j = 0; j < stages; ++j) s.widths.push_back(j + 1 == stages ? 3 : 4 + (j % 3));
-  s.steps = steps;
-  s.rule = rule;
-  s.rows = 3;
-  return s;
-}
 
 std::string describe(const TrainSetup &s, int n) {
   return "L " + std::to_string(s.stages()) + ", N " + std::to_string(n) + ", steps " +
@@ -72,15 +63,15 @@ TEST_CASE("cyclic_stages/train/equals data-parallel cyclic training on N ranks, 
   for (flatmem_cyclic_rule rule : {FLATMEM_CYCLIC_DELAY1, FLATMEM_CYCLIC_NEWEST, FLATMEM_CYCLIC_SYNC})
     for (int L : {2, 3, 4})
       for (int n : {1, 2, L, 2 * L}) {
-        check_against_data_parallel<double>(setup_for(L, 4, rule), n);
-        check_against_data_parallel<float>(setup_for(L, 4, rule), n);
+        check_against_data_parallel<double>(mlp_setup(L, 4, rule), n);
+        check_against_data_parallel<float>(mlp_setup(L, 4, rule), n);
       }
   // Awkward sizes: one stage, N not dividing 2L, N > 2L, one step.
   for (flatmem_cyclic_rule rule : {FLATMEM_CYCLIC_DELAY1, FLATMEM_CYCLIC_NEWEST, FLATMEM_CYCLIC_SYNC}) {
-    check_against_data_parallel<double>(setup_for(1, 3, rule), 3);
-    check_against_data_parallel<double>(setup_for(4, 5, rule), 3);
-    check_against_data_parallel<double>(setup_for(3, 5, rule), 7);
-    check_against_data_parallel<float>(setup_for(4, 1, rule), 5);
+    check_against_data_parallel<double>(mlp_setup(1, 3, rule), 3);
+    check_against_data_parallel<double>(mlp_setup(4, 5, rule), 3);
+    check_against_data_parallel<double>(mlp_setup(3, 5, rule), 7);
+    check_against_data_parallel<float>(mlp_setup(4, 1, rule), 5);
   }
 }
 
@@ -92,7 +83,7 @@ TEST_CASE("cyclic_stages/train/SYNC equals plain SGD on the concatenated batch")
   // data-parallel SYNC test.
   for (int L : {2, 3, 4})
     for (int n : {1, 3, 2 * L}) {
-      const TrainSetup setup = setup_for(L, 4, FLATMEM_CYCLIC_SYNC);
+      const TrainSetup setup = mlp_setup(L, 4, FLATMEM_CYCLIC_SYNC);
       CAPTURE(describe(setup, n));
       const StageTraining<double> got = train_ok<double>(setup, n);
       const StageMlp<double> want = train_concatenated<double>(setup, n);
@@ -108,7 +99,7 @@ TEST_CASE("cyclic_stages/train/SYNC equals plain SGD on the concatenated batch")
 }
 
 TEST_CASE("cyclic_stages/train/the accounting follows the schedule") {
-  const TrainSetup setup = setup_for(4, 6, FLATMEM_CYCLIC_DELAY1);
+  const TrainSetup setup = mlp_setup(4, 6, FLATMEM_CYCLIC_DELAY1);
   for (int n : {4, 8}) {
     const StageTraining<double> got = train_ok<double>(setup, n);
     flatmem_cyclic_stages_schedule sc = FLATMEM_CYCLIC_STAGES_SCHEDULE_INIT;

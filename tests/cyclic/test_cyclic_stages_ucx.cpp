@@ -21,15 +21,6 @@ using test::RankSetup;
 using test::TrainSetup;
 using Clock = std::chrono::steady_clock;
 
-TrainSetup setup_for(int stages, flatmem_cyclic_rule rule) {
-  TrainSetup s;
-  s.widths = {5};
-  for (int j = 0; j < stages; ++j) s.widths.push_back(j + 1 == stages ? 3 : 4 + (j % 3));
-  s.rows = 3;
-  s.steps = 3;
-  s.rule = rule;
-  return s;
-}
 
 template <typename T>
 std::string train_and_compare(flatmem_comm_t *comm, const RankSetup &s, const TrainSetup &setup, int n) {
@@ -61,10 +52,10 @@ TEST_CASE("cyclic_stages/ucx/training over UCX processes equals the simulation (
       RANK_OK(test::create_comm(s, &comm, 20000));
       for (flatmem_cyclic_rule rule : {FLATMEM_CYCLIC_DELAY1, FLATMEM_CYCLIC_NEWEST, FLATMEM_CYCLIC_SYNC})
         for (int n : {1, 2, L, 2 * L}) {
-          const std::string e = train_and_compare<double>(comm, s, setup_for(L, rule), n);
+          const std::string e = train_and_compare<double>(comm, s, test::mlp_setup(L, 3, rule), n);
           if (!e.empty()) return e;
         }
-      const std::string e = train_and_compare<float>(comm, s, setup_for(L, FLATMEM_CYCLIC_NEWEST), L + 1);
+      const std::string e = train_and_compare<float>(comm, s, test::mlp_setup(L, 3, FLATMEM_CYCLIC_NEWEST), L + 1);
       if (!e.empty()) return e;
       RANK_OK(flatmem_comm_destroy(comm));
       return "";
@@ -79,7 +70,7 @@ TEST_CASE("cyclic_stages/ucx/a stage rank killed mid-step: its neighbours fail w
   // micro-batch 1 in step 1: stage 2 waits for an activation from it, stage 0
   // for a gradient. Both must fail within 3 s + 2 s of slack, naming it.
   const auto outcomes = test::run_ranks(3, [](const RankSetup &s) -> std::string {
-    TrainSetup setup = setup_for(3, FLATMEM_CYCLIC_DELAY1);
+    TrainSetup setup = test::mlp_setup(3, 6, FLATMEM_CYCLIC_DELAY1);
     setup.steps = 6;
     flatmem_comm_t *comm = nullptr;
     RANK_OK(test::create_comm(s, &comm, 3000));

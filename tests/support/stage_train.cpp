@@ -1,33 +1,15 @@
 #include "support/stage_train.hpp"
 
 #include <map>
-#include <sstream>
 #include <thread>
 
 namespace test {
 namespace {
 
-template <typename T>
-DLTensor host_vector(T *data, std::int64_t *shape) {
-  DLTensor t{};
-  t.data = data;
-  t.device = {kDLCPU, 0};
-  t.ndim = 1;
-  t.dtype = {kDLFloat, std::uint8_t(8 * sizeof(T)), 1};
-  t.shape = shape;
-  return t;
-}
-
-std::string failed(const char *call, flatmem_status status) {
-  std::ostringstream s;
-  s << call << ": " << flatmem_status_string(status) << ": " << flatmem_last_error();
-  return s.str();
-}
-
 #define STAGE_CALL(call)                                                  \
   do {                                                                    \
     const flatmem_status stage_call_status = (call);                      \
-    if (stage_call_status != FLATMEM_STATUS_SUCCESS) return failed(#call, stage_call_status); \
+    if (stage_call_status != FLATMEM_STATUS_SUCCESS) return call_failed(#call, stage_call_status); \
   } while (0)
 
 // What a stage keeps of one micro-batch between its forward and backward.
@@ -72,7 +54,7 @@ std::string train_stage(flatmem_cyclic_stages_t *h, const TrainSetup &setup, int
     if (a.kind == FLATMEM_CYCLIC_DONE) break;
     if (a.update_step >= 0) {
       const std::int64_t v = a.update_step;
-      DLTensor t = host_vector(average.data(), &grad_shape);
+      DLTensor t = vector_tensor(average.data(), &grad_shape);
       STAGE_CALL(flatmem_cyclic_stages_average(h, &t));
       const std::string e = use(v);
       if (!e.empty()) return "update: " + e;
@@ -100,7 +82,7 @@ std::string train_stage(flatmem_cyclic_stages_t *h, const TrainSetup &setup, int
                       setup.widths.back(), x0.data(), target.data());
       }
       if (a.receives) {
-        DLTensor t = host_vector(m.x.data(), &x_shape);
+        DLTensor t = vector_tensor(m.x.data(), &x_shape);
         STAGE_CALL(flatmem_cyclic_stages_receive(h, &t));
       }
       model.forward(j, m.x.data(), m.y.data(), rows);
@@ -110,7 +92,7 @@ std::string train_stage(flatmem_cyclic_stages_t *h, const TrainSetup &setup, int
             mse_loss<T>(m.y.data(), target.data(), rows, int(out), m.dy.data()));
       }
       if (a.sends) {
-        DLTensor t = host_vector(m.y.data(), &y_shape);
+        DLTensor t = vector_tensor(m.y.data(), &y_shape);
         STAGE_CALL(flatmem_cyclic_stages_send(h, &t));
       }
     } else if (a.kind == FLATMEM_CYCLIC_BACKWARD) {
@@ -121,15 +103,15 @@ std::string train_stage(flatmem_cyclic_stages_t *h, const TrainSetup &setup, int
       Held<T> &m = it->second;
       if (a.receives) {
         m.dy.resize(m.y.size());
-        DLTensor t = host_vector(m.dy.data(), &y_shape);
+        DLTensor t = vector_tensor(m.dy.data(), &y_shape);
         STAGE_CALL(flatmem_cyclic_stages_receive(h, &t));
       }
       dx.resize(m.x.size());
       model.backward(j, m.x.data(), m.y.data(), m.dy.data(), j > 0 ? dx.data() : nullptr, grad.data(), rows);
-      DLTensor g = host_vector(grad.data(), &grad_shape);
+      DLTensor g = vector_tensor(grad.data(), &grad_shape);
       STAGE_CALL(flatmem_cyclic_stages_accumulate(h, &g));
       if (a.sends) {
-        DLTensor t = host_vector(dx.data(), &x_shape);
+        DLTensor t = vector_tensor(dx.data(), &x_shape);
         STAGE_CALL(flatmem_cyclic_stages_send(h, &t));
       }
       held.erase(it);
