@@ -113,13 +113,38 @@ TEST_CASE("cyclic_stages/train/the accounting follows the schedule") {
       const flatmem_cyclic_stages_summary &s = got.summaries[std::size_t(j)];
       flatmem_cyclic_stages_occupancy o{};
       REQUIRE(flatmem_cyclic_stages_schedule_occupancy(&sc, j, &o) == FLATMEM_STATUS_SUCCESS);
-      CHECK(s.actions == 2 * n * setup.steps + (s.actions - 2 * n * setup.steps));  // plus update-only ones
-      CHECK(s.actions >= 2 * n * setup.steps);
+      // 2N actions per step, plus the update-only ones after the last step (1 or 2)
+      CHECK(s.actions >= 2 * n * setup.steps + 1);
+      CHECK(s.actions <= 2 * n * setup.steps + 2);
       CHECK(s.steady_busy_fraction == 1.0);
       CHECK(s.peak_activations_held == o.peak_activations_held);
       // messages: one per forward to j+1 and one per backward to j-1
       CHECK(s.messages_sent == n * setup.steps * ((j + 1 < 4) + (j > 0)));
       CHECK(s.time_steps <= length);
+      // Per time step: the schedule's actions and activations held; bytes of
+      // one message (boundary bytes + the 32-byte header) per send.
+      const auto &stats = got.stats[std::size_t(j)];
+      REQUIRE(std::int64_t(stats.size()) == s.time_steps);
+      const std::int64_t message = 32 + std::int64_t(setup.rows) * setup.widths[std::size_t(j) + 1] * 8,
+                         message_back = j > 0 ? 32 + std::int64_t(setup.rows) * setup.widths[std::size_t(j)] * 8 : 0;
+      std::int64_t busy = 0;
+      for (std::size_t t = 0; t < stats.size(); ++t) {
+        const auto &r = stats[t];
+        CAPTURE(r.time_step);
+        CHECK(r.time_step == std::int64_t(t));
+        std::int32_t count = 0;
+        REQUIRE(flatmem_cyclic_stages_schedule_actions(&sc, j, r.time_step, nullptr, 0, &count) == FLATMEM_STATUS_SUCCESS);
+        CHECK(r.actions == count);
+        busy += count > 0;
+        std::vector<flatmem_cyclic_stages_action> acts(static_cast<std::size_t>(count));
+        flatmem_cyclic_stages_schedule_actions(&sc, j, r.time_step, acts.data(), count, &count);
+        std::int64_t bytes = 0;
+        for (const auto &a : acts)
+          if (a.sends) bytes += a.kind == FLATMEM_CYCLIC_FORWARD ? message : message_back;
+        CHECK(r.bytes_sent == bytes);
+        if (count > 0 && acts[0].kind != FLATMEM_CYCLIC_IDLE) CHECK(r.activations_held == acts[0].activations_held);
+      }
+      CHECK(s.busy_fraction == doctest::Approx(double(busy) / double(s.time_steps)));
       MESSAGE("L=4 N=", n, " stage ", j, ": busy ", s.busy_fraction, " of the whole run (steady ",
               s.steady_busy_fraction, "), activations held peak ", s.peak_activations_held, " mean ",
               s.mean_activations_held, ", peak activation bytes ", s.peak_activation_bytes);

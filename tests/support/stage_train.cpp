@@ -155,6 +155,7 @@ StageTraining<T> train_stages_local(const TrainSetup &setup, int micro_batches, 
   out.runs.resize(std::size_t(L));
   out.errors.assign(std::size_t(L), "");
   out.summaries.assign(std::size_t(L), flatmem_cyclic_stages_summary{});
+  out.stats.resize(std::size_t(L));
   std::vector<flatmem_comm_t *> comms(std::size_t(L), nullptr);
   if (flatmem_comm_create_local(comms.data(), L, nullptr) != FLATMEM_STATUS_SUCCESS) {
     out.errors[0] = std::string("flatmem_comm_create_local: ") + flatmem_last_error();
@@ -172,6 +173,10 @@ StageTraining<T> train_stages_local(const TrainSetup &setup, int micro_batches, 
       }
       out.errors[i] = train_stage<T>(h, setup, micro_batches, j, out.runs[i], hook ? hook(j) : nullptr);
       flatmem_cyclic_stages_summary_get(h, &out.summaries[i]);
+      out.stats[i].resize(std::size_t(out.summaries[i].time_steps));
+      std::int64_t written = 0;
+      flatmem_cyclic_stages_stats(h, 0, std::int64_t(out.stats[i].size()), out.stats[i].data(), &written);
+      out.stats[i].resize(std::size_t(written));
       flatmem_cyclic_stages_destroy(h);
     });
   for (auto &t : threads) t.join();

@@ -48,6 +48,7 @@ struct StageTraining {
   std::vector<StageRun<T>> runs;       // per stage
   std::vector<std::string> errors;     // per stage, "" = fine
   std::vector<flatmem_cyclic_stages_summary> summaries;
+  std::vector<std::vector<flatmem_cyclic_stages_time_step_stats>> stats;  // per stage, all kept
 };
 
 // L threads, one per stage, over an in-process group. `hook(stage)` may give
