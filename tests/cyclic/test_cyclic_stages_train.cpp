@@ -151,3 +151,13 @@ TEST_CASE("cyclic_stages/train/the accounting follows the schedule") {
     }
   }
 }
+
+TEST_CASE("cyclic_stages/train/more micro-batches per time step than staging buffers (N = 300, L = 2)") {
+  // 75 micro-batches share each offset, 65 staging buffers per stream: sends
+  // wait for earlier ones to be taken within one time step.
+  for (flatmem_cyclic_rule rule : {FLATMEM_CYCLIC_DELAY1, FLATMEM_CYCLIC_NEWEST}) {
+    const TrainSetup setup = mlp_setup(2, 2, rule);
+    CAPTURE(describe(setup, 300));
+    check_equal(train_ok<double>(setup, 300), simulate<double>(setup, 300), setup);
+  }
+}
