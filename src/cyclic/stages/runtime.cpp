@@ -174,6 +174,12 @@ std::string StageRuntime::where() const {
   return w;
 }
 
+std::string StageRuntime::where(std::int64_t message) const {
+  const std::int64_t n = settings_.schedule.micro_batches;
+  return "cyclic stages, stage " + std::to_string(stage_) + ", micro-batch " + std::to_string(message % n) +
+         ", step " + std::to_string(message / n);
+}
+
 std::string StageRuntime::describe(const Stream &s) const {
   const char *what = s.kind == Boundary::activation ? "the activation" : "the gradient";
   return std::string(what) + (s.incoming ? " from" : " to") + " stage " + std::to_string(s.peer) +
@@ -199,23 +205,27 @@ void StageRuntime::post_receives(Stream &s) {
 
 void StageRuntime::reap_sends(Stream &s) {
   if (!s.active) return;
-  for (comm::TransferPtr &t : s.transfers)
+  // Message k sits in slot k % R: the in-flight ones are k = next - R .. next - 1.
+  for (std::int64_t k = std::max<std::int64_t>(0, s.next - staging_); k < s.next; ++k) {
+    comm::TransferPtr &t = s.transfers[std::size_t(k % staging_)];
     if (t && comm_.test(t)) {
       const comm::TransferPtr done = t;
       t = nullptr;
-      wait(done, where() + ": send " + describe(s));  // completed: reports a failure, if any
+      wait(done, where(k) + ": send " + describe(s));  // completed: reports a failure, if any
     }
+  }
 }
 
 void StageRuntime::finish() {
   for (Stream *s : {&out_activation_, &out_gradient_}) {
     if (!s->active) continue;
-    for (comm::TransferPtr &t : s->transfers)
+    for (std::int64_t k = std::max<std::int64_t>(0, s->next - staging_); k < s->next; ++k) {
+      comm::TransferPtr &t = s->transfers[std::size_t(k % staging_)];
       if (t) {
-        wait(t, "cyclic stages, stage " + std::to_string(stage_) + ", at the end: the last sends of " +
-                    describe(*s) + " (is that stage still running?)");
+        wait(t, where(k) + ": at the end, send " + describe(*s) + " (is that stage still running?)");
         t = nullptr;
       }
+    }
   }
   done_ = true;
 }
@@ -321,10 +331,10 @@ void StageRuntime::send(const DLTensor *tensor) {
   const std::size_t slot = std::size_t(k % staging_);
   if (st.transfers[slot]) {
     // The staging buffer still carries message k - R.
-    const std::int64_t old = k - staging_, n = settings_.schedule.micro_batches;
-    wait(st.transfers[slot], where() + ": send " + describe(st) + ": staging still holds micro-batch " +
-                                 std::to_string(old % n) + ", step " + std::to_string(old / n) +
-                                 ", not yet taken");
+    wait(st.transfers[slot], where(k - staging_) + ": send " + describe(st) +
+                                 " (its staging buffer is needed for micro-batch " +
+                                 std::to_string(current_.micro_batch) + ", step " +
+                                 std::to_string(current_.step) + ")");
     st.transfers[slot] = nullptr;
   }
   std::vector<char> &buffer = st.buffers[slot];

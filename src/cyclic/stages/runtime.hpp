@@ -73,7 +73,8 @@ class StageRuntime {
   void post_receives(Stream &s);
   void reap_sends(Stream &s);
   void finish();  // DONE: the last sends
-  std::string where() const;  // "cyclic stages, stage 2, micro-batch 3, step 7"
+  std::string where() const;  // "cyclic stages, stage 2, micro-batch 3, step 7" (the current action)
+  std::string where(std::int64_t message) const;  // the same for message k of a stream
   std::string describe(const Stream &s) const;  // "the activation from stage 1 (rank 1)"
   Stream &stream(bool incoming, bool forward);
 
