@@ -733,5 +733,7 @@ FLATMEM_API flatmem_status flatmem_contrastive_ring_stats_get(const flatmem_cont
 #include <flatmem/comm.h>
 /* Cyclic data parallelism over a communicator. */
 #include <flatmem/cyclic.h>
+/* Stage-parallel cyclic training (one rank per stage). */
+#include <flatmem/cyclic_stages.h>
 
 #endif /* FLATMEM_FLATMEM_H */

@@ -9,7 +9,7 @@ namespace flatmem::cyclic {
 
 std::int64_t Schedule::offset(std::int32_t rank) const {
   if (!staggered()) return 0;
-  return std::int64_t(rank) * period() / world;
+  return stagger_offset(rank, world, stages);
 }
 
 std::int32_t Schedule::delay(std::int32_t rank, std::int32_t stage) const {
@@ -19,7 +19,7 @@ std::int32_t Schedule::delay(std::int32_t rank, std::int32_t stage) const {
       // The chain of stage j in step s completes (in schedule time) the time
       // step after rank N-1's backward of j: offset(N-1) + (s+1)2L - j. The
       // rank needs it at its forward of j in step s+1: offset(r) + (s+1)2L + j.
-      return offset(world - 1) - offset(rank) <= 2 * std::int64_t(stage) ? 0 : 1;
+      return newest_delay(offset(world - 1) - offset(rank), stage);
     default: return 1;
   }
 }

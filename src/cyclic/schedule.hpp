@@ -9,6 +9,20 @@
 
 namespace flatmem::cyclic {
 
+// The stagger: floor(index * 2L / count), index 0 .. count-1 -- rank `index` of
+// `count` data-parallel ranks, or micro-batch `index` of `count` in the
+// stage-parallel schedule (src/cyclic/stages/).
+inline std::int64_t stagger_offset(std::int64_t index, std::int64_t count, std::int32_t stages) {
+  return index * 2 * std::int64_t(stages) / count;
+}
+
+// NEWEST: 0 when the average of step s (complete the time step after the
+// last-offset rank's backward of `stage`) arrives before the forward of `stage`
+// in step s + 1 of the rank `gap` time steps earlier than the last one; else 1.
+inline std::int32_t newest_delay(std::int64_t gap, std::int32_t stage) {
+  return gap <= 2 * std::int64_t(stage) ? 0 : 1;
+}
+
 struct Schedule {
   std::int32_t world = 1;    // N
   std::int32_t stages = 1;   // L

@@ -6,23 +6,6 @@
 namespace test {
 namespace {
 
-template <typename T>
-DLTensor vector_tensor(T *data, std::int64_t *shape) {
-  DLTensor t{};
-  t.data = data;
-  t.device = {kDLCPU, 0};
-  t.ndim = 1;
-  t.dtype = {kDLFloat, std::uint8_t(8 * sizeof(T)), 1};
-  t.shape = shape;
-  return t;
-}
-
-std::string call_failed(const char *call, flatmem_status status) {
-  std::ostringstream s;
-  s << call << ": " << flatmem_status_string(status) << ": " << flatmem_last_error();
-  return s.str();
-}
-
 // The activations and gradients of one rank's step, stage by stage.
 template <typename T>
 struct StepBuffers {
@@ -77,6 +60,36 @@ int rule_delay(const TrainSetup &setup, int rank, int world, int stage) {
 }
 
 }  // namespace
+
+template <typename T>
+DLTensor vector_tensor(T *data, std::int64_t *shape) {
+  DLTensor t{};
+  t.data = data;
+  t.device = {kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = {kDLFloat, std::uint8_t(8 * sizeof(T)), 1};
+  t.shape = shape;
+  return t;
+}
+
+std::string call_failed(const char *call, flatmem_status status) {
+  std::ostringstream s;
+  s << call << ": " << flatmem_status_string(status) << ": " << flatmem_last_error();
+  return s.str();
+}
+
+TrainSetup mlp_setup(int stages, std::int64_t steps, flatmem_cyclic_rule rule) {
+  TrainSetup s;
+  s.widths = {5};
+  for (int j = 0; j < stages; ++j) s.widths.push_back(j + 1 == stages ? 3 : 4 + (j % 3));
+  s.steps = steps;
+  s.rule = rule;
+  s.rows = 3;
+  return s;
+}
+
+template DLTensor vector_tensor<float>(float *, std::int64_t *);
+template DLTensor vector_tensor<double>(double *, std::int64_t *);
 
 template <typename T>
 std::string train_rank(flatmem_cyclic_t *handle, const TrainSetup &setup, int rank, int world,

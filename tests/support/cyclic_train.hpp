@@ -64,4 +64,14 @@ struct CyclicOptions {
 CyclicOptions cyclic_options(const TrainSetup &setup, std::size_t element_bytes,
                              std::int64_t timeout_ms = 0);
 
+// The MLP of the cyclic tests: widths 5, 4, 5, 6, 4, ... , 3 (L stages), 3 rows.
+TrainSetup mlp_setup(int stages, std::int64_t steps, flatmem_cyclic_rule rule);
+
+// A compact 1-d host tensor of n = *shape elements of T (float / double).
+template <typename T>
+DLTensor vector_tensor(T *data, std::int64_t *shape);
+
+// "<call>: <status>: <last error>" for a failed call.
+std::string call_failed(const char *call, flatmem_status status);
+
 }  // namespace test
