@@ -30,7 +30,8 @@
 //   over the steady window (stage-parallel: boundary messages with their
 //   32-byte headers; DP cyclic: gradient chains as the protocol assigns them
 //   to time steps); samples per second per rank (N rows-sized micro-batches
-//   per step, over the window's S - 2 steps, median rank's wall time); busy
+//   per step, over the window's S - 2 steps, from the median rank's entering
+//   the window to the median rank's leaving it, wall clock); busy
 //   fraction per rank (time steps with >= 1 action over the window, the
 //   least busy rank).
 //
@@ -40,7 +41,7 @@
 // mismatch fails the run (exit 1), which is what the CTest smoke relies on.
 //
 //   cyclic_modes_bench [--quick] [--micro-batches 4,8] [--stages 4]
-//                      [--steps 8] [--rows 64] [--width 128] [--csv FILE]
+//                      [--steps 16] [--rows 64] [--width 128] [--csv FILE]
 //                      [--activity FILE]
 //
 // --activity writes, for the stage-parallel runs (DELAY1 and SYNC), every
@@ -69,7 +70,7 @@ namespace {
 struct Options {
   std::vector<int> micro_batches{4, 8};
   int stages = 4, rows = 64, width = 128;
-  std::int64_t steps = 8;
+  std::int64_t steps = 16;
   std::string csv, activity;
   bool quick = false;
 };
@@ -417,14 +418,17 @@ Row figures(const std::vector<RankTrace> &traces, std::int64_t from, std::int64_
   if (!wall) return row;
   // Wall clock: rank r holds held[tau] from end[tau-1] to end[tau]; sweep.
   std::vector<std::pair<double, double>> events;
-  std::vector<double> seconds;
+  std::vector<double> starts, ends;
   for (const RankTrace &t : traces) {
     for (std::size_t tau = 1; tau < t.steps.size(); ++tau)
       if (t.steps[tau].held > 0 && t.steps[tau].end > t.steps[tau - 1].end) {
         events.push_back({t.steps[tau - 1].end, double(t.steps[tau].held)});
         events.push_back({t.steps[tau].end, -double(t.steps[tau].held)});
       }
-    if (std::int64_t(t.steps.size()) >= to) seconds.push_back(t.steps[std::size_t(to - 1)].end - t.steps[std::size_t(from - 1)].end);
+    if (std::int64_t(t.steps.size()) >= to) {
+      starts.push_back(t.steps[std::size_t(from - 1)].end);
+      ends.push_back(t.steps[std::size_t(to - 1)].end);
+    }
   }
   std::sort(events.begin(), events.end(), [](auto x, auto y) {
     return x.first < y.first || (x.first == y.first && x.second < y.second);  // frees first
@@ -432,10 +436,14 @@ Row figures(const std::vector<RankTrace> &traces, std::int64_t from, std::int64_
   double level = 0;
   row.peak_wall = 0;
   for (const auto &e : events) row.peak_wall = std::max(row.peak_wall, level += e.second);
-  if (!seconds.empty()) {
-    std::sort(seconds.begin(), seconds.end());
-    const double median = seconds[seconds.size() / 2];
-    row.samples_per_second_rank = median > 0 ? samples / median / double(traces.size()) : NAN;
+  // The window in wall-clock time: from the median rank's entering it to the
+  // median rank's leaving it (ranks that run alone at the window's edges, as
+  // staggered ones do, would otherwise count a core of their own).
+  if (starts.size() == traces.size()) {
+    std::sort(starts.begin(), starts.end());
+    std::sort(ends.begin(), ends.end());
+    const double seconds = ends[ends.size() / 2] - starts[starts.size() / 2];
+    row.samples_per_second_rank = seconds > 0 ? samples / seconds / double(traces.size()) : NAN;
   }
   return row;
 }
@@ -466,6 +474,30 @@ std::vector<RankTrace> naive_traces(const test::TrainSetup &setup, int N, const 
       }
     }
   return traces;
+}
+
+// "" or where the naive layout's figures differ from their closed forms: every
+// rank busy 1/L of the time steps; peaks max_j a_j per rank and N sum_j a_j
+// summed (all pipelines hold every stage at time step L-1); per period of 2L
+// time steps the N pipelines send N (L-1) activations, N (L-1) input
+// gradients and N ring all-reduce shares of every stage.
+std::string check_naive(const Row &r, const test::TrainSetup &setup, int N, const test::StageOptions &o,
+                        const std::vector<std::int64_t> &stage_parameter_bytes) {
+  const int L = setup.stages();
+  double per_period = 0, peak = 0, sum = 0;
+  for (int j = 0; j < L; ++j) {
+    const double a = double(o.activation_bytes[std::size_t(j)]);
+    peak = std::max(peak, a);
+    sum += a;
+    if (j + 1 < L) per_period += 2.0 * double(o.boundary_bytes[std::size_t(j)] + 32);  // forward and back
+    per_period += double(2 * (N - 1) * stage_parameter_bytes[std::size_t(j)] / N);
+  }
+  const double mean = double(N) * per_period / double(2 * L);
+  const auto off = [](double x, double y) { return std::fabs(x - y) > 1e-9 * std::max(1.0, std::fabs(y)); };
+  if (off(r.busy_min, 1.0 / L) || off(r.busy_mean, 1.0 / L)) return "busy fraction is not 1/L";
+  if (off(r.peak_rank, peak) || off(r.peak_sum, N * sum)) return "activation peaks differ from max_j a_j, N sum_j a_j";
+  if (off(r.mean_bytes, mean)) return "mean bytes per time step " + std::to_string(r.mean_bytes) + ", closed form " + std::to_string(mean);
+  return "";
 }
 
 // Seconds of one micro-batch's forward and backward through all stages, one
@@ -510,10 +542,11 @@ void print_row(const Row &r, int N, FILE *csv) {
   char wall[32] = "-", thr[32] = "-";
   if (!std::isnan(r.peak_wall)) std::snprintf(wall, sizeof wall, "%.0f", r.peak_wall / kib);
   if (!std::isnan(r.samples_per_second_rank)) std::snprintf(thr, sizeof thr, "%.0f", r.samples_per_second_rank);
-  std::printf("%3d %-22s %-8s %5d | %8.0f %9.0f %9s | %8.0f | %8.1f %8.1f %6.2f | %9s | %5.2f %5.2f\n", N,
+  char ratio[32] = "-";
+  if (r.mean_bytes > 0) std::snprintf(ratio, sizeof ratio, "%.2f", r.max_bytes / r.mean_bytes);
+  std::printf("%3d %-22s %-8s %5d | %8.0f %9.0f %9s | %8.0f | %8.1f %8.1f %6s | %9s | %5.2f %5.2f\n", N,
               r.layout.c_str(), r.how.c_str(), r.ranks, r.peak_rank / kib, r.peak_sum / kib, wall,
-              r.parameter_bytes / kib, r.max_bytes / kib, r.mean_bytes / kib,
-              r.mean_bytes > 0 ? r.max_bytes / r.mean_bytes : 0.0, thr, r.busy_min, r.busy_mean);
+              r.parameter_bytes / kib, r.max_bytes / kib, r.mean_bytes / kib, ratio, thr, r.busy_min, r.busy_mean);
   std::fflush(stdout);
   if (csv)
     std::fprintf(csv, "%d,%s,%s,%d,%.0f,%.0f,%s,%.0f,%.0f,%.1f,%s,%.4f,%.4f\n", N, r.layout.c_str(), r.how.c_str(),
@@ -580,6 +613,10 @@ int main(int argc, char **argv) {
     naive.layout = "dp x mp (naive)";
     naive.how = "computed";
     naive.samples_per_second_rank = double(o.rows) / pipeline_seconds / L;  // one micro-batch per 2L steps per pipeline
+    if (const std::string e = check_naive(naive, base, N, so, stage_parameter_bytes); !e.empty()) {
+      std::fprintf(stderr, "dp x mp, N = %d: %s\n", N, e.c_str());
+      ++failures;
+    }
     print_row(naive, N, csv);
 
     // Stage-parallel: DELAY1 (the row) and SYNC (the picture's bubble, a row too).
