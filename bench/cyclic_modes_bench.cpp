@@ -41,7 +41,7 @@
 // mismatch fails the run (exit 1), which is what the CTest smoke relies on.
 //
 //   cyclic_modes_bench [--quick] [--micro-batches 4,8] [--stages 4]
-//                      [--steps 16] [--rows 64] [--width 128] [--csv FILE]
+//                      [--steps 16] [--rows 128] [--width 256] [--csv FILE]
 //                      [--activity FILE]
 //
 // --activity writes, for the stage-parallel runs (DELAY1 and SYNC), every
@@ -69,7 +69,7 @@ namespace {
 
 struct Options {
   std::vector<int> micro_batches{4, 8};
-  int stages = 4, rows = 64, width = 128;
+  int stages = 4, rows = 128, width = 256;  // cyclic_bench's sizes
   std::int64_t steps = 16;
   std::string csv, activity;
   bool quick = false;
