@@ -15,8 +15,11 @@
 //                     (and SYNC: the synchronous pipeline with its drain
 //                     bubble, the picture's second panel). MEASURED.
 //   dp cyclic         flatmem_cyclic_t DELAY1 on N fork()ed ranks. MEASURED.
-//   zero relay        flatmem_cyclic_t with RELAYED parameters: not built in
-//                     this tree yet ("n/a (not built)").
+//   zero relay        flatmem_cyclic_t DELAY1 with RELAYED parameters on N
+//                     fork()ed ranks, MEASURED -- where the tree has the relay
+//                     mode (<flatmem/cyclic.h> defines
+//                     FLATMEM_CYCLIC_RELAY_SUMMARY_INIT); else the row prints
+//                     "n/a (not built)".
 //
 // Columns (steady window: time steps [P, P (S-1)), P = the period -- every
 // micro-batch's steps 1 .. S-2 lie in it and nothing of step 0 or S-1):
@@ -797,8 +800,10 @@ int main(int argc, char **argv) {
   std::printf("\nact/rank: the largest activation bytes one rank holds; act sum: summed over ranks, peak by the\n"
               "schedule; sum wall: the same swept in wall-clock time (measured rows). params: parameter bytes per\n"
               "rank (replicated: the whole model; stage-parallel: its stage times the versions it keeps; naive:\n"
-              "one stage). max B/ts, mean: bytes sent per time step summed over ranks over the steady window\n"
-              "(naive: boundary messages + each rank's 2 (N-1)/N share of its stage's ring all-reduce). smp/s/rk:\n"
+              "one stage; zero relay: own shards + the staged stages in use, the handle's scheduled accounting,\n"
+              "largest over the run). max B/ts, mean: bytes sent per time step summed over ranks over the steady\n"
+              "window (naive: boundary messages + each rank's 2 (N-1)/N share of its stage's ring all-reduce;\n"
+              "zero relay: gradient chains + full stages relayed + shards sent to rank 0). smp/s/rk:\n"
               "training samples per second per rank (ranks share %d hardware threads; naive: computed from one\n"
               "micro-batch's forward + backward through all stages, %.3f ms on one core, free communication).\n"
               "busy: least busy rank's fraction of steady time steps with an action, and the mean over ranks.\n\n",
