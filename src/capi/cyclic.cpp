@@ -53,6 +53,7 @@ cyclic::Settings read_settings(const flatmem_cyclic_options *options, comm::Comm
   if (o.history < 0 || o.history > max_history)
     invalid("options.history: ", o.history, "; expected 1 .. 2^26 time steps, or 0 for ", default_history);
   s.history = o.history == 0 ? default_history : o.history;
+  cyclic::read_parameter_options(enum_value(o.parameters), o.parameter_count, s);
   return s;
 }
 
