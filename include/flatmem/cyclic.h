@@ -428,8 +428,10 @@ FLATMEM_API flatmem_status flatmem_cyclic_summary_get(const flatmem_cyclic_t *ha
  * D - 1 relays that wait at the sender until the next rank posts its
  * receive): 3 for N = L, 2 for N >= 2L. Parameter memory per rank:
  * sum_j c_j elements of shards plus at most K full stages, against
- * sum_j n_j replicated (3L/N + 1 against L stage-units for equal stages: a
- * saving once N > 3).
+ * sum_j n_j replicated (3L/N + 1 against L stage-units for equal stages
+ * when N divides 2L: equal at N = L = 4, 0.625 of it at N = 2L = 8), and up
+ * to 3 shard copies on their way to rank 0 (an owner ahead of rank 0 waits
+ * for it to take them).
  *
  * Gradients: the reduce chain is the replicated mode's (partial sums
  * 0 -> 1 -> ... -> N-1, rank N-1 scales); then rank N-1 sends shard k of the

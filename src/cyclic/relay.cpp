@@ -18,6 +18,10 @@ RelayLink shard_link(const RelayItem &item) {
   return item.forward ? RelayLink::shard_forward : RelayLink::shard_backward;
 }
 
+// Shard copies an owner keeps in flight to rank 0 (normally 1 or 2: the
+// gathers of the next two time steps).
+constexpr std::size_t max_copies = 3;
+
 // What remains of a deadline, at least 1 ms (a wait of 0 would not test).
 comm::Milliseconds left(Clock::time_point deadline) {
   const auto ms = std::chrono::duration_cast<comm::Milliseconds>(deadline - Clock::now());
@@ -158,6 +162,13 @@ void Relay::contribute(const RelayItem &gather) {
     if (slot == nullptr) fail(FLATMEM_STATUS_INTERNAL, label(gather), ": rank 0's gather was not posted");
     std::memcpy(slot->data.data() + std::size_t(begin) * element_, shards_[std::size_t(gather.stage)], n);
     return;
+  }
+  // At most max_copies shard copies wait for rank 0 (it takes them one
+  // time step before each gather): a rank ahead of rank 0 waits here.
+  if (copies_.size() >= max_copies) {
+    comm_.wait_all({copies_.front().send}, timeout_, copies_.front().what + " (" +
+                                                         std::to_string(max_copies) + " copies in flight)");
+    copies_.pop_front();
   }
   ShardCopy &c = copies_.emplace_back();
   c.data.assign(shards_[std::size_t(gather.stage)], shards_[std::size_t(gather.stage)] + n);
