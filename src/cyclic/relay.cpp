@@ -64,7 +64,7 @@ void Relay::set_shard(std::int32_t stage, const DLTensor *shard) {
   if (!f32 && !f64) invalid("shard: dtype code ", int(m.dtype.code), " bits ", int(m.dtype.bits), "; expected float32 or float64");
   const std::size_t element = m.dtype.bits / 8;
   if (element_ != 0 && element != element_)
-    invalid("shard: ", m.dtype.bits, "-bit floats, but the shards registered before are ", 8 * element_,
+    invalid("shard: ", int(m.dtype.bits), "-bit floats, but the shards registered before are ", 8 * element_,
             "-bit; every stage's shard (and gradient, and full stage) has one dtype");
   const auto [begin, end] = plan_.shard(stage, rank_);
   if (std::int64_t(m.count) != end - begin)
