@@ -80,13 +80,16 @@ int rule_delay(const TrainSetup &setup, int rank, int world, int stage) {
 // The loop both parameter modes share: `model` computes; update(stage,
 // gradient) applies an average; prepare(action) runs before a FORWARD /
 // BACKWARD (the relay: fetch the stage into `model`) and returns "" or an error.
+// `buffers_per_stage` gradient buffers per stage, used in turn by step: 2
+// replicated (a step's gradient is in flight during the next step's backward),
+// 1 relayed (its update comes before that backward: the header's claim, which
+// the runtime's in-flight check would refuse if it were wrong).
 template <typename T, typename Update, typename Prepare>
 std::string drive(flatmem_cyclic_t *handle, const TrainSetup &setup, int rank, int world, StageMlp<T> &model,
-                  std::vector<double> &losses, const Update &update, const Prepare &prepare,
-                  const ActionHook &hook) {
+                  std::vector<double> &losses, int buffers_per_stage, const Update &update,
+                  const Prepare &prepare, const ActionHook &hook) {
   const int L = setup.stages();
   StepBuffers<T> buffers(setup);
-  // Two gradient buffers per stage, alternating on the step's parity.
   std::vector<std::array<std::vector<T>, 2>> grads(static_cast<std::size_t>(L));
   std::vector<std::int64_t> shapes(static_cast<std::size_t>(L));
   for (int j = 0; j < L; ++j) {
@@ -99,7 +102,7 @@ std::string drive(flatmem_cyclic_t *handle, const TrainSetup &setup, int rank, i
     if (st != FLATMEM_STATUS_SUCCESS) return call_failed("flatmem_cyclic_next", st);
     if (a.kind == FLATMEM_CYCLIC_DONE) return "";
     if (a.update_stage >= 0)
-      update(a.update_stage, grads[std::size_t(a.update_stage)][std::size_t(a.update_step % 2)].data());
+      update(a.update_stage, grads[std::size_t(a.update_stage)][std::size_t(a.update_step % buffers_per_stage)].data());
     if (a.kind == FLATMEM_CYCLIC_FORWARD || a.kind == FLATMEM_CYCLIC_BACKWARD) {
       const std::string error = prepare(a);
       if (!error.empty()) return error;
@@ -109,7 +112,7 @@ std::string drive(flatmem_cyclic_t *handle, const TrainSetup &setup, int rank, i
       const double loss = buffers.forward(model, a.stage);
       if (a.stage == L - 1) losses.push_back(loss);
     } else if (a.kind == FLATMEM_CYCLIC_BACKWARD) {
-      std::vector<T> &g = grads[std::size_t(a.stage)][std::size_t(a.step % 2)];
+      std::vector<T> &g = grads[std::size_t(a.stage)][std::size_t(a.step % buffers_per_stage)];
       buffers.backward(model, a.stage, g.data());
       DLTensor t = vector_tensor(g.data(), &shapes[std::size_t(a.stage)]);
       const flatmem_status rs = flatmem_cyclic_reduce(handle, a.stage, &t);
@@ -126,7 +129,7 @@ std::string train_rank(flatmem_cyclic_t *handle, const TrainSetup &setup, int ra
                        RankRun<T> &run, const ActionHook &hook) {
   const T lr = T(setup.lr);
   return drive<T>(
-      handle, setup, rank, world, run.model, run.losses,
+      handle, setup, rank, world, run.model, run.losses, 2,
       [&](int stage, const T *grad) { run.model.sgd(stage, grad, lr); },
       [](const flatmem_cyclic_action &) { return std::string(); }, hook);
 }
@@ -174,7 +177,7 @@ std::string train_rank_relayed(flatmem_cyclic_t *handle, const TrainSetup &setup
     const flatmem_status st = flatmem_cyclic_parameters(handle, &t);
     return st == FLATMEM_STATUS_SUCCESS ? std::string() : call_failed("flatmem_cyclic_parameters", st);
   };
-  return drive<T>(handle, setup, rank, world, model, run.losses, update, prepare, hook);
+  return drive<T>(handle, setup, rank, world, model, run.losses, 1, update, prepare, hook);
 }
 
 template <typename T>

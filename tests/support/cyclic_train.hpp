@@ -89,7 +89,8 @@ struct RelayRun {
 
 // train_rank for a relayed handle: registers the shards, takes every stage
 // from flatmem_cyclic_parameters before its forward / backward, applies each
-// update to its shard (the same SGD expression as StageMlp::sgd).
+// update to its shard (the same SGD expression as StageMlp::sgd); one
+// gradient buffer per stage (the header says that is enough when relayed).
 template <typename T>
 std::string train_rank_relayed(flatmem_cyclic_t *handle, const TrainSetup &setup, int rank, int world,
                                RelayRun<T> &run, const ActionHook &hook = nullptr);
