@@ -475,9 +475,10 @@ FLATMEM_API flatmem_status flatmem_cyclic_summary_get(const flatmem_cyclic_t *ha
  * inside flatmem_cyclic_next (it sends copies), and the caller writes it only
  * at the update actions of the stage. Every stage must be registered before
  * the first flatmem_cyclic_next; registering again (e.g. a moved buffer) is
- * allowed between actions. Errors: INVALID_ARGUMENT naming `shard` or `stage`
- * (and UNSUPPORTED for device tensors, or a replicated handle); nothing is
- * registered then.
+ * allowed between actions. Errors: INVALID_ARGUMENT naming `shard` (size:
+ * both sizes; dtype) or `stage`, or the handle when it is replicated;
+ * UNSUPPORTED for device tensors; nothing is registered then. Thread rule:
+ * the handle's (one thread at a time).
  */
 FLATMEM_API flatmem_status flatmem_cyclic_set_shard(flatmem_cyclic_t *handle, int32_t stage,
                                                     DLTensor *shard);
@@ -492,10 +493,11 @@ FLATMEM_API flatmem_status flatmem_cyclic_shard_range(const flatmem_cyclic_t *ha
  * the relay of the action's stage and copy the full stage parameters,
  * version max(0, step - 1), into `full`: kDLCPU, the registered dtype,
  * compact, n_j elements; then pass them on to the next rank (in the
- * background). Errors: INVALID_ARGUMENT naming `full` (dtype, device, size:
- * both sizes), or the call itself when the current action is not a FORWARD /
- * BACKWARD, was already served, or the handle is replicated; TIMEOUT /
- * PEER_FAILURE as above. `full` is written only on success.
+ * background). Errors: INVALID_ARGUMENT naming `full` (dtype, size: both
+ * sizes), or the call itself when the current action is not a FORWARD /
+ * BACKWARD, was already served, or the handle is replicated; UNSUPPORTED for
+ * a device `full`; TIMEOUT / PEER_FAILURE (handle and communicator poisoned)
+ * as above. `full` is written only on success. Thread rule: the handle's.
  */
 FLATMEM_API flatmem_status flatmem_cyclic_parameters(flatmem_cyclic_t *handle, DLTensor *full);
 
