@@ -11,29 +11,18 @@
 using namespace flatmem;
 using flatmem::cyclic::Runtime;
 
-namespace {
-
-Runtime &runtime(flatmem_cyclic_t *handle) {
-  if (handle == nullptr || !handle->impl) invalid("handle: NULL");
-  return *handle->impl;
-}
-const Runtime &runtime(const flatmem_cyclic_t *handle) {
-  if (handle == nullptr || !handle->impl) invalid("handle: NULL");
-  return *handle->impl;
-}
-
-}  // namespace
+using flatmem::cyclic::runtime_of;
 
 extern "C" {
 
 flatmem_status flatmem_cyclic_set_shard(flatmem_cyclic_t *handle, int32_t stage, DLTensor *shard) {
-  return guarded([&] { runtime(handle).set_shard(stage, shard); });
+  return guarded([&] { runtime_of(handle).set_shard(stage, shard); });
 }
 
 flatmem_status flatmem_cyclic_shard_range(const flatmem_cyclic_t *handle, int32_t stage, int32_t rank,
                                           int64_t *begin, int64_t *end) {
   return guarded([&] {
-    const Runtime &r = runtime(handle);
+    const Runtime &r = runtime_of(handle);
     if (begin == nullptr) invalid("begin: NULL");
     if (end == nullptr) invalid("end: NULL");
     const auto range = r.shard_range(stage, rank);
@@ -43,14 +32,14 @@ flatmem_status flatmem_cyclic_shard_range(const flatmem_cyclic_t *handle, int32_
 }
 
 flatmem_status flatmem_cyclic_parameters(flatmem_cyclic_t *handle, DLTensor *full) {
-  return guarded([&] { runtime(handle).parameters(full); });
+  return guarded([&] { runtime_of(handle).parameters(full); });
 }
 
 flatmem_status flatmem_cyclic_relay_stats(const flatmem_cyclic_t *handle, int64_t first, int64_t count,
                                           size_t struct_size, flatmem_cyclic_relay_time_step *stats,
                                           int64_t *written) {
   return guarded([&] {
-    const Runtime &r = runtime(handle);
+    const Runtime &r = runtime_of(handle);
     if (written == nullptr) invalid("written: NULL");
     if (count < 0) invalid("count: ", count, "; expected >= 0");
     if (struct_size < sizeof(int64_t))
@@ -63,7 +52,7 @@ flatmem_status flatmem_cyclic_relay_stats(const flatmem_cyclic_t *handle, int64_
 flatmem_status flatmem_cyclic_relay_summary_get(const flatmem_cyclic_t *handle,
                                                 flatmem_cyclic_relay_summary *summary) {
   return guarded([&] {
-    const Runtime &r = runtime(handle);
+    const Runtime &r = runtime_of(handle);
     if (summary == nullptr) invalid("summary: NULL");
     if (summary->struct_size < sizeof(size_t))
       invalid("summary: struct_size is ", summary->struct_size, "; set it to sizeof(flatmem_cyclic_relay_summary)");

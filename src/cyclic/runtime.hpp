@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "core/error.hpp"
 #include "cyclic/accounting.hpp"
 #include "cyclic/relay.hpp"
 #include "cyclic/schedule.hpp"
@@ -170,3 +171,17 @@ class Runtime {
 struct flatmem_cyclic_s {
   std::unique_ptr<flatmem::cyclic::Runtime> impl;
 };
+
+namespace flatmem::cyclic {
+
+// The runtime behind a C handle; INVALID_ARGUMENT "handle: NULL" (src/capi/).
+inline Runtime &runtime_of(flatmem_cyclic_t *handle) {
+  if (handle == nullptr || !handle->impl) invalid("handle: NULL");
+  return *handle->impl;
+}
+inline const Runtime &runtime_of(const flatmem_cyclic_t *handle) {
+  if (handle == nullptr || !handle->impl) invalid("handle: NULL");
+  return *handle->impl;
+}
+
+}  // namespace flatmem::cyclic
