@@ -461,8 +461,9 @@ FLATMEM_API flatmem_status flatmem_cyclic_summary_get(const flatmem_cyclic_t *ha
  * options.timeout_ms fails flatmem_cyclic_parameters with TIMEOUT naming
  * "cyclic parameter relay, stage j, step s (FORWARD), from rank r"; a dead
  * peer gives PEER_FAILURE at once; both poison the handle and communicator.
- * Destroying a handle whose relays are still in flight poisons the
- * communicator (the peers fail naming this rank).
+ * Destroying a relayed handle after its first time step and before DONE
+ * poisons the communicator, whatever is in flight at that moment: the peers
+ * need this rank's shards until the end (they fail at once naming it).
  */
 
 /**

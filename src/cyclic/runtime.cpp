@@ -94,13 +94,15 @@ Runtime::Runtime(comm::Communicator &comm, Settings settings)
 
 Runtime::~Runtime() {
   {
-    const bool relaying = relay_ && relay_->busy();
+    // Relayed: from the first time step until DONE the peers need this
+    // rank's shards and relays, whatever is in flight at this moment.
+    const bool relaying = relay_ && ((time_step_ >= 0 && time_step_ < settings_.schedule.length()) || relay_->busy());
     std::unique_lock lock(mutex_);
     if (relaying && failure_ == FLATMEM_STATUS_SUCCESS) {
       lock.unlock();
-      // The peers wait for relays (or for this rank to take theirs).
-      comm_.poison(FLATMEM_STATUS_PEER_FAILURE,
-                   "cyclic handle of rank " + std::to_string(rank_) + " destroyed with parameter relays in flight");
+      comm_.poison(FLATMEM_STATUS_PEER_FAILURE, "cyclic handle of rank " + std::to_string(rank_) +
+                                                    " destroyed before the end of a relayed run (time step " +
+                                                    std::to_string(time_step_) + ")");
       lock.lock();
     }
     const bool busy = std::any_of(in_flight_.begin(), in_flight_.end(),
@@ -125,6 +127,13 @@ Runtime::~Runtime() {
 
 void Runtime::record_failure(flatmem_status status, const std::string &message) {
   if (failure_ == FLATMEM_STATUS_SUCCESS) {
+    // A communicator poisoned by a peer refuses the next transfer posted on it
+    // with COMM_POISONED; the handle's first failure reports the cause's status
+    // (PEER_FAILURE, TIMEOUT); later calls give COMM_POISONED.
+    if (status == FLATMEM_STATUS_COMM_POISONED)
+      if (const flatmem_status cause = comm_.health(nullptr);
+          cause != FLATMEM_STATUS_SUCCESS && cause != FLATMEM_STATUS_COMM_POISONED)
+        status = cause;
     failure_ = status;
     failure_message_ = message;
   }
@@ -339,9 +348,9 @@ void Runtime::relay_call(F f) {
     // the relay (the communicator is already poisoned by the failed wait).
     if (e.status() == FLATMEM_STATUS_INVALID_ARGUMENT || e.status() == FLATMEM_STATUS_UNSUPPORTED) throw;
     std::lock_guard lock(mutex_);
-    record_failure(e.status(), e.what());
+    record_failure(e.status(), e.what());  // a chain thread's earlier failure wins
     failure_reported_ = true;
-    throw;
+    throw Error(failure_, failure_message_);
   }
 }
 

@@ -349,3 +349,57 @@ TEST_CASE("cyclic/relay/errors/a relay that never arrives: the waiting ranks fai
   // (both after 0.5 s); the message names what rank 2 waited for either way.
   CHECK_FALSE(errors[1].empty());  // its communicator was poisoned by the others
 }
+
+TEST_CASE("cyclic/relay/errors/a handle destroyed mid-run: the peer fails at once, naming it") {
+  // 2 ranks, timeout 5 s. Rank 1 destroys its handle after its first
+  // FORWARD of step 1 (relays and gradients in flight): rank 0 must fail with
+  // well before its timeout, the message saying why -- also when nothing of
+  // rank 1 happens to be in flight (rank 0 still needs its shards).
+  TrainSetup setup = small();
+  setup.steps = 6;
+  Group g(2);
+  std::vector<std::string> errors(2);
+  std::vector<double> seconds(2, 0.0);
+  std::atomic<bool> destroyed{false};
+  std::atomic<std::int64_t> destroyed_ns{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      CyclicOptions o = relayed_options(setup, sizeof(double), 5000);
+      flatmem_cyclic_t *h = nullptr;
+      if (flatmem_cyclic_create(&h, g.comms[std::size_t(r)], &o.options) != FLATMEM_STATUS_SUCCESS) {
+        errors[std::size_t(r)] = std::string("create: ") + flatmem_last_error();
+        return;
+      }
+      RelayRun<double> run = RelayRun<double>::initial(setup, r, 2);
+      if (r == 1) {
+        // Train until the first forward of step 1, then destroy the handle.
+        const ActionHook hook = [&](const flatmem_cyclic_action &a) {
+          if (a.kind == FLATMEM_CYCLIC_FORWARD && a.step == 1 && !destroyed) {
+            destroyed_ns = Clock::now().time_since_epoch().count();
+            flatmem_cyclic_destroy(h);
+            h = nullptr;
+            destroyed = true;
+            throw 1;  // leaves train_rank_relayed (the handle is gone)
+          }
+        };
+        try {
+          errors[1] = train_rank_relayed<double>(h, setup, r, 2, run, hook);
+        } catch (int) {
+        }
+        return;
+      }
+      errors[0] = train_rank_relayed<double>(h, setup, r, 2, run);
+      seconds[0] = double(Clock::now().time_since_epoch().count() - destroyed_ns.load()) * 1e-9;
+      flatmem_cyclic_destroy(h);
+    });
+  for (auto &t : threads) t.join();
+  REQUIRE(destroyed.load());
+  // PEER_FAILURE (also when the poisoned communicator refused a relay call
+  // first: the first failure reports the cause), never COMM_POISONED first.
+  CHECK_MESSAGE(errors[0].find("PEER_FAILURE") != std::string::npos, errors[0]);
+  CHECK_MESSAGE(errors[0].find("rank 1 aborted: cyclic handle") != std::string::npos, errors[0]);
+  CHECK_MESSAGE(errors[0].find("destroyed") != std::string::npos, errors[0]);
+  CHECK_MESSAGE(seconds[0] < 2.0, seconds[0], " s: ", errors[0]);
+  MESSAGE("rank 0 after ", seconds[0], " s: ", errors[0]);
+}
