@@ -69,6 +69,10 @@ TEST_CASE("cyclic/relay/train: RELAYED equals REPLICATED DELAY1 bit for bit (fp6
     check_relayed_equals_replicated<double>(tiny(4), world);
     check_relayed_equals_replicated<float>(tiny(4), world);
   }
+  // N > 2L: ranks in lockstep groups share an offset (rank 0 and rank 1 need
+  // a stage in the same time step; the relay from rank 0 arrives within it).
+  check_relayed_equals_replicated<double>(awkward(2, 4), 5);
+  check_relayed_equals_replicated<double>(awkward(1, 3), 6);
 }
 
 namespace {

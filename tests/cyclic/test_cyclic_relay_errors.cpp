@@ -262,6 +262,18 @@ TEST_CASE("cyclic/relay/errors/parameters: out of order, wrong buffer, missing; 
   CHECK(error_has("struct_size"));
   CHECK(flatmem_cyclic_relay_stats(one.h, 0, 4, sizeof rs[0], rs, &written) == FLATMEM_STATUS_SUCCESS);
   CHECK(written == 4);
+  // A caller compiled with the first two fields only: elements 16 bytes apart, nothing beyond.
+  std::int64_t older[5][2];  // the fifth: past the 4 asked for, must stay untouched
+  std::memset(older, 0xff, sizeof older);
+  CHECK(flatmem_cyclic_relay_stats(one.h, 1, 4, sizeof older[0], reinterpret_cast<flatmem_cyclic_relay_time_step *>(older),
+                                   &written) == FLATMEM_STATUS_SUCCESS);
+  CHECK(written == 4);
+  for (int i = 0; i < 4; ++i) {
+    CHECK(older[i][0] == rs[0].time_step + 1 + i);  // time steps 1 .. 4
+    CHECK(older[i][1] >= std::int64_t(one.run.shards[0].size() * 8));  // parameter bytes: at least the shards
+  }
+  CHECK(older[4][0] == -1);
+  CHECK(older[4][1] == -1);
   flatmem_cyclic_relay_summary summary{};
   CHECK(flatmem_cyclic_relay_summary_get(one.h, &summary) == FLATMEM_STATUS_INVALID_ARGUMENT);
   CHECK(error_has("struct_size"));
