@@ -459,8 +459,11 @@ FLATMEM_API flatmem_status flatmem_cyclic_summary_get(const flatmem_cyclic_t *ha
  *
  * Failures: as the replicated mode. A relay that does not arrive within
  * options.timeout_ms fails flatmem_cyclic_parameters with TIMEOUT naming
- * "cyclic parameter relay, stage j, step s (FORWARD), from rank r"; a dead
- * peer gives PEER_FAILURE at once; both poison the handle and communicator.
+ * "cyclic parameter relay, stage j, step s (FORWARD), from rank r"; the waits
+ * of flatmem_cyclic_next (a staging buffer to come free: "... rank r+1 to
+ * take the relay"; an owner's shard copies to be taken by rank 0) have the
+ * same deadline and name what they wait for; a dead peer gives PEER_FAILURE
+ * at once; each poisons the handle and the communicator.
  * Destroying a relayed handle after its first time step and before DONE
  * poisons the communicator, whatever is in flight at that moment: the peers
  * need this rank's shards until the end (they fail at once naming it).
