@@ -123,8 +123,9 @@ int Runtime::deliver_to() const {
 
 std::int64_t Runtime::delivery_key(const Gradient &g) {
   // Paced: the order the ranks need the averages in (step, then stage), the
-  // same on every rank. At once: hand-over order, the same on every rank.
-  if (paced()) return g.step * settings_.schedule.stages + g.stage;
+  // same on every rank. At once, and the relay's scatter (whose updates come
+  // in hand-over order: stage L-1 first): hand-over order, the same on every rank.
+  if (paced() && !relay_) return g.step * settings_.schedule.stages + g.stage;
   return handed_over_count_++;
 }
 
@@ -141,7 +142,40 @@ std::int64_t Runtime::release_time(const Gradient &g) const {
   return std::min(s.offset(deliver_to()) + due - 1, s.offset(rank_) + due);
 }
 
+void Runtime::scatter_link(Gradient &g) {
+  const std::string what = label("gradient scatter", g);
+  const RelayPlan &plan = relay_->plan();  // immutable: safe from this thread
+  const std::size_t element = g.bytes / g.count;
+  const int last = world_ - 1;
+  const std::uint64_t tag = relay_tag(id_, RelayLink::gradient, g.step, g.stage);
+  if (rank_ == last) {
+    std::vector<std::pair<int, comm::TransferPtr>> sends;
+    for (int k = 0; k < last; ++k) {
+      const auto [begin, end] = plan.shard(g.stage, k);
+      if (end == begin) continue;
+      const std::size_t n = std::size_t(end - begin) * element;
+      sends.emplace_back(k, comm_.send(k, g.data + std::size_t(begin) * element, n, comm::Space::cyclic, tag));
+      sent(n, g.handed_over_at);
+    }
+    waiting(g, deliverer_doing_, "the owners to take their shards of the average");
+    for (const auto &[k, t] : sends)
+      wait_link(t, what + ": send shard " + std::to_string(k) + " of the average to rank " + std::to_string(k));
+  } else if (const auto [begin, end] = plan.shard(g.stage, rank_); end > begin) {
+    const std::string from = "shard " + std::to_string(rank_) + " of the average from rank " + std::to_string(last);
+    waiting(g, deliverer_doing_, from);
+    wait_link(comm_.recv(last, g.data + std::size_t(begin) * element, std::size_t(end - begin) * element,
+                         comm::Space::cyclic, tag),
+              what + ": receive " + from);
+  }
+  std::lock_guard lock(mutex_);
+  g.done = true;
+  g.stuck_on.clear();
+  deliverer_doing_.clear();
+  changed_.notify_all();
+}
+
 void Runtime::deliver_link(Gradient &g) {
+  if (relay_) return scatter_link(g);
   const std::string what = label("delivery chain", g);
   const int from = deliver_from(), to = deliver_to();
   if (from >= 0) {
