@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cyclic/kept.hpp"
+
 namespace flatmem::cyclic {
 
 Accounting::Accounting(std::vector<std::int64_t> activation_bytes, std::int64_t history)
@@ -58,12 +60,7 @@ void Accounting::waited(double seconds) {
 
 template <typename F>
 void Accounting::for_kept(std::int64_t first, std::int64_t count, F f) const {
-  const std::int64_t kept = std::min<std::int64_t>(begun_, std::int64_t(ring_.size()));
-  for (std::int64_t i = begun_ - kept; i < begun_; ++i) {
-    const std::size_t slot = std::size_t(i) % ring_.size();
-    const std::int64_t t = ring_[slot].time_step;
-    if (t >= first && t - first < count) f(slot);
-  }
+  cyclic::for_kept(ring_, begun_, first, count, f);
 }
 
 std::int64_t Accounting::copy(std::int64_t first, std::int64_t count,

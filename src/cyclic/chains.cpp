@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/error.hpp"
+#include "cyclic/kept.hpp"
 #include "cyclic/runtime.hpp"
 #include "cyclic/tags.hpp"
 
@@ -17,20 +18,6 @@ constexpr comm::Milliseconds no_deadline = std::chrono::hours(24);
 std::string label(const char *chain, const Gradient &g) {
   return std::string("cyclic ") + chain + ", stage " + std::to_string(g.stage) + ", step " +
          std::to_string(g.step);
-}
-
-template <typename T>
-void scale(char *data, std::size_t count, T factor) {
-  T *v = reinterpret_cast<T *>(data);
-  for (std::size_t i = 0; i < count; ++i) v[i] *= factor;
-}
-
-// data *= 1/world, the factor rounded to the element type.
-void to_average(Gradient &g, int world) {
-  if (g.type == comm::SumType::f32)
-    scale(g.data, g.count, float(1.0 / world));
-  else
-    scale(g.data, g.count, 1.0 / world);
 }
 
 }  // namespace
@@ -78,7 +65,7 @@ void Runtime::reduce_link(Gradient &g) {
     sent(g.bytes, g.handed_over_at);
     wait_link(t, what + ": send the partial sum to rank " + std::to_string(rank_ + 1));
   } else {
-    to_average(g, world_);
+    to_average(g.type, g.data, g.count, world_);
   }
   std::lock_guard lock(mutex_);
   g.reduced = true;
@@ -101,7 +88,7 @@ void Runtime::all_reduce_step(const std::vector<GradientPtr> &stages) {
     // A ring step sends about 1/N of the buffer each time, 2(N-1) times.
     if (world_ > 1)
       sent(2 * std::size_t(world_ - 1) * g->bytes / std::size_t(world_), stages.back()->handed_over_at);
-    to_average(*g, world_);
+    to_average(g->type, g->data, g->count, world_);
     std::lock_guard lock(mutex_);
     g->reduced = g->done = true;
     reducer_doing_.clear();
