@@ -9,11 +9,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <utility>
 
 #include "contrastive/cuda/kernels.hpp"
-#include <initializer_list>
-
 #include "core/cuda/device.hpp"
 #include "core/error.hpp"
 #include "core/workspace.hpp"
