@@ -21,8 +21,10 @@
 //                     FLATMEM_CYCLIC_RELAY_SUMMARY_INIT); else the row prints
 //                     "n/a (not built)".
 //
-// Columns (steady window: time steps [P, P (S-1)), P = the period -- every
-// micro-batch's steps 1 .. S-2 lie in it and nothing of step 0 or S-1):
+// Columns (steady window, P = the period: stage-parallel and naive time steps
+// [P, P (S-1)) -- every micro-batch's steps 1 .. S-2 and nothing of step 0 or
+// S-1; DP cyclic and ZeRO relay [offset(N-1) + P, P (S-1)) -- every rank past
+// its first step, rank 0 before its last, as the relay's own tests take it):
 //   ranks; peak activation bytes per rank and summed over ranks, from the
 //   declared bytes per stage and the schedule (each rank's time-step stats),
 //   and the summed peak in wall-clock time (each rank holds its time step's
@@ -659,8 +661,9 @@ int main(int argc, char **argv) {
   const double pipeline_seconds = pipeline_step_seconds(base);
   std::printf("cyclic_modes_bench: L = %d stages of %d -> %d (MLP, fp32), micro-batches of %d rows, %lld steps;\n"
               "ranks are fork()ed processes on this machine (%d hardware threads), UCX over loopback/shared memory.\n"
-              "Steady window: time steps [P, P (S-1)), P the period. KiB throughout; act = activation bytes held\n"
-              "(declared per stage and micro-batch, schedule time); bytes = sent per time step, summed over ranks.\n\n",
+              "Steady window: time steps [P, P (S-1)), P the period (DP rows: from offset(N-1) + P). KiB throughout;\n"
+              "act = activation bytes held"
+              " (declared per stage and micro-batch, schedule time); bytes = sent per time step, summed over ranks.\n\n",
               L, o.width, o.width, o.rows, (long long)o.steps, bench::hardware_threads());
   std::printf("%3s %-22s %-8s %5s | %8s %9s %9s | %8s | %8s %8s %6s | %9s | %5s %5s\n", "N", "layout", "how",
               "ranks", "act/rank", "act sum", "sum wall", "params", "max B/ts", "mean", "ratio", "smp/s/rk",
