@@ -16,6 +16,8 @@
  *   Cyclic               a flatmem_cyclic_t over a Communicator: next(), reduce(),
  *                        schedule(), load_stats() / stat(i), summary(), close().
  *   CyclicTimeStepStats, CyclicSummary   read-only results.
+ *   CyclicStages, CyclicStagesSchedule, ...   the stage-parallel runtime
+ *                        (<flatmem/cyclic_stages.h>), in cyclic_stages.i (included at the end).
  * Times are in milliseconds; 0 = the communicator's default (options.timeout_ms).
  *
  * Lifetime (the same for every language). A Communicator is a small
@@ -43,7 +45,7 @@
 typedef struct flatmem_swig_comm {
   flatmem_comm_t *handle; /* NULL once closed or aborted */
   int32_t rank, world_size;
-  int users;              /* live Contrastive / Cyclic handles on it */
+  int users;              /* live Contrastive / Cyclic / CyclicStages handles on it */
   int refs;               /* proxy + requests + users; freed at 0 */
 } flatmem_swig_comm;
 
@@ -205,6 +207,24 @@ typedef struct flatmem_swig_cyclic {
   flatmem_cyclic_time_step_stats *stats;
   int64_t stats_count;
 } flatmem_swig_cyclic;
+
+/* An options array given as a Tensor: NULL stays NULL; else a compact
+ * (count,) int64 CPU tensor, whose data goes to *entries. 0 with
+ * INVALID_ARGUMENT "<what>: <field>: expected ..." otherwise. */
+static int flatmem_swig_int64_entries(const flatmem_swig_tensor *tensor, int32_t count, const char *what,
+                                      const char *field, const char *meaning, const int64_t **entries) {
+  const DLTensor *t = tensor ? &tensor->dl : NULL;
+  *entries = NULL;
+  if (!t) return 1;
+  if (t->dtype.code != kDLInt || t->dtype.bits != 64 || t->dtype.lanes != 1 || t->ndim != 1 ||
+      t->shape[0] != count || t->strides || t->device.device_type != kDLCPU || !t->data) {
+    flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "%s: %s: expected a compact (%d,) int64 CPU tensor, %s",
+                      what, field, (int)count, meaning);
+    return 0;
+  }
+  *entries = (const int64_t *)((const char *)t->data + t->byte_offset);
+  return 1;
+}
 
 static flatmem_cyclic_t *flatmem_swig_cyclic_open(const flatmem_swig_cyclic *s, const char *what) {
   if (!s->handle) flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "%s: the Cyclic handle is closed", what);
@@ -740,18 +760,9 @@ struct flatmem_swig_cyclic {};
     flatmem_comm_t *h = flatmem_swig_comm_open(comm, "Cyclic");
     flatmem_swig_cyclic *s;
     if (!h) return NULL;
-    if (activation_bytes) {
-      const DLTensor *t = &activation_bytes->dl;
-      if (t->dtype.code != kDLInt || t->dtype.bits != 64 || t->dtype.lanes != 1 || t->ndim != 1 ||
-          t->shape[0] != stages || t->strides || t->device.device_type != kDLCPU || !t->data) {
-        flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
-                          "Cyclic: activation_bytes: expected a compact (%d,) int64 CPU tensor, one "
-                          "entry per stage",
-                          (int)stages);
-        return NULL;
-      }
-      o.activation_bytes = (const int64_t *)((const char *)t->data + t->byte_offset);
-    }
+    if (!flatmem_swig_int64_entries(activation_bytes, stages, "Cyclic", "activation_bytes",
+                                    "one entry per stage", &o.activation_bytes))
+      return NULL;
     o.stages = stages;
     o.steps = steps;
     o.rule = (flatmem_cyclic_rule)rule;
@@ -845,3 +856,6 @@ struct flatmem_swig_cyclic {};
     return s;
   }
 }
+
+/* Stage-parallel cyclic training: CyclicStages and its schedule. */
+%include "cyclic_stages.i"
