@@ -87,7 +87,7 @@ pub enum ActionKind {
 }
 
 impl ActionKind {
-    fn from_raw(raw: sys::flatmem_cyclic_action_kind) -> Option<ActionKind> {
+    pub(crate) fn from_raw(raw: sys::flatmem_cyclic_action_kind) -> Option<ActionKind> {
         match raw {
             sys::FLATMEM_CYCLIC_IDLE => Some(ActionKind::Idle),
             sys::FLATMEM_CYCLIC_FORWARD => Some(ActionKind::Forward),
