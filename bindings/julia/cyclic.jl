@@ -350,3 +350,418 @@ function cyclic_stats(h::Cyclic; first::Integer=0, count::Union{Nothing,Integer}
     check(status)
     return resize!(stats, written[])
 end
+
+# ---------------------------------------------------------------------------
+# Stage-parallel cyclic training (flatmem/cyclic_stages.h)
+# ---------------------------------------------------------------------------
+#
+# L ranks, one per model stage, serve N staggered micro-batches: micro-batch m follows the
+# data-parallel schedule of rank m of N, so rank j runs stage j for all of them back to back.
+# Pure schedule queries (cyclic_stages_schedule, _offset, _period, _length, _versions_kept,
+# _actions, _occupancy) and the runtime `CyclicStages` over a `Comm` (cyclic_stages_next!,
+# _send!, _receive!, _accumulate!, _average!, _stats, _summary). 0-based, as in C.
+
+"""`flatmem_cyclic_stages_schedule`: L stages, N micro-batches per step, S steps, rule; make one with `cyclic_stages_schedule`."""
+struct CyclicStagesSchedule
+    struct_size::Csize_t
+    stages::Int32
+    micro_batches::Int32
+    steps::Int64
+    rule::Cint
+end
+
+"""
+`flatmem_cyclic_stages_action`: one action of one stage rank. `kind` is a `FLATMEM_CYCLIC_*`
+action kind (`action_kind`); `micro_batch`, `step`, `version`, `update_step` 0-based, -1 for
+none; `receives` / `sends` / `accumulates` 0 or 1: which of `cyclic_stages_receive!` (before
+computing), `cyclic_stages_send!` (after) and `cyclic_stages_accumulate!` the action needs.
+With `update_step >= 0`, form version `update_step + 1` from version `update_step` and
+`cyclic_stages_average!` before the action.
+"""
+struct CyclicStagesAction
+    time_step::Int64
+    kind::Cint
+    stage::Int32
+    micro_batch::Int32
+    step::Int64
+    version::Int64
+    update_step::Int64
+    receives::Int32
+    sends::Int32
+    accumulates::Int32
+    activations_held::Int32
+    index_in_time_step::Int32
+    actions_in_time_step::Int32
+end
+
+"""`flatmem_cyclic_stages_occupancy`: a stage rank's steady-state busy fraction, peak actions per time step, peak and mean micro-batches held."""
+struct CyclicStagesOccupancy
+    busy_fraction::Float64
+    peak_actions::Int32
+    peak_activations_held::Int32
+    mean_activations_held::Float64
+end
+
+"""Opaque C handle type `flatmem_cyclic_stages_t` (wrapped by `CyclicStages`); only ever behind a `Ptr`."""
+mutable struct CyclicStagesHandle end
+
+"""`flatmem_cyclic_stages_options`; filled by `flatmem_cyclic_stages_options_init` (the `CyclicStages` constructor does)."""
+struct CyclicStagesOptions
+    struct_size::Csize_t
+    stages::Int32
+    micro_batches::Int32
+    steps::Int64
+    rule::Cint
+    boundary_bytes::Ptr{Int64}
+    activation_bytes::Ptr{Int64}
+    timeout_ms::Int64
+    history::Int64
+end
+
+"""`flatmem_cyclic_stages_time_step_stats`: actions, activations held (and their bytes), boundary bytes posted, seconds and wait seconds of one time step."""
+struct CyclicStagesTimeStepStats
+    time_step::Int64
+    actions::Int32
+    activations_held::Int32
+    activation_bytes::Int64
+    bytes_sent::Int64
+    seconds::Float64
+    wait_seconds::Float64
+end
+
+"""`flatmem_cyclic_stages_summary`: totals since create, busy fractions (the run so far, and the schedule's steady state)."""
+struct CyclicStagesSummary
+    time_steps::Int64
+    actions::Int64
+    bytes_sent::Int64
+    messages_sent::Int64
+    max_bytes_sent_per_time_step::Int64
+    peak_activations_held::Int32
+    peak_activation_bytes::Int64
+    mean_activations_held::Float64
+    busy_fraction::Float64
+    steady_busy_fraction::Float64
+    wait_seconds::Float64
+    seconds::Float64
+end
+
+"""`action_kind(a::CyclicStagesAction) -> Symbol`: `:idle`, `:forward`, `:backward` or `:done`."""
+action_kind(a::CyclicStagesAction) = enum_symbol(CYCLIC_KINDS, a.kind, "action kind")
+
+"""
+    cyclic_stages_schedule(stages, micro_batches, steps; rule=:delay1) -> CyclicStagesSchedule
+
+L = `stages` stage ranks serving N = `micro_batches` micro-batches per step for `steps` steps:
+offset(m) = floor(m 2L / N); period P = 2L (`:delay1`, `:newest`), 2L + offset(N-1) (`:sync`);
+the forward of stage j for (m, s) at offset(m) + P s + j, its backward at offset(m) + P s + 2L-1-j.
+The library checks the ranges (a `FlatmemError` naming the field).
+"""
+function cyclic_stages_schedule(stages::Integer, micro_batches::Integer, steps::Integer; rule::Symbol=:delay1)
+    s = CyclicStagesSchedule(Csize_t(sizeof(CyclicStagesSchedule)), int32_arg(stages, "stages"),
+                             int32_arg(micro_batches, "micro_batches"), Int64(steps), cyclic_rule(rule))
+    cyclic_stages_length(s)   # checks the schedule
+    return s
+end
+
+"""`cyclic_stages_offset(s, micro_batch) -> Int`: floor(m 2L / N) time steps."""
+function cyclic_stages_offset(s::CyclicStagesSchedule, micro_batch::Integer)
+    offset = Ref{Int64}(0)
+    check(ccall((:flatmem_cyclic_stages_schedule_offset, libflatmem), Cint,
+                (Ref{CyclicStagesSchedule}, Int32, Ref{Int64}), s, int32_arg(micro_batch, "micro_batch"), offset))
+    return Int(offset[])
+end
+
+"""`cyclic_stages_period(s) -> Int`: P, time steps per training step."""
+function cyclic_stages_period(s::CyclicStagesSchedule)
+    period = Ref{Int64}(0)
+    check(ccall((:flatmem_cyclic_stages_schedule_period, libflatmem), Cint,
+                (Ref{CyclicStagesSchedule}, Ref{Int64}), s, period))
+    return Int(period[])
+end
+
+"""`cyclic_stages_length(s) -> Int`: time steps of the whole run (B(0, N-1, S-1) + 2)."""
+function cyclic_stages_length(s::CyclicStagesSchedule)
+    time_steps = Ref{Int64}(0)
+    check(ccall((:flatmem_cyclic_stages_schedule_length, libflatmem), Cint,
+                (Ref{CyclicStagesSchedule}, Ref{Int64}), s, time_steps))
+    return Int(time_steps[])
+end
+
+"""`cyclic_stages_versions_kept(s, stage) -> Int`: K, the parameter versions `stage` keeps (version v in slot v % K)."""
+function cyclic_stages_versions_kept(s::CyclicStagesSchedule, stage::Integer)
+    kept = Ref{Int32}(0)
+    check(ccall((:flatmem_cyclic_stages_schedule_versions_kept, libflatmem), Cint,
+                (Ref{CyclicStagesSchedule}, Int32, Ref{Int32}), s, int32_arg(stage, "stage"), kept))
+    return Int(kept[])
+end
+
+"""
+    cyclic_stages_actions(s, stage, time_step) -> Vector{CyclicStagesAction}
+
+The actions of `stage` at global `time_step`, in the order the runtime returns them (backwards
+first, then forwards, each by ascending micro-batch); empty when there are none.
+"""
+function cyclic_stages_actions(s::CyclicStagesSchedule, stage::Integer, time_step::Integer)
+    j, t = int32_arg(stage, "stage"), Int64(time_step)
+    count = Ref{Int32}(0)
+    check(ccall((:flatmem_cyclic_stages_schedule_actions, libflatmem), Cint,
+                (Ref{CyclicStagesSchedule}, Int32, Int64, Ptr{CyclicStagesAction}, Int32, Ref{Int32}),
+                s, j, t, Ptr{CyclicStagesAction}(C_NULL), Int32(0), count))
+    actions = Vector{CyclicStagesAction}(undef, count[])
+    status = GC.@preserve actions begin
+        ccall((:flatmem_cyclic_stages_schedule_actions, libflatmem), Cint,
+              (Ref{CyclicStagesSchedule}, Int32, Int64, Ptr{CyclicStagesAction}, Int32, Ref{Int32}),
+              s, j, t, pointer(actions), Int32(length(actions)), count)
+    end
+    check(status)
+    return resize!(actions, count[])
+end
+
+"""`cyclic_stages_occupancy(s, stage) -> CyclicStagesOccupancy`: the stage's steady-state occupancy."""
+function cyclic_stages_occupancy(s::CyclicStagesSchedule, stage::Integer)
+    occupancy = Ref{CyclicStagesOccupancy}()
+    check(ccall((:flatmem_cyclic_stages_schedule_occupancy, libflatmem), Cint,
+                (Ref{CyclicStagesSchedule}, Int32, Ref{CyclicStagesOccupancy}), s, int32_arg(stage, "stage"), occupancy))
+    return occupancy[]
+end
+
+# An options array given as integers: `nothing`, or exactly `count` Int64s (copied by create).
+function int64_entries(values::Union{Nothing,AbstractVector{<:Integer}}, count::Integer, name::String, meaning::String)
+    values === nothing && return nothing
+    length(values) == count || throw(ArgumentError("$name has $(length(values)) entries; expected $count ($meaning)"))
+    return Vector{Int64}(values)
+end
+
+"""
+    CyclicStages(comm::Comm, micro_batches, steps; boundary_bytes, rule=:delay1,
+                 activation_bytes=nothing, timeout_ms=0, history=0)
+
+This stage rank's stage-parallel runtime over `comm` (`flatmem_cyclic_stages_create`; collective,
+rank j runs stage j of L = the communicator's size; every rank passes the same values, checked).
+`boundary_bytes`: L - 1 integers, the largest bytes crossing the boundary between stages j and
+j + 1 (an activation or its gradient; `nothing` only when L = 1). `activation_bytes`: L integers
+per micro-batch, accounting only. `timeout_ms` bounds every wait (0 = the communicator's).
+
+    h = CyclicStages(comm, N, S; boundary_bytes=[rows * width * 4])
+    K = cyclic_stages_versions_kept(cyclic_schedule(h), comm.rank)
+    while true
+        a = cyclic_stages_next!(h)                     # may wait (the last sends)
+        action_kind(a) === :done && break
+        if a.update_step >= 0                          # version v + 1 from version v
+            v = a.update_step
+            slot[(v + 1) % K + 1] = slot[v % K + 1] .- lr .* cyclic_stages_average!(h, average)
+        end
+        if action_kind(a) === :forward
+            a.receives == 1 && cyclic_stages_receive!(h, x)
+            y = forward(slot[a.version % K + 1], x)
+            a.sends == 1 && cyclic_stages_send!(h, y)
+        elseif action_kind(a) === :backward
+            a.receives == 1 && cyclic_stages_receive!(h, dy)
+            g, dx = backward(slot[a.version % K + 1], dy)
+            cyclic_stages_accumulate!(h, g)
+            a.sends == 1 && cyclic_stages_send!(h, dx)
+        end
+    end
+    close(h)
+
+Arrays are copied (send, accumulate) or written (receive, average) during the call: the handle
+keeps none. Calls out of order are a `FlatmemError` (`INVALID_ARGUMENT`) that changes nothing; a
+dead or wedged neighbour a `FlatmemError` (TIMEOUT / PEER_FAILURE) naming stage, micro-batch,
+step and peer. The `CyclicStages` keeps `comm` open until `close(h)`.
+"""
+mutable struct CyclicStages
+    ptr::Ptr{CyclicStagesHandle}
+    comm::Comm
+
+    function CyclicStages(comm::Comm, micro_batches::Integer, steps::Integer;
+                          boundary_bytes::Union{Nothing,AbstractVector{<:Integer}}=nothing, rule::Symbol=:delay1,
+                          activation_bytes::Union{Nothing,AbstractVector{<:Integer}}=nothing, timeout_ms::Integer=0,
+                          history::Integer=0)
+        ensure_open(comm)
+        rule_value = cyclic_rule(rule)
+        stages = comm.world_size
+        timeout_ms >= 0 || throw(ArgumentError("timeout_ms = $timeout_ms; expected >= 0 (0 = the communicator's default)"))
+        history >= 0 || throw(ArgumentError("history = $history; expected >= 0 (0 = 65536 time steps)"))
+        bounds = int64_entries(boundary_bytes, stages - 1, "boundary_bytes", "one per boundary, stages - 1")
+        bytes = int64_entries(activation_bytes, stages, "activation_bytes", "one per stage")
+        null = Ptr{Int64}(C_NULL)
+        options = Ref{CyclicStagesOptions}()
+        check(ccall((:flatmem_cyclic_stages_options_init, libflatmem), Cint, (Ref{CyclicStagesOptions},), options))
+        out = Ref{Ptr{CyclicStagesHandle}}(C_NULL)
+        status = GC.@preserve comm bounds bytes begin
+            options[] = CyclicStagesOptions(options[].struct_size, Int32(stages), int32_arg(micro_batches, "micro_batches"),
+                                            Int64(steps), rule_value,
+                                            bounds === nothing || isempty(bounds) ? null : pointer(bounds),
+                                            bytes === nothing ? null : pointer(bytes), Int64(timeout_ms), Int64(history))
+            @gc_safe ccall((:flatmem_cyclic_stages_create, libflatmem), Cint,
+                           (Ref{Ptr{CyclicStagesHandle}}, Ptr{CommHandle}, Ref{CyclicStagesOptions}), out, comm, options)
+        end
+        check(status)
+        comm.users += 1
+        h = new(out[], comm)
+        finalizer(destroy_quietly, h)
+        return h
+    end
+end
+
+Base.unsafe_convert(::Type{Ptr{CyclicStagesHandle}}, h::CyclicStages) = h.ptr
+Base.isopen(h::CyclicStages) = h.ptr != C_NULL
+
+function Base.show(io::IO, h::CyclicStages)
+    print(io, "Flatmem.CyclicStages(stage ", h.comm.rank, " of ", h.comm.world_size, isopen(h) ? ")" : ", closed)")
+end
+
+function ensure_open(h::CyclicStages)
+    isopen(h) || throw(ArgumentError("this Flatmem.CyclicStages is closed"))
+    return h
+end
+
+# flatmem_cyclic_stages_destroy once, then lets go of the communicator; returns the status.
+function destroy(h::CyclicStages)
+    handle = h.ptr
+    h.ptr = Ptr{CyclicStagesHandle}(C_NULL)
+    handle == C_NULL && return FLATMEM_STATUS_SUCCESS
+    status = @gc_safe ccall((:flatmem_cyclic_stages_destroy, libflatmem), Cint, (Ptr{CyclicStagesHandle},), handle)
+    release_user(h.comm)
+    return status
+end
+
+destroy_quietly(h::CyclicStages) = (destroy(h); nothing)
+
+"""
+    close(h::CyclicStages)
+
+Release the runtime (`flatmem_cyclic_stages_destroy`): quick after `:done` (or a failure); before
+it the neighbours cannot finish, so the communicator is poisoned (they fail naming this stage).
+Idempotent.
+"""
+Base.close(h::CyclicStages) = check(destroy(h))
+
+"""
+    cyclic_stages_next!(h::CyclicStages) -> CyclicStagesAction
+
+The next action of this stage (`flatmem_cyclic_stages_next`; time steps without actions are
+skipped). A `FlatmemError` (`INVALID_ARGUMENT`), without advancing, while the current action's
+receive, send or accumulate is missing. Before `:done` it waits (at most the timeout) until this
+rank's sends have left; `:done` again on every later call.
+"""
+function cyclic_stages_next!(h::CyclicStages)
+    ensure_open(h)
+    action = Ref{CyclicStagesAction}()
+    status = @gc_safe ccall((:flatmem_cyclic_stages_next, libflatmem), Cint,
+                            (Ptr{CyclicStagesHandle}, Ref{CyclicStagesAction}), h, action)
+    check(status)
+    return action[]
+end
+
+"""
+    cyclic_stages_send!(h::CyclicStages, tensor::Array) -> tensor
+
+Send the current action's boundary tensor (its `sends`, once): a dense Array of a message element
+type, at most the boundary's `boundary_bytes`. Copied; waits (at most the timeout) only while
+every staging buffer is still in flight.
+"""
+function cyclic_stages_send!(h::CyclicStages, tensor::AbstractArray)
+    ensure_open(h)
+    t = message_tensor(tensor, "tensor")
+    status = GC.@preserve t begin
+        @gc_safe ccall((:flatmem_cyclic_stages_send, libflatmem), Cint, (Ptr{CyclicStagesHandle}, Ptr{DLTensor}),
+                       h, tensor_ptr(t))
+    end
+    check(status)
+    return tensor
+end
+
+"""
+    cyclic_stages_receive!(h::CyclicStages, into::Array) -> into
+
+Receive the current action's boundary tensor (its `receives`, once) into `into`, which must have
+exactly the sent bytes (else a `FlatmemError` naming both sizes, which poisons the handle and
+communicator). Waits at most the timeout; nothing is written on error.
+"""
+function cyclic_stages_receive!(h::CyclicStages, into::AbstractArray)
+    ensure_open(h)
+    t = message_tensor(into, "into")
+    status = GC.@preserve t begin
+        @gc_safe ccall((:flatmem_cyclic_stages_receive, libflatmem), Cint, (Ptr{CyclicStagesHandle}, Ptr{DLTensor}),
+                       h, tensor_ptr(t))
+    end
+    check(status)
+    return into
+end
+
+"""
+    cyclic_stages_accumulate!(h::CyclicStages, gradient::Array{Float32 or Float64}) -> gradient
+
+Add the current backward's stage gradient (once) into its step's accumulator (copied; the same
+element type and length every time).
+"""
+function cyclic_stages_accumulate!(h::CyclicStages, gradient::AbstractArray)
+    ensure_open(h)
+    gradient isa Union{Array{Float32},Array{Float64}} ||
+        throw(ArgumentError("gradient must be a dense Array{Float32} or Array{Float64}; got $(typeof(gradient))"))
+    t = array_tensor(gradient)
+    status = GC.@preserve t begin
+        ccall((:flatmem_cyclic_stages_accumulate, libflatmem), Cint, (Ptr{CyclicStagesHandle}, Ptr{DLTensor}),
+              h, tensor_ptr(t))
+    end
+    check(status)
+    return gradient
+end
+
+"""
+    cyclic_stages_average!(h::CyclicStages, out::Array{Float32 or Float64}) -> out
+
+Copy the average of the current action's `update_step` (only while it is >= 0) into `out`:
+((g_0 + g_1) + ... + g_{N-1}) * fl(1/N), the accumulate element type and length.
+"""
+function cyclic_stages_average!(h::CyclicStages, out::AbstractArray)
+    ensure_open(h)
+    out isa Union{Array{Float32},Array{Float64}} ||
+        throw(ArgumentError("out must be a dense Array{Float32} or Array{Float64}; got $(typeof(out))"))
+    t = array_tensor(out)
+    status = GC.@preserve t begin
+        ccall((:flatmem_cyclic_stages_average, libflatmem), Cint, (Ptr{CyclicStagesHandle}, Ptr{DLTensor}),
+              h, tensor_ptr(t))
+    end
+    check(status)
+    return out
+end
+
+"""`cyclic_schedule(h::CyclicStages) -> CyclicStagesSchedule`: the runtime's schedule."""
+function cyclic_schedule(h::CyclicStages)
+    schedule = Ref{CyclicStagesSchedule}()
+    check(ccall((:flatmem_cyclic_stages_get_schedule, libflatmem), Cint,
+                (Ptr{CyclicStagesHandle}, Ref{CyclicStagesSchedule}), ensure_open(h), schedule))
+    return schedule[]
+end
+
+"""`cyclic_stages_summary(h::CyclicStages) -> CyclicStagesSummary`: totals since create."""
+function cyclic_stages_summary(h::CyclicStages)
+    summary = Ref{CyclicStagesSummary}()
+    check(ccall((:flatmem_cyclic_stages_summary_get, libflatmem), Cint,
+                (Ptr{CyclicStagesHandle}, Ref{CyclicStagesSummary}), ensure_open(h), summary))
+    return summary[]
+end
+
+"""
+    cyclic_stages_stats(h::CyclicStages; first=0, count=nothing) -> Vector{CyclicStagesTimeStepStats}
+
+Statistics of time steps `first .. first + count - 1` still kept (`flatmem_cyclic_stages_stats`);
+`count = nothing`: all begun so far.
+"""
+function cyclic_stages_stats(h::CyclicStages; first::Integer=0, count::Union{Nothing,Integer}=nothing)
+    ensure_open(h)
+    first >= 0 || throw(ArgumentError("first = $first; expected >= 0"))
+    n = count === nothing ? max(cyclic_stages_summary(h).time_steps - first, 0) : Int64(count)
+    n >= 0 || throw(ArgumentError("count = $count; expected >= 0"))
+    stats = Vector{CyclicStagesTimeStepStats}(undef, n)
+    written = Ref{Int64}(0)
+    status = GC.@preserve stats begin
+        ccall((:flatmem_cyclic_stages_stats, libflatmem), Cint,
+              (Ptr{CyclicStagesHandle}, Int64, Int64, Ptr{CyclicStagesTimeStepStats}, Ref{Int64}),
+              h, Int64(first), Int64(n), pointer(stats), written)
+    end
+    check(status)
+    return resize!(stats, written[])
+end
