@@ -11,6 +11,8 @@ the pure schedule queries against the header's closed forms; the statistics
 against the schedule; errors (a stage that stops or is killed, bad options,
 calls out of order) as the binding's exception classes. Every thread and
 process has a deadline (run_threads, python_ranks)."""
+import pathlib
+import re
 import time
 
 import numpy as np
@@ -376,3 +378,19 @@ def test_close_is_refused_while_cyclic_stages_uses_the_communicator(local_group)
     with pytest.raises(flatmem.InvalidArgumentError, match="the CyclicStages handle is closed"):
         h.next()
     c.close()
+
+
+def test_readme_stage_parallel_snippet_runs(capsys):
+    readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+    blocks = [b for b in re.findall(r"^```python\n(.*?)^```", readme.read_text(), flags=re.S | re.M)
+              if "CyclicStages(" in b]
+    assert len(blocks) == 1
+    namespace = {"__name__": "readme"}
+    exec(compile(blocks[0], str(readme), "exec"), namespace)
+    lines = capsys.readouterr().out.splitlines()
+    sched = flatmem.CyclicStagesSchedule(2, 4, 3)
+    assert lines[0] == f"{sched.period()} {sched.length()} {sched.versions_kept(0)} {sched.occupancy(0).busy_fraction}"
+    assert lines[1] == str([(a.kind, a.micro_batch, a.step) for a in sched.actions(1, 5)])
+    assert sorted(line.split()[1] for line in lines[2:]) == ["0", "1"]
+    for j, w in enumerate(namespace["trained"]):  # trained: moved away from the initial parameters
+        assert w.shape == (3, 3) and not np.array_equal(w, np.eye(3) * (j + 1))
