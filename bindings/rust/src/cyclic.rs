@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::comm::Communicator;
 use crate::contrastive::NonFinite;
-use crate::convert::{int32, int64, timeout_ms};
+use crate::convert::{entries, int32, int64, timeout_ms};
 use crate::error::{check, Error, Result, Status};
 use crate::handle::{HandleKind, OwnedHandle};
 use crate::sys;
@@ -331,14 +331,7 @@ impl CyclicOptions {
         raw.steps = int64("options.steps", self.steps)?;
         raw.rule = self.rule.raw();
         if let Some(bytes) = &self.activation_bytes {
-            if bytes.len() != self.stages {
-                return Err(Error::invalid(format!(
-                    "options.activation_bytes: {} entries; expected one per stage ({})",
-                    bytes.len(),
-                    self.stages
-                )));
-            }
-            raw.activation_bytes = bytes.as_ptr(); // copied by create
+            raw.activation_bytes = entries("options.activation_bytes", bytes, self.stages, "one per stage")?;
         }
         raw.timeout_ms = timeout_ms("options.timeout", self.timeout)?;
         raw.nonfinite = self.nonfinite.raw();

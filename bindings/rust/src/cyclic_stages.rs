@@ -38,7 +38,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::comm::Communicator;
-use crate::convert::{int32, int64, timeout_ms};
+use crate::convert::{entries, int32, int64, timeout_ms};
 use crate::cyclic::{ActionKind, Rule};
 use crate::error::{check, Error, Result, Status};
 use crate::handle::{HandleKind, OwnedHandle};
@@ -336,26 +336,14 @@ impl StagesOptions {
         raw.micro_batches = int32("options.micro_batches", self.micro_batches)?;
         raw.steps = int64("options.steps", self.steps)?;
         raw.rule = self.rule.raw();
-        let boundaries = self.stages.saturating_sub(1);
-        if self.boundary_bytes.len() != boundaries {
-            return Err(Error::invalid(format!(
-                "options.boundary_bytes: {} entries; expected one per boundary between stages (stages - 1 = {})",
-                self.boundary_bytes.len(),
-                boundaries
-            )));
-        }
-        if boundaries > 0 {
-            raw.boundary_bytes = self.boundary_bytes.as_ptr(); // copied by create
-        }
+        raw.boundary_bytes = entries(
+            "options.boundary_bytes",
+            &self.boundary_bytes,
+            self.stages.saturating_sub(1),
+            "one per boundary between stages, stages - 1",
+        )?;
         if let Some(bytes) = &self.activation_bytes {
-            if bytes.len() != self.stages {
-                return Err(Error::invalid(format!(
-                    "options.activation_bytes: {} entries; expected one per stage ({})",
-                    bytes.len(),
-                    self.stages
-                )));
-            }
-            raw.activation_bytes = bytes.as_ptr(); // copied by create
+            raw.activation_bytes = entries("options.activation_bytes", bytes, self.stages, "one per stage")?;
         }
         raw.timeout_ms = timeout_ms("options.timeout", self.timeout)?;
         raw.history = int64("options.history", self.history as u64)?;
