@@ -85,19 +85,15 @@ def _rule_code(rule):
     return _option(rule, _RULES, "rule")
 
 
-class CyclicSchedule:
-    """The shape of a cyclic schedule: world_size ranks, `stages` stages, `steps`
-    training steps per rank, and the update rule: "delay1" (default; every stage
-    applies the previous step's average), "newest" (this step's where the
-    schedule allows) or "sync" (no stagger: plain data parallelism). The library
-    checks the ranges at once (flatmem.InvalidArgumentError naming the field)."""
+class _Schedule:
+    """What CyclicSchedule and CyclicStagesSchedule share: the SWIG struct
+    (self._raw) with its stages, steps and rule."""
 
-    def __init__(self, world_size, stages, steps, rule="delay1"):
-        self._raw = capi.CyclicSchedule(int(world_size), int(stages), int(steps), _rule_code(rule))
-
-    @property
-    def world_size(self):
-        return self._raw.world_size
+    @classmethod
+    def _from_capi(cls, raw):
+        self = cls.__new__(cls)
+        self._raw = raw
+        return self
 
     @property
     def stages(self):
@@ -111,6 +107,21 @@ class CyclicSchedule:
     def rule(self):
         """The rule's name ("delay1", "newest", "sync")."""
         return _RULE_NAMES.get(self._raw.rule, self._raw.rule)
+
+
+class CyclicSchedule(_Schedule):
+    """The shape of a cyclic schedule: world_size ranks, `stages` stages, `steps`
+    training steps per rank, and the update rule: "delay1" (default; every stage
+    applies the previous step's average), "newest" (this step's where the
+    schedule allows) or "sync" (no stagger: plain data parallelism). The library
+    checks the ranges at once (flatmem.InvalidArgumentError naming the field)."""
+
+    def __init__(self, world_size, stages, steps, rule="delay1"):
+        self._raw = capi.CyclicSchedule(int(world_size), int(stages), int(steps), _rule_code(rule))
+
+    @property
+    def world_size(self):
+        return self._raw.world_size
 
     def offset(self, rank):
         """Time steps `rank` starts after rank 0 (flatmem_cyclic_schedule_offset)."""
@@ -134,12 +145,6 @@ class CyclicSchedule:
     def actions(self, rank):
         """The actions of `rank` at every time step of the run, 0 .. length() - 1."""
         return [self.action(rank, t) for t in range(self.length())]
-
-    @classmethod
-    def _from_capi(cls, raw):
-        self = cls.__new__(cls)
-        self._raw = raw
-        return self
 
     def __repr__(self):
         return (f"flatmem.CyclicSchedule(world_size={self.world_size}, stages={self.stages}, "

@@ -66,7 +66,7 @@ import numpy as np
 from . import capi
 from ._tensors import as_arg, as_output
 from .comm import check_communicator, int_arg
-from .cyclic import _KINDS, _RULE_NAMES, _rule_code
+from .cyclic import _KINDS, _Schedule, _rule_code
 from .reversible import _invalid
 
 
@@ -113,7 +113,7 @@ class CyclicStagesOccupancy(NamedTuple):
     mean_activations_held: float  # and mean over a period: N (2L - 2j) / P
 
 
-class CyclicStagesSchedule:
+class CyclicStagesSchedule(_Schedule):
     """The shape of a stage-parallel schedule: `stages` L (= ranks), N
     `micro_batches` per training step, `steps` S, and the rule ("delay1"
     default, "newest", "sync"). The library checks the ranges at once
@@ -123,28 +123,9 @@ class CyclicStagesSchedule:
     def __init__(self, stages, micro_batches, steps, rule="delay1"):
         self._raw = capi.CyclicStagesSchedule(int(stages), int(micro_batches), int(steps), _rule_code(rule))
 
-    @classmethod
-    def _from_capi(cls, raw):
-        self = cls.__new__(cls)
-        self._raw = raw
-        return self
-
-    @property
-    def stages(self):
-        return self._raw.stages
-
     @property
     def micro_batches(self):
         return self._raw.micro_batches
-
-    @property
-    def steps(self):
-        return self._raw.steps
-
-    @property
-    def rule(self):
-        """The rule's name ("delay1", "newest", "sync")."""
-        return _RULE_NAMES.get(self._raw.rule, self._raw.rule)
 
     def offset(self, micro_batch):
         """offset(m) = floor(m * 2L / N) time steps."""
