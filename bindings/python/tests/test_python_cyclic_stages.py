@@ -394,3 +394,30 @@ def test_readme_stage_parallel_snippet_runs(capsys):
     assert sorted(line.split()[1] for line in lines[2:]) == ["0", "1"]
     for j, w in enumerate(namespace["trained"]):  # trained: moved away from the initial parameters
         assert w.shape == (3, 3) and not np.array_equal(w, np.eye(3) * (j + 1))
+
+
+def test_a_receive_of_the_wrong_size_names_both_and_fails_the_neighbour(local_group):
+    """Stage 1 receives stage 0's 24-byte activation into 16 bytes: InvalidArgumentError
+    naming both sizes, nothing written, and both handles fail from then on."""
+    comms = local_group(2, timeout_ms=3000)
+
+    def job(comm, _):
+        with flatmem.CyclicStages(comm, micro_batches=1, steps=1, boundary_bytes=[24], timeout_ms=3000) as h:
+            a = h.next()
+            if comm.rank == 0:
+                h.send(np.arange(3.0))
+                start = time.monotonic()
+                with pytest.raises(ConnectionError, match="rank 1"):  # PeerFailureError / CommPoisonedError
+                    assert h.next().receives  # the backward: the gradient from stage 1 never comes
+                    h.receive(np.empty(3))
+                assert time.monotonic() - start < 2.5  # at once, not at the 3 s timeout
+                return
+            assert a.receives
+            into = np.full(2, -1.0)
+            with raises_flatmem(flatmem.InvalidArgumentError, capi.STATUS_INVALID_ARGUMENT, "24", "16"):
+                h.receive(into)
+            assert into.tolist() == [-1.0, -1.0]
+            with pytest.raises(flatmem.CommPoisonedError):
+                h.next()
+
+    run_threads(comms, job)
