@@ -2,7 +2,8 @@
 # ThreadSanitizer: a CPU-only Debug build (-O1) in build-tsan/ with every C/C++ target
 # instrumented (FLATMEM_SANITIZE=thread), then the tests of the code that runs callbacks
 # and tiles on several threads: reversible segments (OVERLAPPED's two chains, the rebuild
-# thread, parallel_for) and the thread pool. Any report fails the test (halt_on_error).
+# thread, parallel_for), the thread pool, the rings and the cyclic runtimes over the
+# in-process communicator group. Any report fails the test (halt_on_error).
 # Usage: bash scripts/test-tsan.sh   (scripts/test.sh runs it; deps must be installed)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -14,10 +15,12 @@ flatmem_configure build-tsan -DCMAKE_BUILD_TYPE=Debug \
   -DFLATMEM_WITH_CUDA=OFF -DFLATMEM_WITH_NCCL=OFF -DFLATMEM_WITH_UCX=OFF \
   -DFLATMEM_BUILD_BENCH=OFF
 targets=(test_reversible_values test_reversible_bad_input test_reversible_blocks test_contrastive_determinism
-         test_comm_local test_contrastive_ring test_cyclic_train test_cyclic_errors)
+         test_comm_local test_contrastive_ring test_contrastive_sigmoid_ring test_cyclic_train
+         test_cyclic_errors test_cyclic_relay test_cyclic_relay_errors test_cyclic_stages_train
+         test_cyclic_stages_errors)
 flatmem_build build-tsan --target "${targets[@]}"
 
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 cd build-tsan
 ctest --output-on-failure --timeout "${FLATMEM_CTEST_TIMEOUT:-900}" \
-  -R '^(reversible/(values|bitwise|dropout|block_seed|rebuild_error|bad_input|failing_callback|options)|blocks/|contrastive/determinism|comm/local/|contrastive/ring/|cyclic/(train|errors)/)'
+  -R '^(reversible/(values|bitwise|dropout|block_seed|rebuild_error|bad_input|failing_callback|options)|blocks/|contrastive/determinism|comm/local/|contrastive/ring/|contrastive/sigmoid/ring/|cyclic/(train|errors|relay)/|cyclic_stages/(train|errors)/)'

@@ -219,6 +219,15 @@ FLATMEM_API flatmem_status flatmem_cyclic_schedule_action(const flatmem_cyclic_s
                                                           int32_t rank, int64_t time_step,
                                                           flatmem_cyclic_action *action);
 
+/** Where each rank keeps the stage parameters (see "ZeRO relay" below). */
+typedef enum flatmem_cyclic_parameter_mode {
+  /** Default. Every rank holds all L stages and updates them itself. */
+  FLATMEM_CYCLIC_PARAMETERS_REPLICATED = 0,
+  /** Rank k holds shard k of every stage; full stages travel rank to rank. */
+  FLATMEM_CYCLIC_PARAMETERS_RELAYED = 1,
+  FLATMEM_CYCLIC_PARAMETER_MODE_MAX = 0x7fffffff
+} flatmem_cyclic_parameter_mode;
+
 /** A cyclic data-parallel runtime over a communicator. */
 typedef struct flatmem_cyclic_s flatmem_cyclic_t;
 
@@ -245,10 +254,18 @@ typedef struct flatmem_cyclic_options {
   /** Time steps of per-time-step statistics kept (the most recent ones);
    *  0 = 65536. */
   int64_t history;
+  /** REPLICATED (default) or RELAYED (the ZeRO relay mode, DELAY1 only: see
+   *  "ZeRO relay" below). Every rank must pass the same. */
+  flatmem_cyclic_parameter_mode parameters;
+  /** RELAYED: n_j, the elements of stage j (L entries, 1 .. 2^40, copied at
+   *  create; the same on every rank). Required when relayed, ignored when
+   *  replicated. */
+  const int64_t *parameter_count;
 } flatmem_cyclic_options;
 
-#define FLATMEM_CYCLIC_OPTIONS_INIT \
-  { sizeof(flatmem_cyclic_options), 0, 0, FLATMEM_CYCLIC_DELAY1, NULL, 0, FLATMEM_NONFINITE_ERROR, 0 }
+#define FLATMEM_CYCLIC_OPTIONS_INIT                                                        \
+  { sizeof(flatmem_cyclic_options), 0, 0, FLATMEM_CYCLIC_DELAY1, NULL, 0, FLATMEM_NONFINITE_ERROR, 0, \
+    FLATMEM_CYCLIC_PARAMETERS_REPLICATED, NULL }
 
 /** Fill *options with defaults and struct_size. Thread-safe. */
 FLATMEM_API flatmem_status flatmem_cyclic_options_init(flatmem_cyclic_options *options);
@@ -357,8 +374,196 @@ FLATMEM_API flatmem_status flatmem_cyclic_stats(const flatmem_cyclic_t *handle, 
 FLATMEM_API flatmem_status flatmem_cyclic_summary_get(const flatmem_cyclic_t *handle,
                                                       flatmem_cyclic_summary *summary);
 
+/*
+ * ------------------------------------------------------------------------
+ * ZeRO relay (options.parameters = FLATMEM_CYCLIC_PARAMETERS_RELAYED)
+ * ------------------------------------------------------------------------
+ * Each of the N ranks owns 1/N of every stage's parameters instead of a
+ * replica; before each FORWARD and each BACKWARD of stage j the full stage
+ * reaches the rank by a relay along the stagger order, and the averaged
+ * gradient returns to the owners in shards. Training is bitwise the
+ * replicated DELAY1 mode's: the same versions, the same averages.
+ *
+ * Shards: c_j = ceil(n_j / N); rank k owns elements
+ *   [min(k c_j, n_j), min((k + 1) c_j, n_j))        (flatmem_cyclic_shard_range)
+ * of stage j (W and b flattened as the caller lays them out). A stage with
+ * fewer than N elements leaves the last ranks' shards EMPTY (0 elements);
+ * with n_j not a multiple of N the last non-empty shard is shorter.
+ *
+ * Rules: DELAY1 only. SYNC has no stagger: every rank would need stage j at
+ * the same time step and the relay would run the ranks one after another
+ * (INVALID_ARGUMENT). NEWEST lets ranks use different versions of a stage in
+ * one step, which one relayed copy cannot serve (UNSUPPORTED).
+ *
+ * Versions: version v of stage j = the initial parameters after the averages
+ * of steps 0 .. v-1 were applied by the caller's optimizer. Rank r's FORWARD
+ * and BACKWARD of step s use version u(s) = max(0, s - 1) (DELAY1).
+ *
+ * Updates: every rank updates its own shard of stage j from version v to
+ * v + 1 (v = 0 .. S-1) at the global time step
+ *   T_upd(j, v) = 2L (v + 1) + 2L - 1 - j,
+ * the time step of rank 0's BACKWARD of stage j in step v + 1, the last use of
+ * version v (that gather was made one time step earlier, see below); the
+ * FORWARD of j in step v + 2, the first use of v + 1, follows. The action of
+ * that time step carries update_stage = j, update_step = v on EVERY rank (the
+ * forward slots of the replicated mode carry none). On return from
+ * flatmem_cyclic_next the gradient buffer handed over for (j, v) holds the
+ * average of step v in THIS RANK'S SHARD RANGE (the rest of the buffer is
+ * unspecified); apply it to the registered shard in place. One update per
+ * time step at most; the last (v = S-1) leaves version S, the replicated
+ * mode's final parameters, in the shards.
+ *
+ * Relays: for each stage j and step s two relays run in stagger order
+ * 0 -> 1 -> ... -> N-1, one before the FORWARD and one before the BACKWARD.
+ * Rank 0 gathers the stage: its own shard is copied inside
+ * flatmem_cyclic_next of the time step, the others arrive from their owners,
+ * which send a copy of version u(s) inside their flatmem_cyclic_next of the
+ * time step before the gather when they already hold u(s) there (else of the
+ * gather's own time step: only stage 0's forward). Rank r > 0 receives the
+ * full stage from rank r - 1. Each rank but N - 1 sends it on to r + 1 as
+ * soon as flatmem_cyclic_parameters copied it out. Receives are posted one
+ * time step ahead into handle staging: a full stage of the largest stage's
+ * bytes each, K = max(1, D) + 1 buffers where D = max over ranks of
+ * offset(r + 1) - offset(r) = ceil(2L / N) (in use / arriving, plus the
+ * D - 1 relays that wait at the sender until the next rank posts its
+ * receive): 3 for N = L, 2 for N >= 2L. Parameter memory per rank:
+ * sum_j c_j elements of shards plus at most K full stages, against
+ * sum_j n_j replicated (3L/N + 1 against L stage-units for equal stages
+ * when N divides 2L: equal at N = L = 4, 0.625 of it at N = 2L = 8), and up
+ * to 3 shard copies on their way to rank 0 (an owner ahead of rank 0 waits
+ * for it to take them).
+ *
+ * Gradients: the reduce chain is the replicated mode's (partial sums
+ * 0 -> 1 -> ... -> N-1, rank N-1 scales); then rank N-1 sends shard k of the
+ * average to owner k (no ring delivery), bitwise the replicated average.
+ * Gradients must have n_j elements (INVALID_ARGUMENT otherwise). The gradient
+ * of step v is released by the update of step v at T_upd(j, v), before this
+ * rank's BACKWARD of j in step v + 1: one buffer per stage is enough.
+ *
+ * Driving a relayed handle (the replicated loop plus three calls):
+ *   for each stage j: flatmem_cyclic_set_shard(h, j, my_shard[j]);
+ *   for (;;) {
+ *     flatmem_cyclic_next(h, &a);
+ *     if (a.kind == FLATMEM_CYCLIC_DONE) break;
+ *     if (a.update_stage >= 0)   // own shard range of the gradient buffer
+ *       apply(my_shard[a.update_stage], gradient_buffer(a.update_stage, a.update_step));
+ *     if (a.kind == FORWARD or BACKWARD) {
+ *       flatmem_cyclic_parameters(h, full_stage);   // waits for the relay
+ *       ... forward / backward with full_stage, reduce as before ...
+ *     }
+ *   }
+ * flatmem_cyclic_next refuses (INVALID_ARGUMENT, not advancing) when a
+ * FORWARD / BACKWARD passed without flatmem_cyclic_parameters: the relay
+ * cannot go on without it. When it returns DONE it first waits (<= timeout)
+ * until the next rank took this rank's last relays.
+ *
+ * Failures: as the replicated mode. A relay that does not arrive within
+ * options.timeout_ms fails flatmem_cyclic_parameters with TIMEOUT naming
+ * "cyclic parameter relay, stage j, step s (FORWARD), from rank r"; the waits
+ * of flatmem_cyclic_next (a staging buffer to come free: "... rank r+1 to
+ * take the relay"; an owner's shard copies to be taken by rank 0) have the
+ * same deadline and name what they wait for; a dead peer gives PEER_FAILURE
+ * at once; each poisons the handle and the communicator.
+ * Destroying a relayed handle after its first time step and before DONE
+ * poisons the communicator, whatever is in flight at that moment: the peers
+ * need this rank's shards until the end (they fail at once naming it).
+ */
+
+/**
+ * RELAYED: register this rank's shard of `stage` (0 .. L-1): kDLCPU, float32
+ * or float64 (the same dtype for every stage, and the dtype of the gradients
+ * and of flatmem_cyclic_parameters' `full`), compact, exactly
+ * end - begin elements of flatmem_cyclic_shard_range (0 for an empty shard:
+ * data may then be NULL). The buffer holds version 0 of the shard at the
+ * first flatmem_cyclic_next and stays the caller's: the runtime reads it only
+ * inside flatmem_cyclic_next (it sends copies), and the caller writes it only
+ * at the update actions of the stage. Every stage must be registered before
+ * the first flatmem_cyclic_next; registering again (e.g. a moved buffer) is
+ * allowed between actions. Errors: INVALID_ARGUMENT naming `shard` (size:
+ * both sizes; dtype) or `stage`, or the handle when it is replicated;
+ * UNSUPPORTED for device tensors; nothing is registered then. Thread rule:
+ * the handle's (one thread at a time).
+ */
+FLATMEM_API flatmem_status flatmem_cyclic_set_shard(flatmem_cyclic_t *handle, int32_t stage,
+                                                    DLTensor *shard);
+
+/** RELAYED: the element range [*begin, *end) of `stage` that rank `rank`
+ *  owns (formula above; *begin == *end for an empty shard). Thread-safe. */
+FLATMEM_API flatmem_status flatmem_cyclic_shard_range(const flatmem_cyclic_t *handle, int32_t stage,
+                                                      int32_t rank, int64_t *begin, int64_t *end);
+
+/**
+ * RELAYED: during a FORWARD or BACKWARD action, once: wait (<= timeout) for
+ * the relay of the action's stage and copy the full stage parameters,
+ * version max(0, step - 1), into `full`: kDLCPU, the registered dtype,
+ * compact, n_j elements; then pass them on to the next rank (in the
+ * background). Errors: INVALID_ARGUMENT naming `full` (dtype, size: both
+ * sizes), or the call itself when the current action is not a FORWARD /
+ * BACKWARD, was already served, or the handle is replicated; UNSUPPORTED for
+ * a device `full`; TIMEOUT / PEER_FAILURE (handle and communicator poisoned)
+ * as above. `full` is written only on success. Thread rule: the handle's.
+ */
+FLATMEM_API flatmem_status flatmem_cyclic_parameters(flatmem_cyclic_t *handle, DLTensor *full);
+
+/** RELAYED, per time step (flatmem_cyclic_relay_stats). */
+typedef struct flatmem_cyclic_relay_time_step {
+  int64_t time_step;
+  /** Parameter bytes this rank held: its shards plus the staging buffers
+   *  holding a stage (arriving, in use, or waiting to be taken by rank r+1),
+   *  the most at any call during the time step (measured: a send waits for
+   *  the next rank's receive, so this depends on timing). */
+  int64_t parameter_bytes;
+  /** The same by the protocol (no timing): the shards plus the stages of
+   *  the relays whose receive is posted (one time step before use) and that
+   *  the next rank has not yet posted its receive for. */
+  int64_t parameter_bytes_scheduled;
+  /** Parameter bytes posted for sending in the time step: full stages
+   *  relayed on and shards sent to rank 0 (deterministic: the caller's thread
+   *  posts them). The gradient traffic is in flatmem_cyclic_stats. */
+  int64_t relay_bytes_sent;
+} flatmem_cyclic_relay_time_step;
+
+/**
+ * RELAYED: as flatmem_cyclic_stats, for the relay. struct_size =
+ * sizeof(flatmem_cyclic_relay_time_step) as the caller was compiled: element
+ * i lies at (char *)stats + i * struct_size and gets min(struct_size,
+ * sizeof) bytes, so the struct may grow.
+ */
+FLATMEM_API flatmem_status flatmem_cyclic_relay_stats(const flatmem_cyclic_t *handle, int64_t first,
+                                                      int64_t count, size_t struct_size,
+                                                      flatmem_cyclic_relay_time_step *stats,
+                                                      int64_t *written);
+
+/** RELAYED: sizes and totals since create. */
+typedef struct flatmem_cyclic_relay_summary {
+  /** sizeof(flatmem_cyclic_relay_summary) as the caller was compiled. */
+  size_t struct_size;
+  /** This rank's shards, all stages (bytes). */
+  int64_t shard_bytes;
+  /** One replica of all stages (bytes): what REPLICATED holds per rank. */
+  int64_t replicated_bytes;
+  /** K and K times the largest stage's bytes (allocated at the first
+   *  flatmem_cyclic_set_shard). */
+  int64_t staging_buffers;
+  int64_t staging_bytes;
+  /** Largest parameter_bytes / parameter_bytes_scheduled of a time step. */
+  int64_t peak_parameter_bytes;
+  int64_t peak_parameter_bytes_scheduled;
+  int64_t relay_bytes_sent;
+  int64_t relay_messages_sent;
+} flatmem_cyclic_relay_summary;
+
+#define FLATMEM_CYCLIC_RELAY_SUMMARY_INIT { sizeof(flatmem_cyclic_relay_summary), 0, 0, 0, 0, 0, 0, 0, 0 }
+
+/** RELAYED: fills min(summary->struct_size, sizeof) bytes (set struct_size). */
+FLATMEM_API flatmem_status flatmem_cyclic_relay_summary_get(const flatmem_cyclic_t *handle,
+                                                            flatmem_cyclic_relay_summary *summary);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
+
+/* The stage-parallel sibling (a no-op when flatmem.h already included it). */
+#include <flatmem/cyclic_stages.h>
 
 #endif /* FLATMEM_CYCLIC_H */

@@ -18,14 +18,7 @@ namespace {
 constexpr std::int64_t default_history = 65536;
 constexpr std::int64_t max_history = std::int64_t(1) << 26;
 
-Runtime &runtime(flatmem_cyclic_t *handle) {
-  if (handle == nullptr || !handle->impl) invalid("handle: NULL");
-  return *handle->impl;
-}
-const Runtime &runtime(const flatmem_cyclic_t *handle) {
-  if (handle == nullptr || !handle->impl) invalid("handle: NULL");
-  return *handle->impl;
-}
+using flatmem::cyclic::runtime_of;
 
 cyclic::Settings read_settings(const flatmem_cyclic_options *options, comm::Communicator &c) {
   if (options == nullptr) invalid("options: NULL; stages and steps are required");
@@ -53,6 +46,7 @@ cyclic::Settings read_settings(const flatmem_cyclic_options *options, comm::Comm
   if (o.history < 0 || o.history > max_history)
     invalid("options.history: ", o.history, "; expected 1 .. 2^26 time steps, or 0 for ", default_history);
   s.history = o.history == 0 ? default_history : o.history;
+  cyclic::read_parameter_options(enum_value(o.parameters), o.parameter_count, s);
   return s;
 }
 
@@ -136,7 +130,7 @@ flatmem_status flatmem_cyclic_destroy(flatmem_cyclic_t *handle) {
 flatmem_status flatmem_cyclic_get_schedule(const flatmem_cyclic_t *handle,
                                            flatmem_cyclic_schedule *schedule) {
   return guarded([&] {
-    const cyclic::Schedule &s = runtime(handle).schedule();
+    const cyclic::Schedule &s = runtime_of(handle).schedule();
     require(schedule, "schedule");
     flatmem_cyclic_schedule out = FLATMEM_CYCLIC_SCHEDULE_INIT;
     out.world_size = s.world;
@@ -149,20 +143,20 @@ flatmem_status flatmem_cyclic_get_schedule(const flatmem_cyclic_t *handle,
 
 flatmem_status flatmem_cyclic_next(flatmem_cyclic_t *handle, flatmem_cyclic_action *action) {
   return guarded([&] {
-    Runtime &r = runtime(handle);
+    Runtime &r = runtime_of(handle);
     require(action, "action");
     *action = r.next();
   });
 }
 
 flatmem_status flatmem_cyclic_reduce(flatmem_cyclic_t *handle, int32_t stage, DLTensor *gradient) {
-  return guarded([&] { runtime(handle).reduce(stage, gradient); });
+  return guarded([&] { runtime_of(handle).reduce(stage, gradient); });
 }
 
 flatmem_status flatmem_cyclic_stats(const flatmem_cyclic_t *handle, int64_t first, int64_t count,
                                     flatmem_cyclic_time_step_stats *stats, int64_t *written) {
   return guarded([&] {
-    const Runtime &r = runtime(handle);
+    const Runtime &r = runtime_of(handle);
     require(written, "written");
     if (count < 0) invalid("count: ", count, "; expected >= 0");
     if (count > 0) require(stats, "stats");
@@ -173,7 +167,7 @@ flatmem_status flatmem_cyclic_stats(const flatmem_cyclic_t *handle, int64_t firs
 flatmem_status flatmem_cyclic_summary_get(const flatmem_cyclic_t *handle,
                                           flatmem_cyclic_summary *summary) {
   return guarded([&] {
-    const Runtime &r = runtime(handle);
+    const Runtime &r = runtime_of(handle);
     require(summary, "summary");
     *summary = r.summary();
   });

@@ -1,6 +1,9 @@
 #include "cyclic/accounting.hpp"
 
 #include <algorithm>
+#include <cstring>
+
+#include "cyclic/kept.hpp"
 
 namespace flatmem::cyclic {
 
@@ -55,15 +58,57 @@ void Accounting::waited(double seconds) {
   if (begun_ > 0) current().wait_seconds += seconds;
 }
 
+template <typename F>
+void Accounting::for_kept(std::int64_t first, std::int64_t count, F f) const {
+  cyclic::for_kept(ring_, begun_, first, count, f);
+}
+
 std::int64_t Accounting::copy(std::int64_t first, std::int64_t count,
                               flatmem_cyclic_time_step_stats *out) const {
-  const std::int64_t kept = std::min<std::int64_t>(begun_, std::int64_t(ring_.size()));
   std::int64_t written = 0;
-  for (std::int64_t i = begun_ - kept; i < begun_; ++i) {
-    const flatmem_cyclic_time_step_stats &r = ring_[std::size_t(i) % ring_.size()];
-    if (r.time_step >= first && r.time_step - first < count) out[written++] = r;
-  }
+  for_kept(first, count, [&](std::size_t slot) { out[written++] = ring_[slot]; });
   return written;
+}
+
+void Accounting::relay_scheduled(std::int64_t parameter_bytes) {
+  if (relay_ring_.empty() || begun_ == 0) return;
+  flatmem_cyclic_relay_time_step &r = relay_current();
+  r = flatmem_cyclic_relay_time_step{};
+  r.time_step = current().time_step;
+  r.parameter_bytes_scheduled = parameter_bytes;
+  relay_totals_.peak_parameter_bytes_scheduled =
+      std::max(relay_totals_.peak_parameter_bytes_scheduled, parameter_bytes);
+}
+
+void Accounting::relay_held(std::int64_t parameter_bytes) {
+  if (relay_ring_.empty() || begun_ == 0) return;
+  flatmem_cyclic_relay_time_step &r = relay_current();
+  r.parameter_bytes = std::max(r.parameter_bytes, parameter_bytes);
+  relay_totals_.peak_parameter_bytes = std::max(relay_totals_.peak_parameter_bytes, parameter_bytes);
+}
+
+void Accounting::relay_sent(std::int64_t bytes) {
+  relay_totals_.relay_bytes_sent += bytes;
+  relay_totals_.relay_messages_sent += 1;
+  if (!relay_ring_.empty() && begun_ > 0) relay_current().relay_bytes_sent += bytes;
+}
+
+std::int64_t Accounting::copy_relay(std::int64_t first, std::int64_t count, std::size_t stride,
+                                    char *out) const {
+  if (relay_ring_.empty()) return 0;
+  std::int64_t written = 0;
+  const std::size_t bytes = std::min(stride, sizeof(flatmem_cyclic_relay_time_step));
+  for_kept(first, count, [&](std::size_t slot) {
+    std::memcpy(out + std::size_t(written++) * stride, &relay_ring_[slot], bytes);
+  });
+  return written;
+}
+
+void Accounting::relay_totals(flatmem_cyclic_relay_summary &summary) const {
+  summary.peak_parameter_bytes = relay_totals_.peak_parameter_bytes;
+  summary.peak_parameter_bytes_scheduled = relay_totals_.peak_parameter_bytes_scheduled;
+  summary.relay_bytes_sent = relay_totals_.relay_bytes_sent;
+  summary.relay_messages_sent = relay_totals_.relay_messages_sent;
 }
 
 flatmem_cyclic_summary Accounting::summary(Clock::time_point now) const {

@@ -33,8 +33,24 @@ class Accounting {
   std::int64_t copy(std::int64_t first, std::int64_t count, flatmem_cyclic_time_step_stats *out) const;
   flatmem_cyclic_summary summary(Clock::time_point now) const;
 
+  // ZeRO relay records, kept beside the time-step records (same ring).
+  // The protocol's parameter bytes of the current time step (at begin).
+  void relay_enable() { relay_ring_.resize(ring_.size()); }
+  void relay_scheduled(std::int64_t parameter_bytes);
+  // Parameter bytes held now (the time step keeps the most).
+  void relay_held(std::int64_t parameter_bytes);
+  void relay_sent(std::int64_t bytes);
+  // Element i at (char *)out + i * stride, min(stride, sizeof) bytes each.
+  std::int64_t copy_relay(std::int64_t first, std::int64_t count, std::size_t stride, char *out) const;
+  // Totals (peaks and bytes; the sizes are the runtime's).
+  void relay_totals(flatmem_cyclic_relay_summary &summary) const;
+
  private:
   flatmem_cyclic_time_step_stats &current() { return ring_[std::size_t(begun_ - 1) % ring_.size()]; }
+  flatmem_cyclic_relay_time_step &relay_current() { return relay_ring_[std::size_t(begun_ - 1) % ring_.size()]; }
+  // Calls f(slot) for the kept records in [first, first + count), oldest first.
+  template <typename F>
+  void for_kept(std::int64_t first, std::int64_t count, F f) const;
 
   std::vector<std::int64_t> held_bytes_;  // [k] = bytes of stages 0 .. k-1
   std::vector<flatmem_cyclic_time_step_stats> ring_;
@@ -42,6 +58,8 @@ class Accounting {
   std::map<std::int64_t, std::int64_t> ahead_;  // bytes_scheduled of time steps not begun yet
   Clock::time_point current_start_{}, first_start_{};
   flatmem_cyclic_summary totals_{};
+  std::vector<flatmem_cyclic_relay_time_step> relay_ring_;  // empty unless relayed
+  flatmem_cyclic_relay_summary relay_totals_{};
 };
 
 }  // namespace flatmem::cyclic

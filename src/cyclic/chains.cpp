@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/error.hpp"
+#include "cyclic/kept.hpp"
 #include "cyclic/runtime.hpp"
 #include "cyclic/tags.hpp"
 
@@ -17,20 +18,6 @@ constexpr comm::Milliseconds no_deadline = std::chrono::hours(24);
 std::string label(const char *chain, const Gradient &g) {
   return std::string("cyclic ") + chain + ", stage " + std::to_string(g.stage) + ", step " +
          std::to_string(g.step);
-}
-
-template <typename T>
-void scale(char *data, std::size_t count, T factor) {
-  T *v = reinterpret_cast<T *>(data);
-  for (std::size_t i = 0; i < count; ++i) v[i] *= factor;
-}
-
-// data *= 1/world, the factor rounded to the element type.
-void to_average(Gradient &g, int world) {
-  if (g.type == comm::SumType::f32)
-    scale(g.data, g.count, float(1.0 / world));
-  else
-    scale(g.data, g.count, 1.0 / world);
 }
 
 }  // namespace
@@ -78,7 +65,7 @@ void Runtime::reduce_link(Gradient &g) {
     sent(g.bytes, g.handed_over_at);
     wait_link(t, what + ": send the partial sum to rank " + std::to_string(rank_ + 1));
   } else {
-    to_average(g, world_);
+    to_average(g.type, g.data, g.count, world_);
   }
   std::lock_guard lock(mutex_);
   g.reduced = true;
@@ -101,7 +88,7 @@ void Runtime::all_reduce_step(const std::vector<GradientPtr> &stages) {
     // A ring step sends about 1/N of the buffer each time, 2(N-1) times.
     if (world_ > 1)
       sent(2 * std::size_t(world_ - 1) * g->bytes / std::size_t(world_), stages.back()->handed_over_at);
-    to_average(*g, world_);
+    to_average(g->type, g->data, g->count, world_);
     std::lock_guard lock(mutex_);
     g->reduced = g->done = true;
     reducer_doing_.clear();
@@ -123,8 +110,9 @@ int Runtime::deliver_to() const {
 
 std::int64_t Runtime::delivery_key(const Gradient &g) {
   // Paced: the order the ranks need the averages in (step, then stage), the
-  // same on every rank. At once: hand-over order, the same on every rank.
-  if (paced()) return g.step * settings_.schedule.stages + g.stage;
+  // same on every rank. At once, and the relay's scatter (whose updates come
+  // in hand-over order: stage L-1 first): hand-over order, the same on every rank.
+  if (paced() && !relay_) return g.step * settings_.schedule.stages + g.stage;
   return handed_over_count_++;
 }
 
@@ -141,7 +129,40 @@ std::int64_t Runtime::release_time(const Gradient &g) const {
   return std::min(s.offset(deliver_to()) + due - 1, s.offset(rank_) + due);
 }
 
+void Runtime::scatter_link(Gradient &g) {
+  const std::string what = label("gradient scatter", g);
+  const RelayPlan &plan = relay_->plan();  // immutable: safe from this thread
+  const std::size_t element = g.bytes / g.count;
+  const int last = world_ - 1;
+  const std::uint64_t tag = relay_tag(id_, RelayLink::gradient, g.step, g.stage);
+  if (rank_ == last) {
+    std::vector<std::pair<int, comm::TransferPtr>> sends;
+    for (int k = 0; k < last; ++k) {
+      const auto [begin, end] = plan.shard(g.stage, k);
+      if (end == begin) continue;
+      const std::size_t n = std::size_t(end - begin) * element;
+      sends.emplace_back(k, comm_.send(k, g.data + std::size_t(begin) * element, n, comm::Space::cyclic, tag));
+      sent(n, g.handed_over_at);
+    }
+    waiting(g, deliverer_doing_, "the owners to take their shards of the average");
+    for (const auto &[k, t] : sends)
+      wait_link(t, what + ": send shard " + std::to_string(k) + " of the average to rank " + std::to_string(k));
+  } else if (const auto [begin, end] = plan.shard(g.stage, rank_); end > begin) {
+    const std::string from = "shard " + std::to_string(rank_) + " of the average from rank " + std::to_string(last);
+    waiting(g, deliverer_doing_, from);
+    wait_link(comm_.recv(last, g.data + std::size_t(begin) * element, std::size_t(end - begin) * element,
+                         comm::Space::cyclic, tag),
+              what + ": receive " + from);
+  }
+  std::lock_guard lock(mutex_);
+  g.done = true;
+  g.stuck_on.clear();
+  deliverer_doing_.clear();
+  changed_.notify_all();
+}
+
 void Runtime::deliver_link(Gradient &g) {
+  if (relay_) return scatter_link(g);
   const std::string what = label("delivery chain", g);
   const int from = deliver_from(), to = deliver_to();
   if (from >= 0) {

@@ -16,7 +16,15 @@ using Clock = std::chrono::steady_clock;
 // What every rank must agree on, as exchanged at create.
 struct Agreement {
   std::int64_t stages, steps, rule, world;
+  std::uint64_t parameter_counts;  // FNV-1a of options.parameter_count; 0 = replicated
 };
+
+std::uint64_t fingerprint(const std::vector<std::int64_t> &counts) {
+  if (counts.empty()) return 0;
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::int64_t c : counts) h = (h ^ std::uint64_t(c)) * 0x100000001b3ull;
+  return h | 1;
+}
 
 std::string rule_name(flatmem_cyclic_rule rule) {
   switch (rule) {
@@ -52,7 +60,7 @@ Runtime::Runtime(comm::Communicator &comm, Settings settings)
   comm_.check_healthy();
   // Every rank must run the same schedule: one all-gather, then every rank
   // names the first one that differs from rank 0.
-  const Agreement mine{s.stages, s.steps, std::int64_t(s.rule), world_};
+  const Agreement mine{s.stages, s.steps, std::int64_t(s.rule), world_, fingerprint(settings_.parameter_count)};
   std::vector<Agreement> all(static_cast<std::size_t>(world_));
   comm_.all_gather(&mine, all.data(), sizeof mine, settings_.timeout, "cyclic create: agreement");
   for (std::int32_t r = 1; r < world_; ++r) {
@@ -62,15 +70,41 @@ Runtime::Runtime(comm::Communicator &comm, Settings settings)
               rule_name(flatmem_cyclic_rule(a.rule)), " but rank 0 has stages ", z.stages,
               ", steps ", z.steps, ", rule ", rule_name(flatmem_cyclic_rule(z.rule)),
               "; every rank must pass the same");
+    if (a.parameter_counts != z.parameter_counts)
+      invalid("options: rank ", r, " passes other options.parameters / parameter_count than rank 0 (",
+              a.parameter_counts == 0 ? "REPLICATED" : "RELAYED", " vs ",
+              z.parameter_counts == 0 ? "REPLICATED" : "RELAYED", "); every rank must pass the same");
   }
   id_ = std::uint32_t(comm_.next_sequence());
+  if (settings_.relayed())
+    relay_ = std::make_unique<Relay>(
+        comm_, RelayPlan{s, settings_.parameter_count}, id_, settings_.timeout,
+        [this](std::int64_t bytes) {
+          std::lock_guard lock(mutex_);
+          accounting_.relay_sent(bytes);
+        },
+        [this](std::int64_t bytes) {
+          std::lock_guard lock(mutex_);
+          accounting_.relay_held(bytes);
+        });
+  if (relay_) accounting_.relay_enable();
   reducer_ = std::thread([this] { reducer_loop(); });
   deliverer_ = std::thread([this] { deliverer_loop(); });
 }
 
 Runtime::~Runtime() {
   {
+    // Relayed: from the first time step until DONE the peers need this
+    // rank's shards and relays, whatever is in flight at this moment.
+    const bool relaying = relay_ && ((time_step_ >= 0 && time_step_ < settings_.schedule.length()) || relay_->busy());
     std::unique_lock lock(mutex_);
+    if (relaying && failure_ == FLATMEM_STATUS_SUCCESS) {
+      lock.unlock();
+      comm_.poison(FLATMEM_STATUS_PEER_FAILURE, "cyclic handle of rank " + std::to_string(rank_) +
+                                                    " destroyed before the end of a relayed run (time step " +
+                                                    std::to_string(time_step_) + ")");
+      lock.lock();
+    }
     const bool busy = std::any_of(in_flight_.begin(), in_flight_.end(),
                                   [](const GradientPtr &g) { return !g->done; });
     if (busy && failure_ == FLATMEM_STATUS_SUCCESS) {
@@ -88,10 +122,18 @@ Runtime::~Runtime() {
   changed_.notify_all();
   reducer_.join();
   deliverer_.join();
+  if (relay_) relay_->abandon();  // completes at once unless cancelled above
 }
 
 void Runtime::record_failure(flatmem_status status, const std::string &message) {
   if (failure_ == FLATMEM_STATUS_SUCCESS) {
+    // A communicator poisoned by a peer refuses the next transfer posted on it
+    // with COMM_POISONED; the handle's first failure reports the cause's status
+    // (PEER_FAILURE, TIMEOUT); later calls give COMM_POISONED.
+    if (status == FLATMEM_STATUS_COMM_POISONED)
+      if (const flatmem_status cause = comm_.health(nullptr);
+          cause != FLATMEM_STATUS_SUCCESS && cause != FLATMEM_STATUS_COMM_POISONED)
+        status = cause;
     failure_ = status;
     failure_message_ = message;
   }
@@ -117,23 +159,40 @@ flatmem_cyclic_action Runtime::next() {
     invalid("flatmem_cyclic_next: the gradient of ", where(current_.stage, current_.step),
             " (time step ", current_.time_step,
             ") was not handed over; call flatmem_cyclic_reduce first");
+  if (relay_ && (current_.kind == FLATMEM_CYCLIC_FORWARD || current_.kind == FLATMEM_CYCLIC_BACKWARD) &&
+      !relay_->served(current_.time_step))
+    invalid("flatmem_cyclic_next: the parameters of ", where(current_.stage, current_.step), " (time step ",
+            current_.time_step, ") were not taken; call flatmem_cyclic_parameters before the ",
+            current_.kind == FLATMEM_CYCLIC_FORWARD ? "FORWARD" : "BACKWARD",
+            " (the relay goes on to the next rank from there)");
+  if (relay_ && time_step_ < 0) relay_->check_registered();
   if (time_step_ + 1 >= s.length()) {
+    if (relay_ && time_step_ < s.length()) relay_call([&] { relay_->finish(); });
     std::lock_guard lock(mutex_);
     time_step_ = s.length();
     current_ = s.action(rank_, time_step_);
     changed_.notify_all();
     return current_;
   }
-  const flatmem_cyclic_action a = s.action(rank_, time_step_ + 1);
+  flatmem_cyclic_action a = s.action(rank_, time_step_ + 1);
+  if (relay_) {  // the relay's update times replace the forward slots'
+    const auto update = relay_->plan().update_at(a.time_step);
+    a.update_stage = update ? update->first : -1;
+    a.update_step = update ? update->second : -1;
+  }
   const auto begun = Clock::now();
   {
     std::lock_guard lock(mutex_);
     accounting_.begin(a, begun);
+    if (relay_)
+      accounting_.relay_scheduled(relay_->shard_bytes() + relay_->plan().staged_elements(rank_, a.time_step) *
+                                                              std::int64_t(relay_->element()));
     time_step_ = a.time_step;
     changed_.notify_all();  // paced deliveries wait for the clock
   }
   current_ = a;
   handed_over_ = false;
+  if (relay_) relay_call([&] { relay_->advance(a.time_step); });
   start_token(a.time_step);
   if (a.update_stage >= 0) wait_for_update(a.update_stage, a.update_step);
   const double waited = std::chrono::duration<double>(Clock::now() - begun).count();
@@ -224,6 +283,13 @@ void Runtime::reduce(std::int32_t stage, const DLTensor *gradient) {
   const bool f64 = m.dtype.code == kDLFloat && m.dtype.bits == 64;
   if (!f32 && !f64) invalid("gradient: dtype code ", int(m.dtype.code), " bits ", int(m.dtype.bits), "; expected float32 or float64");
   if (m.count == 0) invalid("gradient: no elements");
+  if (relay_) {
+    const std::int64_t n = settings_.parameter_count[std::size_t(stage)];
+    if (std::int64_t(m.count) != n)
+      invalid("gradient: ", m.count, " elements; stage ", stage, " has ", n, " (options.parameter_count)");
+    if (m.dtype.bits / 8 != relay_->element())
+      invalid("gradient: ", int(m.dtype.bits), "-bit floats; the registered shards are ", 8 * relay_->element(), "-bit");
+  }
   // The scan and the chains read it as float / double: data + byte_offset must be aligned.
   const std::size_t element = m.dtype.bits / 8;
   if (reinterpret_cast<std::uintptr_t>(m.data) % element != 0)
@@ -271,6 +337,96 @@ void Runtime::reduce(std::int32_t stage, const DLTensor *gradient) {
     deliver_pending_[delivery_key(*g)] = g;
   }
   changed_.notify_all();
+}
+
+template <typename F>
+void Runtime::relay_call(F f) {
+  try {
+    f();
+  } catch (const Error &e) {
+    // Argument errors leave the handle usable; anything else is a failure of
+    // the relay (the communicator is already poisoned by the failed wait).
+    if (e.status() == FLATMEM_STATUS_INVALID_ARGUMENT || e.status() == FLATMEM_STATUS_UNSUPPORTED) throw;
+    std::lock_guard lock(mutex_);
+    record_failure(e.status(), e.what());  // a chain thread's earlier failure wins
+    failure_reported_ = true;
+    throw Error(failure_, failure_message_);
+  }
+}
+
+const Relay &Runtime::relay() const {
+  if (!relay_)
+    invalid("handle: REPLICATED (options.parameters); the shard and relay calls need "
+            "FLATMEM_CYCLIC_PARAMETERS_RELAYED");
+  return *relay_;
+}
+
+void Runtime::set_shard(std::int32_t stage, const DLTensor *shard) {
+  relay();
+  {
+    std::unique_lock lock(mutex_);
+    throw_if_failed(lock);
+  }
+  relay_->set_shard(stage, shard);
+}
+
+void Runtime::parameters(const DLTensor *full) {
+  relay();
+  {
+    std::unique_lock lock(mutex_);
+    throw_if_failed(lock);
+  }
+  if (time_step_ < 0 || time_step_ >= settings_.schedule.length())
+    invalid("flatmem_cyclic_parameters: no current time step (call flatmem_cyclic_next first; after DONE there is none)");
+  relay_call([&] { relay_->parameters(current_, full); });
+}
+
+std::pair<std::int64_t, std::int64_t> Runtime::shard_range(std::int32_t stage, std::int32_t rank) const {
+  const RelayPlan &plan = relay().plan();
+  if (stage < 0 || stage >= plan.schedule.stages) invalid("stage: ", stage, "; expected 0 .. ", plan.schedule.stages - 1);
+  if (rank < 0 || rank >= world_) invalid("rank: ", rank, "; expected 0 .. ", world_ - 1);
+  return plan.shard(stage, rank);
+}
+
+std::int64_t Runtime::relay_stats(std::int64_t first, std::int64_t count, std::size_t stride, char *out) const {
+  relay();
+  std::lock_guard lock(mutex_);
+  return accounting_.copy_relay(first, count, stride, out);
+}
+
+void Runtime::relay_summary(flatmem_cyclic_relay_summary &out) const {
+  const Relay &r = relay();
+  std::int64_t replica = 0;
+  for (std::int64_t n : settings_.parameter_count) replica += n;
+  std::lock_guard lock(mutex_);
+  accounting_.relay_totals(out);
+  out.shard_bytes = r.shard_bytes();
+  out.replicated_bytes = replica * std::int64_t(r.element());
+  out.staging_buffers = r.staging_buffers();
+  out.staging_bytes = r.staging_bytes();
+}
+
+void read_parameter_options(std::int32_t mode, const std::int64_t *parameter_count, Settings &s) {
+  if (mode == FLATMEM_CYCLIC_PARAMETERS_REPLICATED) return;
+  if (mode != FLATMEM_CYCLIC_PARAMETERS_RELAYED)
+    invalid("options.parameters: ", mode,
+            "; expected FLATMEM_CYCLIC_PARAMETERS_REPLICATED (0) or FLATMEM_CYCLIC_PARAMETERS_RELAYED (1)");
+  if (s.schedule.rule == FLATMEM_CYCLIC_SYNC)
+    invalid("options.rule: SYNC with options.parameters = RELAYED; SYNC has no stagger, so every rank needs "
+            "stage j in the same time step and the relay would run the ranks one after another: use DELAY1");
+  if (s.schedule.rule == FLATMEM_CYCLIC_NEWEST)
+    fail(FLATMEM_STATUS_UNSUPPORTED, "options.rule: NEWEST with options.parameters = RELAYED; under NEWEST "
+         "ranks use different versions of a stage in one step, which one relayed copy cannot serve: "
+         "DELAY1 only in this version");
+  if (parameter_count == nullptr)
+    invalid("options.parameter_count: NULL; required with options.parameters = "
+            "FLATMEM_CYCLIC_PARAMETERS_RELAYED (L entries: the elements of each stage)");
+  for (std::int32_t j = 0; j < s.schedule.stages; ++j) {
+    const std::int64_t n = parameter_count[j];
+    if (n < 1 || n > (std::int64_t(1) << 40))
+      invalid("options.parameter_count[", j, "]: ", n, "; expected 1 .. 2^40");
+    s.parameter_count.push_back(n);
+  }
 }
 
 std::int64_t Runtime::stats(std::int64_t first, std::int64_t count,

@@ -37,7 +37,9 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "core/error.hpp"
 #include "cyclic/accounting.hpp"
+#include "cyclic/relay.hpp"
 #include "cyclic/schedule.hpp"
 
 namespace flatmem::cyclic {
@@ -48,7 +50,14 @@ struct Settings {
   comm::Milliseconds timeout{60000};
   bool scan_nonfinite = true;
   std::int64_t history = 65536;
+  // The ZeRO relay (options.parameters = RELAYED): n_j per stage; empty = replicated.
+  std::vector<std::int64_t> parameter_count;
+  bool relayed() const { return !parameter_count.empty(); }
 };
+
+// options.parameters / parameter_count into s (s.schedule already read):
+// INVALID_ARGUMENT / UNSUPPORTED naming the field.
+void read_parameter_options(std::int32_t mode, const std::int64_t *parameter_count, Settings &s);
 
 // A handed-over gradient buffer and how far its reduction got.
 struct Gradient {
@@ -77,6 +86,13 @@ class Runtime {
   std::int64_t stats(std::int64_t first, std::int64_t count, flatmem_cyclic_time_step_stats *out) const;
   flatmem_cyclic_summary summary() const;
 
+  // The ZeRO relay (src/cyclic/relay.cpp); INVALID_ARGUMENT on a replicated handle.
+  void set_shard(std::int32_t stage, const DLTensor *shard);
+  void parameters(const DLTensor *full);
+  std::pair<std::int64_t, std::int64_t> shard_range(std::int32_t stage, std::int32_t rank) const;
+  std::int64_t relay_stats(std::int64_t first, std::int64_t count, std::size_t stride, char *out) const;
+  void relay_summary(flatmem_cyclic_relay_summary &out) const;
+
  private:
   // Throws the recorded failure: its own status once, COMM_POISONED after.
   void throw_if_failed(std::unique_lock<std::mutex> &lock);
@@ -93,6 +109,12 @@ class Runtime {
   void reduce_link(Gradient &g);
   void all_reduce_step(const std::vector<GradientPtr> &stages);
   void deliver_link(Gradient &g);
+  // Relayed: rank N-1 sends shard k of the average to owner k.
+  void scatter_link(Gradient &g);
+  const Relay &relay() const;  // INVALID_ARGUMENT when replicated
+  // Runs a relay call; a communication failure is recorded as the handle's.
+  template <typename F>
+  void relay_call(F f);
   // DELAY1 paces the delivery around the ring; NEWEST delivers at once.
   bool paced() const { return settings_.schedule.rule == FLATMEM_CYCLIC_DELAY1; }
   int deliver_from() const;  // -1: none (this rank formed the sum)
@@ -138,6 +160,8 @@ class Runtime {
   std::vector<char> scratch_;  // reducer thread only
   std::string reducer_doing_, deliverer_doing_;  // guarded by mutex_
 
+  std::unique_ptr<Relay> relay_;  // relayed handles only; caller's thread
+
   std::thread reducer_, deliverer_;
 };
 
@@ -147,3 +171,17 @@ class Runtime {
 struct flatmem_cyclic_s {
   std::unique_ptr<flatmem::cyclic::Runtime> impl;
 };
+
+namespace flatmem::cyclic {
+
+// The runtime behind a C handle; INVALID_ARGUMENT "handle: NULL" (src/capi/).
+inline Runtime &runtime_of(flatmem_cyclic_t *handle) {
+  if (handle == nullptr || !handle->impl) invalid("handle: NULL");
+  return *handle->impl;
+}
+inline const Runtime &runtime_of(const flatmem_cyclic_t *handle) {
+  if (handle == nullptr || !handle->impl) invalid("handle: NULL");
+  return *handle->impl;
+}
+
+}  // namespace flatmem::cyclic

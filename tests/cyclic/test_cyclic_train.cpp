@@ -33,16 +33,6 @@ std::string describe(const TrainSetup &s, int world) {
          ", steps " + std::to_string(s.steps) + ", rule " + std::to_string(int(s.rule));
 }
 
-TrainSetup setup_for(int stages, std::int64_t steps, flatmem_cyclic_rule rule) {
-  TrainSetup s;
-  s.widths = {5};
-  for (int j = 0; j < stages; ++j) s.widths.push_back(j + 1 == stages ? 3 : 4 + (j % 3));
-  s.steps = steps;
-  s.rule = rule;
-  s.rows = 3;
-  return s;
-}
-
 template <typename T>
 void check_against_simulation(const TrainSetup &setup, int world) {
   CAPTURE(describe(setup, world));
@@ -63,8 +53,8 @@ TEST_CASE("cyclic/train/DELAY1 and NEWEST equal the simulation of their rules, b
     for (int world : {1, 2, 3, 4, 5})
       for (int stages : {1, 2, 3, 4})
         for (std::int64_t steps : {1, 2, 5}) {
-          check_against_simulation<double>(setup_for(stages, steps, rule), world);
-          if (stages == 3) check_against_simulation<float>(setup_for(stages, steps, rule), world);
+          check_against_simulation<double>(mlp_setup(stages, steps, rule), world);
+          if (stages == 3) check_against_simulation<float>(mlp_setup(stages, steps, rule), world);
         }
 }
 
@@ -74,7 +64,7 @@ TEST_CASE("cyclic/train/SYNC equals plain SGD on the concatenated batch") {
   // keep the difference near 1e-15, bounded here by 1e-12.
   for (int world : {1, 2, 3, 4, 7})
     for (int stages : {1, 2, 4}) {
-      const TrainSetup setup = setup_for(stages, 8, FLATMEM_CYCLIC_SYNC);
+      const TrainSetup setup = mlp_setup(stages, 8, FLATMEM_CYCLIC_SYNC);
       CAPTURE(describe(setup, world));
       const LocalTraining<double> got = train_local<double>(setup, world);
       for (int r = 0; r < world; ++r) REQUIRE_MESSAGE(got.errors[std::size_t(r)] == "", got.errors[std::size_t(r)]);
@@ -93,7 +83,7 @@ TEST_CASE("cyclic/train/SYNC equals plain SGD on the concatenated batch") {
 }
 
 TEST_CASE("cyclic/train/DELAY1 differs from SYNC: the delay is real") {
-  const TrainSetup d = setup_for(2, 4, FLATMEM_CYCLIC_DELAY1);
+  const TrainSetup d = mlp_setup(2, 4, FLATMEM_CYCLIC_DELAY1);
   TrainSetup s = d;
   s.rule = FLATMEM_CYCLIC_SYNC;
   const auto a = train_local<double>(d, 2), b = train_local<double>(s, 2);
@@ -101,7 +91,7 @@ TEST_CASE("cyclic/train/DELAY1 differs from SYNC: the delay is real") {
 }
 
 TEST_CASE("cyclic/train/NEWEST is reproducible and converges on the synthetic task") {
-  TrainSetup setup = setup_for(4, 60, FLATMEM_CYCLIC_NEWEST);
+  TrainSetup setup = mlp_setup(4, 60, FLATMEM_CYCLIC_NEWEST);
   setup.widths = {6, 16, 16, 16, 4};
   setup.rows = 8;
   setup.lr = 0.5;
@@ -127,7 +117,7 @@ TEST_CASE("cyclic/train/NEWEST is reproducible and converges on the synthetic ta
 TEST_CASE("cyclic/train/accounting: activations from the schedule, bytes from the chains") {
   for (flatmem_cyclic_rule rule : {FLATMEM_CYCLIC_DELAY1, FLATMEM_CYCLIC_NEWEST, FLATMEM_CYCLIC_SYNC})
     for (int world : {1, 2, 3, 4}) {
-      const TrainSetup setup = setup_for(3, 4, rule);
+      const TrainSetup setup = mlp_setup(3, 4, rule);
       CAPTURE(describe(setup, world));
       const LocalTraining<double> got = train_local<double>(setup, world);
       flatmem_cyclic_schedule sched = FLATMEM_CYCLIC_SCHEDULE_INIT;

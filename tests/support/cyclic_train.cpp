@@ -1,12 +1,43 @@
 #include "support/cyclic_train.hpp"
 
+#include <algorithm>
 #include <array>
 #include <sstream>
 
 namespace test {
+
+template <typename T>
+DLTensor vector_tensor(T *data, std::int64_t *shape) {
+  DLTensor t{};
+  t.data = data;
+  t.device = {kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = {kDLFloat, std::uint8_t(8 * sizeof(T)), 1};
+  t.shape = shape;
+  return t;
+}
+
+std::string call_failed(const char *call, flatmem_status status) {
+  std::ostringstream s;
+  s << call << ": " << flatmem_status_string(status) << ": " << flatmem_last_error();
+  return s.str();
+}
+
+TrainSetup mlp_setup(int stages, std::int64_t steps, flatmem_cyclic_rule rule) {
+  TrainSetup s;
+  s.widths = {5};
+  for (int j = 0; j < stages; ++j) s.widths.push_back(j + 1 == stages ? 3 : 4 + (j % 3));
+  s.steps = steps;
+  s.rule = rule;
+  s.rows = 3;
+  return s;
+}
+
+template DLTensor vector_tensor<float>(float *, std::int64_t *);
+template DLTensor vector_tensor<double>(double *, std::int64_t *);
+
 namespace {
 
-// The activations and gradients of one rank's step, stage by stage.
 template <typename T>
 struct StepBuffers {
   const TrainSetup &setup;
@@ -59,71 +90,117 @@ int rule_delay(const TrainSetup &setup, int rank, int world, int stage) {
   }
 }
 
-}  // namespace
-
-template <typename T>
-DLTensor vector_tensor(T *data, std::int64_t *shape) {
-  DLTensor t{};
-  t.data = data;
-  t.device = {kDLCPU, 0};
-  t.ndim = 1;
-  t.dtype = {kDLFloat, std::uint8_t(8 * sizeof(T)), 1};
-  t.shape = shape;
-  return t;
-}
-
-std::string call_failed(const char *call, flatmem_status status) {
-  std::ostringstream s;
-  s << call << ": " << flatmem_status_string(status) << ": " << flatmem_last_error();
-  return s.str();
-}
-
-TrainSetup mlp_setup(int stages, std::int64_t steps, flatmem_cyclic_rule rule) {
-  TrainSetup s;
-  s.widths = {5};
-  for (int j = 0; j < stages; ++j) s.widths.push_back(j + 1 == stages ? 3 : 4 + (j % 3));
-  s.steps = steps;
-  s.rule = rule;
-  s.rows = 3;
-  return s;
-}
-
-template DLTensor vector_tensor<float>(float *, std::int64_t *);
-template DLTensor vector_tensor<double>(double *, std::int64_t *);
-
-template <typename T>
-std::string train_rank(flatmem_cyclic_t *handle, const TrainSetup &setup, int rank, int world,
-                       RankRun<T> &run, const ActionHook &hook) {
+// The loop both parameter modes share: `model` computes; update(stage,
+// gradient) applies an average; prepare(action) runs before a FORWARD /
+// BACKWARD (the relay: fetch the stage into `model`) and returns "" or an error.
+// `buffers_per_stage` gradient buffers per stage, used in turn by step: 2
+// replicated (a step's gradient is in flight during the next step's backward),
+// 1 relayed (its update comes before that backward: the header's claim, which
+// the runtime's in-flight check would refuse if it were wrong).
+template <typename T, typename Update, typename Prepare>
+std::string drive(flatmem_cyclic_t *handle, const TrainSetup &setup, int rank, int world, StageMlp<T> &model,
+                  std::vector<double> &losses, int buffers_per_stage, const Update &update,
+                  const Prepare &prepare, const ActionHook &hook) {
   const int L = setup.stages();
   StepBuffers<T> buffers(setup);
-  // Two gradient buffers per stage, alternating on the step's parity.
   std::vector<std::array<std::vector<T>, 2>> grads(static_cast<std::size_t>(L));
   std::vector<std::int64_t> shapes(static_cast<std::size_t>(L));
   for (int j = 0; j < L; ++j) {
-    shapes[std::size_t(j)] = std::int64_t(run.model.param_count(j));
-    for (auto &g : grads[std::size_t(j)]) g.resize(run.model.param_count(j));
+    shapes[std::size_t(j)] = std::int64_t(model.param_count(j));
+    for (auto &g : grads[std::size_t(j)]) g.resize(model.param_count(j));
   }
-  const T lr = T(setup.lr);
   for (;;) {
     flatmem_cyclic_action a{};
     const flatmem_status st = flatmem_cyclic_next(handle, &a);
     if (st != FLATMEM_STATUS_SUCCESS) return call_failed("flatmem_cyclic_next", st);
     if (a.kind == FLATMEM_CYCLIC_DONE) return "";
     if (a.update_stage >= 0)
-      run.model.sgd(a.update_stage, grads[std::size_t(a.update_stage)][std::size_t(a.update_step % 2)].data(), lr);
+      update(a.update_stage, grads[std::size_t(a.update_stage)][std::size_t(a.update_step % buffers_per_stage)].data());
+    if (a.kind == FLATMEM_CYCLIC_FORWARD || a.kind == FLATMEM_CYCLIC_BACKWARD) {
+      const std::string error = prepare(a);
+      if (!error.empty()) return error;
+    }
     if (a.kind == FLATMEM_CYCLIC_FORWARD) {
       if (a.stage == 0) buffers.load(a.step, rank, world);
-      const double loss = buffers.forward(run.model, a.stage);
-      if (a.stage == L - 1) run.losses.push_back(loss);
+      const double loss = buffers.forward(model, a.stage);
+      if (a.stage == L - 1) losses.push_back(loss);
     } else if (a.kind == FLATMEM_CYCLIC_BACKWARD) {
-      std::vector<T> &g = grads[std::size_t(a.stage)][std::size_t(a.step % 2)];
-      buffers.backward(run.model, a.stage, g.data());
+      std::vector<T> &g = grads[std::size_t(a.stage)][std::size_t(a.step % buffers_per_stage)];
+      buffers.backward(model, a.stage, g.data());
       DLTensor t = vector_tensor(g.data(), &shapes[std::size_t(a.stage)]);
       const flatmem_status rs = flatmem_cyclic_reduce(handle, a.stage, &t);
       if (rs != FLATMEM_STATUS_SUCCESS) return call_failed("flatmem_cyclic_reduce", rs);
     }
     if (hook) hook(a);
   }
+}
+
+}  // namespace
+
+template <typename T>
+std::string train_rank(flatmem_cyclic_t *handle, const TrainSetup &setup, int rank, int world,
+                       RankRun<T> &run, const ActionHook &hook) {
+  const T lr = T(setup.lr);
+  return drive<T>(
+      handle, setup, rank, world, run.model, run.losses, 2,
+      [&](int stage, const T *grad) { run.model.sgd(stage, grad, lr); },
+      [](const flatmem_cyclic_action &) { return std::string(); }, hook);
+}
+
+ShardRange shard_of(std::size_t n, int rank, int world) {
+  const std::size_t c = (n + std::size_t(world) - 1) / std::size_t(world);
+  return {std::min(std::size_t(rank) * c, n), std::min(std::size_t(rank + 1) * c, n)};
+}
+
+template <typename T>
+RelayRun<T> RelayRun<T>::initial(const TrainSetup &setup, int rank, int world) {
+  const StageMlp<T> m = StageMlp<T>::make(setup.widths, setup.seed);
+  RelayRun<T> run;
+  for (const std::vector<T> &p : m.params) {
+    const ShardRange r = shard_of(p.size(), rank, world);
+    run.shards.emplace_back(p.begin() + std::ptrdiff_t(r.begin), p.begin() + std::ptrdiff_t(r.end));
+  }
+  return run;
+}
+
+template <typename T>
+std::string train_rank_relayed(flatmem_cyclic_t *handle, const TrainSetup &setup, int rank, int world,
+                               RelayRun<T> &run, const ActionHook &hook) {
+  // The working model: stage j's parameters are whatever the relay delivered last.
+  StageMlp<T> model = StageMlp<T>::make(setup.widths, setup.seed);
+  for (auto &p : model.params) std::fill(p.begin(), p.end(), T(0));
+  const int L = setup.stages();
+  std::vector<std::int64_t> shard_shapes(static_cast<std::size_t>(L)), full_shapes(static_cast<std::size_t>(L));
+  for (int j = 0; j < L; ++j) {
+    shard_shapes[std::size_t(j)] = std::int64_t(run.shards[std::size_t(j)].size());
+    full_shapes[std::size_t(j)] = std::int64_t(model.param_count(j));
+    DLTensor t = vector_tensor(run.shards[std::size_t(j)].data(), &shard_shapes[std::size_t(j)]);
+    const flatmem_status st = flatmem_cyclic_set_shard(handle, j, &t);
+    if (st != FLATMEM_STATUS_SUCCESS) return call_failed("flatmem_cyclic_set_shard", st);
+  }
+  const T lr = T(setup.lr);
+  const auto update = [&](int stage, const T *grad) {
+    // The average is valid in this rank's range of the buffer: shard[i] -= lr * grad[begin + i].
+    std::vector<T> &shard = run.shards[std::size_t(stage)];
+    const ShardRange r = shard_of(model.param_count(stage), rank, world);
+    for (std::size_t i = 0; i < shard.size(); ++i) shard[i] -= lr * grad[r.begin + i];
+  };
+  const auto prepare = [&](const flatmem_cyclic_action &a) {
+    DLTensor t = vector_tensor(model.params[std::size_t(a.stage)].data(), &full_shapes[std::size_t(a.stage)]);
+    const flatmem_status st = flatmem_cyclic_parameters(handle, &t);
+    return st == FLATMEM_STATUS_SUCCESS ? std::string() : call_failed("flatmem_cyclic_parameters", st);
+  };
+  return drive<T>(handle, setup, rank, world, model, run.losses, 1, update, prepare, hook);
+}
+
+template <typename T>
+StageMlp<T> assemble(const TrainSetup &setup, const std::vector<RelayRun<T>> &runs) {
+  StageMlp<T> m = StageMlp<T>::make(setup.widths, setup.seed);
+  for (std::size_t j = 0; j < m.params.size(); ++j) {
+    m.params[j].clear();
+    for (const RelayRun<T> &r : runs) m.params[j].insert(m.params[j].end(), r.shards[j].begin(), r.shards[j].end());
+  }
+  return m;
 }
 
 template <typename T>
@@ -192,6 +269,15 @@ StageMlp<T> train_concatenated(const TrainSetup &setup, int world) {
   return m;
 }
 
+CyclicOptions relayed_options(const TrainSetup &setup, std::size_t element_bytes, std::int64_t timeout_ms) {
+  CyclicOptions c = cyclic_options(setup, element_bytes, timeout_ms);
+  for (int j = 0; j < setup.stages(); ++j)
+    c.parameter_count.push_back(std::int64_t(setup.widths[std::size_t(j) + 1]) * (setup.widths[std::size_t(j)] + 1));
+  c.options.parameters = FLATMEM_CYCLIC_PARAMETERS_RELAYED;
+  c.options.parameter_count = c.parameter_count.data();
+  return c;
+}
+
 CyclicOptions cyclic_options(const TrainSetup &setup, std::size_t element_bytes, std::int64_t timeout_ms) {
   CyclicOptions c{};
   flatmem_cyclic_options_init(&c.options);
@@ -208,6 +294,12 @@ CyclicOptions cyclic_options(const TrainSetup &setup, std::size_t element_bytes,
 
 template std::string train_rank<float>(flatmem_cyclic_t *, const TrainSetup &, int, int, RankRun<float> &, const ActionHook &);
 template std::string train_rank<double>(flatmem_cyclic_t *, const TrainSetup &, int, int, RankRun<double> &, const ActionHook &);
+template std::string train_rank_relayed<float>(flatmem_cyclic_t *, const TrainSetup &, int, int, RelayRun<float> &, const ActionHook &);
+template std::string train_rank_relayed<double>(flatmem_cyclic_t *, const TrainSetup &, int, int, RelayRun<double> &, const ActionHook &);
+template struct RelayRun<float>;
+template struct RelayRun<double>;
+template StageMlp<float> assemble<float>(const TrainSetup &, const std::vector<RelayRun<float>> &);
+template StageMlp<double> assemble<double>(const TrainSetup &, const std::vector<RelayRun<double>> &);
 template std::vector<RankRun<float>> simulate<float>(const TrainSetup &, int);
 template std::vector<RankRun<double>> simulate<double>(const TrainSetup &, int);
 template StageMlp<float> train_concatenated<float>(const TrainSetup &, int);

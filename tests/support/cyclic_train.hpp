@@ -60,6 +60,7 @@ StageMlp<T> train_concatenated(const TrainSetup &setup, int world);
 struct CyclicOptions {
   flatmem_cyclic_options options;
   std::vector<std::int64_t> activation_bytes;
+  std::vector<std::int64_t> parameter_count;  // relayed_options only
 };
 CyclicOptions cyclic_options(const TrainSetup &setup, std::size_t element_bytes,
                              std::int64_t timeout_ms = 0);
@@ -73,5 +74,39 @@ DLTensor vector_tensor(T *data, std::int64_t *shape);
 
 // "<call>: <status>: <last error>" for a failed call.
 std::string call_failed(const char *call, flatmem_status status);
+
+// --- ZeRO relay (options.parameters = RELAYED) ---
+// cyclic_options plus parameters = RELAYED and parameter_count = the
+// StageMlp's stage sizes (out x (in + 1)).
+CyclicOptions relayed_options(const TrainSetup &setup, std::size_t element_bytes,
+                              std::int64_t timeout_ms = 0);
+
+// [begin, end) of a stage of n elements that `rank` of `world` owns, from the
+// header's definition: c = ceil(n / world), [min(rank c, n), min((rank+1) c, n)).
+struct ShardRange {
+  std::size_t begin, end;
+};
+ShardRange shard_of(std::size_t n, int rank, int world);
+
+// One rank of a relayed training: its shards of every stage (initially
+// those of StageMlp::make) and its losses.
+template <typename T>
+struct RelayRun {
+  std::vector<std::vector<T>> shards;
+  std::vector<double> losses;
+  static RelayRun initial(const TrainSetup &setup, int rank, int world);
+};
+
+// train_rank for a relayed handle: registers the shards, takes every stage
+// from flatmem_cyclic_parameters before its forward / backward, applies each
+// update to its shard (the same SGD expression as StageMlp::sgd); one
+// gradient buffer per stage (the header says that is enough when relayed).
+template <typename T>
+std::string train_rank_relayed(flatmem_cyclic_t *handle, const TrainSetup &setup, int rank, int world,
+                               RelayRun<T> &run, const ActionHook &hook = nullptr);
+
+// The full model from every rank's shards.
+template <typename T>
+StageMlp<T> assemble(const TrainSetup &setup, const std::vector<RelayRun<T>> &runs);
 
 }  // namespace test

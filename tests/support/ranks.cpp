@@ -164,4 +164,21 @@ std::string failures(const std::vector<RankOutcome> &outcomes) {
   return text;
 }
 
+std::string failures_besides_killed(const std::vector<RankOutcome> &outcomes, int killed) {
+  std::vector<RankOutcome> others = outcomes;
+  if (killed < 0 || std::size_t(killed) >= outcomes.size()) return "no rank " + std::to_string(killed);
+  const RankOutcome &k = outcomes[std::size_t(killed)];
+  if (k.signal != SIGKILL)
+    return "rank " + std::to_string(killed) + " was to be killed but ended with exit " +
+           std::to_string(k.exit_code) + ", signal " + std::to_string(k.signal) +
+           (k.report.empty() ? "" : ": " + k.report);
+  others[std::size_t(killed)] = RankOutcome{};
+  others[std::size_t(killed)].exit_code = 0;
+  std::string text = failures(others);
+  for (std::size_t r = 0; r < others.size(); ++r)  // a report with exit 0 is a failure too
+    if (others[r].exit_code == 0 && !others[r].report.empty())
+      text += (text.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + others[r].report);
+  return text;
+}
+
 }  // namespace test

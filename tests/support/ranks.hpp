@@ -50,6 +50,10 @@ flatmem_status create_comm(const RankSetup &setup, flatmem_comm_t **comm, long t
 // "rank 1: <report>; rank 2: exit 3" for failed ranks, "" when all passed.
 std::string failures(const std::vector<RankOutcome> &outcomes);
 
+// For scenarios where rank `killed` SIGKILLs itself mid-run: "" when it did
+// and every other rank passed, else what went wrong (as failures()).
+std::string failures_besides_killed(const std::vector<RankOutcome> &outcomes, int killed);
+
 // Sets the loopback UCX environment in this process (for single-process tests).
 void use_loopback_ucx(const std::string &ucx_tls = "tcp,self");
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <utility>
 
 #include "contrastive/cuda/kernels.hpp"
@@ -26,6 +27,22 @@ using flatmem::cuda::multiprocessor_count;
 namespace {
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+struct Named {
+  const void *pointer;  // nullptr: not given (optional), nothing to check
+  const char *name;
+};
+
+// The inputs every call reads (q, k, labels, s) and the call's own tensors:
+// each given one must be memory of `device` (INVALID_ARGUMENT naming it).
+void check_device_pointers(const Inputs &in, std::initializer_list<Named> own, int device) {
+  check_device_pointer(in.q.data, "q", device);
+  check_device_pointer(in.k.data, "k", device);
+  if (in.labels) check_device_pointer(in.labels, "labels", device);
+  check_device_pointer(in.scale_data, "logit_scale", device);
+  for (const Named &n : own)
+    if (n.pointer) check_device_pointer(n.pointer, n.name, device);
+}
 
 Operand operand_for(Dtype dtype, Fp32Precision precision) {
   switch (dtype) {
@@ -200,13 +217,8 @@ void forward(const Options &options, const Inputs &in, const ForwardOutputs &out
              std::size_t workspace_bytes, void *stream) {
   const int device = in.q.device.device_id;
   DeviceGuard guard(device);
-  check_device_pointer(in.q.data, "q", device);
-  check_device_pointer(in.k.data, "k", device);
-  if (in.labels) check_device_pointer(in.labels, "labels", device);
-  check_device_pointer(in.scale_data, "logit_scale", device);
-  check_device_pointer(out.loss, "loss", device);
-  check_device_pointer(out.row_lse, "row_lse", device);
-  if (out.col_lse) check_device_pointer(out.col_lse, "col_lse", device);
+  check_device_pointers(in, {{out.loss, "loss"}, {out.row_lse, "row_lse"}, {out.col_lse, "col_lse"}},
+                        device);
   check_workspace(workspace, workspace_bytes, forward_workspace_bytes(in.q, in.k, in.loss), device);
 
   WorkspaceCarver carver(workspace);
@@ -257,16 +269,10 @@ void backward(const Options &options, const Inputs &in, const BackwardArgs &args
   const int device = in.q.device.device_id;
   DeviceGuard guard(device);
   const bool want_dq = args.dq.data != nullptr, want_dk = args.dk.data != nullptr;
-  check_device_pointer(in.q.data, "q", device);
-  check_device_pointer(in.k.data, "k", device);
-  if (in.labels) check_device_pointer(in.labels, "labels", device);
-  check_device_pointer(in.scale_data, "logit_scale", device);
-  check_device_pointer(args.row_lse, "row_lse", device);
-  if (args.col_lse) check_device_pointer(args.col_lse, "col_lse", device);
-  if (args.dloss_data) check_device_pointer(args.dloss_data, "dloss", device);
-  if (want_dq) check_device_pointer(args.dq.data, "dq", device);
-  if (want_dk) check_device_pointer(args.dk.data, "dk", device);
-  if (args.dscale) check_device_pointer(args.dscale, "dlogit_scale", device);
+  check_device_pointers(in, {{args.row_lse, "row_lse"}, {args.col_lse, "col_lse"},
+                            {args.dloss_data, "dloss"}, {args.dq.data, "dq"}, {args.dk.data, "dk"},
+                            {args.dscale, "dlogit_scale"}},
+                        device);
   const int multiprocessors = multiprocessor_count(device);
   WorkspaceCarver measure;
   carve_backward(measure, in.q, in.k, want_dq, want_dk, multiprocessors);
@@ -342,17 +348,10 @@ void sigmoid(const Options &options, const Inputs &in, const cpu::SigmoidArgs &a
   const int device = in.q.device.device_id;
   DeviceGuard guard(device);
   const bool want_dq = args.dq.data != nullptr, want_dk = args.dk.data != nullptr;
-  check_device_pointer(in.q.data, "q", device);
-  check_device_pointer(in.k.data, "k", device);
-  if (in.labels) check_device_pointer(in.labels, "labels", device);
-  check_device_pointer(in.scale_data, "logit_scale", device);
-  check_device_pointer(args.bias_data, "logit_bias", device);
-  if (args.dloss_data) check_device_pointer(args.dloss_data, "dloss", device);
-  if (args.loss) check_device_pointer(args.loss, "loss", device);
-  if (want_dq) check_device_pointer(args.dq.data, "dq", device);
-  if (want_dk) check_device_pointer(args.dk.data, "dk", device);
-  if (args.dscale) check_device_pointer(args.dscale, "dlogit_scale", device);
-  if (args.dbias) check_device_pointer(args.dbias, "dlogit_bias", device);
+  check_device_pointers(in, {{args.bias_data, "logit_bias"}, {args.dloss_data, "dloss"},
+                            {args.loss, "loss"}, {args.dq.data, "dq"}, {args.dk.data, "dk"},
+                            {args.dscale, "dlogit_scale"}, {args.dbias, "dlogit_bias"}},
+                        device);
   const int multiprocessors = multiprocessor_count(device);
   WorkspaceCarver measure;
   carve_sigmoid(measure, in.q, in.k, want_dq, want_dk, multiprocessors);

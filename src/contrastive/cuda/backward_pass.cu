@@ -122,12 +122,7 @@ int backward_pass_smem_bytes() {
 
 template <Operand op>
 cudaError_t launch_backward_pass(const PassParams &p, int grid, cudaStream_t stream) {
-  const int smem = backward_pass_smem_bytes<op>();
-  cudaError_t status = cudaFuncSetAttribute(backward_pass_kernel<op>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (status != cudaSuccess) return status;
-  backward_pass_kernel<op><<<grid, threads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pass(backward_pass_kernel<op>, backward_pass_smem_bytes<op>(), grid, stream, p);
 }
 
 #define FLATMEM_INSTANTIATE(op)                                                              \

@@ -158,4 +158,16 @@ __device__ __forceinline__ void row_pass(const Params &p, float out_mult, Policy
   }
 }
 
+// Launches kernel<<<grid, threads, smem, stream>>>(p) after raising its
+// dynamic shared memory limit to smem (the passes need more than 48 KiB).
+template <typename Params>
+cudaError_t launch_pass(void (*kernel)(Params), int smem, int grid, cudaStream_t stream,
+                        const Params &p) {
+  const cudaError_t status =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (status != cudaSuccess) return status;
+  kernel<<<grid, threads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
 }  // namespace flatmem::contrastive::cuda

@@ -119,12 +119,7 @@ int sigmoid_pass_smem_bytes() {
 
 template <Operand op>
 cudaError_t launch_sigmoid_pass(const SigmoidPassParams &p, int grid, cudaStream_t stream) {
-  const int smem = sigmoid_pass_smem_bytes<op>();
-  cudaError_t status = cudaFuncSetAttribute(sigmoid_pass_kernel<op>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (status != cudaSuccess) return status;
-  sigmoid_pass_kernel<op><<<grid, threads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_pass(sigmoid_pass_kernel<op>, sigmoid_pass_smem_bytes<op>(), grid, stream, p);
 }
 
 #define FLATMEM_INSTANTIATE(op)                                                              \

@@ -4,16 +4,15 @@
 // recomputes the logit tiles and forms s*G with the global row_lse and
 // col_lse and the 1/B coefficients of the global mean, then
 //  - adds s G k_o into its dq (fp32, over all blocks);
-//  - computes block o's partial dk = (s G)^T q_r in a fresh fp32 buffer, adds
-//    it to the partial that arrived from r - 1 (ranks o .. r - 1, one step
-//    behind the block) and sends the sum on: at t = n - 1 rank o - 1 sends
-//    the complete dk_o to its owner;
+//  - computes block o's partial dk = (s G)^T q_r, which travels on behind the
+//    block to its owner (dk_relay.hpp);
 //  - adds its share of dL/ds; one all_reduce_sum gives the same ds on every
 //    rank.
 #include <algorithm>
 
 #include "contrastive/handle.hpp"
 #include "contrastive/ring/blocks.hpp"
+#include "contrastive/ring/dk_relay.hpp"
 #include "contrastive/ring/link.hpp"
 #include "contrastive/ring/ring.hpp"
 
@@ -47,10 +46,6 @@ BackwardRingBuffers carve(WorkspaceCarver &carver, const Layout &l, const Inputs
   return f;
 }
 
-void add_into(float *into, const float *from, std::int64_t count) {
-  for (std::int64_t i = 0; i < count; ++i) into[i] += from[i];
-}
-
 }  // namespace
 
 void run_backward(flatmem_contrastive_s &h, comm::Communicator &comm, const Layout &l,
@@ -70,11 +65,11 @@ void run_backward(flatmem_contrastive_s &h, comm::Communicator &comm, const Layo
   double ds = 0.0;
   MatrixView current = n > 1 ? compact_block(in.k, buf.blocks[0]) : in.k;
   const float *current_lse = args.col_lse;  // contiguous (c,)
-  RingLink::Pending dk_in;                    // the next step's partial dk, from r - 1
+  DkRelay dk(link, l, d, buf.dk_fresh, buf.dk_partial, wants_dk);
   for (int t = 0; t < n; ++t) {
     const int owner = l.block_owner(t), next_owner = l.block_owner(t + 1);
     const std::int64_t cols = l.cols[std::size_t(owner)], next_cols = l.cols[std::size_t(next_owner)];
-    RingLink::Pending block_in, lse_in, block_out, lse_out, dk_out;
+    RingLink::Pending block_in, lse_in, block_out, lse_out;
     if (t + 1 < n) {
       block_in = link.receive(Message::column_block, t + 1, buf.blocks[(t + 1) % 2],
                               block_bytes(next_cols, in.k));
@@ -85,44 +80,28 @@ void run_backward(flatmem_contrastive_s &h, comm::Communicator &comm, const Layo
         lse_out = link.send(Message::column_lse, t + 1, current_lse, std::size_t(cols) * sizeof(float));
       }
     }
-    RingLink::Pending dk_now = std::move(dk_in);
-    if (wants_dk && n > 1)
-      dk_in = link.receive(Message::dk_partial, t + 1, buf.dk_partial[(t + 1) % 2],
-                           std::size_t(next_cols * d) * sizeof(float));
+    dk.begin_step(t);
 
     Inputs block = in;
     block.k = current;
     block.col_offset = l.col_offset[std::size_t(owner)];
     const Plan &plan = plans[std::size_t(owner)];
-    const cpu::Accumulator dk_block{buf.dk_fresh, d};
+    const cpu::Accumulator dk_block{dk.fresh(), d};
     if (wants_dk) dk_block.zero(cols, d);
     std::fill(buf.group_ds, buf.group_ds + plan.groups, 0.0);
     cpu::gradient_block(h.pool, plan, block, args.row_lse, symmetric ? current_lse : nullptr, coef,
                         buf.dq, wants_dk ? dk_block : cpu::Accumulator{}, buf.threads, buf.group_ds);
     ds += cpu::sum_in_order(buf.group_ds, plan.groups);
 
-    if (wants_dk && n > 1) {
-      float *partial = buf.dk_fresh;
-      if (t > 0) {  // ranks o .. r - 1 first, then this rank
-        link.wait({&dk_now});
-        partial = buf.dk_partial[t % 2];
-        add_into(partial, buf.dk_fresh, cols * d);
-      }
-      dk_out = link.send(Message::dk_partial, t + 1, partial, std::size_t(cols * d) * sizeof(float));
-    }
-    link.wait({&block_out, &lse_out, &dk_out, &block_in, &lse_in});
+    dk.pass_on(t);
+    link.wait({&block_out, &lse_out, &dk.pending_send(), &block_in, &lse_in});
     if (t + 1 < n) {
       current = block_view(buf.blocks[(t + 1) % 2], next_cols, in.k);
       current_lse = buf.column_lse[(t + 1) % 2];
     }
   }
 
-  // This rank's dk: complete after the last step (from r - 1), or, alone, its own.
-  const float *own_dk = buf.dk_fresh;
-  if (wants_dk && n > 1) {
-    link.wait({&dk_in});
-    own_dk = buf.dk_partial[n % 2];
-  }
+  const float *own_dk = dk.finish();  // complete after the last step
   double everyone = 0.0;
   comm.all_reduce_sum(&ds, &everyone, 1, comm::SumType::f64, comm.default_timeout(),
                       "contrastive backward ring: summing dL/ds over the ranks");

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "cyclic/kept.hpp"
+
 namespace flatmem::cyclic::stages {
 
 StageAccounting::StageAccounting(std::vector<std::int64_t> activation_bytes, std::int32_t stage,
@@ -49,12 +51,8 @@ void StageAccounting::waited(double seconds) {
 
 std::int64_t StageAccounting::copy(std::int64_t first, std::int64_t count,
                                    flatmem_cyclic_stages_time_step_stats *out) const {
-  const std::int64_t kept = std::min<std::int64_t>(begun_, std::int64_t(ring_.size()));
   std::int64_t written = 0;
-  for (std::int64_t i = begun_ - kept; i < begun_; ++i) {
-    const flatmem_cyclic_stages_time_step_stats &r = ring_[std::size_t(i) % ring_.size()];
-    if (r.time_step >= first && r.time_step - first < count) out[written++] = r;
-  }
+  for_kept(ring_, begun_, first, count, [&](std::size_t slot) { out[written++] = ring_[slot]; });
   return written;
 }
 

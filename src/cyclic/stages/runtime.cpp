@@ -5,6 +5,7 @@
 
 #include "comm/message.hpp"
 #include "core/error.hpp"
+#include "cyclic/kept.hpp"
 
 namespace flatmem::cyclic::stages {
 namespace {
@@ -32,20 +33,6 @@ const char *rule_name(std::int64_t rule) {
     case FLATMEM_CYCLIC_NEWEST: return "NEWEST";
     default: return "DELAY1";
   }
-}
-
-template <typename T>
-void scale(char *data, std::size_t count, T factor) {
-  T *v = reinterpret_cast<T *>(data);
-  for (std::size_t i = 0; i < count; ++i) v[i] *= factor;
-}
-
-// data *= 1/n, the factor rounded to the element type (as the data-parallel chains).
-void to_average(comm::SumType type, char *data, std::size_t count, std::int32_t n) {
-  if (type == comm::SumType::f32)
-    scale(data, count, float(1.0 / n));
-  else
-    scale(data, count, 1.0 / n);
 }
 
 double seconds_since(Clock::time_point t) {

@@ -1,0 +1,66 @@
+// extern "C" flatmem_cyclic_* of the ZeRO relay mode: argument checks and
+// exception -> status; the relay is src/cyclic/relay.cpp.
+#include <flatmem/cyclic.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "cyclic/runtime.hpp"
+
+using namespace flatmem;
+using flatmem::cyclic::Runtime;
+
+using flatmem::cyclic::runtime_of;
+
+extern "C" {
+
+flatmem_status flatmem_cyclic_set_shard(flatmem_cyclic_t *handle, int32_t stage, DLTensor *shard) {
+  return guarded([&] { runtime_of(handle).set_shard(stage, shard); });
+}
+
+flatmem_status flatmem_cyclic_shard_range(const flatmem_cyclic_t *handle, int32_t stage, int32_t rank,
+                                          int64_t *begin, int64_t *end) {
+  return guarded([&] {
+    const Runtime &r = runtime_of(handle);
+    if (begin == nullptr) invalid("begin: NULL");
+    if (end == nullptr) invalid("end: NULL");
+    const auto range = r.shard_range(stage, rank);
+    *begin = range.first;
+    *end = range.second;
+  });
+}
+
+flatmem_status flatmem_cyclic_parameters(flatmem_cyclic_t *handle, DLTensor *full) {
+  return guarded([&] { runtime_of(handle).parameters(full); });
+}
+
+flatmem_status flatmem_cyclic_relay_stats(const flatmem_cyclic_t *handle, int64_t first, int64_t count,
+                                          size_t struct_size, flatmem_cyclic_relay_time_step *stats,
+                                          int64_t *written) {
+  return guarded([&] {
+    const Runtime &r = runtime_of(handle);
+    if (written == nullptr) invalid("written: NULL");
+    if (count < 0) invalid("count: ", count, "; expected >= 0");
+    if (struct_size < sizeof(int64_t))
+      invalid("struct_size: ", struct_size, "; expected sizeof(flatmem_cyclic_relay_time_step)");
+    if (count > 0 && stats == nullptr) invalid("stats: NULL");
+    *written = r.relay_stats(first, count, struct_size, reinterpret_cast<char *>(stats));
+  });
+}
+
+flatmem_status flatmem_cyclic_relay_summary_get(const flatmem_cyclic_t *handle,
+                                                flatmem_cyclic_relay_summary *summary) {
+  return guarded([&] {
+    const Runtime &r = runtime_of(handle);
+    if (summary == nullptr) invalid("summary: NULL");
+    if (summary->struct_size < sizeof(size_t))
+      invalid("summary: struct_size is ", summary->struct_size, "; set it to sizeof(flatmem_cyclic_relay_summary)");
+    flatmem_cyclic_relay_summary out{};
+    r.relay_summary(out);
+    out.struct_size = summary->struct_size;
+    std::memcpy(summary, &out, std::min(summary->struct_size, sizeof out));
+  });
+}
+
+}  // extern "C"
