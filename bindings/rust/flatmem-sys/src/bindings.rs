@@ -2572,6 +2572,14 @@ extern "C" {
         action: *mut flatmem_cyclic_action,
     ) -> flatmem_status;
 }
+#[doc = " Default. Every rank holds all L stages and updates them itself."]
+pub const FLATMEM_CYCLIC_PARAMETERS_REPLICATED: flatmem_cyclic_parameter_mode = 0;
+#[doc = " Rank k holds shard k of every stage; full stages travel rank to rank."]
+pub const FLATMEM_CYCLIC_PARAMETERS_RELAYED: flatmem_cyclic_parameter_mode = 1;
+#[doc = " Rank k holds shard k of every stage; full stages travel rank to rank."]
+pub const FLATMEM_CYCLIC_PARAMETER_MODE_MAX: flatmem_cyclic_parameter_mode = 2147483647;
+#[doc = " Where each rank keeps the stage parameters (see \"ZeRO relay\" below)."]
+pub type flatmem_cyclic_parameter_mode = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct flatmem_cyclic_s {
@@ -2604,12 +2612,19 @@ pub struct flatmem_cyclic_options {
     #[doc = " Time steps of per-time-step statistics kept (the most recent ones);"]
     #[doc = "  0 = 65536."]
     pub history: i64,
+    #[doc = " REPLICATED (default) or RELAYED (the ZeRO relay mode, DELAY1 only: see"]
+    #[doc = "  \"ZeRO relay\" below). Every rank must pass the same."]
+    pub parameters: flatmem_cyclic_parameter_mode,
+    #[doc = " RELAYED: n_j, the elements of stage j (L entries, 1 .. 2^40, copied at"]
+    #[doc = "  create; the same on every rank). Required when relayed, ignored when"]
+    #[doc = "  replicated."]
+    pub parameter_count: *const i64,
 }
 #[test]
 fn bindgen_test_layout_flatmem_cyclic_options() {
     assert_eq!(
         ::std::mem::size_of::<flatmem_cyclic_options>(),
-        64usize,
+        80usize,
         concat!("Size of: ", stringify!(flatmem_cyclic_options))
     );
     assert_eq!(
@@ -2753,6 +2768,40 @@ fn bindgen_test_layout_flatmem_cyclic_options() {
         );
     }
     test_field_history();
+    fn test_field_parameters() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).parameters) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_options),
+                "::",
+                stringify!(parameters)
+            )
+        );
+    }
+    test_field_parameters();
+    fn test_field_parameter_count() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).parameter_count) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_options),
+                "::",
+                stringify!(parameter_count)
+            )
+        );
+    }
+    test_field_parameter_count();
 }
 impl Default for flatmem_cyclic_options {
     fn default() -> Self {
@@ -3207,6 +3256,359 @@ extern "C" {
     pub fn flatmem_cyclic_summary_get(
         handle: *const flatmem_cyclic_t,
         summary: *mut flatmem_cyclic_summary,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " RELAYED: register this rank's shard of `stage` (0 .. L-1): kDLCPU, float32"]
+    #[doc = " or float64 (the same dtype for every stage, and the dtype of the gradients"]
+    #[doc = " and of flatmem_cyclic_parameters' `full`), compact, exactly"]
+    #[doc = " end - begin elements of flatmem_cyclic_shard_range (0 for an empty shard:"]
+    #[doc = " data may then be NULL). The buffer holds version 0 of the shard at the"]
+    #[doc = " first flatmem_cyclic_next and stays the caller's: the runtime reads it only"]
+    #[doc = " inside flatmem_cyclic_next (it sends copies), and the caller writes it only"]
+    #[doc = " at the update actions of the stage. Every stage must be registered before"]
+    #[doc = " the first flatmem_cyclic_next; registering again (e.g. a moved buffer) is"]
+    #[doc = " allowed between actions. Errors: INVALID_ARGUMENT naming `shard` (size:"]
+    #[doc = " both sizes; dtype) or `stage`, or the handle when it is replicated;"]
+    #[doc = " UNSUPPORTED for device tensors; nothing is registered then. Thread rule:"]
+    #[doc = " the handle's (one thread at a time)."]
+    pub fn flatmem_cyclic_set_shard(
+        handle: *mut flatmem_cyclic_t,
+        stage: i32,
+        shard: *mut DLTensor,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " RELAYED: the element range [*begin, *end) of `stage` that rank `rank`"]
+    #[doc = "  owns (formula above; *begin == *end for an empty shard). Thread-safe."]
+    pub fn flatmem_cyclic_shard_range(
+        handle: *const flatmem_cyclic_t,
+        stage: i32,
+        rank: i32,
+        begin: *mut i64,
+        end: *mut i64,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " RELAYED: during a FORWARD or BACKWARD action, once: wait (<= timeout) for"]
+    #[doc = " the relay of the action's stage and copy the full stage parameters,"]
+    #[doc = " version max(0, step - 1), into `full`: kDLCPU, the registered dtype,"]
+    #[doc = " compact, n_j elements; then pass them on to the next rank (in the"]
+    #[doc = " background). Errors: INVALID_ARGUMENT naming `full` (dtype, size: both"]
+    #[doc = " sizes), or the call itself when the current action is not a FORWARD /"]
+    #[doc = " BACKWARD, was already served, or the handle is replicated; UNSUPPORTED for"]
+    #[doc = " a device `full`; TIMEOUT / PEER_FAILURE (handle and communicator poisoned)"]
+    #[doc = " as above. `full` is written only on success. Thread rule: the handle's."]
+    pub fn flatmem_cyclic_parameters(
+        handle: *mut flatmem_cyclic_t,
+        full: *mut DLTensor,
+    ) -> flatmem_status;
+}
+#[doc = " RELAYED, per time step (flatmem_cyclic_relay_stats)."]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq)]
+pub struct flatmem_cyclic_relay_time_step {
+    pub time_step: i64,
+    #[doc = " Parameter bytes this rank held: its shards plus the staging buffers"]
+    #[doc = "  holding a stage (arriving, in use, or waiting to be taken by rank r+1),"]
+    #[doc = "  the most at any call during the time step (measured: a send waits for"]
+    #[doc = "  the next rank's receive, so this depends on timing)."]
+    pub parameter_bytes: i64,
+    #[doc = " The same by the protocol (no timing): the shards plus the stages of"]
+    #[doc = "  the relays whose receive is posted (one time step before use) and that"]
+    #[doc = "  the next rank has not yet posted its receive for."]
+    pub parameter_bytes_scheduled: i64,
+    #[doc = " Parameter bytes posted for sending in the time step: full stages"]
+    #[doc = "  relayed on and shards sent to rank 0 (deterministic: the caller's thread"]
+    #[doc = "  posts them). The gradient traffic is in flatmem_cyclic_stats."]
+    pub relay_bytes_sent: i64,
+}
+#[test]
+fn bindgen_test_layout_flatmem_cyclic_relay_time_step() {
+    assert_eq!(
+        ::std::mem::size_of::<flatmem_cyclic_relay_time_step>(),
+        32usize,
+        concat!("Size of: ", stringify!(flatmem_cyclic_relay_time_step))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<flatmem_cyclic_relay_time_step>(),
+        8usize,
+        concat!("Alignment of ", stringify!(flatmem_cyclic_relay_time_step))
+    );
+    fn test_field_time_step() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_time_step>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).time_step) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_time_step),
+                "::",
+                stringify!(time_step)
+            )
+        );
+    }
+    test_field_time_step();
+    fn test_field_parameter_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_time_step>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).parameter_bytes) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_time_step),
+                "::",
+                stringify!(parameter_bytes)
+            )
+        );
+    }
+    test_field_parameter_bytes();
+    fn test_field_parameter_bytes_scheduled() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_time_step>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).parameter_bytes_scheduled) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_time_step),
+                "::",
+                stringify!(parameter_bytes_scheduled)
+            )
+        );
+    }
+    test_field_parameter_bytes_scheduled();
+    fn test_field_relay_bytes_sent() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_time_step>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).relay_bytes_sent) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_time_step),
+                "::",
+                stringify!(relay_bytes_sent)
+            )
+        );
+    }
+    test_field_relay_bytes_sent();
+}
+extern "C" {
+    #[doc = " RELAYED: as flatmem_cyclic_stats, for the relay. struct_size ="]
+    #[doc = " sizeof(flatmem_cyclic_relay_time_step) as the caller was compiled: element"]
+    #[doc = " i lies at (char *)stats + i * struct_size and gets min(struct_size,"]
+    #[doc = " sizeof) bytes, so the struct may grow."]
+    pub fn flatmem_cyclic_relay_stats(
+        handle: *const flatmem_cyclic_t,
+        first: i64,
+        count: i64,
+        struct_size: usize,
+        stats: *mut flatmem_cyclic_relay_time_step,
+        written: *mut i64,
+    ) -> flatmem_status;
+}
+#[doc = " RELAYED: sizes and totals since create."]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq)]
+pub struct flatmem_cyclic_relay_summary {
+    #[doc = " sizeof(flatmem_cyclic_relay_summary) as the caller was compiled."]
+    pub struct_size: usize,
+    #[doc = " This rank's shards, all stages (bytes)."]
+    pub shard_bytes: i64,
+    #[doc = " One replica of all stages (bytes): what REPLICATED holds per rank."]
+    pub replicated_bytes: i64,
+    #[doc = " K and K times the largest stage's bytes (allocated at the first"]
+    #[doc = "  flatmem_cyclic_set_shard)."]
+    pub staging_buffers: i64,
+    pub staging_bytes: i64,
+    #[doc = " Largest parameter_bytes / parameter_bytes_scheduled of a time step."]
+    pub peak_parameter_bytes: i64,
+    pub peak_parameter_bytes_scheduled: i64,
+    pub relay_bytes_sent: i64,
+    pub relay_messages_sent: i64,
+}
+#[test]
+fn bindgen_test_layout_flatmem_cyclic_relay_summary() {
+    assert_eq!(
+        ::std::mem::size_of::<flatmem_cyclic_relay_summary>(),
+        72usize,
+        concat!("Size of: ", stringify!(flatmem_cyclic_relay_summary))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<flatmem_cyclic_relay_summary>(),
+        8usize,
+        concat!("Alignment of ", stringify!(flatmem_cyclic_relay_summary))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_shard_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).shard_bytes) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(shard_bytes)
+            )
+        );
+    }
+    test_field_shard_bytes();
+    fn test_field_replicated_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).replicated_bytes) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(replicated_bytes)
+            )
+        );
+    }
+    test_field_replicated_bytes();
+    fn test_field_staging_buffers() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).staging_buffers) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(staging_buffers)
+            )
+        );
+    }
+    test_field_staging_buffers();
+    fn test_field_staging_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).staging_bytes) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(staging_bytes)
+            )
+        );
+    }
+    test_field_staging_bytes();
+    fn test_field_peak_parameter_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).peak_parameter_bytes) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(peak_parameter_bytes)
+            )
+        );
+    }
+    test_field_peak_parameter_bytes();
+    fn test_field_peak_parameter_bytes_scheduled() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).peak_parameter_bytes_scheduled) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(peak_parameter_bytes_scheduled)
+            )
+        );
+    }
+    test_field_peak_parameter_bytes_scheduled();
+    fn test_field_relay_bytes_sent() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).relay_bytes_sent) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(relay_bytes_sent)
+            )
+        );
+    }
+    test_field_relay_bytes_sent();
+    fn test_field_relay_messages_sent() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).relay_messages_sent) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(relay_messages_sent)
+            )
+        );
+    }
+    test_field_relay_messages_sent();
+}
+extern "C" {
+    #[doc = " RELAYED: fills min(summary->struct_size, sizeof) bytes (set struct_size)."]
+    pub fn flatmem_cyclic_relay_summary_get(
+        handle: *const flatmem_cyclic_t,
+        summary: *mut flatmem_cyclic_relay_summary,
     ) -> flatmem_status;
 }
 #[doc = " The shape of a stage-parallel schedule."]
