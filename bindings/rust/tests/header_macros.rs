@@ -122,9 +122,10 @@ fn comm_options_init_matches_macro() {
 #[test]
 fn cyclic_options_init_matches_macro() {
     let out = c_program(
-        "  flatmem_cyclic_options o = FLATMEM_CYCLIC_OPTIONS_INIT;\n  printf(\"%zu %d %lld %d %d %lld %d %lld\\n\", \
+        "  flatmem_cyclic_options o = FLATMEM_CYCLIC_OPTIONS_INIT;\n  printf(\"%zu %d %lld %d %d %lld %d %lld %d %d\\n\", \
          o.struct_size, (int)o.stages, (long long)o.steps, (int)o.rule, o.activation_bytes == NULL, \
-         (long long)o.timeout_ms, (int)o.nonfinite, (long long)o.history);\n",
+         (long long)o.timeout_ms, (int)o.nonfinite, (long long)o.history, (int)o.parameters, \
+         o.parameter_count == NULL);\n",
     );
     let mut raw = sys::flatmem_cyclic_options {
         struct_size: 0,
@@ -135,11 +136,13 @@ fn cyclic_options_init_matches_macro() {
         timeout_ms: 9,
         nonfinite: 9,
         history: 9,
+        parameters: 9,
+        parameter_count: std::ptr::NonNull::dangling().as_ptr(),
     };
     // SAFETY: a valid options struct of this declaration.
     assert_eq!(unsafe { sys::flatmem_cyclic_options_init(&mut raw) }, sys::FLATMEM_STATUS_SUCCESS);
     let rust = format!(
-        "{} {} {} {} {} {} {} {}",
+        "{} {} {} {} {} {} {} {} {} {}",
         raw.struct_size,
         raw.stages,
         raw.steps,
@@ -147,7 +150,9 @@ fn cyclic_options_init_matches_macro() {
         raw.activation_bytes.is_null() as i32,
         raw.timeout_ms,
         raw.nonfinite,
-        raw.history
+        raw.history,
+        raw.parameters,
+        raw.parameter_count.is_null() as i32
     );
     assert_eq!(out.trim(), rust);
 }
@@ -216,6 +221,16 @@ fn stages_schedule_init_and_options_init_match_macros() {
         o.history
     );
     assert_eq!(out.trim(), rust);
+}
+
+#[test]
+fn relay_summary_init_matches_macro() {
+    // Cyclic::relay_summary starts from struct_size = size_of and zeros.
+    let out = c_program(
+        "  flatmem_cyclic_relay_summary s = FLATMEM_CYCLIC_RELAY_SUMMARY_INIT;\n  \
+         printf(\"%zu %lld %lld\\n\", s.struct_size, (long long)s.shard_bytes, (long long)s.relay_messages_sent);\n",
+    );
+    assert_eq!(out.trim(), format!("{} 0 0", std::mem::size_of::<sys::flatmem_cyclic_relay_summary>()));
 }
 
 #[test]

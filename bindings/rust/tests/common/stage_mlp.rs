@@ -307,3 +307,56 @@ pub fn assert_bitwise<T: Real>(what: &str, got: &[Vec<T>], want: &[Vec<T>]) {
         }
     }
 }
+
+/// The ZeRO relay mode (`Delay1`): rank r of N keeps shard r of every stage,
+/// gets the full stage from the relay before each forward and backward, and
+/// updates its shard with the average's shard range. Returns this rank's
+/// shards (version S) and the relay summary.
+pub fn train_relayed<T: Real>(
+    comm: &Communicator,
+    mlp: &Mlp,
+    steps: u64,
+    lr: f64,
+) -> (Vec<Vec<T>>, flatmem::sys::flatmem_cyclic_relay_summary) {
+    let (l, r) = (mlp.stages(), comm.rank());
+    let counts = (0..l).map(|j| mlp.count(j) as i64).collect();
+    let mut cyclic = Cyclic::<T>::new(comm, &CyclicOptions::new(l, steps, Rule::Delay1).relayed(counts)).unwrap();
+    for j in 0..l {
+        let range = cyclic.shard_range(j, r).unwrap();
+        cyclic.set_shard(j, mlp.initial::<T>(j)[range].to_vec()).unwrap();
+    }
+    let mut full: Vec<Vec<T>> = (0..l).map(|j| vec![T::default(); mlp.count(j)]).collect();
+    let mut kept: Vec<(Vec<T>, Vec<T>)> = vec![(Vec::new(), Vec::new()); l];
+    let mut dys: Vec<Vec<T>> = vec![Vec::new(); l];
+    loop {
+        let t = cyclic.next().unwrap();
+        if let (Some(u), Some(average)) = (t.action.update, &t.averaged) {
+            let range = cyclic.shard_range(u.stage, r).unwrap();
+            let shard = cyclic.shard_mut(u.stage).unwrap();
+            let next = sgd(shard, &average[range], lr); // this rank's range of the average
+            shard.copy_from_slice(&next);
+        }
+        let (j, step) = match (t.action.kind, t.action.stage, t.action.step) {
+            (ActionKind::Done, _, _) => break,
+            (_, Some(j), Some(s)) => (j, s),
+            _ => continue,
+        };
+        cyclic.parameters(&mut full[j]).unwrap();
+        let w = &full[j];
+        if t.action.kind == ActionKind::Forward {
+            let x = if j == 0 { mlp.batch::<T>(step, r).0 } else { kept[j - 1].1.clone() };
+            let y = mlp.forward(j, w, &x);
+            kept[j] = (x, y);
+        } else {
+            let (x, y) = &kept[j];
+            let dy = if j + 1 == l { mlp.loss_gradient(y, &mlp.batch::<T>(step, r).1) } else { dys[j].clone() };
+            let (grad, dx) = mlp.backward(j, w, x, y, &dy);
+            if j > 0 {
+                dys[j - 1] = dx;
+            }
+            cyclic.reduce(j, grad).unwrap();
+        }
+    }
+    let shards = (0..l).map(|j| cyclic.shard(j).unwrap().to_vec()).collect();
+    (shards, cyclic.relay_summary().unwrap())
+}
