@@ -11,6 +11,10 @@ const FLATMEM_CYCLIC_DELAY1 = Cint(0)
 const FLATMEM_CYCLIC_NEWEST = Cint(1)
 const FLATMEM_CYCLIC_SYNC = Cint(2)
 
+# flatmem_cyclic_parameter_mode
+const FLATMEM_CYCLIC_PARAMETERS_REPLICATED = Cint(0)
+const FLATMEM_CYCLIC_PARAMETERS_RELAYED = Cint(1)
+
 # flatmem_cyclic_action_kind
 const FLATMEM_CYCLIC_IDLE = Cint(0)
 const FLATMEM_CYCLIC_FORWARD = Cint(1)
@@ -55,6 +59,32 @@ struct CyclicOptions
     timeout_ms::Int64
     nonfinite::Cint
     history::Int64
+    parameters::Cint
+    parameter_count::Ptr{Int64}
+end
+
+"""
+`flatmem_cyclic_relay_time_step`: the ZeRO relay in one time step (`cyclic_relay_stats`): parameter
+bytes held (measured, and by the protocol) and relay bytes sent.
+"""
+struct CyclicRelayTimeStep
+    time_step::Int64
+    parameter_bytes::Int64
+    parameter_bytes_scheduled::Int64
+    relay_bytes_sent::Int64
+end
+
+"""`flatmem_cyclic_relay_summary`: shard, replica and staging bytes, peaks and relay totals (`cyclic_relay_summary`)."""
+struct CyclicRelaySummary
+    struct_size::Csize_t
+    shard_bytes::Int64
+    replicated_bytes::Int64
+    staging_buffers::Int64
+    staging_bytes::Int64
+    peak_parameter_bytes::Int64
+    peak_parameter_bytes_scheduled::Int64
+    relay_bytes_sent::Int64
+    relay_messages_sent::Int64
 end
 
 """
@@ -88,6 +118,7 @@ struct CyclicSummary
     seconds::Float64
 end
 
+const CYCLIC_PARAMETERS = (replicated = FLATMEM_CYCLIC_PARAMETERS_REPLICATED, relayed = FLATMEM_CYCLIC_PARAMETERS_RELAYED)
 const CYCLIC_RULES = (delay1 = FLATMEM_CYCLIC_DELAY1, newest = FLATMEM_CYCLIC_NEWEST, sync = FLATMEM_CYCLIC_SYNC)
 const CYCLIC_KINDS = (idle = FLATMEM_CYCLIC_IDLE, forward = FLATMEM_CYCLIC_FORWARD,
                       backward = FLATMEM_CYCLIC_BACKWARD, done = FLATMEM_CYCLIC_DONE)
@@ -95,6 +126,13 @@ const CYCLIC_KINDS = (idle = FLATMEM_CYCLIC_IDLE, forward = FLATMEM_CYCLIC_FORWA
 function cyclic_rule(rule::Symbol)
     haskey(CYCLIC_RULES, rule) || throw(ArgumentError("rule must be one of $(keys(CYCLIC_RULES)), not :$rule"))
     return CYCLIC_RULES[rule]
+end
+
+# An options array given as integers: `nothing`, or exactly `count` Int64s (copied by create).
+function int64_entries(values::Union{Nothing,AbstractVector{<:Integer}}, count::Integer, name::String, meaning::String)
+    values === nothing && return nothing
+    length(values) == count || throw(ArgumentError("$name has $(length(values)) entries; expected $count ($meaning)"))
+    return Vector{Int64}(values)
 end
 
 """
@@ -164,7 +202,10 @@ the first that differs). `activation_bytes` (`stages` non-negative integers, cop
 of activations stage j keeps for its backward, for the statistics only (`nothing` = 1 per stage).
 `timeout_ms` bounds every wait (0 = the communicator's default). Gradients are scanned for
 NaN/Inf (a `FlatmemError` with `FLATMEM_STATUS_NON_FINITE` that poisons the communicator) unless
-`propagate_nonfinite`. `history`: time steps of statistics kept (0 = 65536).
+`propagate_nonfinite`. `history`: time steps of statistics kept (0 = 65536). `parameters = :relayed`
+(the ZeRO relay, `:delay1` only) with `parameter_count` (the elements of each stage): rank k keeps
+shard k of every stage (`cyclic_set_shard!`) and gets the full stage before each forward and backward
+from the relay (`cyclic_parameters!`); see "ZeRO relay" in cyclic.h.
 
 Drive it from one task, one time step per `cyclic_next!`:
 
@@ -195,34 +236,38 @@ mutable struct Cyclic
     comm::Comm
     last::CyclicAction                              # the action of the current time step
     in_flight::Dict{Tuple{Int,Int},Tensor}         # (stage, step) -> gradient handed over, until its update
+    shards::Dict{Int,Tensor}                         # relayed: stage -> registered shard (read inside next)
 
     function Cyclic(comm::Comm, stages::Integer, steps::Integer; rule::Symbol=:delay1,
                     activation_bytes::Union{Nothing,AbstractVector{<:Integer}}=nothing, timeout_ms::Integer=0,
-                    propagate_nonfinite::Bool=false, history::Integer=0)
+                    propagate_nonfinite::Bool=false, history::Integer=0, parameters::Symbol=:replicated,
+                    parameter_count::Union{Nothing,AbstractVector{<:Integer}}=nothing)
         ensure_open(comm)
         rule_value = cyclic_rule(rule)
         nstages = int32_arg(stages, "stages")
         timeout_ms >= 0 || throw(ArgumentError("timeout_ms = $timeout_ms; expected >= 0 (0 = the communicator's default)"))
         history >= 0 || throw(ArgumentError("history = $history; expected >= 0 (0 = 65536 time steps)"))
-        bytes = activation_bytes === nothing ? nothing : Vector{Int64}(activation_bytes)
-        if bytes !== nothing && length(bytes) != stages
-            throw(ArgumentError("activation_bytes has $(length(bytes)) entries; expected one per stage ($stages)"))
-        end
+        haskey(CYCLIC_PARAMETERS, parameters) ||
+            throw(ArgumentError("parameters must be one of $(keys(CYCLIC_PARAMETERS)), not :$parameters"))
+        bytes = int64_entries(activation_bytes, stages, "activation_bytes", "one per stage")
+        counts = int64_entries(parameter_count, stages, "parameter_count", "the elements of each stage")
+        null = Ptr{Int64}(C_NULL)
         options = Ref{CyclicOptions}()
         check(ccall((:flatmem_cyclic_options_init, libflatmem), Cint, (Ref{CyclicOptions},), options))
         out = Ref{Ptr{CyclicHandle}}(C_NULL)
-        status = GC.@preserve comm bytes begin
+        status = GC.@preserve comm bytes counts begin
             options[] = CyclicOptions(options[].struct_size, nstages, Int64(steps), rule_value,
-                                      bytes === nothing ? Ptr{Int64}(C_NULL) : pointer(bytes), Int64(timeout_ms),
+                                      bytes === nothing ? null : pointer(bytes), Int64(timeout_ms),
                                       propagate_nonfinite ? FLATMEM_NONFINITE_PROPAGATE : FLATMEM_NONFINITE_ERROR,
-                                      Int64(history))
+                                      Int64(history), CYCLIC_PARAMETERS[parameters],
+                                      counts === nothing ? null : pointer(counts))
             @gc_safe ccall((:flatmem_cyclic_create, libflatmem), Cint,
                            (Ref{Ptr{CyclicHandle}}, Ptr{CommHandle}, Ref{CyclicOptions}), out, comm, options)
         end
         check(status)
         comm.users += 1
         none = CyclicAction(-1, FLATMEM_CYCLIC_IDLE, -1, -1, -1, -1, 0, -1)
-        h = new(out[], comm, none, Dict{Tuple{Int,Int},Tensor}())
+        h = new(out[], comm, none, Dict{Tuple{Int,Int},Tensor}(), Dict{Int,Tensor}())
         finalizer(destroy_quietly, h)
         return h
     end
@@ -248,6 +293,7 @@ function destroy(h::Cyclic)
     handle == C_NULL && return FLATMEM_STATUS_SUCCESS
     status = @gc_safe ccall((:flatmem_cyclic_destroy, libflatmem), Cint, (Ptr{CyclicHandle},), handle)
     empty!(h.in_flight)
+    empty!(h.shards)
     release_user(h.comm)
     return status
 end
@@ -346,6 +392,95 @@ function cyclic_stats(h::Cyclic; first::Integer=0, count::Union{Nothing,Integer}
         ccall((:flatmem_cyclic_stats, libflatmem), Cint,
               (Ptr{CyclicHandle}, Int64, Int64, Ptr{CyclicTimeStepStats}, Ref{Int64}),
               h, Int64(first), Int64(n), pointer(stats), written)
+    end
+    check(status)
+    return resize!(stats, written[])
+end
+
+# ---------------------------------------------------------------------------
+# The ZeRO relay of the runtime (parameters = :relayed)
+# ---------------------------------------------------------------------------
+
+"""
+    cyclic_set_shard!(h::Cyclic, stage, shard::Array{Float32 or Float64}) -> shard
+
+Register this rank's shard of `stage` (`flatmem_cyclic_set_shard`): exactly the elements of
+`cyclic_shard_range(h, stage)` (possibly none), version 0 at the first `cyclic_next!`. The runtime
+reads it inside `cyclic_next!` (it sends copies), so `h` keeps it alive; update it in place at the
+stage's update actions with the average's shard range.
+"""
+function cyclic_set_shard!(h::Cyclic, stage::Integer, shard::AbstractArray)
+    ensure_open(h)
+    shard isa Union{Array{Float32},Array{Float64}} ||
+        throw(ArgumentError("shard must be a dense Array{Float32} or Array{Float64}; got $(typeof(shard))"))
+    s = int32_arg(stage, "stage")
+    t = array_tensor(shard)
+    status = GC.@preserve t begin
+        ccall((:flatmem_cyclic_set_shard, libflatmem), Cint, (Ptr{CyclicHandle}, Int32, Ptr{DLTensor}), h, s, tensor_ptr(t))
+    end
+    check(status)
+    h.shards[Int(stage)] = t
+    return shard
+end
+
+"""
+    cyclic_shard_range(h::Cyclic, stage, rank=h.comm.rank) -> UnitRange
+
+The 1-based Julia range of `stage`'s elements that `rank` (0-based) owns (`flatmem_cyclic_shard_range`:
+c = ceil(n_j / N), the 0-based [min(rank c, n_j), min((rank + 1) c, n_j)), possibly empty).
+"""
+function cyclic_shard_range(h::Cyclic, stage::Integer, rank::Integer=h.comm.rank)
+    begin_ = Ref{Int64}(0)
+    end_ = Ref{Int64}(0)
+    check(ccall((:flatmem_cyclic_shard_range, libflatmem), Cint, (Ptr{CyclicHandle}, Int32, Int32, Ref{Int64}, Ref{Int64}),
+                ensure_open(h), int32_arg(stage, "stage"), int32_arg(rank, "rank"), begin_, end_))
+    return (Int(begin_[]) + 1):Int(end_[])
+end
+
+"""
+    cyclic_parameters!(h::Cyclic, full::Array{Float32 or Float64}) -> full
+
+During a `:forward` or `:backward`, once: wait (at most the timeout) for the relay of the action's
+stage and copy its full parameters (version max(0, step - 1), n_j elements) into `full`
+(`flatmem_cyclic_parameters`); written only on success.
+"""
+function cyclic_parameters!(h::Cyclic, full::AbstractArray)
+    ensure_open(h)
+    full isa Union{Array{Float32},Array{Float64}} ||
+        throw(ArgumentError("full must be a dense Array{Float32} or Array{Float64}; got $(typeof(full))"))
+    t = array_tensor(full)
+    status = GC.@preserve t begin
+        @gc_safe ccall((:flatmem_cyclic_parameters, libflatmem), Cint, (Ptr{CyclicHandle}, Ptr{DLTensor}), h, tensor_ptr(t))
+    end
+    check(status)
+    return full
+end
+
+"""`cyclic_relay_summary(h::Cyclic) -> CyclicRelaySummary` (`flatmem_cyclic_relay_summary_get`)."""
+function cyclic_relay_summary(h::Cyclic)
+    summary = Ref(CyclicRelaySummary(Csize_t(sizeof(CyclicRelaySummary)), 0, 0, 0, 0, 0, 0, 0, 0))
+    check(ccall((:flatmem_cyclic_relay_summary_get, libflatmem), Cint, (Ptr{CyclicHandle}, Ref{CyclicRelaySummary}),
+                ensure_open(h), summary))
+    return summary[]
+end
+
+"""
+    cyclic_relay_stats(h::Cyclic; first=0, count=nothing) -> Vector{CyclicRelayTimeStep}
+
+The relay's per-time-step statistics still kept (`flatmem_cyclic_relay_stats`); `count = nothing`:
+all begun so far.
+"""
+function cyclic_relay_stats(h::Cyclic; first::Integer=0, count::Union{Nothing,Integer}=nothing)
+    ensure_open(h)
+    first >= 0 || throw(ArgumentError("first = $first; expected >= 0"))
+    n = count === nothing ? max(cyclic_summary(h).time_steps - first, 0) : Int64(count)
+    n >= 0 || throw(ArgumentError("count = $count; expected >= 0"))
+    stats = Vector{CyclicRelayTimeStep}(undef, n)
+    written = Ref{Int64}(0)
+    status = GC.@preserve stats begin
+        ccall((:flatmem_cyclic_relay_stats, libflatmem), Cint,
+              (Ptr{CyclicHandle}, Int64, Int64, Csize_t, Ptr{CyclicRelayTimeStep}, Ref{Int64}),
+              h, Int64(first), Int64(n), Csize_t(sizeof(CyclicRelayTimeStep)), pointer(stats), written)
     end
     check(status)
     return resize!(stats, written[])
@@ -523,13 +658,6 @@ function cyclic_stages_occupancy(s::CyclicStagesSchedule, stage::Integer)
     check(ccall((:flatmem_cyclic_stages_schedule_occupancy, libflatmem), Cint,
                 (Ref{CyclicStagesSchedule}, Int32, Ref{CyclicStagesOccupancy}), s, int32_arg(stage, "stage"), occupancy))
     return occupancy[]
-end
-
-# An options array given as integers: `nothing`, or exactly `count` Int64s (copied by create).
-function int64_entries(values::Union{Nothing,AbstractVector{<:Integer}}, count::Integer, name::String, meaning::String)
-    values === nothing && return nothing
-    length(values) == count || throw(ArgumentError("$name has $(length(values)) entries; expected $count ($meaning)"))
-    return Vector{Int64}(values)
 end
 
 """

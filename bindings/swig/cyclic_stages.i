@@ -44,20 +44,6 @@ static void flatmem_swig_cyclic_stages_release(flatmem_swig_cyclic_stages *s) {
   flatmem_swig_comm_unuse(s->comm);
   s->comm = NULL;
 }
-
-/* Zeroed room for `count` results of `size` bytes (0 .. 2^24 of them), or
- * NULL with INVALID_ARGUMENT / OUT_OF_MEMORY naming `what`. */
-static void *flatmem_swig_results(int64_t count, size_t size, const char *what) {
-  void *p;
-  if (count < 0 || count > (int64_t)1 << 24) {
-    flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "%s: count %lld; expected 0 to 2^24", what,
-                      (long long)count);
-    return NULL;
-  }
-  p = calloc((size_t)(count > 0 ? count : 1), size);
-  if (!p) flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "%s: out of memory", what);
-  return p;
-}
 %}
 
 /* The raw functions: wrapped as methods below. */

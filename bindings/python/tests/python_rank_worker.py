@@ -177,6 +177,14 @@ def job_stages(comm, params):
                         params["lr"])
 
 
+def job_relayed(comm, params):
+    """The ZeRO relay and the replicated training of the same MLP on this rank."""
+    from python_stage_mlp import train_data_parallel, train_relayed
+    mlp = stage_mlp(params)
+    return {"replicated": train_data_parallel(comm, mlp, params["steps"], "delay1", params["lr"]),
+            "relayed": train_relayed(comm, mlp, params["steps"], params["lr"])}
+
+
 def job_stages_killed(comm, params):
     """Stage-parallel training where stage params["victim"] stops after its
     first action (the test kills it there); the others report what they

@@ -201,3 +201,38 @@ def train_data_parallel(comm, mlp, steps, rule, lr, timeout_ms=20000):
                 g[...] = grad
                 cyc.reduce(j, g)
     return w
+
+
+def train_relayed(comm, mlp, steps, lr, timeout_ms=20000):
+    """The ZeRO relay mode ("delay1"): rank r of N keeps shard r of every
+    stage (set_shard), takes the full stage from the relay before each
+    forward and backward (parameters), and updates its shard in place with
+    its range of the average. Returns {"shards": [...], "summary": ...,
+    "stats": [...]}, the shards holding version S."""
+    L, r = mlp.stages, comm.rank
+    with flatmem.Cyclic(comm, stages=L, steps=steps, rule="delay1", timeout_ms=timeout_ms, parameters="relayed",
+                        parameter_count=[mlp.count(j) for j in range(L)]) as cyc:
+        for j in range(L):
+            cyc.set_shard(j, mlp.initial(j)[cyc.shard_range(j)].copy())
+        full = [np.empty(mlp.count(j), mlp.dtype) for j in range(L)]
+        grads = [np.zeros(mlp.count(j), mlp.dtype) for j in range(L)]  # one per stage is enough (relayed)
+        kept, dys = {}, {}
+        while (a := cyc.next()).kind != "done":
+            if a.update_stage is not None:
+                u, shard = a.update_stage, cyc.shard(a.update_stage)
+                shard[...] = sgd(shard, grads[u][cyc.shard_range(u)], lr)
+            j = a.stage
+            if a.kind not in ("forward", "backward"):
+                continue
+            w = cyc.parameters(full[j])
+            if a.kind == "forward":
+                x = mlp.batch(a.step, r)[0] if j == 0 else kept[j - 1][1]
+                kept[j] = (x, mlp.forward(j, w, x))
+            else:
+                x, y = kept[j]
+                dy = mlp.loss(y, mlp.batch(a.step, r)[1])[1] if j == L - 1 else dys[j]
+                grad, dys[j - 1] = mlp.backward(j, w, x, y, dy)
+                grads[j][...] = grad
+                cyc.reduce(j, grads[j])
+        return {"shards": [cyc.shard(j).copy() for j in range(L)], "summary": cyc.relay_summary(),
+                "stats": cyc.relay_stats()}

@@ -48,7 +48,8 @@ from .comm import Communicator, Request, UniqueId
 from .contrastive import (Contrastive, ForwardResult, SigmoidGrads, SigmoidResult, contrastive_loss,
                           sigmoid_loss, sigmoid_value_and_grad)
 from .cpu import CPU_ISAS, cpu_isa, set_cpu_isa
-from .cyclic import Cyclic, CyclicAction, CyclicSchedule, CyclicSummary, CyclicTimeStepStats
+from .cyclic import (Cyclic, CyclicAction, CyclicRelaySummary, CyclicRelayTimeStep, CyclicSchedule, CyclicSummary,
+                     CyclicTimeStepStats)
 from .cyclic_stages import (CyclicStages, CyclicStagesAction, CyclicStagesOccupancy, CyclicStagesSchedule,
                             CyclicStagesSummary, CyclicStagesTimeStepStats)
 from .reversible import Block, Context, Function, ReversibleSegment
@@ -71,6 +72,8 @@ __all__ = [
     "Contrastive",
     "Cyclic",
     "CyclicAction",
+    "CyclicRelaySummary",
+    "CyclicRelayTimeStep",
     "CyclicSchedule",
     "CyclicStages",
     "CyclicStagesAction",

@@ -66,7 +66,7 @@ import numpy as np
 from . import capi
 from ._tensors import as_arg, as_output
 from .comm import check_communicator, int_arg
-from .cyclic import _KINDS, _Schedule, _rule_code
+from .cyclic import _KINDS, _Schedule, _rule_code, int64_entries
 from .reversible import _invalid
 
 
@@ -197,17 +197,6 @@ class CyclicStagesSummary(NamedTuple):
     seconds: float
 
 
-def _int64_entries(values, count, name, meaning):
-    """None, or `values` as a compact (count,) int64 array; ValueError naming
-    the option otherwise."""
-    if values is None:
-        return None
-    entries = np.ascontiguousarray(values, dtype=np.int64)
-    if entries.shape != (count,):
-        raise ValueError(f"{name}: shape {entries.shape}; expected ({count},), {meaning}")
-    return entries
-
-
 class CyclicStages:
     """This stage rank's stage-parallel runtime (flatmem_cyclic_stages_t) over
     a flatmem.Communicator: rank j runs stage j. Creation is collective (every
@@ -240,11 +229,11 @@ class CyclicStages:
                  activation_bytes=None, timeout_ms=0, history=0, stages=None):
         check_communicator(comm, "comm")
         stages = comm.world_size if stages is None else int_arg(stages, "stages")
-        boundaries = _int64_entries(boundary_bytes, max(stages - 1, 0), "boundary_bytes",
+        boundaries = int64_entries(boundary_bytes, max(stages - 1, 0), "boundary_bytes",
                                     "bytes per boundary between stages j and j + 1 (stages - 1 entries)")
         if boundaries is not None and boundaries.size == 0:
             boundaries = None  # one stage: no boundary (the C API's NULL)
-        accounting = _int64_entries(activation_bytes, stages, "activation_bytes", "bytes per stage")
+        accounting = int64_entries(activation_bytes, stages, "activation_bytes", "bytes per stage")
         self.comm = comm
         self._lock = threading.Lock()
         self._gradient = None  # (dtype, size) of the first accumulate: average()'s default output
