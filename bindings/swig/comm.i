@@ -477,7 +477,7 @@ public class"
   /** ... every wait bounded by timeout_ms (milliseconds; 0 = the communicator's). */
   public Cyclic(Communicator comm, int stages, long steps, CyclicRule rule, long timeout_ms) {
     this(comm, stages, steps, rule == null ? -1 : rule.swigValue(), null, timeout_ms,
-         NonfinitePolicy.NONFINITE_ERROR.swigValue(), 0);
+         NonfinitePolicy.NONFINITE_ERROR.swigValue(), 0, 0 /* CYCLIC_PARAMETERS_REPLICATED */, null);
   }
 
   /** Advances to the next time step (may wait: start token, the update's
