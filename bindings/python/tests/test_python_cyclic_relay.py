@@ -11,7 +11,6 @@ from python_ranks import run
 from python_stage_mlp import StageMlp, train_data_parallel, train_relayed
 from python_support import raises_flatmem
 from test_python_comm import local_group, run_threads  # noqa: F401 (fixture)
-from test_python_cyclic_stages import no_gc  # noqa: F401 (fixture)
 
 import flatmem
 from flatmem import capi
@@ -66,7 +65,7 @@ def test_the_comparison_can_fail():
     assert not np.array_equal(w[4:8] - 0.25 * g[4:8], w[4:8] - 0.25 * g[0:4])
 
 
-def test_relay_refusals_name_what_is_wrong(local_group, no_gc):
+def test_relay_refusals_name_what_is_wrong(local_group):
     comms = local_group(2, timeout_ms=5000)
 
     def job(comm, _):

@@ -11,7 +11,6 @@ the pure schedule queries against the header's closed forms; the statistics
 against the schedule; errors (a stage that stops or is killed, bad options,
 calls out of order) as the binding's exception classes. Every thread and
 process has a deadline (run_threads, python_ranks)."""
-import gc
 import pathlib
 import re
 import time
@@ -27,19 +26,6 @@ import flatmem
 from flatmem import capi
 
 LR = 0.25
-
-
-@pytest.fixture
-def no_gc():
-    """raises_flatmem compares the error's text with flatmem_last_error()
-    read after the call; a garbage collection in between (finalizers of
-    earlier tests' communicators call flatmem_comm_destroy, which clears the
-    thread's last error on success) would make that read "". The tests that
-    use it from threads run with the collector off."""
-    gc.collect()
-    gc.disable()
-    yield
-    gc.enable()
 
 
 def mlp_of(case):
@@ -287,7 +273,7 @@ def test_killed_stage_process_fails_its_neighbour(tmp_path):
     assert res["later"] == "CommPoisonedError", res
 
 
-def test_bad_options_name_the_field(local_group, no_gc):
+def test_bad_options_name_the_field(local_group):
     (c,) = local_group(1)
     (c2a, c2b) = local_group(2)
     with pytest.raises(ValueError, match=r"boundary_bytes: shape \(2,\); expected \(1,\)"):
@@ -313,7 +299,7 @@ def test_bad_options_name_the_field(local_group, no_gc):
     assert c._raw.users() == 0  # nothing was kept by the refused creates
 
 
-def test_calls_out_of_order_are_refused_and_change_nothing(local_group, no_gc):
+def test_calls_out_of_order_are_refused_and_change_nothing(local_group):
     """Stage 0 of 2 with N = 1, S = 1: forward (sends), backward (receives,
     accumulates), then the update-only action, then done. Stage 1 plays its
     part correctly."""
@@ -410,7 +396,7 @@ def test_readme_stage_parallel_snippet_runs(capsys):
         assert w.shape == (3, 3) and not np.array_equal(w, np.eye(3) * (j + 1))
 
 
-def test_a_receive_of_the_wrong_size_names_both_and_fails_the_neighbour(local_group, no_gc):
+def test_a_receive_of_the_wrong_size_names_both_and_fails_the_neighbour(local_group):
     """Stage 1 receives stage 0's 24-byte activation into 16 bytes: InvalidArgumentError
     naming both sizes, nothing written, and both handles fail from then on."""
     comms = local_group(2, timeout_ms=3000)
