@@ -374,6 +374,14 @@ function cyclic_summary(h::Cyclic)
     return summary[]
 end
 
+# How many time steps a stats query asks for: `count`, or every one begun from `first` on.
+function stats_count(first::Integer, count::Union{Nothing,Integer}, begun::Integer)
+    first >= 0 || throw(ArgumentError("first = $first; expected >= 0"))
+    n = count === nothing ? max(begun - first, 0) : Int64(count)
+    n >= 0 || throw(ArgumentError("count = $count; expected >= 0"))
+    return n
+end
+
 """
     cyclic_stats(h::Cyclic; first=0, count=nothing) -> Vector{CyclicTimeStepStats}
 
@@ -382,10 +390,7 @@ kept (the most recent `history` begun so far) (`flatmem_cyclic_stats`); `count =
 for all begun so far. Check `time_step` of the first element: older ones may be gone.
 """
 function cyclic_stats(h::Cyclic; first::Integer=0, count::Union{Nothing,Integer}=nothing)
-    ensure_open(h)
-    first >= 0 || throw(ArgumentError("first = $first; expected >= 0"))
-    n = count === nothing ? max(cyclic_summary(h).time_steps - first, 0) : Int64(count)
-    n >= 0 || throw(ArgumentError("count = $count; expected >= 0"))
+    n = stats_count(first, count, cyclic_summary(ensure_open(h)).time_steps)
     stats = Vector{CyclicTimeStepStats}(undef, n)
     written = Ref{Int64}(0)
     status = GC.@preserve stats begin
@@ -471,10 +476,7 @@ The relay's per-time-step statistics still kept (`flatmem_cyclic_relay_stats`); 
 all begun so far.
 """
 function cyclic_relay_stats(h::Cyclic; first::Integer=0, count::Union{Nothing,Integer}=nothing)
-    ensure_open(h)
-    first >= 0 || throw(ArgumentError("first = $first; expected >= 0"))
-    n = count === nothing ? max(cyclic_summary(h).time_steps - first, 0) : Int64(count)
-    n >= 0 || throw(ArgumentError("count = $count; expected >= 0"))
+    n = stats_count(first, count, cyclic_summary(ensure_open(h)).time_steps)
     stats = Vector{CyclicRelayTimeStep}(undef, n)
     written = Ref{Int64}(0)
     status = GC.@preserve stats begin
@@ -879,10 +881,7 @@ Statistics of time steps `first .. first + count - 1` still kept (`flatmem_cycli
 `count = nothing`: all begun so far.
 """
 function cyclic_stages_stats(h::CyclicStages; first::Integer=0, count::Union{Nothing,Integer}=nothing)
-    ensure_open(h)
-    first >= 0 || throw(ArgumentError("first = $first; expected >= 0"))
-    n = count === nothing ? max(cyclic_stages_summary(h).time_steps - first, 0) : Int64(count)
-    n >= 0 || throw(ArgumentError("count = $count; expected >= 0"))
+    n = stats_count(first, count, cyclic_stages_summary(ensure_open(h)).time_steps)
     stats = Vector{CyclicStagesTimeStepStats}(undef, n)
     written = Ref{Int64}(0)
     status = GC.@preserve stats begin

@@ -85,6 +85,16 @@ def _rule_code(rule):
     return _option(rule, _RULES, "rule")
 
 
+def kept_stats(handle, load, item, first, count):
+    """The raw statistics `item(i)` that `load(first, count)` copied into the
+    SWIG handle, under the handle's lock; count None = every time step begun
+    from `first` on."""
+    with handle._lock:
+        if count is None:
+            count = max(handle._raw.summary().time_steps - int(first), 0)
+        return [item(i) for i in range(load(int(first), int(count)))]
+
+
 def int64_entries(values, count, name, meaning):
     """None, or `values` as a compact (count,) int64 array (an options array);
     ValueError naming the option otherwise."""
@@ -298,9 +308,7 @@ class Cyclic:
     def stats(self, first=0, count=None):
         """Per-time-step statistics still kept (the last `history` ones), as a
         list of CyclicTimeStepStats from time step `first` on."""
-        with self._lock:
-            n = self._raw.load_stats(int(first), int(count if count is not None else 1 << 20))
-            raw = [self._raw.stat(i) for i in range(n)]
+        raw = kept_stats(self, self._raw.load_stats, self._raw.stat, first, count)
         return [CyclicTimeStepStats(int(s.time_step), _KINDS.get(s.kind, s.kind),
                                     None if s.stage < 0 else int(s.stage),
                                     None if s.step < 0 else int(s.step), int(s.activations_held),
@@ -357,11 +365,7 @@ class Cyclic:
     def relay_stats(self, first=0, count=None):
         """Relayed: per-time-step parameter bytes held and relay bytes sent
         (CyclicRelayTimeStep), the time steps still kept from `first` on."""
-        with self._lock:
-            if count is None:
-                count = max(self._raw.summary().time_steps - int(first), 0)
-            n = self._raw.load_relay_stats(int(first), int(count))
-            raw = [self._raw.relay_stat(i) for i in range(n)]
+        raw = kept_stats(self, self._raw.load_relay_stats, self._raw.relay_stat, first, count)
         return [CyclicRelayTimeStep(int(s.time_step), int(s.parameter_bytes), int(s.parameter_bytes_scheduled),
                                     int(s.relay_bytes_sent)) for s in raw]
 

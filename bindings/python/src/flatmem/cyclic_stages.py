@@ -66,7 +66,7 @@ import numpy as np
 from . import capi
 from ._tensors import as_arg, as_output
 from .comm import check_communicator, int_arg
-from .cyclic import _KINDS, _Schedule, _rule_code, int64_entries
+from .cyclic import _KINDS, _Schedule, _rule_code, int64_entries, kept_stats
 from .reversible import _invalid
 
 
@@ -304,11 +304,7 @@ class CyclicStages:
     def stats(self, first=0, count=None):
         """Per-time-step statistics still kept (the last `history` begun),
         from time step `first` on, as CyclicStagesTimeStepStats."""
-        with self._lock:
-            if count is None:
-                count = max(self._raw.summary().time_steps - int(first), 0)
-            n = self._raw.load_stats(int(first), int(count))
-            raw = [self._raw.stat(i) for i in range(n)]
+        raw = kept_stats(self, self._raw.load_stats, self._raw.stat, first, count)
         return [CyclicStagesTimeStepStats(int(s.time_step), int(s.actions), int(s.activations_held),
                                           int(s.activation_bytes), int(s.bytes_sent), float(s.seconds),
                                           float(s.wait_seconds)) for s in raw]
