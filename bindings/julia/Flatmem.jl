@@ -29,7 +29,14 @@ export Contrastive, FlatmemError, BF16, contrastive_loss, forward_workspace_size
        cyclic_action, action_kind,
        Comm, CommUniqueId, Request, unique_id, comm_from_env, local_comms, abort!, health, isend, irecv!,
        ring_shift!, all_reduce!, all_reduce, barrier, init_device, group_start, group_end, synchronize,
-       Cyclic, CyclicTimeStepStats, CyclicSummary, cyclic_next!, cyclic_reduce!, cyclic_stats, cyclic_summary
+       Cyclic, CyclicTimeStepStats, CyclicSummary, cyclic_next!, cyclic_reduce!, cyclic_stats, cyclic_summary,
+       CyclicRelayTimeStep, CyclicRelaySummary, cyclic_set_shard!, cyclic_shard_range, cyclic_parameters!,
+       cyclic_relay_stats, cyclic_relay_summary,
+       CyclicStages, CyclicStagesSchedule, CyclicStagesAction, CyclicStagesOccupancy, CyclicStagesTimeStepStats,
+       CyclicStagesSummary, cyclic_stages_schedule, cyclic_stages_offset, cyclic_stages_period, cyclic_stages_length,
+       cyclic_stages_versions_kept, cyclic_stages_actions, cyclic_stages_occupancy, cyclic_stages_next!,
+       cyclic_stages_send!, cyclic_stages_receive!, cyclic_stages_accumulate!, cyclic_stages_average!,
+       cyclic_stages_stats, cyclic_stages_summary
 
 """The shared library every ccall uses: `ENV["FLATMEM_LIBRARY"]` or `"libflatmem"`."""
 const libflatmem = get(ENV, "FLATMEM_LIBRARY", "libflatmem")

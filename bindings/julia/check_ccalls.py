@@ -87,6 +87,14 @@ STRUCT_MIRRORS = {
     "flatmem_cyclic_options": "CyclicOptions",
     "flatmem_cyclic_time_step_stats": "CyclicTimeStepStats",
     "flatmem_cyclic_summary": "CyclicSummary",
+    "flatmem_cyclic_relay_time_step": "CyclicRelayTimeStep",
+    "flatmem_cyclic_relay_summary": "CyclicRelaySummary",
+    "flatmem_cyclic_stages_schedule": "CyclicStagesSchedule",
+    "flatmem_cyclic_stages_action": "CyclicStagesAction",
+    "flatmem_cyclic_stages_occupancy": "CyclicStagesOccupancy",
+    "flatmem_cyclic_stages_options": "CyclicStagesOptions",
+    "flatmem_cyclic_stages_time_step_stats": "CyclicStagesTimeStepStats",
+    "flatmem_cyclic_stages_summary": "CyclicStagesSummary",
     "flatmem_comm_unique_id": "CommUniqueId",
     "flatmem_comm_options": "CommOptions",
 }
@@ -99,6 +107,7 @@ OPAQUE_HANDLES = {
     "flatmem_comm_t": "CommHandle",
     "flatmem_comm_request_t": "CommRequestHandle",
     "flatmem_cyclic_t": "CyclicHandle",
+    "flatmem_cyclic_stages_t": "CyclicStagesHandle",
 }
 
 # C scalar type -> accepted Julia spellings (C enums: ENUM_SPELLINGS).
@@ -151,6 +160,11 @@ BLOCKING_FUNCTIONS = {
     "flatmem_comm_wait", "flatmem_comm_ring_shift", "flatmem_comm_all_reduce", "flatmem_comm_barrier",
     "flatmem_comm_init_device", "flatmem_comm_group_end", "flatmem_comm_synchronize",
     "flatmem_cyclic_create", "flatmem_cyclic_next", "flatmem_cyclic_destroy",
+    "flatmem_cyclic_parameters",  # the ZeRO relay: waits for the full stage
+    # stage-parallel: create is collective, next waits for the last sends, send for a staging
+    # buffer, receive for the neighbour, destroy may poison the communicator
+    "flatmem_cyclic_stages_create", "flatmem_cyclic_stages_next", "flatmem_cyclic_stages_send",
+    "flatmem_cyclic_stages_receive", "flatmem_cyclic_stages_destroy",
     "flatmem_contrastive_forward", "flatmem_contrastive_backward",
     # collective on a ring handle (options.comm), like the softmax forward / backward
     "flatmem_contrastive_sigmoid_forward", "flatmem_contrastive_sigmoid_value_and_grad",
@@ -1733,6 +1747,15 @@ def self_test_cases(header, js):
         ("cyclic options built without history", "struct-construct",
          replace_in_julia(r",\s*Int64\(history\)\)", ")", "drop the last CyclicOptions(...) argument")),
         ("cyclic runtime function dropped", "not-wrapped", replace_in_julia(r":flatmem_cyclic_summary_get\b", ":flatmem_cyclic_get_schedule", "rename the summary ccall")),
+        ("relay parameters without @gc_safe", "gc-safe",
+         replace_in_julia(r"@gc_safe (ccall\(\(:flatmem_cyclic_parameters,)", r"\1", "drop @gc_safe in cyclic_parameters!")),
+        ("cyclic options built without parameter_count", "struct-construct",
+         replace_in_julia(r",\s*counts === nothing \? null : pointer\(counts\)\)", ")", "drop the last CyclicOptions(...) argument")),
+        ("stage-parallel action fields swapped (offsets move)", "struct-layout", edit_struct("CyclicStagesAction", "swap")),
+        ("stage-parallel receive without @gc_safe", "gc-safe",
+         replace_in_julia(r"@gc_safe (ccall\(\(:flatmem_cyclic_stages_receive,)", r"\1", "drop @gc_safe in cyclic_stages_receive!")),
+        ("stage-parallel runtime function dropped", "not-wrapped",
+         replace_in_julia(r":flatmem_cyclic_stages_average\b", ":flatmem_cyclic_stages_accumulate", "rename the average ccall")),
         # Coverage of every public header, not only those flatmem.h includes.
         ("a public header flatmem.h does not include", "not-wrapped",
          sibling_header("selftest_extra.h", "#include <flatmem/flatmem.h>\nflatmem_status flatmem_selftest_extra(int32_t x);\n")),

@@ -11,6 +11,10 @@ const FLATMEM_CYCLIC_DELAY1 = Cint(0)
 const FLATMEM_CYCLIC_NEWEST = Cint(1)
 const FLATMEM_CYCLIC_SYNC = Cint(2)
 
+# flatmem_cyclic_parameter_mode
+const FLATMEM_CYCLIC_PARAMETERS_REPLICATED = Cint(0)
+const FLATMEM_CYCLIC_PARAMETERS_RELAYED = Cint(1)
+
 # flatmem_cyclic_action_kind
 const FLATMEM_CYCLIC_IDLE = Cint(0)
 const FLATMEM_CYCLIC_FORWARD = Cint(1)
@@ -55,6 +59,32 @@ struct CyclicOptions
     timeout_ms::Int64
     nonfinite::Cint
     history::Int64
+    parameters::Cint
+    parameter_count::Ptr{Int64}
+end
+
+"""
+`flatmem_cyclic_relay_time_step`: the ZeRO relay in one time step (`cyclic_relay_stats`): parameter
+bytes held (measured, and by the protocol) and relay bytes sent.
+"""
+struct CyclicRelayTimeStep
+    time_step::Int64
+    parameter_bytes::Int64
+    parameter_bytes_scheduled::Int64
+    relay_bytes_sent::Int64
+end
+
+"""`flatmem_cyclic_relay_summary`: shard, replica and staging bytes, peaks and relay totals (`cyclic_relay_summary`)."""
+struct CyclicRelaySummary
+    struct_size::Csize_t
+    shard_bytes::Int64
+    replicated_bytes::Int64
+    staging_buffers::Int64
+    staging_bytes::Int64
+    peak_parameter_bytes::Int64
+    peak_parameter_bytes_scheduled::Int64
+    relay_bytes_sent::Int64
+    relay_messages_sent::Int64
 end
 
 """
@@ -88,6 +118,7 @@ struct CyclicSummary
     seconds::Float64
 end
 
+const CYCLIC_PARAMETERS = (replicated = FLATMEM_CYCLIC_PARAMETERS_REPLICATED, relayed = FLATMEM_CYCLIC_PARAMETERS_RELAYED)
 const CYCLIC_RULES = (delay1 = FLATMEM_CYCLIC_DELAY1, newest = FLATMEM_CYCLIC_NEWEST, sync = FLATMEM_CYCLIC_SYNC)
 const CYCLIC_KINDS = (idle = FLATMEM_CYCLIC_IDLE, forward = FLATMEM_CYCLIC_FORWARD,
                       backward = FLATMEM_CYCLIC_BACKWARD, done = FLATMEM_CYCLIC_DONE)
@@ -95,6 +126,13 @@ const CYCLIC_KINDS = (idle = FLATMEM_CYCLIC_IDLE, forward = FLATMEM_CYCLIC_FORWA
 function cyclic_rule(rule::Symbol)
     haskey(CYCLIC_RULES, rule) || throw(ArgumentError("rule must be one of $(keys(CYCLIC_RULES)), not :$rule"))
     return CYCLIC_RULES[rule]
+end
+
+# An options array given as integers: `nothing`, or exactly `count` Int64s (copied by create).
+function int64_entries(values::Union{Nothing,AbstractVector{<:Integer}}, count::Integer, name::String, meaning::String)
+    values === nothing && return nothing
+    length(values) == count || throw(ArgumentError("$name has $(length(values)) entries; expected $count ($meaning)"))
+    return Vector{Int64}(values)
 end
 
 """
@@ -164,7 +202,10 @@ the first that differs). `activation_bytes` (`stages` non-negative integers, cop
 of activations stage j keeps for its backward, for the statistics only (`nothing` = 1 per stage).
 `timeout_ms` bounds every wait (0 = the communicator's default). Gradients are scanned for
 NaN/Inf (a `FlatmemError` with `FLATMEM_STATUS_NON_FINITE` that poisons the communicator) unless
-`propagate_nonfinite`. `history`: time steps of statistics kept (0 = 65536).
+`propagate_nonfinite`. `history`: time steps of statistics kept (0 = 65536). `parameters = :relayed`
+(the ZeRO relay, `:delay1` only) with `parameter_count` (the elements of each stage): rank k keeps
+shard k of every stage (`cyclic_set_shard!`) and gets the full stage before each forward and backward
+from the relay (`cyclic_parameters!`); see "ZeRO relay" in cyclic.h.
 
 Drive it from one task, one time step per `cyclic_next!`:
 
@@ -195,34 +236,38 @@ mutable struct Cyclic
     comm::Comm
     last::CyclicAction                              # the action of the current time step
     in_flight::Dict{Tuple{Int,Int},Tensor}         # (stage, step) -> gradient handed over, until its update
+    shards::Dict{Int,Tensor}                         # relayed: stage -> registered shard (read inside next)
 
     function Cyclic(comm::Comm, stages::Integer, steps::Integer; rule::Symbol=:delay1,
                     activation_bytes::Union{Nothing,AbstractVector{<:Integer}}=nothing, timeout_ms::Integer=0,
-                    propagate_nonfinite::Bool=false, history::Integer=0)
+                    propagate_nonfinite::Bool=false, history::Integer=0, parameters::Symbol=:replicated,
+                    parameter_count::Union{Nothing,AbstractVector{<:Integer}}=nothing)
         ensure_open(comm)
         rule_value = cyclic_rule(rule)
         nstages = int32_arg(stages, "stages")
         timeout_ms >= 0 || throw(ArgumentError("timeout_ms = $timeout_ms; expected >= 0 (0 = the communicator's default)"))
         history >= 0 || throw(ArgumentError("history = $history; expected >= 0 (0 = 65536 time steps)"))
-        bytes = activation_bytes === nothing ? nothing : Vector{Int64}(activation_bytes)
-        if bytes !== nothing && length(bytes) != stages
-            throw(ArgumentError("activation_bytes has $(length(bytes)) entries; expected one per stage ($stages)"))
-        end
+        haskey(CYCLIC_PARAMETERS, parameters) ||
+            throw(ArgumentError("parameters must be one of $(keys(CYCLIC_PARAMETERS)), not :$parameters"))
+        bytes = int64_entries(activation_bytes, stages, "activation_bytes", "one per stage")
+        counts = int64_entries(parameter_count, stages, "parameter_count", "the elements of each stage")
+        null = Ptr{Int64}(C_NULL)
         options = Ref{CyclicOptions}()
         check(ccall((:flatmem_cyclic_options_init, libflatmem), Cint, (Ref{CyclicOptions},), options))
         out = Ref{Ptr{CyclicHandle}}(C_NULL)
-        status = GC.@preserve comm bytes begin
+        status = GC.@preserve comm bytes counts begin
             options[] = CyclicOptions(options[].struct_size, nstages, Int64(steps), rule_value,
-                                      bytes === nothing ? Ptr{Int64}(C_NULL) : pointer(bytes), Int64(timeout_ms),
+                                      bytes === nothing ? null : pointer(bytes), Int64(timeout_ms),
                                       propagate_nonfinite ? FLATMEM_NONFINITE_PROPAGATE : FLATMEM_NONFINITE_ERROR,
-                                      Int64(history))
+                                      Int64(history), CYCLIC_PARAMETERS[parameters],
+                                      counts === nothing ? null : pointer(counts))
             @gc_safe ccall((:flatmem_cyclic_create, libflatmem), Cint,
                            (Ref{Ptr{CyclicHandle}}, Ptr{CommHandle}, Ref{CyclicOptions}), out, comm, options)
         end
         check(status)
         comm.users += 1
         none = CyclicAction(-1, FLATMEM_CYCLIC_IDLE, -1, -1, -1, -1, 0, -1)
-        h = new(out[], comm, none, Dict{Tuple{Int,Int},Tensor}())
+        h = new(out[], comm, none, Dict{Tuple{Int,Int},Tensor}(), Dict{Int,Tensor}())
         finalizer(destroy_quietly, h)
         return h
     end
@@ -248,6 +293,7 @@ function destroy(h::Cyclic)
     handle == C_NULL && return FLATMEM_STATUS_SUCCESS
     status = @gc_safe ccall((:flatmem_cyclic_destroy, libflatmem), Cint, (Ptr{CyclicHandle},), handle)
     empty!(h.in_flight)
+    empty!(h.shards)
     release_user(h.comm)
     return status
 end
@@ -328,6 +374,14 @@ function cyclic_summary(h::Cyclic)
     return summary[]
 end
 
+# How many time steps a stats query asks for: `count`, or every one begun from `first` on.
+function stats_count(first::Integer, count::Union{Nothing,Integer}, begun::Integer)
+    first >= 0 || throw(ArgumentError("first = $first; expected >= 0"))
+    n = count === nothing ? max(begun - first, 0) : Int64(count)
+    n >= 0 || throw(ArgumentError("count = $count; expected >= 0"))
+    return n
+end
+
 """
     cyclic_stats(h::Cyclic; first=0, count=nothing) -> Vector{CyclicTimeStepStats}
 
@@ -336,15 +390,503 @@ kept (the most recent `history` begun so far) (`flatmem_cyclic_stats`); `count =
 for all begun so far. Check `time_step` of the first element: older ones may be gone.
 """
 function cyclic_stats(h::Cyclic; first::Integer=0, count::Union{Nothing,Integer}=nothing)
-    ensure_open(h)
-    first >= 0 || throw(ArgumentError("first = $first; expected >= 0"))
-    n = count === nothing ? max(cyclic_summary(h).time_steps - first, 0) : Int64(count)
-    n >= 0 || throw(ArgumentError("count = $count; expected >= 0"))
+    n = stats_count(first, count, cyclic_summary(ensure_open(h)).time_steps)
     stats = Vector{CyclicTimeStepStats}(undef, n)
     written = Ref{Int64}(0)
     status = GC.@preserve stats begin
         ccall((:flatmem_cyclic_stats, libflatmem), Cint,
               (Ptr{CyclicHandle}, Int64, Int64, Ptr{CyclicTimeStepStats}, Ref{Int64}),
+              h, Int64(first), Int64(n), pointer(stats), written)
+    end
+    check(status)
+    return resize!(stats, written[])
+end
+
+# ---------------------------------------------------------------------------
+# The ZeRO relay of the runtime (parameters = :relayed)
+# ---------------------------------------------------------------------------
+
+"""
+    cyclic_set_shard!(h::Cyclic, stage, shard::Array{Float32 or Float64}) -> shard
+
+Register this rank's shard of `stage` (`flatmem_cyclic_set_shard`): exactly the elements of
+`cyclic_shard_range(h, stage)` (possibly none), version 0 at the first `cyclic_next!`. The runtime
+reads it inside `cyclic_next!` (it sends copies), so `h` keeps it alive; update it in place at the
+stage's update actions with the average's shard range.
+"""
+function cyclic_set_shard!(h::Cyclic, stage::Integer, shard::AbstractArray)
+    ensure_open(h)
+    shard isa Union{Array{Float32},Array{Float64}} ||
+        throw(ArgumentError("shard must be a dense Array{Float32} or Array{Float64}; got $(typeof(shard))"))
+    s = int32_arg(stage, "stage")
+    t = array_tensor(shard)
+    status = GC.@preserve t begin
+        ccall((:flatmem_cyclic_set_shard, libflatmem), Cint, (Ptr{CyclicHandle}, Int32, Ptr{DLTensor}), h, s, tensor_ptr(t))
+    end
+    check(status)
+    h.shards[Int(stage)] = t
+    return shard
+end
+
+"""
+    cyclic_shard_range(h::Cyclic, stage, rank=h.comm.rank) -> UnitRange
+
+The 1-based Julia range of `stage`'s elements that `rank` (0-based) owns (`flatmem_cyclic_shard_range`:
+c = ceil(n_j / N), the 0-based [min(rank c, n_j), min((rank + 1) c, n_j)), possibly empty).
+"""
+function cyclic_shard_range(h::Cyclic, stage::Integer, rank::Integer=h.comm.rank)
+    begin_ = Ref{Int64}(0)
+    end_ = Ref{Int64}(0)
+    check(ccall((:flatmem_cyclic_shard_range, libflatmem), Cint, (Ptr{CyclicHandle}, Int32, Int32, Ref{Int64}, Ref{Int64}),
+                ensure_open(h), int32_arg(stage, "stage"), int32_arg(rank, "rank"), begin_, end_))
+    return (Int(begin_[]) + 1):Int(end_[])
+end
+
+"""
+    cyclic_parameters!(h::Cyclic, full::Array{Float32 or Float64}) -> full
+
+During a `:forward` or `:backward`, once: wait (at most the timeout) for the relay of the action's
+stage and copy its full parameters (version max(0, step - 1), n_j elements) into `full`
+(`flatmem_cyclic_parameters`); written only on success.
+"""
+function cyclic_parameters!(h::Cyclic, full::AbstractArray)
+    ensure_open(h)
+    full isa Union{Array{Float32},Array{Float64}} ||
+        throw(ArgumentError("full must be a dense Array{Float32} or Array{Float64}; got $(typeof(full))"))
+    t = array_tensor(full)
+    status = GC.@preserve t begin
+        @gc_safe ccall((:flatmem_cyclic_parameters, libflatmem), Cint, (Ptr{CyclicHandle}, Ptr{DLTensor}), h, tensor_ptr(t))
+    end
+    check(status)
+    return full
+end
+
+"""`cyclic_relay_summary(h::Cyclic) -> CyclicRelaySummary` (`flatmem_cyclic_relay_summary_get`)."""
+function cyclic_relay_summary(h::Cyclic)
+    summary = Ref(CyclicRelaySummary(Csize_t(sizeof(CyclicRelaySummary)), 0, 0, 0, 0, 0, 0, 0, 0))
+    check(ccall((:flatmem_cyclic_relay_summary_get, libflatmem), Cint, (Ptr{CyclicHandle}, Ref{CyclicRelaySummary}),
+                ensure_open(h), summary))
+    return summary[]
+end
+
+"""
+    cyclic_relay_stats(h::Cyclic; first=0, count=nothing) -> Vector{CyclicRelayTimeStep}
+
+The relay's per-time-step statistics still kept (`flatmem_cyclic_relay_stats`); `count = nothing`:
+all begun so far.
+"""
+function cyclic_relay_stats(h::Cyclic; first::Integer=0, count::Union{Nothing,Integer}=nothing)
+    n = stats_count(first, count, cyclic_summary(ensure_open(h)).time_steps)
+    stats = Vector{CyclicRelayTimeStep}(undef, n)
+    written = Ref{Int64}(0)
+    status = GC.@preserve stats begin
+        ccall((:flatmem_cyclic_relay_stats, libflatmem), Cint,
+              (Ptr{CyclicHandle}, Int64, Int64, Csize_t, Ptr{CyclicRelayTimeStep}, Ref{Int64}),
+              h, Int64(first), Int64(n), Csize_t(sizeof(CyclicRelayTimeStep)), pointer(stats), written)
+    end
+    check(status)
+    return resize!(stats, written[])
+end
+
+# ---------------------------------------------------------------------------
+# Stage-parallel cyclic training (flatmem/cyclic_stages.h)
+# ---------------------------------------------------------------------------
+#
+# L ranks, one per model stage, serve N staggered micro-batches: micro-batch m follows the
+# data-parallel schedule of rank m of N, so rank j runs stage j for all of them back to back.
+# Pure schedule queries (cyclic_stages_schedule, _offset, _period, _length, _versions_kept,
+# _actions, _occupancy) and the runtime `CyclicStages` over a `Comm` (cyclic_stages_next!,
+# _send!, _receive!, _accumulate!, _average!, _stats, _summary). 0-based, as in C.
+
+"""`flatmem_cyclic_stages_schedule`: L stages, N micro-batches per step, S steps, rule; make one with `cyclic_stages_schedule`."""
+struct CyclicStagesSchedule
+    struct_size::Csize_t
+    stages::Int32
+    micro_batches::Int32
+    steps::Int64
+    rule::Cint
+end
+
+"""
+`flatmem_cyclic_stages_action`: one action of one stage rank. `kind` is a `FLATMEM_CYCLIC_*`
+action kind (`action_kind`); `micro_batch`, `step`, `version`, `update_step` 0-based, -1 for
+none; `receives` / `sends` / `accumulates` 0 or 1: which of `cyclic_stages_receive!` (before
+computing), `cyclic_stages_send!` (after) and `cyclic_stages_accumulate!` the action needs.
+With `update_step >= 0`, form version `update_step + 1` from version `update_step` and
+`cyclic_stages_average!` before the action.
+"""
+struct CyclicStagesAction
+    time_step::Int64
+    kind::Cint
+    stage::Int32
+    micro_batch::Int32
+    step::Int64
+    version::Int64
+    update_step::Int64
+    receives::Int32
+    sends::Int32
+    accumulates::Int32
+    activations_held::Int32
+    index_in_time_step::Int32
+    actions_in_time_step::Int32
+end
+
+"""`flatmem_cyclic_stages_occupancy`: a stage rank's steady-state busy fraction, peak actions per time step, peak and mean micro-batches held."""
+struct CyclicStagesOccupancy
+    busy_fraction::Float64
+    peak_actions::Int32
+    peak_activations_held::Int32
+    mean_activations_held::Float64
+end
+
+"""Opaque C handle type `flatmem_cyclic_stages_t` (wrapped by `CyclicStages`); only ever behind a `Ptr`."""
+mutable struct CyclicStagesHandle end
+
+"""`flatmem_cyclic_stages_options`; filled by `flatmem_cyclic_stages_options_init` (the `CyclicStages` constructor does)."""
+struct CyclicStagesOptions
+    struct_size::Csize_t
+    stages::Int32
+    micro_batches::Int32
+    steps::Int64
+    rule::Cint
+    boundary_bytes::Ptr{Int64}
+    activation_bytes::Ptr{Int64}
+    timeout_ms::Int64
+    history::Int64
+end
+
+"""`flatmem_cyclic_stages_time_step_stats`: actions, activations held (and their bytes), boundary bytes posted, seconds and wait seconds of one time step."""
+struct CyclicStagesTimeStepStats
+    time_step::Int64
+    actions::Int32
+    activations_held::Int32
+    activation_bytes::Int64
+    bytes_sent::Int64
+    seconds::Float64
+    wait_seconds::Float64
+end
+
+"""`flatmem_cyclic_stages_summary`: totals since create, busy fractions (the run so far, and the schedule's steady state)."""
+struct CyclicStagesSummary
+    time_steps::Int64
+    actions::Int64
+    bytes_sent::Int64
+    messages_sent::Int64
+    max_bytes_sent_per_time_step::Int64
+    peak_activations_held::Int32
+    peak_activation_bytes::Int64
+    mean_activations_held::Float64
+    busy_fraction::Float64
+    steady_busy_fraction::Float64
+    wait_seconds::Float64
+    seconds::Float64
+end
+
+"""`action_kind(a::CyclicStagesAction) -> Symbol`: `:idle`, `:forward`, `:backward` or `:done`."""
+action_kind(a::CyclicStagesAction) = enum_symbol(CYCLIC_KINDS, a.kind, "action kind")
+
+"""
+    cyclic_stages_schedule(stages, micro_batches, steps; rule=:delay1) -> CyclicStagesSchedule
+
+L = `stages` stage ranks serving N = `micro_batches` micro-batches per step for `steps` steps:
+offset(m) = floor(m 2L / N); period P = 2L (`:delay1`, `:newest`), 2L + offset(N-1) (`:sync`);
+the forward of stage j for (m, s) at offset(m) + P s + j, its backward at offset(m) + P s + 2L-1-j.
+The library checks the ranges (a `FlatmemError` naming the field).
+"""
+function cyclic_stages_schedule(stages::Integer, micro_batches::Integer, steps::Integer; rule::Symbol=:delay1)
+    s = CyclicStagesSchedule(Csize_t(sizeof(CyclicStagesSchedule)), int32_arg(stages, "stages"),
+                             int32_arg(micro_batches, "micro_batches"), Int64(steps), cyclic_rule(rule))
+    cyclic_stages_length(s)   # checks the schedule
+    return s
+end
+
+"""`cyclic_stages_offset(s, micro_batch) -> Int`: floor(m 2L / N) time steps."""
+function cyclic_stages_offset(s::CyclicStagesSchedule, micro_batch::Integer)
+    offset = Ref{Int64}(0)
+    check(ccall((:flatmem_cyclic_stages_schedule_offset, libflatmem), Cint,
+                (Ref{CyclicStagesSchedule}, Int32, Ref{Int64}), s, int32_arg(micro_batch, "micro_batch"), offset))
+    return Int(offset[])
+end
+
+"""`cyclic_stages_period(s) -> Int`: P, time steps per training step."""
+function cyclic_stages_period(s::CyclicStagesSchedule)
+    period = Ref{Int64}(0)
+    check(ccall((:flatmem_cyclic_stages_schedule_period, libflatmem), Cint,
+                (Ref{CyclicStagesSchedule}, Ref{Int64}), s, period))
+    return Int(period[])
+end
+
+"""`cyclic_stages_length(s) -> Int`: time steps of the whole run (B(0, N-1, S-1) + 2)."""
+function cyclic_stages_length(s::CyclicStagesSchedule)
+    time_steps = Ref{Int64}(0)
+    check(ccall((:flatmem_cyclic_stages_schedule_length, libflatmem), Cint,
+                (Ref{CyclicStagesSchedule}, Ref{Int64}), s, time_steps))
+    return Int(time_steps[])
+end
+
+"""`cyclic_stages_versions_kept(s, stage) -> Int`: K, the parameter versions `stage` keeps (version v in slot v % K)."""
+function cyclic_stages_versions_kept(s::CyclicStagesSchedule, stage::Integer)
+    kept = Ref{Int32}(0)
+    check(ccall((:flatmem_cyclic_stages_schedule_versions_kept, libflatmem), Cint,
+                (Ref{CyclicStagesSchedule}, Int32, Ref{Int32}), s, int32_arg(stage, "stage"), kept))
+    return Int(kept[])
+end
+
+"""
+    cyclic_stages_actions(s, stage, time_step) -> Vector{CyclicStagesAction}
+
+The actions of `stage` at global `time_step`, in the order the runtime returns them (backwards
+first, then forwards, each by ascending micro-batch); empty when there are none.
+"""
+function cyclic_stages_actions(s::CyclicStagesSchedule, stage::Integer, time_step::Integer)
+    j, t = int32_arg(stage, "stage"), Int64(time_step)
+    count = Ref{Int32}(0)
+    check(ccall((:flatmem_cyclic_stages_schedule_actions, libflatmem), Cint,
+                (Ref{CyclicStagesSchedule}, Int32, Int64, Ptr{CyclicStagesAction}, Int32, Ref{Int32}),
+                s, j, t, Ptr{CyclicStagesAction}(C_NULL), Int32(0), count))
+    actions = Vector{CyclicStagesAction}(undef, count[])
+    status = GC.@preserve actions begin
+        ccall((:flatmem_cyclic_stages_schedule_actions, libflatmem), Cint,
+              (Ref{CyclicStagesSchedule}, Int32, Int64, Ptr{CyclicStagesAction}, Int32, Ref{Int32}),
+              s, j, t, pointer(actions), Int32(length(actions)), count)
+    end
+    check(status)
+    return resize!(actions, count[])
+end
+
+"""`cyclic_stages_occupancy(s, stage) -> CyclicStagesOccupancy`: the stage's steady-state occupancy."""
+function cyclic_stages_occupancy(s::CyclicStagesSchedule, stage::Integer)
+    occupancy = Ref{CyclicStagesOccupancy}()
+    check(ccall((:flatmem_cyclic_stages_schedule_occupancy, libflatmem), Cint,
+                (Ref{CyclicStagesSchedule}, Int32, Ref{CyclicStagesOccupancy}), s, int32_arg(stage, "stage"), occupancy))
+    return occupancy[]
+end
+
+"""
+    CyclicStages(comm::Comm, micro_batches, steps; boundary_bytes, rule=:delay1,
+                 activation_bytes=nothing, timeout_ms=0, history=0)
+
+This stage rank's stage-parallel runtime over `comm` (`flatmem_cyclic_stages_create`; collective,
+rank j runs stage j of L = the communicator's size; every rank passes the same values, checked).
+`boundary_bytes`: L - 1 integers, the largest bytes crossing the boundary between stages j and
+j + 1 (an activation or its gradient; `nothing` only when L = 1). `activation_bytes`: L integers
+per micro-batch, accounting only. `timeout_ms` bounds every wait (0 = the communicator's).
+
+    h = CyclicStages(comm, N, S; boundary_bytes=[rows * width * 4])
+    K = cyclic_stages_versions_kept(cyclic_schedule(h), comm.rank)
+    while true
+        a = cyclic_stages_next!(h)                     # may wait (the last sends)
+        action_kind(a) === :done && break
+        if a.update_step >= 0                          # version v + 1 from version v
+            v = a.update_step
+            slot[(v + 1) % K + 1] = slot[v % K + 1] .- lr .* cyclic_stages_average!(h, average)
+        end
+        if action_kind(a) === :forward
+            a.receives == 1 && cyclic_stages_receive!(h, x)
+            y = forward(slot[a.version % K + 1], x)
+            a.sends == 1 && cyclic_stages_send!(h, y)
+        elseif action_kind(a) === :backward
+            a.receives == 1 && cyclic_stages_receive!(h, dy)
+            g, dx = backward(slot[a.version % K + 1], dy)
+            cyclic_stages_accumulate!(h, g)
+            a.sends == 1 && cyclic_stages_send!(h, dx)
+        end
+    end
+    close(h)
+
+Arrays are copied (send, accumulate) or written (receive, average) during the call: the handle
+keeps none. Calls out of order are a `FlatmemError` (`INVALID_ARGUMENT`) that changes nothing; a
+dead or wedged neighbour a `FlatmemError` (TIMEOUT / PEER_FAILURE) naming stage, micro-batch,
+step and peer. The `CyclicStages` keeps `comm` open until `close(h)`.
+"""
+mutable struct CyclicStages
+    ptr::Ptr{CyclicStagesHandle}
+    comm::Comm
+
+    function CyclicStages(comm::Comm, micro_batches::Integer, steps::Integer;
+                          boundary_bytes::Union{Nothing,AbstractVector{<:Integer}}=nothing, rule::Symbol=:delay1,
+                          activation_bytes::Union{Nothing,AbstractVector{<:Integer}}=nothing, timeout_ms::Integer=0,
+                          history::Integer=0)
+        ensure_open(comm)
+        rule_value = cyclic_rule(rule)
+        stages = comm.world_size
+        timeout_ms >= 0 || throw(ArgumentError("timeout_ms = $timeout_ms; expected >= 0 (0 = the communicator's default)"))
+        history >= 0 || throw(ArgumentError("history = $history; expected >= 0 (0 = 65536 time steps)"))
+        bounds = int64_entries(boundary_bytes, stages - 1, "boundary_bytes", "one per boundary, stages - 1")
+        bytes = int64_entries(activation_bytes, stages, "activation_bytes", "one per stage")
+        null = Ptr{Int64}(C_NULL)
+        options = Ref{CyclicStagesOptions}()
+        check(ccall((:flatmem_cyclic_stages_options_init, libflatmem), Cint, (Ref{CyclicStagesOptions},), options))
+        out = Ref{Ptr{CyclicStagesHandle}}(C_NULL)
+        status = GC.@preserve comm bounds bytes begin
+            options[] = CyclicStagesOptions(options[].struct_size, Int32(stages), int32_arg(micro_batches, "micro_batches"),
+                                            Int64(steps), rule_value,
+                                            bounds === nothing || isempty(bounds) ? null : pointer(bounds),
+                                            bytes === nothing ? null : pointer(bytes), Int64(timeout_ms), Int64(history))
+            @gc_safe ccall((:flatmem_cyclic_stages_create, libflatmem), Cint,
+                           (Ref{Ptr{CyclicStagesHandle}}, Ptr{CommHandle}, Ref{CyclicStagesOptions}), out, comm, options)
+        end
+        check(status)
+        comm.users += 1
+        h = new(out[], comm)
+        finalizer(destroy_quietly, h)
+        return h
+    end
+end
+
+Base.unsafe_convert(::Type{Ptr{CyclicStagesHandle}}, h::CyclicStages) = h.ptr
+Base.isopen(h::CyclicStages) = h.ptr != C_NULL
+
+function Base.show(io::IO, h::CyclicStages)
+    print(io, "Flatmem.CyclicStages(stage ", h.comm.rank, " of ", h.comm.world_size, isopen(h) ? ")" : ", closed)")
+end
+
+function ensure_open(h::CyclicStages)
+    isopen(h) || throw(ArgumentError("this Flatmem.CyclicStages is closed"))
+    return h
+end
+
+# flatmem_cyclic_stages_destroy once, then lets go of the communicator; returns the status.
+function destroy(h::CyclicStages)
+    handle = h.ptr
+    h.ptr = Ptr{CyclicStagesHandle}(C_NULL)
+    handle == C_NULL && return FLATMEM_STATUS_SUCCESS
+    status = @gc_safe ccall((:flatmem_cyclic_stages_destroy, libflatmem), Cint, (Ptr{CyclicStagesHandle},), handle)
+    release_user(h.comm)
+    return status
+end
+
+destroy_quietly(h::CyclicStages) = (destroy(h); nothing)
+
+"""
+    close(h::CyclicStages)
+
+Release the runtime (`flatmem_cyclic_stages_destroy`): quick after `:done` (or a failure); before
+it the neighbours cannot finish, so the communicator is poisoned (they fail naming this stage).
+Idempotent.
+"""
+Base.close(h::CyclicStages) = check(destroy(h))
+
+"""
+    cyclic_stages_next!(h::CyclicStages) -> CyclicStagesAction
+
+The next action of this stage (`flatmem_cyclic_stages_next`; time steps without actions are
+skipped). A `FlatmemError` (`INVALID_ARGUMENT`), without advancing, while the current action's
+receive, send or accumulate is missing. Before `:done` it waits (at most the timeout) until this
+rank's sends have left; `:done` again on every later call.
+"""
+function cyclic_stages_next!(h::CyclicStages)
+    ensure_open(h)
+    action = Ref{CyclicStagesAction}()
+    status = @gc_safe ccall((:flatmem_cyclic_stages_next, libflatmem), Cint,
+                            (Ptr{CyclicStagesHandle}, Ref{CyclicStagesAction}), h, action)
+    check(status)
+    return action[]
+end
+
+"""
+    cyclic_stages_send!(h::CyclicStages, tensor::Array) -> tensor
+
+Send the current action's boundary tensor (its `sends`, once): a dense Array of a message element
+type, at most the boundary's `boundary_bytes`. Copied; waits (at most the timeout) only while
+every staging buffer is still in flight.
+"""
+function cyclic_stages_send!(h::CyclicStages, tensor::AbstractArray)
+    ensure_open(h)
+    t = message_tensor(tensor, "tensor")
+    status = GC.@preserve t begin
+        @gc_safe ccall((:flatmem_cyclic_stages_send, libflatmem), Cint, (Ptr{CyclicStagesHandle}, Ptr{DLTensor}),
+                       h, tensor_ptr(t))
+    end
+    check(status)
+    return tensor
+end
+
+"""
+    cyclic_stages_receive!(h::CyclicStages, into::Array) -> into
+
+Receive the current action's boundary tensor (its `receives`, once) into `into`, which must have
+exactly the sent bytes (else a `FlatmemError` naming both sizes, which poisons the handle and
+communicator). Waits at most the timeout; nothing is written on error.
+"""
+function cyclic_stages_receive!(h::CyclicStages, into::AbstractArray)
+    ensure_open(h)
+    t = message_tensor(into, "into")
+    status = GC.@preserve t begin
+        @gc_safe ccall((:flatmem_cyclic_stages_receive, libflatmem), Cint, (Ptr{CyclicStagesHandle}, Ptr{DLTensor}),
+                       h, tensor_ptr(t))
+    end
+    check(status)
+    return into
+end
+
+"""
+    cyclic_stages_accumulate!(h::CyclicStages, gradient::Array{Float32 or Float64}) -> gradient
+
+Add the current backward's stage gradient (once) into its step's accumulator (copied; the same
+element type and length every time).
+"""
+function cyclic_stages_accumulate!(h::CyclicStages, gradient::AbstractArray)
+    ensure_open(h)
+    gradient isa Union{Array{Float32},Array{Float64}} ||
+        throw(ArgumentError("gradient must be a dense Array{Float32} or Array{Float64}; got $(typeof(gradient))"))
+    t = array_tensor(gradient)
+    status = GC.@preserve t begin
+        ccall((:flatmem_cyclic_stages_accumulate, libflatmem), Cint, (Ptr{CyclicStagesHandle}, Ptr{DLTensor}),
+              h, tensor_ptr(t))
+    end
+    check(status)
+    return gradient
+end
+
+"""
+    cyclic_stages_average!(h::CyclicStages, out::Array{Float32 or Float64}) -> out
+
+Copy the average of the current action's `update_step` (only while it is >= 0) into `out`:
+((g_0 + g_1) + ... + g_{N-1}) * fl(1/N), the accumulate element type and length.
+"""
+function cyclic_stages_average!(h::CyclicStages, out::AbstractArray)
+    ensure_open(h)
+    out isa Union{Array{Float32},Array{Float64}} ||
+        throw(ArgumentError("out must be a dense Array{Float32} or Array{Float64}; got $(typeof(out))"))
+    t = array_tensor(out)
+    status = GC.@preserve t begin
+        ccall((:flatmem_cyclic_stages_average, libflatmem), Cint, (Ptr{CyclicStagesHandle}, Ptr{DLTensor}),
+              h, tensor_ptr(t))
+    end
+    check(status)
+    return out
+end
+
+"""`cyclic_schedule(h::CyclicStages) -> CyclicStagesSchedule`: the runtime's schedule."""
+function cyclic_schedule(h::CyclicStages)
+    schedule = Ref{CyclicStagesSchedule}()
+    check(ccall((:flatmem_cyclic_stages_get_schedule, libflatmem), Cint,
+                (Ptr{CyclicStagesHandle}, Ref{CyclicStagesSchedule}), ensure_open(h), schedule))
+    return schedule[]
+end
+
+"""`cyclic_stages_summary(h::CyclicStages) -> CyclicStagesSummary`: totals since create."""
+function cyclic_stages_summary(h::CyclicStages)
+    summary = Ref{CyclicStagesSummary}()
+    check(ccall((:flatmem_cyclic_stages_summary_get, libflatmem), Cint,
+                (Ptr{CyclicStagesHandle}, Ref{CyclicStagesSummary}), ensure_open(h), summary))
+    return summary[]
+end
+
+"""
+    cyclic_stages_stats(h::CyclicStages; first=0, count=nothing) -> Vector{CyclicStagesTimeStepStats}
+
+Statistics of time steps `first .. first + count - 1` still kept (`flatmem_cyclic_stages_stats`);
+`count = nothing`: all begun so far.
+"""
+function cyclic_stages_stats(h::CyclicStages; first::Integer=0, count::Union{Nothing,Integer}=nothing)
+    n = stats_count(first, count, cyclic_stages_summary(ensure_open(h)).time_steps)
+    stats = Vector{CyclicStagesTimeStepStats}(undef, n)
+    written = Ref{Int64}(0)
+    status = GC.@preserve stats begin
+        ccall((:flatmem_cyclic_stages_stats, libflatmem), Cint,
+              (Ptr{CyclicStagesHandle}, Int64, Int64, Ptr{CyclicStagesTimeStepStats}, Ref{Int64}),
               h, Int64(first), Int64(n), pointer(stats), written)
     end
     check(status)

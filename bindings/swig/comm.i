@@ -14,8 +14,13 @@
  *   CommLocalGroup       flatmem_comm_create_local: take(rank) -> Communicator.
  *   CommRequest          wait(timeout_ms), test().
  *   Cyclic               a flatmem_cyclic_t over a Communicator: next(), reduce(),
- *                        schedule(), load_stats() / stat(i), summary(), close().
+ *                        schedule(), load_stats() / stat(i), summary(), close(); the ZeRO
+ *                        relay (parameters = CYCLIC_PARAMETERS_RELAYED): set_shard(),
+ *                        shard_begin() / shard_end(), parameters(), load_relay_stats() /
+ *                        relay_stat(i), relay_summary().
  *   CyclicTimeStepStats, CyclicSummary   read-only results.
+ *   CyclicStages, CyclicStagesSchedule, ...   the stage-parallel runtime
+ *                        (<flatmem/cyclic_stages.h>), in cyclic_stages.i (included at the end).
  * Times are in milliseconds; 0 = the communicator's default (options.timeout_ms).
  *
  * Lifetime (the same for every language). A Communicator is a small
@@ -43,7 +48,7 @@
 typedef struct flatmem_swig_comm {
   flatmem_comm_t *handle; /* NULL once closed or aborted */
   int32_t rank, world_size;
-  int users;              /* live Contrastive / Cyclic handles on it */
+  int users;              /* live Contrastive / Cyclic / CyclicStages handles on it */
   int refs;               /* proxy + requests + users; freed at 0 */
 } flatmem_swig_comm;
 
@@ -199,12 +204,46 @@ typedef struct flatmem_swig_comm_group {
   flatmem_comm_t **comms; /* NULL once taken */
 } flatmem_swig_comm_group;
 
+/* Zeroed room for `count` results of `size` bytes (0 .. 2^24 of them), or
+ * NULL with INVALID_ARGUMENT / OUT_OF_MEMORY naming `what`. */
+static void *flatmem_swig_results(int64_t count, size_t size, const char *what) {
+  void *p;
+  if (count < 0 || count > (int64_t)1 << 24) {
+    flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "%s: count %lld; expected 0 to 2^24", what,
+                      (long long)count);
+    return NULL;
+  }
+  p = calloc((size_t)(count > 0 ? count : 1), size);
+  if (!p) flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "%s: out of memory", what);
+  return p;
+}
+
 typedef struct flatmem_swig_cyclic {
   flatmem_cyclic_t *handle; /* NULL once closed */
   flatmem_swig_comm *comm;  /* a user reference, dropped by close */
   flatmem_cyclic_time_step_stats *stats;
   int64_t stats_count;
+  flatmem_cyclic_relay_time_step *relay_stats; /* RELAYED: load_relay_stats */
+  int64_t relay_stats_count;
 } flatmem_swig_cyclic;
+
+/* An options array given as a Tensor: NULL stays NULL; else a compact
+ * (count,) int64 CPU tensor, whose data goes to *entries. 0 with
+ * INVALID_ARGUMENT "<what>: <field>: expected ..." otherwise. */
+static int flatmem_swig_int64_entries(const flatmem_swig_tensor *tensor, int32_t count, const char *what,
+                                      const char *field, const char *meaning, const int64_t **entries) {
+  const DLTensor *t = tensor ? &tensor->dl : NULL;
+  *entries = NULL;
+  if (!t) return 1;
+  if (t->dtype.code != kDLInt || t->dtype.bits != 64 || t->dtype.lanes != 1 || t->ndim != 1 ||
+      t->shape[0] != count || t->strides || t->device.device_type != kDLCPU || !t->data) {
+    flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "%s: %s: expected a compact (%d,) int64 CPU tensor, %s",
+                      what, field, (int)count, meaning);
+    return 0;
+  }
+  *entries = (const int64_t *)((const char *)t->data + t->byte_offset);
+  return 1;
+}
 
 static flatmem_cyclic_t *flatmem_swig_cyclic_open(const flatmem_swig_cyclic *s, const char *what) {
   if (!s->handle) flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "%s: the Cyclic handle is closed", what);
@@ -248,6 +287,8 @@ static void flatmem_swig_cyclic_release(flatmem_swig_cyclic *s) {
 %javamethodmodifiers flatmem_swig_cyclic::next "private";
 %rename(close_raw) flatmem_swig_cyclic::close;
 %javamethodmodifiers flatmem_swig_cyclic::close "private";
+%rename(set_shard_raw) flatmem_swig_cyclic::set_shard;
+%javamethodmodifiers flatmem_swig_cyclic::set_shard "private";
 
 %typemap(javaclassmodifiers) struct flatmem_comm_unique_id "/**
  * What rank 0 makes (new UniqueId(\"host:port\"), port 0 = any free port) and
@@ -436,7 +477,7 @@ public class"
   /** ... every wait bounded by timeout_ms (milliseconds; 0 = the communicator's). */
   public Cyclic(Communicator comm, int stages, long steps, CyclicRule rule, long timeout_ms) {
     this(comm, stages, steps, rule == null ? -1 : rule.swigValue(), null, timeout_ms,
-         NonfinitePolicy.NONFINITE_ERROR.swigValue(), 0);
+         NonfinitePolicy.NONFINITE_ERROR.swigValue(), 0, 0 /* CYCLIC_PARAMETERS_REPLICATED */, null);
   }
 
   /** Advances to the next time step (may wait: start token, the update's
@@ -465,11 +506,22 @@ public class"
     return out;
   }
 
+  /** The shards registered by set_shard, by stage (the library reads them in next()). */
+  private final java.util.Map<Integer, Tensor> shards = new java.util.HashMap<Integer, Tensor>();
+
+  /** RELAYED: registers this rank's shard of `stage` (kept reachable until
+   *  registered again or closed: the runtime reads it inside next()). */
+  public void set_shard(int stage, Tensor shard) {
+    set_shard_raw(stage, shard);
+    shards.put(stage, shard);
+  }
+
   /** flatmem_cyclic_destroy now (poisons the communicator when reductions are
    *  in flight) and releases the communicator. No-op when closed. */
   @Override public void close() {
     close_raw();
     inFlight.clear();
+    shards.clear();
   }
 %}
 #endif
@@ -735,23 +787,19 @@ struct flatmem_swig_cyclic {};
   flatmem_swig_cyclic(flatmem_swig_comm *comm, int32_t stages, int64_t steps,
                       int32_t rule = FLATMEM_CYCLIC_DELAY1,
                       const flatmem_swig_tensor *activation_bytes = NULL, int64_t timeout_ms = 0,
-                      int32_t nonfinite = FLATMEM_NONFINITE_ERROR, int64_t history = 0) {
+                      int32_t nonfinite = FLATMEM_NONFINITE_ERROR, int64_t history = 0,
+                      int32_t parameters = FLATMEM_CYCLIC_PARAMETERS_REPLICATED,
+                      const flatmem_swig_tensor *parameter_count = NULL) {
     flatmem_cyclic_options o = FLATMEM_CYCLIC_OPTIONS_INIT;
     flatmem_comm_t *h = flatmem_swig_comm_open(comm, "Cyclic");
     flatmem_swig_cyclic *s;
     if (!h) return NULL;
-    if (activation_bytes) {
-      const DLTensor *t = &activation_bytes->dl;
-      if (t->dtype.code != kDLInt || t->dtype.bits != 64 || t->dtype.lanes != 1 || t->ndim != 1 ||
-          t->shape[0] != stages || t->strides || t->device.device_type != kDLCPU || !t->data) {
-        flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
-                          "Cyclic: activation_bytes: expected a compact (%d,) int64 CPU tensor, one "
-                          "entry per stage",
-                          (int)stages);
-        return NULL;
-      }
-      o.activation_bytes = (const int64_t *)((const char *)t->data + t->byte_offset);
-    }
+    if (!flatmem_swig_int64_entries(activation_bytes, stages, "Cyclic", "activation_bytes",
+                                    "one entry per stage", &o.activation_bytes) ||
+        !flatmem_swig_int64_entries(parameter_count, stages, "Cyclic", "parameter_count",
+                                    "the elements of each stage", &o.parameter_count))
+      return NULL;
+    o.parameters = (flatmem_cyclic_parameter_mode)parameters;
     o.stages = stages;
     o.steps = steps;
     o.rule = (flatmem_cyclic_rule)rule;
@@ -774,6 +822,7 @@ struct flatmem_swig_cyclic {};
   ~flatmem_swig_cyclic() {
     flatmem_swig_cyclic_release($self);
     free($self->stats);
+    free($self->relay_stats);
     free($self);
   }
   /* flatmem_cyclic_destroy now (see cyclic.h: poisons the communicator when
@@ -808,16 +857,8 @@ struct flatmem_swig_cyclic {};
     flatmem_cyclic_time_step_stats *buffer;
     flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.load_stats");
     if (!h) return 0;
-    if (count < 0 || count > (int64_t)1 << 24) {
-      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Cyclic.load_stats: count %lld; expected 0 to 2^24",
-                        (long long)count);
-      return 0;
-    }
-    buffer = (flatmem_cyclic_time_step_stats *)calloc((size_t)(count > 0 ? count : 1), sizeof *buffer);
-    if (!buffer) {
-      flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "Cyclic.load_stats: out of memory");
-      return 0;
-    }
+    buffer = (flatmem_cyclic_time_step_stats *)flatmem_swig_results(count, sizeof *buffer, "Cyclic.load_stats");
+    if (!buffer) return 0;
     if (!flatmem_swig_check(flatmem_cyclic_stats(h, first, count, buffer, &written))) {
       free(buffer);
       return 0;
@@ -844,4 +885,67 @@ struct flatmem_swig_cyclic {};
     if (h) flatmem_swig_check(flatmem_cyclic_summary_get(h, &s));
     return s;
   }
+
+  /* ZeRO relay (options.parameters = CYCLIC_PARAMETERS_RELAYED), cyclic.h. */
+  /* flatmem_cyclic_set_shard: the library reads the shard's memory inside
+   * later next() calls: the caller keeps it alive (the Python / Java layers
+   * hold a reference until it is registered again or the handle is closed). */
+  void set_shard(int32_t stage, flatmem_swig_tensor *shard) {
+    flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.set_shard");
+    if (h) flatmem_swig_check(flatmem_cyclic_set_shard(h, stage, flatmem_swig_dl_out(shard)));
+  }
+  /* flatmem_cyclic_shard_range: the first element of `rank`'s shard of `stage`, and one past its last. */
+  int64_t shard_begin(int32_t stage, int32_t rank) {
+    int64_t begin = 0, end = 0;
+    flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.shard_range");
+    if (h) flatmem_swig_check(flatmem_cyclic_shard_range(h, stage, rank, &begin, &end));
+    return begin;
+  }
+  int64_t shard_end(int32_t stage, int32_t rank) {
+    int64_t begin = 0, end = 0;
+    flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.shard_range");
+    if (h) flatmem_swig_check(flatmem_cyclic_shard_range(h, stage, rank, &begin, &end));
+    return end;
+  }
+  /* flatmem_cyclic_parameters: waits for the relay, copies the full stage into `full`. */
+  void parameters(flatmem_swig_tensor *full) {
+    flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.parameters");
+    if (h) flatmem_swig_check(flatmem_cyclic_parameters(h, flatmem_swig_dl_out(full)));
+  }
+  /* flatmem_cyclic_relay_stats into the handle (read with relay_stat(i)). */
+  int64_t load_relay_stats(int64_t first, int64_t count) {
+    int64_t written = 0;
+    flatmem_cyclic_relay_time_step *buffer;
+    flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.load_relay_stats");
+    if (!h) return 0;
+    buffer = (flatmem_cyclic_relay_time_step *)flatmem_swig_results(count, sizeof *buffer, "Cyclic.load_relay_stats");
+    if (!buffer) return 0;
+    if (!flatmem_swig_check(flatmem_cyclic_relay_stats(h, first, count, sizeof *buffer, buffer, &written))) {
+      free(buffer);
+      return 0;
+    }
+    free($self->relay_stats);
+    $self->relay_stats = buffer;
+    $self->relay_stats_count = written;
+    return written;
+  }
+  flatmem_cyclic_relay_time_step relay_stat(int64_t index) const {
+    flatmem_cyclic_relay_time_step s;
+    memset(&s, 0, sizeof s);
+    if (index < 0 || index >= $self->relay_stats_count)
+      flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT, "Cyclic.relay_stat: index %lld out of range [0, %lld)",
+                        (long long)index, (long long)$self->relay_stats_count);
+    else
+      s = $self->relay_stats[index];
+    return s;
+  }
+  flatmem_cyclic_relay_summary relay_summary() {
+    flatmem_cyclic_relay_summary s = FLATMEM_CYCLIC_RELAY_SUMMARY_INIT;
+    flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.relay_summary");
+    if (h) flatmem_swig_check(flatmem_cyclic_relay_summary_get(h, &s));
+    return s;
+  }
 }
+
+/* Stage-parallel cyclic training: CyclicStages and its schedule. */
+%include "cyclic_stages.i"

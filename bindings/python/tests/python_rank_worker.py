@@ -164,6 +164,58 @@ def job_killed(comm, params):
     return {"first": first, "elapsed": elapsed, "later": later}
 
 
+def stage_mlp(params):
+    """The test MLP of the stage-parallel jobs (python_stage_mlp.StageMlp)."""
+    from python_stage_mlp import StageMlp
+    return StageMlp(params["widths"], params["rows"], params["seed"], params["dtype"])
+
+
+def job_stages(comm, params):
+    """Stage comm.rank of the stage-parallel MLP (python_stage_mlp.train_stages)."""
+    from python_stage_mlp import train_stages
+    return train_stages(comm, stage_mlp(params), params["micro_batches"], params["steps"], params["rule"],
+                        params["lr"])
+
+
+def job_relayed(comm, params):
+    """The ZeRO relay and the replicated training of the same MLP on this rank."""
+    from python_stage_mlp import train_data_parallel, train_relayed
+    mlp = stage_mlp(params)
+    return {"replicated": train_data_parallel(comm, mlp, params["steps"], "delay1", params["lr"]),
+            "relayed": train_relayed(comm, mlp, params["steps"], params["lr"])}
+
+
+def job_stages_killed(comm, params):
+    """Stage-parallel training where stage params["victim"] stops after its
+    first action (the test kills it there); the others report what they
+    raised and how long it took."""
+    from python_stage_mlp import train_stage
+    mlp = stage_mlp(params)
+    h = flatmem.CyclicStages(comm, micro_batches=params["micro_batches"], steps=params["steps"],
+                             boundary_bytes=mlp.boundary_bytes(), timeout_ms=params["timeout_ms"])
+    if comm.rank == params["victim"]:
+        h.next()
+        time.sleep(60)
+        return None
+    start = time.monotonic()
+    try:
+        train_stage(h, mlp, params["lr"])
+    except flatmem.Error as e:
+        first = (type(e).__name__, str(e))
+    else:
+        first = None
+    elapsed = time.monotonic() - start
+    try:
+        h.next()
+    except flatmem.Error as e:
+        later = type(e).__name__
+    else:
+        later = None
+    h.close()
+    comm.abort()
+    return {"first": first, "elapsed": elapsed, "later": later}
+
+
 def communicator(mode, rank, outdir):
     """This rank's Communicator: from the environment, or from rank 0's
     UniqueId (written by rank 0 to outdir/uid as hex, read by the others)."""

@@ -27,3 +27,13 @@ pub(crate) fn timeout_ms(name: &str, timeout: Option<Duration>) -> Result<i64> {
         },
     }
 }
+
+/// An options array of exactly `expected` entries, as the pointer the C
+/// options take (copied by the create call; NULL when `values` is empty), or
+/// `InvalidArgument` "<name>: <n> entries; expected <meaning> (<expected>)".
+pub(crate) fn entries(name: &str, values: &[i64], expected: usize, meaning: &str) -> Result<*const i64> {
+    if values.len() != expected {
+        return Err(Error::invalid(format!("{}: {} entries; expected {} ({})", name, values.len(), meaning, expected)));
+    }
+    Ok(if values.is_empty() { std::ptr::null() } else { values.as_ptr() })
+}

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::comm::Communicator;
 use crate::contrastive::NonFinite;
-use crate::convert::{int32, int64, timeout_ms};
+use crate::convert::{entries, int32, int64, timeout_ms};
 use crate::error::{check, Error, Result, Status};
 use crate::handle::{HandleKind, OwnedHandle};
 use crate::sys;
@@ -87,7 +87,7 @@ pub enum ActionKind {
 }
 
 impl ActionKind {
-    fn from_raw(raw: sys::flatmem_cyclic_action_kind) -> Option<ActionKind> {
+    pub(crate) fn from_raw(raw: sys::flatmem_cyclic_action_kind) -> Option<ActionKind> {
         match raw {
             sys::FLATMEM_CYCLIC_IDLE => Some(ActionKind::Idle),
             sys::FLATMEM_CYCLIC_FORWARD => Some(ActionKind::Forward),
@@ -278,6 +278,7 @@ pub struct CyclicOptions {
     timeout: Option<Duration>,
     nonfinite: NonFinite,
     history: usize,
+    parameter_count: Option<Vec<i64>>,
 }
 
 impl CyclicOptions {
@@ -294,7 +295,18 @@ impl CyclicOptions {
             timeout: None,
             nonfinite: NonFinite::Error,
             history: 0,
+            parameter_count: None,
         }
+    }
+
+    /// The ZeRO relay mode (`FLATMEM_CYCLIC_PARAMETERS_RELAYED`, `Delay1`
+    /// only): rank k keeps shard k of every stage ([`Cyclic::set_shard`]),
+    /// the full stage reaches each rank by a relay before its forward and
+    /// backward ([`Cyclic::parameters`]). `parameter_count[j]` = n_j, the
+    /// elements of stage j (L entries, the same on every rank).
+    pub fn relayed(mut self, parameter_count: Vec<i64>) -> CyclicOptions {
+        self.parameter_count = Some(parameter_count);
+        self
     }
 
     /// Bytes of activations stage j keeps for its backward (L entries, for
@@ -331,18 +343,15 @@ impl CyclicOptions {
         raw.steps = int64("options.steps", self.steps)?;
         raw.rule = self.rule.raw();
         if let Some(bytes) = &self.activation_bytes {
-            if bytes.len() != self.stages {
-                return Err(Error::invalid(format!(
-                    "options.activation_bytes: {} entries; expected one per stage ({})",
-                    bytes.len(),
-                    self.stages
-                )));
-            }
-            raw.activation_bytes = bytes.as_ptr(); // copied by create
+            raw.activation_bytes = entries("options.activation_bytes", bytes, self.stages, "one per stage")?;
         }
         raw.timeout_ms = timeout_ms("options.timeout", self.timeout)?;
         raw.nonfinite = self.nonfinite.raw();
         raw.history = int64("options.history", self.history as u64)?;
+        if let Some(counts) = &self.parameter_count {
+            raw.parameters = sys::FLATMEM_CYCLIC_PARAMETERS_RELAYED;
+            raw.parameter_count = entries("options.parameter_count", counts, self.stages, "one per stage")?;
+        }
         Ok(raw)
     }
 }
@@ -430,6 +439,9 @@ pub struct Cyclic<'c, T: Element> {
     in_flight: Vec<((usize, u64), Vec<T>)>,
     /// Gradients whose reduce failed: kept, never read, until the handle is gone.
     refused: Vec<Vec<T>>,
+    /// RELAYED: this rank's registered shard of each stage (read by the C
+    /// handle inside `next`, so owned here until the handle is gone).
+    shards: Vec<Option<Vec<T>>>,
     current: Option<Action>,
     schedule: Schedule,
     _comm: PhantomData<&'c Communicator>,
@@ -456,7 +468,15 @@ impl<'c, T: Element> Cyclic<'c, T> {
         // SAFETY: a live communicator that outlives the handle ('c), valid
         // options (activation_bytes copied by create).
         let handle = OwnedHandle::create(|out| unsafe { sys::flatmem_cyclic_create(out, comm.as_raw(), &raw) })?;
-        Ok(Cyclic { handle, in_flight: Vec::new(), refused: Vec::new(), current: None, schedule, _comm: PhantomData })
+        Ok(Cyclic {
+            handle,
+            in_flight: Vec::new(),
+            refused: Vec::new(),
+            shards: Vec::new(),
+            current: None,
+            schedule,
+            _comm: PhantomData,
+        })
     }
 
     /// The schedule (world size, stages, steps, rule) with its pure queries.
@@ -539,6 +559,92 @@ impl<'c, T: Element> Cyclic<'c, T> {
         let mut summary = sys::flatmem_cyclic_summary::default();
         // SAFETY: a live handle and a writable summary.
         check(unsafe { sys::flatmem_cyclic_summary_get(self.handle.as_ptr(), &mut summary) })?;
+        Ok(summary)
+    }
+
+    /// RELAYED: registers this rank's shard of `stage` (version 0: exactly
+    /// the elements of [`shard_range`](Cyclic::shard_range)`(stage, rank)`,
+    /// possibly none; `flatmem_cyclic_set_shard`). The runtime takes the
+    /// buffer: the C handle reads it inside [`next`](Cyclic::next) (and sends
+    /// copies), and the caller updates it in place through
+    /// [`shard_mut`](Cyclic::shard_mut) at the stage's update actions, with
+    /// the average the update brings in its shard range. Every stage must be
+    /// registered before the first `next`. On error nothing is registered.
+    pub fn set_shard(&mut self, stage: usize, mut shard: Vec<T>) -> Result<()> {
+        let raw_stage = int32("stage", stage)?;
+        {
+            let mut desc = Desc::elements_mut(&mut shard, "shard")?;
+            let mut t = desc.dl();
+            // SAFETY: a live handle; the shard's heap buffer is kept in
+            // `shards` (moving the Vec does not move it) until it is
+            // registered again or the handle is destroyed.
+            check(unsafe { sys::flatmem_cyclic_set_shard(self.handle.as_mut_ptr(), raw_stage, t.mut_ptr()) })?;
+        }
+        if self.shards.len() <= stage {
+            self.shards.resize_with(stage + 1, || None);
+        }
+        self.shards[stage] = Some(shard); // a buffer registered before is no longer read: dropped
+        Ok(())
+    }
+
+    /// RELAYED: this rank's shard of `stage` (None before `set_shard`).
+    pub fn shard(&self, stage: usize) -> Option<&[T]> {
+        self.shards.get(stage).and_then(|s| s.as_deref())
+    }
+
+    /// RELAYED: the shard to update at the stage's update action (the runtime
+    /// reads it only inside `next`, which this borrow excludes).
+    pub fn shard_mut(&mut self, stage: usize) -> Option<&mut [T]> {
+        self.shards.get_mut(stage).and_then(|s| s.as_deref_mut())
+    }
+
+    /// RELAYED: the elements `begin .. end` of `stage` that `rank` owns
+    /// (`flatmem_cyclic_shard_range`: c_j = ceil(n_j / N), rank k owns
+    /// [min(k c_j, n_j), min((k + 1) c_j, n_j)), possibly empty).
+    pub fn shard_range(&self, stage: usize, rank: usize) -> Result<std::ops::Range<usize>> {
+        let (stage, rank) = (int32("stage", stage)?, int32("rank", rank)?);
+        let (mut begin, mut end) = (0i64, 0i64);
+        // SAFETY: a live handle and writable outputs.
+        check(unsafe { sys::flatmem_cyclic_shard_range(self.handle.as_ptr(), stage, rank, &mut begin, &mut end) })?;
+        Ok(begin as usize..end as usize)
+    }
+
+    /// RELAYED: during a forward or backward, once: waits (at most the
+    /// timeout) for the relay of the action's stage and copies its full
+    /// parameters (version max(0, step - 1), n_j elements) into `full`
+    /// (`flatmem_cyclic_parameters`); then passes them on in the background.
+    /// `full` is written only on success.
+    pub fn parameters(&mut self, full: &mut [T]) -> Result<()> {
+        let mut desc = Desc::elements_mut(full, "full")?;
+        let mut t = desc.dl();
+        // SAFETY: a live handle; `full` is written during the call only.
+        check(unsafe { sys::flatmem_cyclic_parameters(self.handle.as_mut_ptr(), t.mut_ptr()) })
+    }
+
+    /// RELAYED: the relay statistics of the time steps still kept
+    /// (`flatmem_cyclic_relay_stats`).
+    pub fn relay_stats(&self) -> Result<Vec<sys::flatmem_cyclic_relay_time_step>> {
+        let count = self.summary()?.time_steps.max(0);
+        let mut stats = vec![sys::flatmem_cyclic_relay_time_step::default(); count as usize];
+        let mut written = 0i64;
+        let size = std::mem::size_of::<sys::flatmem_cyclic_relay_time_step>();
+        // SAFETY: room for `count` entries of `size` bytes.
+        check(unsafe {
+            sys::flatmem_cyclic_relay_stats(self.handle.as_ptr(), 0, count, size, stats.as_mut_ptr(), &mut written)
+        })?;
+        stats.truncate(written.max(0) as usize);
+        Ok(stats)
+    }
+
+    /// RELAYED: shard, replica and staging sizes and the relay totals
+    /// (`flatmem_cyclic_relay_summary_get`).
+    pub fn relay_summary(&self) -> Result<sys::flatmem_cyclic_relay_summary> {
+        let mut summary = sys::flatmem_cyclic_relay_summary {
+            struct_size: std::mem::size_of::<sys::flatmem_cyclic_relay_summary>(),
+            ..Default::default()
+        };
+        // SAFETY: a live handle and a writable summary of struct_size bytes.
+        check(unsafe { sys::flatmem_cyclic_relay_summary_get(self.handle.as_ptr(), &mut summary) })?;
         Ok(summary)
     }
 }

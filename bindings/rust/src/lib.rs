@@ -20,6 +20,10 @@
 //! - [`cyclic`]: the cyclic data-parallel schedule of `flatmem/cyclic.h` as
 //!   pure queries ([`cyclic::Schedule`]) and its runtime over a communicator
 //!   ([`cyclic::Cyclic`]).
+//! - [`cyclic_stages`]: stage-parallel cyclic training, one rank per stage
+//!   serving N staggered micro-batches: the pure schedule
+//!   ([`cyclic_stages::StageSchedule`]) and the runtime
+//!   ([`cyclic_stages::CyclicStages`]).
 //! - [`half`]: fp32 <-> bf16 / fp16 bit patterns.
 //!
 //! Every handle kind follows one pattern: an owned wrapper that creates in
@@ -33,6 +37,7 @@ pub mod contrastive;
 mod convert;
 pub mod cpu_isa;
 pub mod cyclic;
+pub mod cyclic_stages;
 mod error;
 pub mod half;
 mod handle;

@@ -9,8 +9,9 @@
 //! the same variable); the C compiler (`$CC`, default `cc`) expands each
 //! macro in a small program, and the test compares it with the
 //! `*_options_init` function the crate calls (or, for
-//! `FLATMEM_CYCLIC_SCHEDULE_INIT`, which has none, with the crate's
-//! `cyclic::SCHEDULE_INIT`) field by field.
+//! `FLATMEM_CYCLIC_SCHEDULE_INIT` / `FLATMEM_CYCLIC_STAGES_SCHEDULE_INIT`,
+//! which have none, with the crate's `cyclic::SCHEDULE_INIT` /
+//! `cyclic_stages::STAGES_SCHEDULE_INIT`) field by field.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -121,9 +122,10 @@ fn comm_options_init_matches_macro() {
 #[test]
 fn cyclic_options_init_matches_macro() {
     let out = c_program(
-        "  flatmem_cyclic_options o = FLATMEM_CYCLIC_OPTIONS_INIT;\n  printf(\"%zu %d %lld %d %d %lld %d %lld\\n\", \
+        "  flatmem_cyclic_options o = FLATMEM_CYCLIC_OPTIONS_INIT;\n  printf(\"%zu %d %lld %d %d %lld %d %lld %d %d\\n\", \
          o.struct_size, (int)o.stages, (long long)o.steps, (int)o.rule, o.activation_bytes == NULL, \
-         (long long)o.timeout_ms, (int)o.nonfinite, (long long)o.history);\n",
+         (long long)o.timeout_ms, (int)o.nonfinite, (long long)o.history, (int)o.parameters, \
+         o.parameter_count == NULL);\n",
     );
     let mut raw = sys::flatmem_cyclic_options {
         struct_size: 0,
@@ -134,11 +136,13 @@ fn cyclic_options_init_matches_macro() {
         timeout_ms: 9,
         nonfinite: 9,
         history: 9,
+        parameters: 9,
+        parameter_count: std::ptr::NonNull::dangling().as_ptr(),
     };
     // SAFETY: a valid options struct of this declaration.
     assert_eq!(unsafe { sys::flatmem_cyclic_options_init(&mut raw) }, sys::FLATMEM_STATUS_SUCCESS);
     let rust = format!(
-        "{} {} {} {} {} {} {} {}",
+        "{} {} {} {} {} {} {} {} {} {}",
         raw.struct_size,
         raw.stages,
         raw.steps,
@@ -146,7 +150,9 @@ fn cyclic_options_init_matches_macro() {
         raw.activation_bytes.is_null() as i32,
         raw.timeout_ms,
         raw.nonfinite,
-        raw.history
+        raw.history,
+        raw.parameters,
+        raw.parameter_count.is_null() as i32
     );
     assert_eq!(out.trim(), rust);
 }
@@ -167,6 +173,64 @@ fn schedule_init_matches_macro() {
         raw,
         sys::flatmem_cyclic_schedule { world_size: 4, stages: 2, steps: 3, rule: sys::FLATMEM_CYCLIC_NEWEST, ..s }
     );
+}
+
+#[test]
+fn stages_schedule_init_and_options_init_match_macros() {
+    // FLATMEM_CYCLIC_STAGES_SCHEDULE_INIT has no *_init function: the crate
+    // mirrors it as a const; FLATMEM_CYCLIC_STAGES_OPTIONS_INIT against
+    // flatmem_cyclic_stages_options_init, which the crate calls.
+    let out = c_program(
+        "  flatmem_cyclic_stages_schedule s = FLATMEM_CYCLIC_STAGES_SCHEDULE_INIT;\n  \
+         flatmem_cyclic_stages_options o = FLATMEM_CYCLIC_STAGES_OPTIONS_INIT;\n  \
+         printf(\"%zu %d %d %lld %d\\n\", s.struct_size, (int)s.stages, (int)s.micro_batches, \
+         (long long)s.steps, (int)s.rule);\n  \
+         printf(\"%zu %d %d %lld %d %d %d %lld %lld\\n\", o.struct_size, (int)o.stages, (int)o.micro_batches, \
+         (long long)o.steps, (int)o.rule, o.boundary_bytes == NULL, o.activation_bytes == NULL, \
+         (long long)o.timeout_ms, (long long)o.history);\n",
+    );
+    let s = flatmem::cyclic_stages::STAGES_SCHEDULE_INIT;
+    let mut o = sys::flatmem_cyclic_stages_options {
+        struct_size: 0,
+        stages: 9,
+        micro_batches: 9,
+        steps: 9,
+        rule: 9,
+        boundary_bytes: std::ptr::NonNull::dangling().as_ptr(),
+        activation_bytes: std::ptr::NonNull::dangling().as_ptr(),
+        timeout_ms: 9,
+        history: 9,
+    };
+    // SAFETY: a valid options struct of this declaration.
+    assert_eq!(unsafe { sys::flatmem_cyclic_stages_options_init(&mut o) }, sys::FLATMEM_STATUS_SUCCESS);
+    let rust = format!(
+        "{} {} {} {} {}\n{} {} {} {} {} {} {} {} {}",
+        s.struct_size,
+        s.stages,
+        s.micro_batches,
+        s.steps,
+        s.rule,
+        o.struct_size,
+        o.stages,
+        o.micro_batches,
+        o.steps,
+        o.rule,
+        o.boundary_bytes.is_null() as i32,
+        o.activation_bytes.is_null() as i32,
+        o.timeout_ms,
+        o.history
+    );
+    assert_eq!(out.trim(), rust);
+}
+
+#[test]
+fn relay_summary_init_matches_macro() {
+    // Cyclic::relay_summary starts from struct_size = size_of and zeros.
+    let out = c_program(
+        "  flatmem_cyclic_relay_summary s = FLATMEM_CYCLIC_RELAY_SUMMARY_INIT;\n  \
+         printf(\"%zu %lld %lld\\n\", s.struct_size, (long long)s.shard_bytes, (long long)s.relay_messages_sent);\n",
+    );
+    assert_eq!(out.trim(), format!("{} 0 0", std::mem::size_of::<sys::flatmem_cyclic_relay_summary>()));
 }
 
 #[test]

@@ -16,13 +16,15 @@
     comm = flatmem.Communicator.from_env()        # ranks over UCX (mpirun, srun, torchrun, ...)
     loss, backward = flatmem.contrastive_loss(q_r, k_r, 10.0, comm=comm)  # ring loss of the global batch
     with flatmem.Cyclic(comm, stages=4, steps=3) as cyc: ...           # cyclic data parallelism
+    with flatmem.CyclicStages(comm, micro_batches=8, steps=3,           # one rank per stage
+                              boundary_bytes=[4096] * 3) as h: ...
 
     flatmem.cpu_isa()                  # ('avx512', 'avx512'): CPU instruction set in use, best
     flatmem.set_cpu_isa("avx2")        # for the whole process; None: back to $FLATMEM_CPU_ISA
 
 flatmem.capi is the SWIG module generated from bindings/swig/flatmem.i (the C
 ABI one to one: Contrastive, ContrastiveOptions, Reversible, Block, Tensor,
-CyclicSchedule, Communicator, Cyclic, version(), ...);
+CyclicSchedule, Communicator, Cyclic, CyclicStages, version(), ...);
 importing it checks that the header it was built with matches the loaded
 libflatmem. Failed calls raise flatmem.Error (subclasses per status, e.g.
 InvalidArgumentError, also a ValueError) with flatmem's message; communicator
@@ -46,7 +48,10 @@ from .comm import Communicator, Request, UniqueId
 from .contrastive import (Contrastive, ForwardResult, SigmoidGrads, SigmoidResult, contrastive_loss,
                           sigmoid_loss, sigmoid_value_and_grad)
 from .cpu import CPU_ISAS, cpu_isa, set_cpu_isa
-from .cyclic import Cyclic, CyclicAction, CyclicSchedule, CyclicSummary, CyclicTimeStepStats
+from .cyclic import (Cyclic, CyclicAction, CyclicRelaySummary, CyclicRelayTimeStep, CyclicSchedule, CyclicSummary,
+                     CyclicTimeStepStats)
+from .cyclic_stages import (CyclicStages, CyclicStagesAction, CyclicStagesOccupancy, CyclicStagesSchedule,
+                            CyclicStagesSummary, CyclicStagesTimeStepStats)
 from .reversible import Block, Context, Function, ReversibleSegment
 
 __version__ = "0.1.0"
@@ -67,7 +72,15 @@ __all__ = [
     "Contrastive",
     "Cyclic",
     "CyclicAction",
+    "CyclicRelaySummary",
+    "CyclicRelayTimeStep",
     "CyclicSchedule",
+    "CyclicStages",
+    "CyclicStagesAction",
+    "CyclicStagesOccupancy",
+    "CyclicStagesSchedule",
+    "CyclicStagesSummary",
+    "CyclicStagesTimeStepStats",
     "CyclicSummary",
     "CyclicTimeStepStats",
     "Error",

@@ -41,7 +41,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import capi
-from ._tensors import as_arg
+from ._tensors import as_arg, as_output
 from .comm import check_communicator, int_arg
 from .contrastive import _NONFINITE, _option
 
@@ -85,19 +85,36 @@ def _rule_code(rule):
     return _option(rule, _RULES, "rule")
 
 
-class CyclicSchedule:
-    """The shape of a cyclic schedule: world_size ranks, `stages` stages, `steps`
-    training steps per rank, and the update rule: "delay1" (default; every stage
-    applies the previous step's average), "newest" (this step's where the
-    schedule allows) or "sync" (no stagger: plain data parallelism). The library
-    checks the ranges at once (flatmem.InvalidArgumentError naming the field)."""
+def kept_stats(handle, load, item, first, count):
+    """The raw statistics `item(i)` that `load(first, count)` copied into the
+    SWIG handle, under the handle's lock; count None = every time step begun
+    from `first` on."""
+    with handle._lock:
+        if count is None:
+            count = max(handle._raw.summary().time_steps - int(first), 0)
+        return [item(i) for i in range(load(int(first), int(count)))]
 
-    def __init__(self, world_size, stages, steps, rule="delay1"):
-        self._raw = capi.CyclicSchedule(int(world_size), int(stages), int(steps), _rule_code(rule))
 
-    @property
-    def world_size(self):
-        return self._raw.world_size
+def int64_entries(values, count, name, meaning):
+    """None, or `values` as a compact (count,) int64 array (an options array);
+    ValueError naming the option otherwise."""
+    if values is None:
+        return None
+    entries = np.ascontiguousarray(values, dtype=np.int64)
+    if entries.shape != (count,):
+        raise ValueError(f"{name}: shape {entries.shape}; expected ({count},), {meaning}")
+    return entries
+
+
+class _Schedule:
+    """What CyclicSchedule and CyclicStagesSchedule share: the SWIG struct
+    (self._raw) with its stages, steps and rule."""
+
+    @classmethod
+    def _from_capi(cls, raw):
+        self = cls.__new__(cls)
+        self._raw = raw
+        return self
 
     @property
     def stages(self):
@@ -111,6 +128,21 @@ class CyclicSchedule:
     def rule(self):
         """The rule's name ("delay1", "newest", "sync")."""
         return _RULE_NAMES.get(self._raw.rule, self._raw.rule)
+
+
+class CyclicSchedule(_Schedule):
+    """The shape of a cyclic schedule: world_size ranks, `stages` stages, `steps`
+    training steps per rank, and the update rule: "delay1" (default; every stage
+    applies the previous step's average), "newest" (this step's where the
+    schedule allows) or "sync" (no stagger: plain data parallelism). The library
+    checks the ranges at once (flatmem.InvalidArgumentError naming the field)."""
+
+    def __init__(self, world_size, stages, steps, rule="delay1"):
+        self._raw = capi.CyclicSchedule(int(world_size), int(stages), int(steps), _rule_code(rule))
+
+    @property
+    def world_size(self):
+        return self._raw.world_size
 
     def offset(self, rank):
         """Time steps `rank` starts after rank 0 (flatmem_cyclic_schedule_offset)."""
@@ -134,12 +166,6 @@ class CyclicSchedule:
     def actions(self, rank):
         """The actions of `rank` at every time step of the run, 0 .. length() - 1."""
         return [self.action(rank, t) for t in range(self.length())]
-
-    @classmethod
-    def _from_capi(cls, raw):
-        self = cls.__new__(cls)
-        self._raw = raw
-        return self
 
     def __repr__(self):
         return (f"flatmem.CyclicSchedule(world_size={self.world_size}, stages={self.stages}, "
@@ -174,6 +200,31 @@ class CyclicSummary(NamedTuple):
     seconds: float
 
 
+class CyclicRelayTimeStep(NamedTuple):
+    """The ZeRO relay in one time step of this rank (flatmem_cyclic_relay_time_step; bytes)."""
+
+    time_step: int
+    parameter_bytes: int  # shards + staging holding a stage, the most during the time step (measured)
+    parameter_bytes_scheduled: int  # the same by the protocol (no timing)
+    relay_bytes_sent: int  # full stages relayed on and shards sent to rank 0
+
+
+class CyclicRelaySummary(NamedTuple):
+    """Relay sizes and totals since create (flatmem_cyclic_relay_summary; bytes)."""
+
+    shard_bytes: int  # this rank's shards, all stages
+    replicated_bytes: int  # one replica of all stages: what "replicated" holds per rank
+    staging_buffers: int  # K full-stage staging buffers
+    staging_bytes: int  # K times the largest stage
+    peak_parameter_bytes: int
+    peak_parameter_bytes_scheduled: int
+    relay_bytes_sent: int
+    relay_messages_sent: int
+
+
+_PARAMETERS = {"replicated": capi.CYCLIC_PARAMETERS_REPLICATED, "relayed": capi.CYCLIC_PARAMETERS_RELAYED}
+
+
 class Cyclic:
     """One rank of the cyclic data-parallel runtime (flatmem_cyclic_t) over a
     flatmem.Communicator; creation is collective (every rank passes the same
@@ -191,33 +242,40 @@ class Cyclic:
     nonfinite         "error" (reduce() of a NaN/Inf gradient raises
                       NonFiniteError and poisons the communicator) or "propagate"
     history           time steps of stats() kept (0 = 65536)
+    parameters        "replicated" (default: every rank holds all stages) or
+                      "relayed" (the ZeRO relay, "delay1" only: rank k holds
+                      shard k of every stage, set_shard(); before each
+                      forward / backward parameters(full) waits for the full
+                      stage, relayed rank to rank in stagger order)
+    parameter_count   "relayed": L ints, the elements n_j of each stage
 
     next() -> CyclicAction, reduce(stage, gradient), stats(), summary(),
-    schedule, close() / with-block. Thread rule: one thread drives the handle
+    schedule, close() / with-block; relayed: set_shard(stage, shard),
+    shard(stage), shard_range(stage, rank=None), parameters(full),
+    relay_stats(), relay_summary(). Thread rule: one thread drives the handle
     (a lock enforces it); next() releases the GIL while it waits.
     Failures (a dead peer, a timeout) raise PeerFailureError /
     CommTimeoutError naming the stage, step and peer.
     """
 
     def __init__(self, comm, *, stages, steps, rule="delay1", activation_bytes=None, timeout_ms=0,
-                 nonfinite="error", history=0):
+                 nonfinite="error", history=0, parameters="replicated", parameter_count=None):
         check_communicator(comm, "comm")
         stages = int_arg(stages, "stages")
-        accounting = None
-        if activation_bytes is not None:
-            accounting = np.ascontiguousarray(activation_bytes, dtype=np.int64)
-            if accounting.shape != (stages,):
-                raise ValueError(f"activation_bytes: shape {accounting.shape}; expected ({stages},), "
-                                 "bytes per stage")
+        accounting = int64_entries(activation_bytes, stages, "activation_bytes", "bytes per stage")
+        counts = int64_entries(parameter_count, stages, "parameter_count", "the elements of each stage")
+        parameters = _option(parameters, _PARAMETERS, "parameters")
         nonfinite = _option(nonfinite, _NONFINITE, "nonfinite")
         self.comm = comm
         self._lock = threading.Lock()
         self._held = {}  # (stage, step) -> the gradient array the handle owns
+        self._shards = {}  # stage -> the registered shard (relayed: read by the library in next())
         accounting_arg = as_arg(accounting, "activation_bytes")  # None stays None
+        counts_arg = as_arg(counts, "parameter_count")
         self._raw = capi.Cyclic(comm._raw, stages, int_arg(steps, "steps"), _rule_code(rule),
                                 accounting_arg and accounting_arg.tensor,
                                 int_arg(timeout_ms, "timeout_ms"), nonfinite,
-                                int_arg(history, "history"))
+                                int_arg(history, "history"), parameters, counts_arg and counts_arg.tensor)
         self.schedule = CyclicSchedule._from_capi(self._raw.schedule())
         self._step = None  # the step of the current BACKWARD (for reduce's bookkeeping)
 
@@ -250,9 +308,7 @@ class Cyclic:
     def stats(self, first=0, count=None):
         """Per-time-step statistics still kept (the last `history` ones), as a
         list of CyclicTimeStepStats from time step `first` on."""
-        with self._lock:
-            n = self._raw.load_stats(int(first), int(count if count is not None else 1 << 20))
-            raw = [self._raw.stat(i) for i in range(n)]
+        raw = kept_stats(self, self._raw.load_stats, self._raw.stat, first, count)
         return [CyclicTimeStepStats(int(s.time_step), _KINDS.get(s.kind, s.kind),
                                     None if s.stage < 0 else int(s.stage),
                                     None if s.step < 0 else int(s.step), int(s.activations_held),
@@ -266,6 +322,62 @@ class Cyclic:
                              int(s.max_bytes_sent_per_time_step), int(s.peak_activation_bytes),
                              float(s.wait_seconds), float(s.seconds))
 
+    def set_shard(self, stage, shard):
+        """Relayed: register this rank's shard of `stage`, a writable
+        C-contiguous float32/float64 array of exactly the elements of
+        shard_range(stage) (possibly none) holding version 0. The library
+        reads it inside later next() calls (it sends copies), so the handle
+        keeps it referenced; update it in place at the stage's update actions
+        with the average's shard range (the gradient array of that update)."""
+        if not isinstance(shard, np.ndarray):
+            raise TypeError(f"shard: expected a NumPy array, not {type(shard).__name__}")
+        if not (shard.flags.c_contiguous and shard.flags.writeable):
+            raise ValueError("shard: expected a writable C-contiguous NumPy array")
+        arg = as_arg(shard, "shard")
+        stage = int_arg(stage, "stage")
+        with self._lock:
+            self._raw.set_shard(stage, arg.tensor)
+            self._shards[stage] = shard
+
+    def shard(self, stage):
+        """Relayed: the array registered for `stage` (None before set_shard)."""
+        return self._shards.get(int(stage))
+
+    def shard_range(self, stage, rank=None):
+        """Relayed: slice(begin, end), the elements of `stage` that `rank`
+        (default: this rank) owns: c = ceil(n_j / N), [min(rank c, n_j),
+        min((rank + 1) c, n_j)), possibly empty. full[h.shard_range(j)] is
+        the shard."""
+        rank = self.comm.rank if rank is None else int_arg(rank, "rank")
+        stage = int_arg(stage, "stage")
+        return slice(self._raw.shard_begin(stage, rank), self._raw.shard_end(stage, rank))
+
+    def parameters(self, full):
+        """Relayed, during a forward or backward, once: wait (<= timeout,
+        GIL released) for the relay of the action's stage and copy the full
+        stage (version max(0, step - 1), n_j elements) into `full`; returns
+        it. Written only on success."""
+        arg = as_output(full, "full")
+        with self._lock:
+            self._raw.parameters(arg.tensor)
+        return full
+
+    def relay_stats(self, first=0, count=None):
+        """Relayed: per-time-step parameter bytes held and relay bytes sent
+        (CyclicRelayTimeStep), the time steps still kept from `first` on."""
+        raw = kept_stats(self, self._raw.load_relay_stats, self._raw.relay_stat, first, count)
+        return [CyclicRelayTimeStep(int(s.time_step), int(s.parameter_bytes), int(s.parameter_bytes_scheduled),
+                                    int(s.relay_bytes_sent)) for s in raw]
+
+    def relay_summary(self):
+        """Relayed: CyclicRelaySummary (shard, replica and staging bytes, peaks, totals)."""
+        with self._lock:
+            s = self._raw.relay_summary()
+        return CyclicRelaySummary(int(s.shard_bytes), int(s.replicated_bytes), int(s.staging_buffers),
+                                  int(s.staging_bytes), int(s.peak_parameter_bytes),
+                                  int(s.peak_parameter_bytes_scheduled), int(s.relay_bytes_sent),
+                                  int(s.relay_messages_sent))
+
     @property
     def closed(self):
         return not self._raw.is_open()
@@ -273,10 +385,12 @@ class Cyclic:
     def close(self):
         """flatmem_cyclic_destroy: quick when every gradient was applied; with
         reductions in flight it poisons the communicator (the peers fail naming
-        this rank). Releases the communicator and the held gradients."""
+        this rank), as does a relayed handle closed before "done". Releases the
+        communicator, the held gradients and the registered shards."""
         with self._lock:
             self._raw.close()
             self._held.clear()
+            self._shards.clear()
 
     def __enter__(self):
         return self

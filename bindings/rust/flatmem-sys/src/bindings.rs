@@ -2572,6 +2572,14 @@ extern "C" {
         action: *mut flatmem_cyclic_action,
     ) -> flatmem_status;
 }
+#[doc = " Default. Every rank holds all L stages and updates them itself."]
+pub const FLATMEM_CYCLIC_PARAMETERS_REPLICATED: flatmem_cyclic_parameter_mode = 0;
+#[doc = " Rank k holds shard k of every stage; full stages travel rank to rank."]
+pub const FLATMEM_CYCLIC_PARAMETERS_RELAYED: flatmem_cyclic_parameter_mode = 1;
+#[doc = " Rank k holds shard k of every stage; full stages travel rank to rank."]
+pub const FLATMEM_CYCLIC_PARAMETER_MODE_MAX: flatmem_cyclic_parameter_mode = 2147483647;
+#[doc = " Where each rank keeps the stage parameters (see \"ZeRO relay\" below)."]
+pub type flatmem_cyclic_parameter_mode = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct flatmem_cyclic_s {
@@ -2604,12 +2612,19 @@ pub struct flatmem_cyclic_options {
     #[doc = " Time steps of per-time-step statistics kept (the most recent ones);"]
     #[doc = "  0 = 65536."]
     pub history: i64,
+    #[doc = " REPLICATED (default) or RELAYED (the ZeRO relay mode, DELAY1 only: see"]
+    #[doc = "  \"ZeRO relay\" below). Every rank must pass the same."]
+    pub parameters: flatmem_cyclic_parameter_mode,
+    #[doc = " RELAYED: n_j, the elements of stage j (L entries, 1 .. 2^40, copied at"]
+    #[doc = "  create; the same on every rank). Required when relayed, ignored when"]
+    #[doc = "  replicated."]
+    pub parameter_count: *const i64,
 }
 #[test]
 fn bindgen_test_layout_flatmem_cyclic_options() {
     assert_eq!(
         ::std::mem::size_of::<flatmem_cyclic_options>(),
-        64usize,
+        80usize,
         concat!("Size of: ", stringify!(flatmem_cyclic_options))
     );
     assert_eq!(
@@ -2753,6 +2768,40 @@ fn bindgen_test_layout_flatmem_cyclic_options() {
         );
     }
     test_field_history();
+    fn test_field_parameters() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).parameters) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_options),
+                "::",
+                stringify!(parameters)
+            )
+        );
+    }
+    test_field_parameters();
+    fn test_field_parameter_count() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).parameter_count) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_options),
+                "::",
+                stringify!(parameter_count)
+            )
+        );
+    }
+    test_field_parameter_count();
 }
 impl Default for flatmem_cyclic_options {
     fn default() -> Self {
@@ -3207,5 +3256,1620 @@ extern "C" {
     pub fn flatmem_cyclic_summary_get(
         handle: *const flatmem_cyclic_t,
         summary: *mut flatmem_cyclic_summary,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " RELAYED: register this rank's shard of `stage` (0 .. L-1): kDLCPU, float32"]
+    #[doc = " or float64 (the same dtype for every stage, and the dtype of the gradients"]
+    #[doc = " and of flatmem_cyclic_parameters' `full`), compact, exactly"]
+    #[doc = " end - begin elements of flatmem_cyclic_shard_range (0 for an empty shard:"]
+    #[doc = " data may then be NULL). The buffer holds version 0 of the shard at the"]
+    #[doc = " first flatmem_cyclic_next and stays the caller's: the runtime reads it only"]
+    #[doc = " inside flatmem_cyclic_next (it sends copies), and the caller writes it only"]
+    #[doc = " at the update actions of the stage. Every stage must be registered before"]
+    #[doc = " the first flatmem_cyclic_next; registering again (e.g. a moved buffer) is"]
+    #[doc = " allowed between actions. Errors: INVALID_ARGUMENT naming `shard` (size:"]
+    #[doc = " both sizes; dtype) or `stage`, or the handle when it is replicated;"]
+    #[doc = " UNSUPPORTED for device tensors; nothing is registered then. Thread rule:"]
+    #[doc = " the handle's (one thread at a time)."]
+    pub fn flatmem_cyclic_set_shard(
+        handle: *mut flatmem_cyclic_t,
+        stage: i32,
+        shard: *mut DLTensor,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " RELAYED: the element range [*begin, *end) of `stage` that rank `rank`"]
+    #[doc = "  owns (formula above; *begin == *end for an empty shard). Thread-safe."]
+    pub fn flatmem_cyclic_shard_range(
+        handle: *const flatmem_cyclic_t,
+        stage: i32,
+        rank: i32,
+        begin: *mut i64,
+        end: *mut i64,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " RELAYED: during a FORWARD or BACKWARD action, once: wait (<= timeout) for"]
+    #[doc = " the relay of the action's stage and copy the full stage parameters,"]
+    #[doc = " version max(0, step - 1), into `full`: kDLCPU, the registered dtype,"]
+    #[doc = " compact, n_j elements; then pass them on to the next rank (in the"]
+    #[doc = " background). Errors: INVALID_ARGUMENT naming `full` (dtype, size: both"]
+    #[doc = " sizes), or the call itself when the current action is not a FORWARD /"]
+    #[doc = " BACKWARD, was already served, or the handle is replicated; UNSUPPORTED for"]
+    #[doc = " a device `full`; TIMEOUT / PEER_FAILURE (handle and communicator poisoned)"]
+    #[doc = " as above. `full` is written only on success. Thread rule: the handle's."]
+    pub fn flatmem_cyclic_parameters(
+        handle: *mut flatmem_cyclic_t,
+        full: *mut DLTensor,
+    ) -> flatmem_status;
+}
+#[doc = " RELAYED, per time step (flatmem_cyclic_relay_stats)."]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq)]
+pub struct flatmem_cyclic_relay_time_step {
+    pub time_step: i64,
+    #[doc = " Parameter bytes this rank held: its shards plus the staging buffers"]
+    #[doc = "  holding a stage (arriving, in use, or waiting to be taken by rank r+1),"]
+    #[doc = "  the most at any call during the time step (measured: a send waits for"]
+    #[doc = "  the next rank's receive, so this depends on timing)."]
+    pub parameter_bytes: i64,
+    #[doc = " The same by the protocol (no timing): the shards plus the stages of"]
+    #[doc = "  the relays whose receive is posted (one time step before use) and that"]
+    #[doc = "  the next rank has not yet posted its receive for."]
+    pub parameter_bytes_scheduled: i64,
+    #[doc = " Parameter bytes posted for sending in the time step: full stages"]
+    #[doc = "  relayed on and shards sent to rank 0 (deterministic: the caller's thread"]
+    #[doc = "  posts them). The gradient traffic is in flatmem_cyclic_stats."]
+    pub relay_bytes_sent: i64,
+}
+#[test]
+fn bindgen_test_layout_flatmem_cyclic_relay_time_step() {
+    assert_eq!(
+        ::std::mem::size_of::<flatmem_cyclic_relay_time_step>(),
+        32usize,
+        concat!("Size of: ", stringify!(flatmem_cyclic_relay_time_step))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<flatmem_cyclic_relay_time_step>(),
+        8usize,
+        concat!("Alignment of ", stringify!(flatmem_cyclic_relay_time_step))
+    );
+    fn test_field_time_step() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_time_step>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).time_step) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_time_step),
+                "::",
+                stringify!(time_step)
+            )
+        );
+    }
+    test_field_time_step();
+    fn test_field_parameter_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_time_step>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).parameter_bytes) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_time_step),
+                "::",
+                stringify!(parameter_bytes)
+            )
+        );
+    }
+    test_field_parameter_bytes();
+    fn test_field_parameter_bytes_scheduled() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_time_step>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).parameter_bytes_scheduled) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_time_step),
+                "::",
+                stringify!(parameter_bytes_scheduled)
+            )
+        );
+    }
+    test_field_parameter_bytes_scheduled();
+    fn test_field_relay_bytes_sent() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_time_step>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).relay_bytes_sent) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_time_step),
+                "::",
+                stringify!(relay_bytes_sent)
+            )
+        );
+    }
+    test_field_relay_bytes_sent();
+}
+extern "C" {
+    #[doc = " RELAYED: as flatmem_cyclic_stats, for the relay. struct_size ="]
+    #[doc = " sizeof(flatmem_cyclic_relay_time_step) as the caller was compiled: element"]
+    #[doc = " i lies at (char *)stats + i * struct_size and gets min(struct_size,"]
+    #[doc = " sizeof) bytes, so the struct may grow."]
+    pub fn flatmem_cyclic_relay_stats(
+        handle: *const flatmem_cyclic_t,
+        first: i64,
+        count: i64,
+        struct_size: usize,
+        stats: *mut flatmem_cyclic_relay_time_step,
+        written: *mut i64,
+    ) -> flatmem_status;
+}
+#[doc = " RELAYED: sizes and totals since create."]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq)]
+pub struct flatmem_cyclic_relay_summary {
+    #[doc = " sizeof(flatmem_cyclic_relay_summary) as the caller was compiled."]
+    pub struct_size: usize,
+    #[doc = " This rank's shards, all stages (bytes)."]
+    pub shard_bytes: i64,
+    #[doc = " One replica of all stages (bytes): what REPLICATED holds per rank."]
+    pub replicated_bytes: i64,
+    #[doc = " K and K times the largest stage's bytes (allocated at the first"]
+    #[doc = "  flatmem_cyclic_set_shard)."]
+    pub staging_buffers: i64,
+    pub staging_bytes: i64,
+    #[doc = " Largest parameter_bytes / parameter_bytes_scheduled of a time step."]
+    pub peak_parameter_bytes: i64,
+    pub peak_parameter_bytes_scheduled: i64,
+    pub relay_bytes_sent: i64,
+    pub relay_messages_sent: i64,
+}
+#[test]
+fn bindgen_test_layout_flatmem_cyclic_relay_summary() {
+    assert_eq!(
+        ::std::mem::size_of::<flatmem_cyclic_relay_summary>(),
+        72usize,
+        concat!("Size of: ", stringify!(flatmem_cyclic_relay_summary))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<flatmem_cyclic_relay_summary>(),
+        8usize,
+        concat!("Alignment of ", stringify!(flatmem_cyclic_relay_summary))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_shard_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).shard_bytes) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(shard_bytes)
+            )
+        );
+    }
+    test_field_shard_bytes();
+    fn test_field_replicated_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).replicated_bytes) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(replicated_bytes)
+            )
+        );
+    }
+    test_field_replicated_bytes();
+    fn test_field_staging_buffers() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).staging_buffers) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(staging_buffers)
+            )
+        );
+    }
+    test_field_staging_buffers();
+    fn test_field_staging_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).staging_bytes) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(staging_bytes)
+            )
+        );
+    }
+    test_field_staging_bytes();
+    fn test_field_peak_parameter_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).peak_parameter_bytes) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(peak_parameter_bytes)
+            )
+        );
+    }
+    test_field_peak_parameter_bytes();
+    fn test_field_peak_parameter_bytes_scheduled() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).peak_parameter_bytes_scheduled) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(peak_parameter_bytes_scheduled)
+            )
+        );
+    }
+    test_field_peak_parameter_bytes_scheduled();
+    fn test_field_relay_bytes_sent() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).relay_bytes_sent) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(relay_bytes_sent)
+            )
+        );
+    }
+    test_field_relay_bytes_sent();
+    fn test_field_relay_messages_sent() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).relay_messages_sent) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_relay_summary),
+                "::",
+                stringify!(relay_messages_sent)
+            )
+        );
+    }
+    test_field_relay_messages_sent();
+}
+extern "C" {
+    #[doc = " RELAYED: fills min(summary->struct_size, sizeof) bytes (set struct_size)."]
+    pub fn flatmem_cyclic_relay_summary_get(
+        handle: *const flatmem_cyclic_t,
+        summary: *mut flatmem_cyclic_relay_summary,
+    ) -> flatmem_status;
+}
+#[doc = " The shape of a stage-parallel schedule."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone, PartialEq)]
+pub struct flatmem_cyclic_stages_schedule {
+    #[doc = " sizeof(flatmem_cyclic_stages_schedule) as the caller was compiled."]
+    pub struct_size: usize,
+    #[doc = " L: stages = ranks, 1 .. 65535."]
+    pub stages: i32,
+    #[doc = " N: micro-batches per training step, 1 .. 65535."]
+    pub micro_batches: i32,
+    #[doc = " S: training steps, 1 .. 2^40."]
+    pub steps: i64,
+    pub rule: flatmem_cyclic_rule,
+}
+#[test]
+fn bindgen_test_layout_flatmem_cyclic_stages_schedule() {
+    assert_eq!(
+        ::std::mem::size_of::<flatmem_cyclic_stages_schedule>(),
+        32usize,
+        concat!("Size of: ", stringify!(flatmem_cyclic_stages_schedule))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<flatmem_cyclic_stages_schedule>(),
+        8usize,
+        concat!("Alignment of ", stringify!(flatmem_cyclic_stages_schedule))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_schedule>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_schedule),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_stages() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_schedule>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).stages) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_schedule),
+                "::",
+                stringify!(stages)
+            )
+        );
+    }
+    test_field_stages();
+    fn test_field_micro_batches() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_schedule>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).micro_batches) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_schedule),
+                "::",
+                stringify!(micro_batches)
+            )
+        );
+    }
+    test_field_micro_batches();
+    fn test_field_steps() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_schedule>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).steps) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_schedule),
+                "::",
+                stringify!(steps)
+            )
+        );
+    }
+    test_field_steps();
+    fn test_field_rule() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_schedule>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rule) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_schedule),
+                "::",
+                stringify!(rule)
+            )
+        );
+    }
+    test_field_rule();
+}
+impl Default for flatmem_cyclic_stages_schedule {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " One action of one stage rank."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone, PartialEq)]
+pub struct flatmem_cyclic_stages_action {
+    #[doc = " The global time step it belongs to (several actions may share one)."]
+    pub time_step: i64,
+    #[doc = " FORWARD, BACKWARD, IDLE (an update only, after the last step) or DONE."]
+    pub kind: flatmem_cyclic_action_kind,
+    #[doc = " The stage (= this rank); -1 for DONE."]
+    pub stage: i32,
+    #[doc = " FORWARD / BACKWARD: micro-batch 0 .. N-1 and step 0 .. S-1; else -1."]
+    pub micro_batch: i32,
+    pub step: i64,
+    #[doc = " FORWARD / BACKWARD: the parameter version to use (slot version % K);"]
+    #[doc = "  else -1."]
+    pub version: i64,
+    #[doc = " >= 0: before the action form version update_step + 1 from version"]
+    #[doc = "  update_step and the average of step update_step; -1: none."]
+    pub update_step: i64,
+    #[doc = " 1: call flatmem_cyclic_stages_receive before computing (the activation"]
+    #[doc = "  from stage - 1 for a FORWARD, the output gradient from stage + 1 for a"]
+    #[doc = "  BACKWARD); 0: not."]
+    pub receives: i32,
+    #[doc = " 1: call flatmem_cyclic_stages_send after computing (the output for"]
+    #[doc = "  stage + 1 / the input gradient for stage - 1)."]
+    pub sends: i32,
+    #[doc = " 1 (every BACKWARD): call flatmem_cyclic_stages_accumulate."]
+    pub accumulates: i32,
+    #[doc = " Micro-batches whose activations this stage holds during the time step"]
+    #[doc = "  (forward done, backward not finished: F(j,m,s) <= tau <= B(j,m,s))."]
+    pub activations_held: i32,
+    #[doc = " This action's place among the time step's actions, and their number"]
+    #[doc = "  (0 and 0 for DONE)."]
+    pub index_in_time_step: i32,
+    pub actions_in_time_step: i32,
+}
+#[test]
+fn bindgen_test_layout_flatmem_cyclic_stages_action() {
+    assert_eq!(
+        ::std::mem::size_of::<flatmem_cyclic_stages_action>(),
+        72usize,
+        concat!("Size of: ", stringify!(flatmem_cyclic_stages_action))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<flatmem_cyclic_stages_action>(),
+        8usize,
+        concat!("Alignment of ", stringify!(flatmem_cyclic_stages_action))
+    );
+    fn test_field_time_step() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_action>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).time_step) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_action),
+                "::",
+                stringify!(time_step)
+            )
+        );
+    }
+    test_field_time_step();
+    fn test_field_kind() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_action>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).kind) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_action),
+                "::",
+                stringify!(kind)
+            )
+        );
+    }
+    test_field_kind();
+    fn test_field_stage() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_action>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).stage) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_action),
+                "::",
+                stringify!(stage)
+            )
+        );
+    }
+    test_field_stage();
+    fn test_field_micro_batch() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_action>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).micro_batch) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_action),
+                "::",
+                stringify!(micro_batch)
+            )
+        );
+    }
+    test_field_micro_batch();
+    fn test_field_step() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_action>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).step) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_action),
+                "::",
+                stringify!(step)
+            )
+        );
+    }
+    test_field_step();
+    fn test_field_version() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_action>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).version) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_action),
+                "::",
+                stringify!(version)
+            )
+        );
+    }
+    test_field_version();
+    fn test_field_update_step() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_action>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).update_step) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_action),
+                "::",
+                stringify!(update_step)
+            )
+        );
+    }
+    test_field_update_step();
+    fn test_field_receives() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_action>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).receives) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_action),
+                "::",
+                stringify!(receives)
+            )
+        );
+    }
+    test_field_receives();
+    fn test_field_sends() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_action>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).sends) as usize - ptr as usize
+            },
+            52usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_action),
+                "::",
+                stringify!(sends)
+            )
+        );
+    }
+    test_field_sends();
+    fn test_field_accumulates() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_action>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).accumulates) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_action),
+                "::",
+                stringify!(accumulates)
+            )
+        );
+    }
+    test_field_accumulates();
+    fn test_field_activations_held() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_action>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).activations_held) as usize - ptr as usize
+            },
+            60usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_action),
+                "::",
+                stringify!(activations_held)
+            )
+        );
+    }
+    test_field_activations_held();
+    fn test_field_index_in_time_step() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_action>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).index_in_time_step) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_action),
+                "::",
+                stringify!(index_in_time_step)
+            )
+        );
+    }
+    test_field_index_in_time_step();
+    fn test_field_actions_in_time_step() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_action>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).actions_in_time_step) as usize - ptr as usize
+            },
+            68usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_action),
+                "::",
+                stringify!(actions_in_time_step)
+            )
+        );
+    }
+    test_field_actions_in_time_step();
+}
+impl Default for flatmem_cyclic_stages_action {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+extern "C" {
+    #[doc = " offset(m) in time steps."]
+    pub fn flatmem_cyclic_stages_schedule_offset(
+        schedule: *const flatmem_cyclic_stages_schedule,
+        micro_batch: i32,
+        offset: *mut i64,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " The period P: time steps per training step."]
+    pub fn flatmem_cyclic_stages_schedule_period(
+        schedule: *const flatmem_cyclic_stages_schedule,
+        period: *mut i64,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " Time steps of the whole run: B(0, N-1, S-1) + 2 (stage 0's last backward,"]
+    #[doc = "  then its update-only time step); time steps 0 .. *time_steps - 1."]
+    pub fn flatmem_cyclic_stages_schedule_length(
+        schedule: *const flatmem_cyclic_stages_schedule,
+        time_steps: *mut i64,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " K = versions_kept(stage): parameter versions stage `stage` keeps (slot"]
+    #[doc = " v % K), the least that works: 2 when some version v is still used by an"]
+    #[doc = " action after the first use of v + 1, else 1. With F, B as above and P the"]
+    #[doc = " period, m0 = the first micro-batch with delay 0 at the stage (N if none):"]
+    #[doc = "   m0 = N (all delay 1):  2 iff S >= 3 and offset(N-1) > P - 2L + 1 + 2j;"]
+    #[doc = "   m0 = 0 (all delay 0):  1;"]
+    #[doc = "   0 < m0 < N:            2 iff S >= 2 and offset(m0) - offset(m0-1) < 2L - 1 - 2j."]
+    pub fn flatmem_cyclic_stages_schedule_versions_kept(
+        schedule: *const flatmem_cyclic_stages_schedule,
+        stage: i32,
+        versions_kept: *mut i32,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " The actions of `stage` at global time step time_step >= 0, in the order the"]
+    #[doc = " handle returns them: up to `capacity` into actions[0 ..], *count = how many"]
+    #[doc = " there are (call with capacity 0 to ask). An IDLE time step has none; at and"]
+    #[doc = " after the schedule's length *count = 0 too. Pure and thread-safe."]
+    pub fn flatmem_cyclic_stages_schedule_actions(
+        schedule: *const flatmem_cyclic_stages_schedule,
+        stage: i32,
+        time_step: i64,
+        actions: *mut flatmem_cyclic_stages_action,
+        capacity: i32,
+        count: *mut i32,
+    ) -> flatmem_status;
+}
+#[doc = " Steady-state occupancy of one stage rank (a run long enough that every"]
+#[doc = "  period is a full one), from the schedule."]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq)]
+pub struct flatmem_cyclic_stages_occupancy {
+    #[doc = " Fraction of a period's time steps with at least one action."]
+    pub busy_fraction: f64,
+    #[doc = " Actions per time step, largest."]
+    pub peak_actions: i32,
+    #[doc = " Micro-batches whose activations the stage holds: largest and mean over"]
+    #[doc = "  a period (mean = N (2L - 2j) / P)."]
+    pub peak_activations_held: i32,
+    pub mean_activations_held: f64,
+}
+#[test]
+fn bindgen_test_layout_flatmem_cyclic_stages_occupancy() {
+    assert_eq!(
+        ::std::mem::size_of::<flatmem_cyclic_stages_occupancy>(),
+        24usize,
+        concat!("Size of: ", stringify!(flatmem_cyclic_stages_occupancy))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<flatmem_cyclic_stages_occupancy>(),
+        8usize,
+        concat!("Alignment of ", stringify!(flatmem_cyclic_stages_occupancy))
+    );
+    fn test_field_busy_fraction() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_occupancy>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).busy_fraction) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_occupancy),
+                "::",
+                stringify!(busy_fraction)
+            )
+        );
+    }
+    test_field_busy_fraction();
+    fn test_field_peak_actions() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_occupancy>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).peak_actions) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_occupancy),
+                "::",
+                stringify!(peak_actions)
+            )
+        );
+    }
+    test_field_peak_actions();
+    fn test_field_peak_activations_held() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_occupancy>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).peak_activations_held) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_occupancy),
+                "::",
+                stringify!(peak_activations_held)
+            )
+        );
+    }
+    test_field_peak_activations_held();
+    fn test_field_mean_activations_held() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_occupancy>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).mean_activations_held) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_occupancy),
+                "::",
+                stringify!(mean_activations_held)
+            )
+        );
+    }
+    test_field_mean_activations_held();
+}
+extern "C" {
+    pub fn flatmem_cyclic_stages_schedule_occupancy(
+        schedule: *const flatmem_cyclic_stages_schedule,
+        stage: i32,
+        occupancy: *mut flatmem_cyclic_stages_occupancy,
+    ) -> flatmem_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct flatmem_cyclic_stages_s {
+    _unused: [u8; 0],
+}
+#[doc = " The stage-parallel runtime of one stage rank."]
+pub type flatmem_cyclic_stages_t = flatmem_cyclic_stages_s;
+#[repr(C)]
+#[derive(Debug, Copy, Clone, PartialEq)]
+pub struct flatmem_cyclic_stages_options {
+    #[doc = " sizeof(flatmem_cyclic_stages_options) as the caller was compiled."]
+    pub struct_size: usize,
+    #[doc = " L (required): must equal the communicator's size."]
+    pub stages: i32,
+    #[doc = " N (required), 1 .. 65535."]
+    pub micro_batches: i32,
+    #[doc = " S (required)."]
+    pub steps: i64,
+    pub rule: flatmem_cyclic_rule,
+    #[doc = " L - 1 entries (required when L > 1; copied at create): [j] = the"]
+    #[doc = "  largest bytes of a tensor crossing the boundary between stages j and"]
+    #[doc = "  j + 1 (an activation or its gradient), 0 .. 2^40."]
+    pub boundary_bytes: *const i64,
+    #[doc = " Accounting only: bytes of activations stage j keeps per micro-batch"]
+    #[doc = "  (L entries, >= 0, copied). NULL = 1, so activation bytes count"]
+    #[doc = "  micro-batches."]
+    pub activation_bytes: *const i64,
+    #[doc = " Deadline of every wait in milliseconds (0 = the communicator's default)."]
+    pub timeout_ms: i64,
+    #[doc = " Time steps of per-time-step statistics kept (the most recent); 0 = 65536."]
+    pub history: i64,
+}
+#[test]
+fn bindgen_test_layout_flatmem_cyclic_stages_options() {
+    assert_eq!(
+        ::std::mem::size_of::<flatmem_cyclic_stages_options>(),
+        64usize,
+        concat!("Size of: ", stringify!(flatmem_cyclic_stages_options))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<flatmem_cyclic_stages_options>(),
+        8usize,
+        concat!("Alignment of ", stringify!(flatmem_cyclic_stages_options))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_options),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_stages() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).stages) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_options),
+                "::",
+                stringify!(stages)
+            )
+        );
+    }
+    test_field_stages();
+    fn test_field_micro_batches() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).micro_batches) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_options),
+                "::",
+                stringify!(micro_batches)
+            )
+        );
+    }
+    test_field_micro_batches();
+    fn test_field_steps() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).steps) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_options),
+                "::",
+                stringify!(steps)
+            )
+        );
+    }
+    test_field_steps();
+    fn test_field_rule() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rule) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_options),
+                "::",
+                stringify!(rule)
+            )
+        );
+    }
+    test_field_rule();
+    fn test_field_boundary_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).boundary_bytes) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_options),
+                "::",
+                stringify!(boundary_bytes)
+            )
+        );
+    }
+    test_field_boundary_bytes();
+    fn test_field_activation_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).activation_bytes) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_options),
+                "::",
+                stringify!(activation_bytes)
+            )
+        );
+    }
+    test_field_activation_bytes();
+    fn test_field_timeout_ms() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).timeout_ms) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_options),
+                "::",
+                stringify!(timeout_ms)
+            )
+        );
+    }
+    test_field_timeout_ms();
+    fn test_field_history() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).history) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_options),
+                "::",
+                stringify!(history)
+            )
+        );
+    }
+    test_field_history();
+}
+impl Default for flatmem_cyclic_stages_options {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+extern "C" {
+    #[doc = " Fill *options with defaults and struct_size. Thread-safe."]
+    pub fn flatmem_cyclic_stages_options_init(
+        options: *mut flatmem_cyclic_stages_options,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " Create the runtime of this stage rank (collective over the communicator:"]
+    #[doc = " every rank must pass the same stages, micro_batches, steps, rule and"]
+    #[doc = " boundary_bytes -- checked, INVALID_ARGUMENT on every rank naming the first"]
+    #[doc = " rank and field that differ). Allocates the staging (see the top) and posts"]
+    #[doc = " the first receives. The communicator must outlive the handle and stays the"]
+    #[doc = " caller's. *out is set on success only."]
+    pub fn flatmem_cyclic_stages_create(
+        out: *mut *mut flatmem_cyclic_stages_t,
+        comm: *mut flatmem_comm_t,
+        options: *const flatmem_cyclic_stages_options,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " Release the handle. After DONE (or a failure) this is local and quick."]
+    #[doc = " Before DONE the neighbours cannot finish without this rank: the"]
+    #[doc = " communicator is poisoned first (they fail naming this stage). NULL is a"]
+    #[doc = " no-op."]
+    pub fn flatmem_cyclic_stages_destroy(handle: *mut flatmem_cyclic_stages_t) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " The handle's schedule."]
+    pub fn flatmem_cyclic_stages_get_schedule(
+        handle: *const flatmem_cyclic_stages_t,
+        schedule: *mut flatmem_cyclic_stages_schedule,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " The next action of this stage (as flatmem_cyclic_stages_schedule_actions"]
+    #[doc = " lists them, time step after time step; time steps without actions are"]
+    #[doc = " skipped). INVALID_ARGUMENT without advancing when the current action's"]
+    #[doc = " receive, send or accumulate was not done. Before DONE it waits (<= timeout)"]
+    #[doc = " until this rank's sends have left; DONE again on every later call. On a"]
+    #[doc = " failure the handle is poisoned; *action is then not written."]
+    pub fn flatmem_cyclic_stages_next(
+        handle: *mut flatmem_cyclic_stages_t,
+        action: *mut flatmem_cyclic_stages_action,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " Send the current action's boundary tensor (its sends == 1, once): kDLCPU,"]
+    #[doc = " any dtype with whole bytes, compact, at most boundary_bytes of the boundary"]
+    #[doc = " it crosses. Copied: the tensor is the caller's again on return."]
+    pub fn flatmem_cyclic_stages_send(
+        handle: *mut flatmem_cyclic_stages_t,
+        tensor: *const DLTensor,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " Receive the current action's boundary tensor (its receives == 1, once)"]
+    #[doc = " into `into` (kDLCPU, compact, exactly as many bytes as were sent: else"]
+    #[doc = " INVALID_ARGUMENT naming both sizes, and the handle and communicator are"]
+    #[doc = " poisoned, since sender and receiver disagree). Waits at most the timeout."]
+    #[doc = " Nothing is written to `into` on error."]
+    pub fn flatmem_cyclic_stages_receive(
+        handle: *mut flatmem_cyclic_stages_t,
+        into: *mut DLTensor,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " Add the current BACKWARD's stage gradient (once) into its step's"]
+    #[doc = " accumulator: kDLCPU, float32 or float64, compact, at least one element, the"]
+    #[doc = " same dtype and element count every time (the first call fixes them)."]
+    pub fn flatmem_cyclic_stages_accumulate(
+        handle: *mut flatmem_cyclic_stages_t,
+        gradient: *const DLTensor,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " Copy the average of step update_step (the current action's) into `out`"]
+    #[doc = " (the accumulate dtype and element count, kDLCPU, compact). Only while the"]
+    #[doc = " current action has update_step >= 0."]
+    pub fn flatmem_cyclic_stages_average(
+        handle: *const flatmem_cyclic_stages_t,
+        out: *mut DLTensor,
+    ) -> flatmem_status;
+}
+#[doc = " What happened in one time step of this stage rank."]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq)]
+pub struct flatmem_cyclic_stages_time_step_stats {
+    pub time_step: i64,
+    #[doc = " Actions run (0 for time steps without any: they are recorded too)."]
+    pub actions: i32,
+    #[doc = " Micro-batches whose activations the stage holds, and their bytes."]
+    pub activations_held: i32,
+    pub activation_bytes: i64,
+    #[doc = " Boundary bytes posted for sending (headers and padding included)."]
+    pub bytes_sent: i64,
+    #[doc = " Wall-clock seconds from the next() that began the time step to the"]
+    #[doc = "  next() that began a later one (0 for the current one)."]
+    pub seconds: f64,
+    #[doc = " Seconds of it spent waiting (receives, staging, the last sends)."]
+    pub wait_seconds: f64,
+}
+#[test]
+fn bindgen_test_layout_flatmem_cyclic_stages_time_step_stats() {
+    assert_eq!(
+        ::std::mem::size_of::<flatmem_cyclic_stages_time_step_stats>(),
+        48usize,
+        concat!(
+            "Size of: ",
+            stringify!(flatmem_cyclic_stages_time_step_stats)
+        )
+    );
+    assert_eq!(
+        ::std::mem::align_of::<flatmem_cyclic_stages_time_step_stats>(),
+        8usize,
+        concat!(
+            "Alignment of ",
+            stringify!(flatmem_cyclic_stages_time_step_stats)
+        )
+    );
+    fn test_field_time_step() {
+        assert_eq!(
+            unsafe {
+                let uninit =
+                    ::std::mem::MaybeUninit::<flatmem_cyclic_stages_time_step_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).time_step) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_time_step_stats),
+                "::",
+                stringify!(time_step)
+            )
+        );
+    }
+    test_field_time_step();
+    fn test_field_actions() {
+        assert_eq!(
+            unsafe {
+                let uninit =
+                    ::std::mem::MaybeUninit::<flatmem_cyclic_stages_time_step_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).actions) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_time_step_stats),
+                "::",
+                stringify!(actions)
+            )
+        );
+    }
+    test_field_actions();
+    fn test_field_activations_held() {
+        assert_eq!(
+            unsafe {
+                let uninit =
+                    ::std::mem::MaybeUninit::<flatmem_cyclic_stages_time_step_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).activations_held) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_time_step_stats),
+                "::",
+                stringify!(activations_held)
+            )
+        );
+    }
+    test_field_activations_held();
+    fn test_field_activation_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit =
+                    ::std::mem::MaybeUninit::<flatmem_cyclic_stages_time_step_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).activation_bytes) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_time_step_stats),
+                "::",
+                stringify!(activation_bytes)
+            )
+        );
+    }
+    test_field_activation_bytes();
+    fn test_field_bytes_sent() {
+        assert_eq!(
+            unsafe {
+                let uninit =
+                    ::std::mem::MaybeUninit::<flatmem_cyclic_stages_time_step_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).bytes_sent) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_time_step_stats),
+                "::",
+                stringify!(bytes_sent)
+            )
+        );
+    }
+    test_field_bytes_sent();
+    fn test_field_seconds() {
+        assert_eq!(
+            unsafe {
+                let uninit =
+                    ::std::mem::MaybeUninit::<flatmem_cyclic_stages_time_step_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).seconds) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_time_step_stats),
+                "::",
+                stringify!(seconds)
+            )
+        );
+    }
+    test_field_seconds();
+    fn test_field_wait_seconds() {
+        assert_eq!(
+            unsafe {
+                let uninit =
+                    ::std::mem::MaybeUninit::<flatmem_cyclic_stages_time_step_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).wait_seconds) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_time_step_stats),
+                "::",
+                stringify!(wait_seconds)
+            )
+        );
+    }
+    test_field_wait_seconds();
+}
+#[doc = " Totals since create."]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq)]
+pub struct flatmem_cyclic_stages_summary {
+    #[doc = " Time steps begun (with or without actions)."]
+    pub time_steps: i64,
+    pub actions: i64,
+    pub bytes_sent: i64,
+    pub messages_sent: i64,
+    pub max_bytes_sent_per_time_step: i64,
+    pub peak_activations_held: i32,
+    pub peak_activation_bytes: i64,
+    #[doc = " Mean micro-batches held over the time steps begun."]
+    pub mean_activations_held: f64,
+    #[doc = " Time steps with >= 1 action / time steps begun (the whole run so far)."]
+    pub busy_fraction: f64,
+    #[doc = " The schedule's steady-state busy fraction of this stage"]
+    #[doc = "  (flatmem_cyclic_stages_schedule_occupancy)."]
+    pub steady_busy_fraction: f64,
+    pub wait_seconds: f64,
+    pub seconds: f64,
+}
+#[test]
+fn bindgen_test_layout_flatmem_cyclic_stages_summary() {
+    assert_eq!(
+        ::std::mem::size_of::<flatmem_cyclic_stages_summary>(),
+        96usize,
+        concat!("Size of: ", stringify!(flatmem_cyclic_stages_summary))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<flatmem_cyclic_stages_summary>(),
+        8usize,
+        concat!("Alignment of ", stringify!(flatmem_cyclic_stages_summary))
+    );
+    fn test_field_time_steps() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).time_steps) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_summary),
+                "::",
+                stringify!(time_steps)
+            )
+        );
+    }
+    test_field_time_steps();
+    fn test_field_actions() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).actions) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_summary),
+                "::",
+                stringify!(actions)
+            )
+        );
+    }
+    test_field_actions();
+    fn test_field_bytes_sent() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).bytes_sent) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_summary),
+                "::",
+                stringify!(bytes_sent)
+            )
+        );
+    }
+    test_field_bytes_sent();
+    fn test_field_messages_sent() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).messages_sent) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_summary),
+                "::",
+                stringify!(messages_sent)
+            )
+        );
+    }
+    test_field_messages_sent();
+    fn test_field_max_bytes_sent_per_time_step() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).max_bytes_sent_per_time_step) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_summary),
+                "::",
+                stringify!(max_bytes_sent_per_time_step)
+            )
+        );
+    }
+    test_field_max_bytes_sent_per_time_step();
+    fn test_field_peak_activations_held() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).peak_activations_held) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_summary),
+                "::",
+                stringify!(peak_activations_held)
+            )
+        );
+    }
+    test_field_peak_activations_held();
+    fn test_field_peak_activation_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).peak_activation_bytes) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_summary),
+                "::",
+                stringify!(peak_activation_bytes)
+            )
+        );
+    }
+    test_field_peak_activation_bytes();
+    fn test_field_mean_activations_held() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).mean_activations_held) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_summary),
+                "::",
+                stringify!(mean_activations_held)
+            )
+        );
+    }
+    test_field_mean_activations_held();
+    fn test_field_busy_fraction() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).busy_fraction) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_summary),
+                "::",
+                stringify!(busy_fraction)
+            )
+        );
+    }
+    test_field_busy_fraction();
+    fn test_field_steady_busy_fraction() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).steady_busy_fraction) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_summary),
+                "::",
+                stringify!(steady_busy_fraction)
+            )
+        );
+    }
+    test_field_steady_busy_fraction();
+    fn test_field_wait_seconds() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).wait_seconds) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_summary),
+                "::",
+                stringify!(wait_seconds)
+            )
+        );
+    }
+    test_field_wait_seconds();
+    fn test_field_seconds() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).seconds) as usize - ptr as usize
+            },
+            88usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_summary),
+                "::",
+                stringify!(seconds)
+            )
+        );
+    }
+    test_field_seconds();
+}
+extern "C" {
+    #[doc = " Copy the statistics of time steps first .. first + count - 1 that are still"]
+    #[doc = " kept into stats[0 .. *written - 1] (as flatmem_cyclic_stats)."]
+    pub fn flatmem_cyclic_stages_stats(
+        handle: *const flatmem_cyclic_stages_t,
+        first: i64,
+        count: i64,
+        stats: *mut flatmem_cyclic_stages_time_step_stats,
+        written: *mut i64,
+    ) -> flatmem_status;
+}
+extern "C" {
+    pub fn flatmem_cyclic_stages_summary_get(
+        handle: *const flatmem_cyclic_stages_t,
+        summary: *mut flatmem_cyclic_stages_summary,
     ) -> flatmem_status;
 }

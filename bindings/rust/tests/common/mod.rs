@@ -12,6 +12,7 @@
 
 pub mod ranks;
 pub mod sigmoid;
+pub mod stage_mlp;
 
 use flatmem::half::{bf16_from_f32, bf16_to_f32, f16_from_f32, f16_to_f32};
 use flatmem::{Dtype, Features, FeaturesMut};
