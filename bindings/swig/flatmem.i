@@ -851,6 +851,17 @@ const char *flatmem_swig_version_mismatch(void);
 %immutable flatmem_cyclic_action::update_step;
 %immutable flatmem_cyclic_action::activations_held;
 %immutable flatmem_cyclic_action::phase;
+/* The ZeRO relay's calls reach Python and Java through Cyclic's methods
+   (comm.i); their raw forms would only be noise. */
+%ignore flatmem_cyclic_set_shard;
+%ignore flatmem_cyclic_shard_range;
+%ignore flatmem_cyclic_parameters;
+%ignore flatmem_cyclic_relay_stats;
+%ignore flatmem_cyclic_relay_summary_get;
+%ignore FLATMEM_CYCLIC_RELAY_SUMMARY_INIT;
+%ignore FLATMEM_CYCLIC_PARAMETER_MODE_MAX;
+%rename(CyclicRelayTimeStep) flatmem_cyclic_relay_time_step;
+%rename(CyclicRelaySummary) flatmem_cyclic_relay_summary;
 %include <flatmem/cyclic.h>
 
 %rename(status_string) flatmem_status_string_of;
