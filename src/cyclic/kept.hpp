@@ -37,7 +37,9 @@ void for_kept(const std::vector<Record> &ring, std::int64_t begun, std::int64_t 
   for (std::int64_t i = begun - kept; i < begun; ++i) {
     const std::size_t slot = std::size_t(i) % ring.size();
     const std::int64_t t = ring[slot].time_step;
-    if (t >= first && t - first < count) f(slot);
+    // t - first in unsigned arithmetic: exact for t >= first, whatever `first`
+    // (a caller may pass INT64_MIN); count < 0 selects nothing.
+    if (t >= first && count > 0 && std::uint64_t(t) - std::uint64_t(first) < std::uint64_t(count)) f(slot);
   }
 }
 

@@ -225,6 +225,17 @@ TEST_CASE("cyclic/errors/the schedule ends in DONE, again and again; stats argum
   CHECK(flatmem_cyclic_stats(h, 3, 8, stats, &written) == FLATMEM_STATUS_SUCCESS);
   CHECK(written == 2);
   CHECK(stats[0].time_step == 3);
+  // The extremes of first / count: no overflow (found by fuzz_cyclic under UBSan).
+  const std::int64_t lowest = std::numeric_limits<std::int64_t>::min();
+  const std::int64_t highest = std::numeric_limits<std::int64_t>::max();
+  CHECK(flatmem_cyclic_stats(h, lowest, 8, stats, &written) == FLATMEM_STATUS_SUCCESS);
+  CHECK(written == 0);
+  CHECK(flatmem_cyclic_stats(h, lowest, highest, stats, &written) == FLATMEM_STATUS_SUCCESS);
+  CHECK(written == 0);  // [INT64_MIN, -1): before time step 0
+  CHECK(flatmem_cyclic_stats(h, -3, highest, stats, &written) == FLATMEM_STATUS_SUCCESS);
+  CHECK(written == 5);
+  CHECK(flatmem_cyclic_stats(h, highest, 8, stats, &written) == FLATMEM_STATUS_SUCCESS);
+  CHECK(written == 0);
   CHECK(flatmem_cyclic_summary_get(h, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
   CHECK(flatmem_cyclic_summary_get(nullptr, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
   flatmem_cyclic_schedule s{};
