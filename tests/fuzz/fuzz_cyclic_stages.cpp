@@ -88,11 +88,11 @@ void check_action(const flatmem_cyclic_stages_action &a, const Shape &s, std::in
   if (!bad.empty()) violation(call, bad + ": " + describe(a));
 }
 
-// Every action of a stage's time step: order (backwards, then forwards, by micro-batch),
-// index_in_time_step / actions_in_time_step.
-void check_time_step(const flatmem_cyclic_stages_action *a, std::int32_t count, const Shape &s, std::int32_t stage,
-                     std::int64_t tau, const char *call) {
-  for (std::int32_t i = 0; i < count; ++i) {
+// The first `written` of a stage's `count` actions at a time step: order (backwards, then
+// forwards, by micro-batch), index_in_time_step / actions_in_time_step.
+void check_time_step(const flatmem_cyclic_stages_action *a, std::int32_t written, std::int32_t count, const Shape &s,
+                     std::int32_t stage, std::int64_t tau, const char *call) {
+  for (std::int32_t i = 0; i < written; ++i) {
     check_action(a[i], s, stage, tau, call);
     if (a[i].index_in_time_step != i || a[i].actions_in_time_step != count)
       violation(call, "index_in_time_step / actions_in_time_step wrong: " + describe(a[i]));
@@ -123,7 +123,7 @@ void walk(const flatmem_cyclic_stages_schedule &sched, const Shape &s, std::int3
       violation(call, "refused time step " + std::to_string(tau) + " of a valid schedule");
     if (count < 0 || count > std::int32_t(actions.size())) violation(call, "count " + std::to_string(count));
     if (tau >= length && count != 0) violation(call, "actions at or after the schedule's length");
-    check_time_step(actions.data(), count, s, stage, tau, call);
+    check_time_step(actions.data(), count, count, s, stage, tau, call);
     for (std::int32_t i = 0; i < count; ++i) {
       const auto &a = actions[std::size_t(i)];
       if (a.update_step >= 0) {
@@ -210,7 +210,7 @@ void fuzz_schedule(Reader &in, const Plan &p) {
   for (std::int64_t i = 0; i < N; ++i) shape.offset[std::size_t(i)] = i * 2 * L / N;
   if (count < 0) violation("flatmem_cyclic_stages_schedule_actions", "negative count");
   const std::int32_t written = std::min(count, std::max<std::int32_t>(std::min<std::int32_t>(capacity, 16), 0));
-  check_time_step(actions.data() + 1, written, shape, stage, tau, "flatmem_cyclic_stages_schedule_actions");
+  check_time_step(actions.data() + 1, written, count, shape, stage, tau, "flatmem_cyclic_stages_schedule_actions");
   // Nothing past the capacity (nor before the array).
   const auto *bytes = reinterpret_cast<const unsigned char *>(actions.data());
   const auto clean = [&](std::size_t from, std::size_t to) {
