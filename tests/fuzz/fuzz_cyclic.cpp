@@ -240,7 +240,9 @@ void fuzz_runtime(Reader &in, const Plan &p) {
   o.timeout_ms = pick(in, p.timeout, {0, 500, 1, -1});
   o.nonfinite = static_cast<flatmem_nonfinite_policy>(pick(in, p.nonfinite, {0, 1}));
   o.history = pick(in, p.history, {0, 1, 4, -1});
-  o.parameters = static_cast<flatmem_cyclic_parameter_mode>(pick(in, p.parameters, {0, 1, 1, 1}));
+  // Any 32-bit value a C caller may store (memcpy: not a C++ enum conversion).
+  const std::int32_t parameters = std::int32_t(pick(in, p.parameters, {0, 1, 1, 1}));
+  std::memcpy(&o.parameters, &parameters, sizeof parameters);
   std::vector<std::int64_t> parameter_count;
   if (p.parameter_count % 4 != 3 && o.stages >= 1 && o.stages <= 65535) {
     parameter_count.resize(std::size_t(o.stages));
@@ -249,10 +251,12 @@ void fuzz_runtime(Reader &in, const Plan &p) {
   }
   o.struct_size = hostile_struct_size(p.create_size, sizeof o);
   const bool options_read = p.create_size != 255;
+  std::int32_t rule;
+  std::memcpy(&rule, &o.rule, sizeof rule);
   const bool relayed = options_read && o.struct_size >= offsetof(flatmem_cyclic_options, parameters) + 4 &&
-                       o.parameters == FLATMEM_CYCLIC_PARAMETERS_RELAYED;
+                       parameters == FLATMEM_CYCLIC_PARAMETERS_RELAYED;
   const bool delay1 = options_read && (o.struct_size < offsetof(flatmem_cyclic_options, rule) + 4 ||
-                                       o.rule == FLATMEM_CYCLIC_DELAY1);
+                                       rule == FLATMEM_CYCLIC_DELAY1);
 
   flatmem_cyclic_t *handle = nullptr;
   const bool created = check_status(
