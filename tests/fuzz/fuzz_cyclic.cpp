@@ -251,6 +251,11 @@ void fuzz_runtime(Reader &in, const Plan &p) {
   if (p.parameter_count % 4 != 3 && o.stages >= 1 && o.stages <= 65535) {
     parameter_count.resize(std::size_t(o.stages));
     for (auto &v : parameter_count) v = p.parameter_count % 4 == 2 ? in.hostile_int64() : 1 + in.byte() % 16;
+    // A stage of 2^16 .. 2^40 elements is valid and its staging (K copies, zero-filled by
+    // set_shard) may really be allocated: gigabytes past the fuzzer's RSS limit. Such sizes
+    // become 2^40, whose staging cannot be allocated (OUT_OF_MEMORY, the path under test).
+    for (auto &v : parameter_count)
+      if (v > (std::int64_t(1) << 16) && v < (std::int64_t(1) << 40)) v = std::int64_t(1) << 40;
     o.parameter_count = parameter_count.data();
   }
   o.struct_size = hostile_struct_size(p.create_size, sizeof o);
