@@ -2,18 +2,21 @@
 # Builds the libFuzzer targets (tests/fuzz/, FLATMEM_FUZZ=ON: clang, ASan + UBSan, the
 # library instrumented too) in build-fuzz/ and runs one of them for SECONDS.
 # Usage: bash scripts/fuzz.sh TARGET SECONDS [libFuzzer flags...]
-#   TARGET: fuzz_contrastive fuzz_reversible fuzz_cyclic fuzz_comm_id fuzz_comm_env
+#   TARGET: fuzz_contrastive fuzz_sigmoid fuzz_reversible fuzz_cyclic fuzz_cyclic_stages
+#           fuzz_comm_id fuzz_comm_env
 #   The corpus grows in build-fuzz/corpus/TARGET (seeded from tests/fuzz/corpus/TARGET);
 #   crashes, leaks and timeouts land in build-fuzz/artifacts/TARGET/ and fail the run
 #   (reproduce one with: bash scripts/fuzz.sh TARGET 0 build-fuzz/artifacts/TARGET/crash-...).
 #   The comm targets dial fuzzed addresses, so they run in a loopback-only network
 #   namespace (unshare --net, needs root); exit status 77 when none can be made.
-# Prints "fuzz: TARGET: N executions in S s" at the end.
+# Prints "fuzz: TARGET: N executions in S s, coverage C edges (F features), corpus K files" at
+# the end. FLATMEM_FUZZ_BREAK_ORACLE=1 makes the targets' oracles expect wrong answers on
+# purpose: a run over the seed corpus must then fail (the check that the oracles can fail).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 cd "$FLATMEM_ROOT"
 
-[ $# -ge 2 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,14p' "$0" >&2; exit 2; }
 target=$1
 seconds=$2
 shift 2
@@ -69,4 +72,5 @@ if [ "$status" -ne 0 ]; then
   grep -v -E '^#[0-9]+' "$log" | tail -n 60 >&2
   exit 1
 fi
-echo "fuzz: $target: ${executions:-?} executions in ${seconds} s, corpus $(ls "$corpus" | wc -l) files"
+coverage=$(grep -o 'cov: [0-9]* ft: [0-9]*' "$log" | tail -n 1 | awk '{print $2 " edges (" $4 " features)"}' || true)
+echo "fuzz: $target: ${executions:-?} executions in ${seconds} s, coverage ${coverage:-?}, corpus $(ls "$corpus" | wc -l) files"

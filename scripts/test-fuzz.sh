@@ -10,7 +10,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 cd "$FLATMEM_ROOT"
 
 seconds=${FLATMEM_FUZZ_SECONDS:-15}
-targets=(fuzz_contrastive fuzz_reversible fuzz_cyclic fuzz_comm_id fuzz_comm_env)
+targets=(fuzz_contrastive fuzz_sigmoid fuzz_reversible fuzz_cyclic fuzz_cyclic_stages fuzz_comm_id
+         fuzz_comm_env)
 summary=()
 for target in "${targets[@]}"; do
   status=0

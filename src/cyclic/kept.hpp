@@ -1,7 +1,7 @@
 // Small pieces the data-parallel runtime (src/cyclic/) and the stage-parallel
-// one (src/cyclic/stages/) share: the average with its factor rounded to the
-// element type, and the walk over the per-time-step statistics a ring of
-// records keeps.
+// one (src/cyclic/stages/) share: the alignment check of a gradient they read
+// as floats, the average with its factor rounded to the element type, and the
+// walk over the per-time-step statistics a ring of records keeps.
 #pragma once
 
 #include <algorithm>
@@ -10,8 +10,17 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "core/error.hpp"
 
 namespace flatmem::cyclic {
+
+// A gradient both runtimes read as float / double: data + byte_offset must be
+// aligned to the element size (misaligned loads are undefined behaviour).
+inline void check_element_aligned(const void *data, std::size_t element, const char *name) {
+  if (reinterpret_cast<std::uintptr_t>(data) % element != 0)
+    invalid(name, ": data + byte_offset (", reinterpret_cast<std::uintptr_t>(data), ") is not aligned to the ",
+            element, "-byte element size");
+}
 
 // data *= 1/n (count elements of `type`, f32 or f64), the factor rounded to
 // the element type: every rank and both runtimes form the same bits.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <memory>
+#include <new>
 
 #include "comm/message.hpp"
 #include "core/error.hpp"
@@ -74,9 +76,25 @@ void Relay::set_shard(std::int32_t stage, const DLTensor *shard) {
   if (reinterpret_cast<std::uintptr_t>(m.data) % element != 0)
     invalid("shard: data + byte_offset is not aligned to the ", element, "-byte element size");
   if (element_ == 0) {
+    // The staging (K full stages of the largest one) is allocated here, once: on failure
+    // OUT_OF_MEMORY and nothing changes (a later call tries again). A probe without
+    // exceptions first, so that a size the system cannot back fails cleanly under the
+    // sanitizers too (their throwing operator new aborts instead of throwing).
+    const std::size_t buffers = std::size_t(plan_.staging_buffers());
+    const std::size_t each = std::size_t(plan_.largest()) * element;
+    const auto out_of_memory = [&] {
+      fail(FLATMEM_STATUS_OUT_OF_MEMORY, "shard: the relay's staging, ", buffers, " buffers of ", each,
+           " bytes (the largest stage of options.parameter_count), could not be allocated");
+    };
+    if (each != 0 && std::unique_ptr<char[]>(new (std::nothrow) char[buffers * each]) == nullptr) out_of_memory();
+    std::vector<Slot> slots(buffers);
+    try {
+      for (Slot &s : slots) s.data.resize(each);
+    } catch (const std::bad_alloc &) {
+      out_of_memory();
+    }
+    slots_ = std::move(slots);
     element_ = element;
-    slots_.resize(std::size_t(plan_.staging_buffers()));
-    for (Slot &s : slots_) s.data.resize(std::size_t(plan_.largest()) * element_);
   }
   shards_[std::size_t(stage)] = m.data;
   registered_[std::size_t(stage)] = true;

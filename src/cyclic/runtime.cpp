@@ -6,6 +6,7 @@
 
 #include "comm/message.hpp"
 #include "core/error.hpp"
+#include "cyclic/kept.hpp"
 #include "cyclic/tags.hpp"
 
 namespace flatmem::cyclic {
@@ -290,11 +291,8 @@ void Runtime::reduce(std::int32_t stage, const DLTensor *gradient) {
     if (m.dtype.bits / 8 != relay_->element())
       invalid("gradient: ", int(m.dtype.bits), "-bit floats; the registered shards are ", 8 * relay_->element(), "-bit");
   }
-  // The scan and the chains read it as float / double: data + byte_offset must be aligned.
-  const std::size_t element = m.dtype.bits / 8;
-  if (reinterpret_cast<std::uintptr_t>(m.data) % element != 0)
-    invalid("gradient: data + byte_offset (", reinterpret_cast<std::uintptr_t>(m.data), ") is not aligned to the ",
-            element, "-byte element size");
+  // The scan and the chains read it as float / double.
+  check_element_aligned(m.data, m.dtype.bits / 8, "gradient");
 
   auto g = std::make_shared<Gradient>();
   g->stage = stage;

@@ -16,13 +16,21 @@ PLANS = {
     "fuzz_contrastive": ("loss dtype b c_extra d threads tile_rows tile_cols nonfinite precision "
                          "cache struct_size labels scale workspace_forward workspace_backward nan "
                          "backward_outputs gradient_dtype dloss fresh_lse null_handle").split(),
+    "fuzz_sigmoid": ("loss dtype b c d threads tile_rows tile_cols nonfinite precision cache "
+                     "struct_size labels scale bias nan workspace outputs gradient_dtype dloss "
+                     "null_handle").split(),
     "fuzz_reversible": ("kind_f kind_g width heads hidden eps math block_size mutate_parameters "
                         "gradients callbacks num_blocks mode threads segment_size batch tokens "
                         "state_ndim workspace_forward workspace_backward nan rebuilt "
                         "fresh_outputs").split(),
     "fuzz_cyclic": ("world stages steps rule schedule_size rank stage time_step create_size "
                     "activation_bytes timeout nonfinite history null_comm run_length "
-                    "gradient_dtype skip_reduce stats_first stats_count nan").split(),
+                    "gradient_dtype skip_reduce stats_first stats_count nan parameters parameter_count "
+                    "shard relay_misuse").split(),
+    "fuzz_cyclic_stages": ("stages micro_batches steps rule schedule_size micro_batch stage "
+                           "time_step capacity create_size boundary_bytes activation_bytes timeout "
+                           "history null_comm run_length gradient_dtype misuse stats_first "
+                           "stats_count nan").split(),
     "fuzz_comm_id": "source address flips rank_world connect_timeout timeout struct_size".split(),
     "fuzz_comm_env": [f"choice{i}" for i in range(13)] + ["connect_timeout"],
 }
@@ -37,6 +45,25 @@ SEEDS = {
         "older_struct_size": {"struct_size": 6},
         "null_handle": {"null_handle": 2},
         "scale_zero": {"scale": 3},
+    },
+    "fuzz_sigmoid": {
+        "siglip_fp32_b7_c7": {"b": 6, "d": 8},
+        "labels_c_prime_bf16": {"labels": 1, "dtype": 1, "b": 4, "c": 12, "d": 12, "bias": 1},
+        "fp16_tiles_2x5_f16_gradients": {"dtype": 2, "tile_rows": 2, "tile_cols": 2, "b": 10,
+                                         "gradient_dtype": 1, "scale": 1},
+        "scale_100_bias_minus_10_dloss": {"scale": 2, "bias": 1, "dloss": 3, "b": 3, "d": 2},
+        "c_less_than_b_no_labels": {"c": 0x80, "b": 9},
+        "nan_input": {"nan": 1},
+        "propagate_nan": {"nan": 1, "nonfinite": 1},
+        "nan_bias": {"bias": 5},
+        "nan_dloss": {"dloss": 5},
+        "workspace_exact": {"workspace": 2, "b": 5},
+        "workspace_short": {"workspace": 3, "b": 5},
+        "only_dlogit_bias": {"outputs": 15, "b": 2},
+        "softmax_handle_refused": {"loss": 1},
+        "logit_cache_refused": {"cache": 1},
+        "older_struct_size": {"struct_size": 6},
+        "null_handle": {"null_handle": 2},
     },
     "fuzz_reversible": {
         "attention_mlp_2_blocks": {},
@@ -56,6 +83,44 @@ SEEDS = {
         "runtime_newest_f64": {"null_comm": 0x80, "rule": 1, "gradient_dtype": 1, "run_length": 23},
         "runtime_skip_reduce": {"null_comm": 0x80, "skip_reduce": 7, "run_length": 9},
         "runtime_nan": {"null_comm": 0x80, "nan": 1, "run_length": 9},
+        "relay_delay1_L1": {"null_comm": 0x80, "parameters": 1, "run_length": 23},
+        "relay_delay1_L3_f64": {"null_comm": 0x80, "parameters": 1, "stages": 2, "steps": 2,
+                                "gradient_dtype": 1, "run_length": 23},
+        "relay_sync_refused": {"null_comm": 0x80, "parameters": 1, "rule": 2},
+        "relay_newest_refused": {"null_comm": 0x80, "parameters": 1, "rule": 1},
+        "relay_no_parameter_count": {"null_comm": 0x80, "parameters": 1, "parameter_count": 3},
+        "relay_hostile_parameter_count": {"null_comm": 0x80, "parameters": 1, "parameter_count": 2},
+        "relay_hostile_stage_and_rank": {"null_comm": 0x80, "parameters": 1, "relay_misuse": 1},
+        "relay_unregistered_stage": {"null_comm": 0x80, "parameters": 1, "stages": 1,
+                                     "relay_misuse": 3, "run_length": 5},
+        "relay_skipped_parameters": {"null_comm": 0x80, "parameters": 1, "relay_misuse": 5,
+                                     "run_length": 9},
+        "relay_mutated_shard": {"null_comm": 0x80, "parameters": 1, "shard": 3, "run_length": 9},
+        "relay_mutated_full": {"null_comm": 0x80, "parameters": 1, "shard": 2, "run_length": 9},
+        "relay_stats_struct_size": {"null_comm": 0x80, "parameters": 1, "relay_misuse": 0x3e,
+                                    "run_length": 9},
+        "replicated_refuses_relay_calls": {"null_comm": 0x80, "parameter_count": 1, "run_length": 5},
+    },
+    "fuzz_cyclic_stages": {
+        "schedule_L1_N1": {},
+        "schedule_L4_N4_delay1": {"stages": 3, "micro_batches": 3, "steps": 2, "stage": 2, "time_step": 4},
+        "schedule_L3_N7_newest": {"stages": 2, "micro_batches": 4, "steps": 3, "rule": 1, "stage": 1},
+        "schedule_L2_N3_sync": {"stages": 1, "micro_batches": 2, "steps": 2, "rule": 2, "time_step": 2},
+        "schedule_L5_N8_capacity_1": {"stages": 4, "micro_batches": 5, "steps": 1, "capacity": 2,
+                                      "time_step": 5},
+        "schedule_limits": {"stages": 7, "micro_batches": 8, "steps": 6},
+        "schedule_past_limits": {"stages": 8, "micro_batches": 9, "steps": 7},
+        "schedule_struct_size_0": {"schedule_size": 4},
+        "runtime_N3_delay1": {"null_comm": 0x80, "micro_batches": 2, "steps": 2, "run_length": 23},
+        "runtime_N5_newest_f64": {"null_comm": 0x80, "micro_batches": 3, "rule": 1, "steps": 1,
+                                  "gradient_dtype": 1, "run_length": 23},
+        "runtime_sync_history_1": {"null_comm": 0x80, "micro_batches": 1, "rule": 2, "history": 2,
+                                   "run_length": 15},
+        "runtime_skip_accumulate": {"null_comm": 0x80, "micro_batches": 1, "misuse": 7, "run_length": 9},
+        "runtime_send_on_one_stage": {"null_comm": 0x80, "misuse": 3, "run_length": 5},
+        "runtime_two_stages_one_rank": {"null_comm": 0x80, "stages": 1, "boundary_bytes": 1},
+        "runtime_hostile_boundary": {"null_comm": 0x80, "boundary_bytes": 2, "activation_bytes": 2},
+        "runtime_older_struct": {"null_comm": 0x80, "create_size": 6, "run_length": 7},
     },
     "fuzz_comm_id": {
         "made_id_world_1": {},

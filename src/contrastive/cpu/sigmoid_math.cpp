@@ -65,7 +65,9 @@ void add_negatives(const float *x, float *o, std::int64_t begin, std::int64_t en
                    SigmoidSums &sums) {
   double loss = 0.0, ds = 0.0, dt = 0.0;
 #pragma omp simd reduction(+ : loss, ds, dt)
-  for (std::int64_t j = begin; j < end; ++j) pair_terms<Loss, Grad>(x[j], -1.0f, o + j, t, loss, ds, dt);
+  // o is NULL without Grad: no pointer arithmetic on it (UB; clang's UBSan reports it).
+  for (std::int64_t j = begin; j < end; ++j)
+    pair_terms<Loss, Grad>(x[j], -1.0f, Grad ? o + j : nullptr, t, loss, ds, dt);
   sums.loss += loss;
   sums.ds += ds;
   sums.dt += dt;
@@ -78,7 +80,7 @@ void sigmoid_row(const float *x, float *o, std::int64_t cols, std::int64_t p, co
                  SigmoidSums &sums) {
   if (p < 0) return add_negatives<Loss, Grad>(x, o, 0, cols, t, sums);
   add_negatives<Loss, Grad>(x, o, 0, p, t, sums);
-  pair_terms<Loss, Grad>(x[p], 1.0f, o + p, t, sums.loss, sums.ds, sums.dt);
+  pair_terms<Loss, Grad>(x[p], 1.0f, Grad ? o + p : nullptr, t, sums.loss, sums.ds, sums.dt);
   add_negatives<Loss, Grad>(x, o, p + 1, cols, t, sums);
 }
 

@@ -350,6 +350,7 @@ void StageRuntime::accumulate(const DLTensor *gradient) {
     invalid("gradient: dtype code ", int(m.dtype.code), " bits ", int(m.dtype.bits),
             "; expected float32 or float64");
   if (m.count == 0) invalid("gradient: no elements");
+  check_element_aligned(m.data, m.dtype.bits / 8, "gradient");  // added to as float / double
   const comm::SumType type = m.dtype.bits == 32 ? comm::SumType::f32 : comm::SumType::f64;
   if (gradient_count_ == 0) {
     accumulator_[0].assign(m.bytes, 0);

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <string>
 
 namespace flatmem_fuzz {
 
@@ -24,6 +25,14 @@ void violation(const char *call, const std::string &what) {
   std::fprintf(stderr, "\nflatmem fuzz: contract violated by %s: %s\n", call, what.c_str());
   std::fflush(stderr);
   std::abort();
+}
+
+bool break_oracle() {
+  static const bool broken = [] {
+    const char *v = std::getenv("FLATMEM_FUZZ_BREAK_ORACLE");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return broken;
 }
 
 bool known_status(flatmem_status status) {

@@ -69,6 +69,11 @@ bool check_status(flatmem_status status, const char *call);
 // smaller size (fields past it must read as defaults), or a larger one.
 std::size_t hostile_struct_size(std::uint8_t choice, std::size_t size);
 
+// Whether FLATMEM_FUZZ_BREAK_ORACLE=1 is set: the targets' oracles then expect a wrong
+// answer on purpose (a check that the oracles run and can fail: the seed corpus must then
+// crash; scripts/fuzz.sh documents it).
+bool break_oracle();
+
 // Every flatmem_status this version knows.
 bool known_status(flatmem_status status);
 

@@ -1,6 +1,7 @@
 #include "support/fuzz_tensor.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace flatmem_fuzz {
@@ -181,6 +182,42 @@ float FuzzTensor::f32_at(std::int64_t i) const {
   if (!honest_ || i >= elements_ || element_bytes(tensor_.dtype) != 4) return v;
   std::memcpy(&v, start_ + offsets_[std::size_t(i)] * 4, 4);
   return v;
+}
+
+double FuzzTensor::value_at(std::int64_t i) const {
+  if (!honest_ || i < 0 || i >= elements_) return 0.0;
+  const std::size_t elem = element_bytes(tensor_.dtype);
+  const unsigned char *p = start_ + offsets_[std::size_t(i)] * std::ptrdiff_t(elem);
+  const DLDataType &t = tensor_.dtype;
+  if (t.code == kDLFloat && t.bits == 32) {
+    float v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  if (t.code == kDLFloat && t.bits == 64) {
+    double v;
+    std::memcpy(&v, p, 8);
+    return v;
+  }
+  if ((t.code == kDLFloat || t.code == kDLBfloat) && t.bits == 16) {
+    std::uint16_t h;
+    std::memcpy(&h, p, 2);
+    if (t.code == kDLBfloat) {
+      const std::uint32_t f = std::uint32_t(h) << 16;
+      float v;
+      std::memcpy(&v, &f, 4);
+      return v;
+    }
+    const int exponent = (h >> 10) & 0x1f;
+    const double mantissa = h & 0x3ff;
+    const double sign = (h & 0x8000) ? -1.0 : 1.0;
+    if (exponent == 0x1f) return mantissa ? __builtin_nan("") : sign * __builtin_inf();
+    if (exponent == 0) return sign * std::ldexp(mantissa, -24);
+    return sign * std::ldexp(1024.0 + mantissa, exponent - 25);
+  }
+  std::int64_t v = 0;
+  std::memcpy(&v, p, std::min<std::size_t>(elem, 8));
+  return double(v);
 }
 
 void mutate_some(Reader &in, std::initializer_list<FuzzTensor *> tensors) {

@@ -59,6 +59,9 @@ class FuzzTensor {
   // Element i (fp32 tensors, compact, honest): for checks after success.
   std::int64_t elements() const { return elements_; }
   float f32_at(std::int64_t i) const;
+  // Element i (row-major order of the described layout, honest tensors) as a double:
+  // fp32 / fp64 / fp16 / bf16 decoded, integers converted. For oracles after success.
+  double value_at(std::int64_t i) const;
 
  private:
   void sync_pointers();
