@@ -58,7 +58,10 @@ Reference reference(const FuzzTensor &q, const FuzzTensor &k, const FuzzTensor *
   Reference r;
   double max_abs_dot = 0;
   for (std::int64_t i = 0; i < b; ++i) {
-    const std::int64_t y = labels ? std::int64_t(labels->value_at(i)) : i;
+    // A label outside [0, c) makes every call fail; only convert those in range
+    // (a fuzzed int64 read as double may not convert back).
+    const double label = labels ? labels->value_at(i) : double(i);
+    const std::int64_t y = label >= 0.0 && label < double(c) ? std::int64_t(label) : -1;
     for (std::int64_t j = 0; j < c; ++j) {
       double dot = 0;
       for (std::int64_t e = 0; e < d; ++e) dot += q.value_at(i * d + e) * k.value_at(j * d + e);
