@@ -87,17 +87,20 @@ Schedule make_schedule(std::int32_t world, std::int32_t stages, std::int64_t ste
     invalid(what, ".world_size: ", world, "; expected 1 .. ", max_world);
   if (stages < 1 || stages > max_stages)
     invalid(what, ".stages: ", stages, "; expected 1 .. ", max_stages);
-  if (steps < 1 || steps > max_steps)
-    invalid(what, ".steps: ", steps, "; expected 1 .. 2^40");
-  if (rule != FLATMEM_CYCLIC_DELAY1 && rule != FLATMEM_CYCLIC_NEWEST && rule != FLATMEM_CYCLIC_SYNC)
-    invalid(what, ".rule: ", rule,
-            "; expected FLATMEM_CYCLIC_DELAY1 (0), FLATMEM_CYCLIC_NEWEST (1) or FLATMEM_CYCLIC_SYNC (2)");
   Schedule s;
   s.world = world;
   s.stages = stages;
   s.steps = steps;
-  s.rule = flatmem_cyclic_rule(rule);
+  s.rule = checked_steps_and_rule(steps, rule, what);
   return s;
+}
+
+flatmem_cyclic_rule checked_steps_and_rule(std::int64_t steps, std::int32_t rule, const char *what) {
+  if (steps < 1 || steps > max_steps) invalid(what, ".steps: ", steps, "; expected 1 .. 2^40");
+  if (rule != FLATMEM_CYCLIC_DELAY1 && rule != FLATMEM_CYCLIC_NEWEST && rule != FLATMEM_CYCLIC_SYNC)
+    invalid(what, ".rule: ", rule,
+            "; expected FLATMEM_CYCLIC_DELAY1 (0), FLATMEM_CYCLIC_NEWEST (1) or FLATMEM_CYCLIC_SYNC (2)");
+  return flatmem_cyclic_rule(rule);
 }
 
 Schedule read_schedule(const flatmem_cyclic_schedule *schedule) {

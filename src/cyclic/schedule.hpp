@@ -50,6 +50,9 @@ inline constexpr std::int64_t max_steps = std::int64_t(1) << 40;
 // Checks ranges (INVALID_ARGUMENT naming `what`.field) and returns the schedule.
 Schedule make_schedule(std::int32_t world, std::int32_t stages, std::int64_t steps,
                        std::int32_t rule, const char *what);
+// what.steps in 1 .. 2^40 and what.rule a flatmem_cyclic_rule, else
+// INVALID_ARGUMENT naming the field; returns the rule (shared by both schedules).
+flatmem_cyclic_rule checked_steps_and_rule(std::int64_t steps, std::int32_t rule, const char *what);
 // From the C struct (struct_size rules of the ABI).
 Schedule read_schedule(const flatmem_cyclic_schedule *schedule);
 

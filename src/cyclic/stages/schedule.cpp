@@ -187,15 +187,11 @@ StageSchedule make_stage_schedule(std::int32_t stages, std::int32_t micro_batche
     invalid(what, ".stages: ", stages, "; expected 1 .. ", max_stages);
   if (micro_batches < 1 || micro_batches > max_micro_batches)
     invalid(what, ".micro_batches: ", micro_batches, "; expected 1 .. ", max_micro_batches);
-  if (steps < 1 || steps > max_steps) invalid(what, ".steps: ", steps, "; expected 1 .. 2^40");
-  if (rule != FLATMEM_CYCLIC_DELAY1 && rule != FLATMEM_CYCLIC_NEWEST && rule != FLATMEM_CYCLIC_SYNC)
-    invalid(what, ".rule: ", rule,
-            "; expected FLATMEM_CYCLIC_DELAY1 (0), FLATMEM_CYCLIC_NEWEST (1) or FLATMEM_CYCLIC_SYNC (2)");
   StageSchedule s;
   s.stages = stages;
   s.micro_batches = micro_batches;
   s.steps = steps;
-  s.rule = flatmem_cyclic_rule(rule);
+  s.rule = checked_steps_and_rule(steps, rule, what);
   return s;
 }
 
