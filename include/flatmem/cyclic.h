@@ -111,11 +111,40 @@
  * ------------------------------------------------------------------------
  * Transport, threads, failure
  * ------------------------------------------------------------------------
- * Host gradients (kDLCPU) travel over the communicator's host transport (UCX,
- * or the in-process group); two threads of the handle run the reduce chain
- * and the delivery chain while the caller computes. Device gradients
- * (kDLCUDA) are not supported yet (UNSUPPORTED): stage them through host
- * memory.
+ * Host gradients (kDLCPU, options.memory = HOST, the default) travel over the
+ * communicator's host transport (UCX, or the in-process group); two threads
+ * of the handle run the reduce chain and the delivery chain while the caller
+ * computes.
+ *
+ * Device gradients (kDLCUDA, options.memory = CUDA) travel over NCCL. The
+ * communicator needs its device transport first (flatmem_comm_init_device);
+ * flatmem_cyclic_create then makes two private NCCL communicators on that
+ * device, one per chain (collective, within options.timeout_ms), so the two
+ * chain threads never share one, and each thread enqueues its chain on a
+ * stream of its own (created non-blocking: it never waits for the legacy
+ * default stream implicitly). Per gradient the chain thread:
+ *   - makes its stream wait for an event recorded on the caller's stream by
+ *     flatmem_cyclic_reduce_stream (no host wait in the caller's thread);
+ *   - under FLATMEM_NONFINITE_ERROR, scans it on the device and reads the
+ *     verdict back (one host wait of the chain thread);
+ *   - runs its link: ncclRecv of the partial sum into a device scratch
+ *     buffer of the handle (allocated with cudaMalloc at the first device
+ *     gradient, grown to the largest: one gradient's bytes), an add kernel
+ *     (g[i] = g[i] + partial[i], the host chain's arithmetic), ncclSend on;
+ *     rank N-1 scales by the factor of the host chain; the delivery chain
+ *     moves the average with ncclRecv / ncclSend; SYNC runs ncclAllReduce
+ *     then the same scaling;
+ *   - waits on the host for its stream to finish (polling, so that a peer's
+ *     failure or an NCCL error ends it) before the buffer counts as reduced
+ *     or delivered.
+ * So when flatmem_cyclic_next returns an update, the average is complete in
+ * device memory and any stream may read it. The DELAY1 / NEWEST chains form
+ * the host chains' bits exactly (same additions in the same order, same
+ * scaling); SYNC's sum is NCCL's, whose order differs from the host ring's,
+ * so it agrees with the host SYNC mode to rounding only. The relay
+ * (options.parameters = RELAYED) keeps host buffers in this version:
+ * options.memory = CUDA with RELAYED is UNSUPPORTED at create. Builds
+ * without NCCL return UNSUPPORTED for options.memory = CUDA.
  * The handle's messages use their own tag space: user messages and the
  * communicator's collectives may run beside it on the same communicator.
  * One cyclic handle per communicator at a time.
@@ -228,6 +257,15 @@ typedef enum flatmem_cyclic_parameter_mode {
   FLATMEM_CYCLIC_PARAMETER_MODE_MAX = 0x7fffffff
 } flatmem_cyclic_parameter_mode;
 
+/** Where the gradients of a cyclic handle live (see "Transport" above). */
+typedef enum flatmem_cyclic_memory {
+  /** Default. kDLCPU gradients over the host transport. */
+  FLATMEM_CYCLIC_MEMORY_HOST = 0,
+  /** kDLCUDA gradients on the communicator's CUDA device, over NCCL. */
+  FLATMEM_CYCLIC_MEMORY_CUDA = 1,
+  FLATMEM_CYCLIC_MEMORY_MAX = 0x7fffffff
+} flatmem_cyclic_memory;
+
 /** A cyclic data-parallel runtime over a communicator. */
 typedef struct flatmem_cyclic_s flatmem_cyclic_t;
 
@@ -261,21 +299,28 @@ typedef struct flatmem_cyclic_options {
    *  create; the same on every rank). Required when relayed, ignored when
    *  replicated. */
   const int64_t *parameter_count;
+  /** HOST (default: kDLCPU gradients) or CUDA (kDLCUDA gradients on the
+   *  communicator's device, over NCCL; needs flatmem_comm_init_device before
+   *  create, and REPLICATED parameters). Every rank must pass the same. */
+  flatmem_cyclic_memory memory;
 } flatmem_cyclic_options;
 
 #define FLATMEM_CYCLIC_OPTIONS_INIT                                                        \
   { sizeof(flatmem_cyclic_options), 0, 0, FLATMEM_CYCLIC_DELAY1, NULL, 0, FLATMEM_NONFINITE_ERROR, 0, \
-    FLATMEM_CYCLIC_PARAMETERS_REPLICATED, NULL }
+    FLATMEM_CYCLIC_PARAMETERS_REPLICATED, NULL, FLATMEM_CYCLIC_MEMORY_HOST }
 
 /** Fill *options with defaults and struct_size. Thread-safe. */
 FLATMEM_API flatmem_status flatmem_cyclic_options_init(flatmem_cyclic_options *options);
 
 /**
  * Create the runtime of this rank (collective over the communicator: every
- * rank must pass the same stages, steps and rule -- checked, INVALID_ARGUMENT
- * on every rank naming the first rank that differs). The communicator must
- * outlive the handle and stays the caller's. Starts two threads. *out is set
- * on success only.
+ * rank must pass the same stages, steps, rule, parameters and memory --
+ * checked, INVALID_ARGUMENT on every rank naming the first rank that differs;
+ * with memory = CUDA every rank's communicator must have its device
+ * transport, else INVALID_ARGUMENT on every rank naming the first rank
+ * without one). The communicator must outlive the handle and stays the
+ * caller's. Starts two threads (memory = CUDA: and two NCCL communicators,
+ * two streams). *out is set on success only.
  */
 FLATMEM_API flatmem_status flatmem_cyclic_create(flatmem_cyclic_t **out, flatmem_comm_t *comm,
                                                  const flatmem_cyclic_options *options);
@@ -310,15 +355,31 @@ FLATMEM_API flatmem_status flatmem_cyclic_next(flatmem_cyclic_t *handle,
 
 /**
  * Hand over the gradient of `stage` computed in the current time step (which
- * must be that stage's BACKWARD, once). gradient: kDLCPU, float32 or float64,
+ * must be that stage's BACKWARD, once). gradient: float32 or float64,
  * compact, at least one element, the same dtype and size on every rank
- * (a mismatch poisons the handles, naming both sizes). The buffer belongs to
- * the handle until flatmem_cyclic_next returns its update; do not read or
+ * (a mismatch poisons the handles, naming both sizes); kDLCPU when
+ * options.memory = HOST, kDLCUDA on the communicator's device when CUDA (the
+ * other kind is INVALID_ARGUMENT naming options.memory). The buffer belongs
+ * to the handle until flatmem_cyclic_next returns its update; do not read or
  * write it meanwhile. Returns at once; the reduction runs in the background.
- * On a NaN/Inf under FLATMEM_NONFINITE_ERROR the buffer is untouched.
+ * On a NaN/Inf under FLATMEM_NONFINITE_ERROR a host buffer is untouched and
+ * this call fails with NON_FINITE; a device buffer is scanned by the chain
+ * thread, so the NON_FINITE (naming stage, step and the first bad element)
+ * comes from the next flatmem_cyclic_next, and the buffer is untouched too.
+ * A device gradient is read after the work enqueued so far on the legacy
+ * default stream (this is flatmem_cyclic_reduce_stream with stream NULL).
  */
 FLATMEM_API flatmem_status flatmem_cyclic_reduce(flatmem_cyclic_t *handle, int32_t stage,
                                                  DLTensor *gradient);
+
+/**
+ * flatmem_cyclic_reduce for a gradient computed on `stream` (a cudaStream_t
+ * of the communicator's device; NULL = the legacy default stream): an event
+ * recorded on it now is what the chain waits for before it reads the buffer.
+ * No host wait. Ignored (any value) for host gradients.
+ */
+FLATMEM_API flatmem_status flatmem_cyclic_reduce_stream(flatmem_cyclic_t *handle, int32_t stage,
+                                                        DLTensor *gradient, void *stream);
 
 /** What happened in one time step of this rank. */
 typedef struct flatmem_cyclic_time_step_stats {

@@ -47,6 +47,7 @@ cyclic::Settings read_settings(const flatmem_cyclic_options *options, comm::Comm
     invalid("options.history: ", o.history, "; expected 1 .. 2^26 time steps, or 0 for ", default_history);
   s.history = o.history == 0 ? default_history : o.history;
   cyclic::read_parameter_options(enum_value(o.parameters), o.parameter_count, s);
+  cyclic::read_memory_option(enum_value(o.memory), s);
   return s;
 }
 
@@ -150,7 +151,12 @@ flatmem_status flatmem_cyclic_next(flatmem_cyclic_t *handle, flatmem_cyclic_acti
 }
 
 flatmem_status flatmem_cyclic_reduce(flatmem_cyclic_t *handle, int32_t stage, DLTensor *gradient) {
-  return guarded([&] { runtime_of(handle).reduce(stage, gradient); });
+  return guarded([&] { runtime_of(handle).reduce(stage, gradient, nullptr); });
+}
+
+flatmem_status flatmem_cyclic_reduce_stream(flatmem_cyclic_t *handle, int32_t stage, DLTensor *gradient,
+                                            void *stream) {
+  return guarded([&] { runtime_of(handle).reduce(stage, gradient, stream); });
 }
 
 flatmem_status flatmem_cyclic_stats(const flatmem_cyclic_t *handle, int64_t first, int64_t count,

@@ -1,7 +1,6 @@
 // The two threads of a cyclic handle: the reduce chain (and SYNC's ring
 // all-reduce) and the delivery chain. See runtime.hpp.
 #include <algorithm>
-#include <chrono>
 
 #include "core/error.hpp"
 #include "cyclic/kept.hpp"
@@ -10,10 +9,6 @@
 
 namespace flatmem::cyclic {
 namespace {
-
-// The chains wait without a deadline of their own (see runtime.hpp); a day
-// is "forever" for the transports' deadline arithmetic.
-constexpr comm::Milliseconds no_deadline = std::chrono::hours(24);
 
 std::string label(const char *chain, const Gradient &g) {
   return std::string("cyclic ") + chain + ", stage " + std::to_string(g.stage) + ", step " +
@@ -42,33 +37,37 @@ std::string Runtime::stuck_on(const Gradient &g) const {
          (deliverer_doing_.empty() ? std::string() : ", which is at " + deliverer_doing_);
 }
 
-void Runtime::wait_link(const comm::TransferPtr &t, const std::string &what) {
-  // Poisons the communicator on any failure; the message starts with `what`.
-  comm_.wait_all({t}, no_deadline, what);
+void Runtime::prepare(ChainIo &io, Gradient &g) {
+  // Device gradients are scanned here, on the chain's stream (host ones at hand-over).
+  const std::int64_t bad = io.prepare(g, settings_.scan_nonfinite && g.ready != nullptr);
+  if (bad < 0) return;
+  const std::string message = nonfinite_message(g.stage, g.step, bad);
+  comm_.poison(FLATMEM_STATUS_NON_FINITE, message);  // the chain cannot go on without us
+  throw Error(FLATMEM_STATUS_NON_FINITE, message);
 }
 
 void Runtime::reduce_link(Gradient &g) {
   const std::string what = label("reduce chain", g);
+  ChainIo &io = *reduce_io_;
+  prepare(io, g);
   if (rank_ > 0) {
-    if (scratch_.size() < g.bytes) scratch_.resize(g.bytes);
     const std::string from = "the partial sum from rank " + std::to_string(rank_ - 1);
     waiting(g, reducer_doing_, from);
-    wait_link(comm_.recv(rank_ - 1, scratch_.data(), g.bytes, comm::Space::cyclic,
-                         link_tag(id_, Link::partial, g.step, g.stage)),
-              what + ": receive " + from);
-    comm::add_into(g.type, g.data, scratch_.data(), g.count);
+    io.receive_add(g, rank_ - 1, link_tag(id_, Link::partial, g.step, g.stage), what + ": receive " + from);
   }
   if (rank_ + 1 < world_) {
     waiting(g, reducer_doing_, "rank " + std::to_string(rank_ + 1) + " to take the partial sum");
-    comm::TransferPtr t = comm_.send(rank_ + 1, g.data, g.bytes, comm::Space::cyclic,
-                                     link_tag(id_, Link::partial, g.step, g.stage));
     sent(g.bytes, g.handed_over_at);
-    wait_link(t, what + ": send the partial sum to rank " + std::to_string(rank_ + 1));
-  } else {
-    to_average(g.type, g.data, g.count, world_);
+    const ChainIo::Transfer t{true, rank_ + 1, g.data, g.bytes, link_tag(id_, Link::partial, g.step, g.stage),
+                              what + ": send the partial sum to rank " + std::to_string(rank_ + 1)};
+    io.exchange({&t, 1});
+  } else if (world_ > 1) {
+    io.average(g, world_);
   }
+  io.finish(what);
   std::lock_guard lock(mutex_);
   g.reduced = true;
+  g.done = world_ == 1;  // a device gradient of one rank (host ones never come here)
   g.stuck_on.clear();
   reducer_doing_.clear();
   changed_.notify_all();
@@ -76,19 +75,20 @@ void Runtime::reduce_link(Gradient &g) {
 
 void Runtime::all_reduce_step(const std::vector<GradientPtr> &stages) {
   // Highest stage first, as the backward handed them over.
+  ChainIo &io = *reduce_io_;
   for (const GradientPtr &g : stages) {
+    prepare(io, *g);
     waiting(*g, reducer_doing_,
             "the ring all-reduce of the step (neighbours: ranks " +
                 std::to_string((rank_ + world_ - 1) % world_) + " and " +
                 std::to_string((rank_ + 1) % world_) + ")");
     const std::string what = label("all-reduce", *g);
-    comm_.all_reduce_sum_tagged(g->data, g->data, g->count, g->type, no_deadline, what,
-                                comm::Space::cyclic,
-                                link_tag(id_, Link::all_reduce, g->step, g->stage));
+    io.all_reduce(*g, link_tag(id_, Link::all_reduce, g->step, g->stage), what);
     // A ring step sends about 1/N of the buffer each time, 2(N-1) times.
     if (world_ > 1)
       sent(2 * std::size_t(world_ - 1) * g->bytes / std::size_t(world_), stages.back()->handed_over_at);
-    to_average(g->type, g->data, g->count, world_);
+    io.average(*g, world_);
+    io.finish(what);
     std::lock_guard lock(mutex_);
     g->reduced = g->done = true;
     reducer_doing_.clear();
@@ -135,25 +135,25 @@ void Runtime::scatter_link(Gradient &g) {
   const std::size_t element = g.bytes / g.count;
   const int last = world_ - 1;
   const std::uint64_t tag = relay_tag(id_, RelayLink::gradient, g.step, g.stage);
+  std::vector<ChainIo::Transfer> transfers;
   if (rank_ == last) {
-    std::vector<std::pair<int, comm::TransferPtr>> sends;
     for (int k = 0; k < last; ++k) {
       const auto [begin, end] = plan.shard(g.stage, k);
       if (end == begin) continue;
       const std::size_t n = std::size_t(end - begin) * element;
-      sends.emplace_back(k, comm_.send(k, g.data + std::size_t(begin) * element, n, comm::Space::cyclic, tag));
+      transfers.push_back({true, k, g.data + std::size_t(begin) * element, n, tag,
+                           what + ": send shard " + std::to_string(k) + " of the average to rank " + std::to_string(k)});
       sent(n, g.handed_over_at);
     }
     waiting(g, deliverer_doing_, "the owners to take their shards of the average");
-    for (const auto &[k, t] : sends)
-      wait_link(t, what + ": send shard " + std::to_string(k) + " of the average to rank " + std::to_string(k));
   } else if (const auto [begin, end] = plan.shard(g.stage, rank_); end > begin) {
     const std::string from = "shard " + std::to_string(rank_) + " of the average from rank " + std::to_string(last);
+    transfers.push_back({false, last, g.data + std::size_t(begin) * element, std::size_t(end - begin) * element, tag,
+                         what + ": receive " + from});
     waiting(g, deliverer_doing_, from);
-    wait_link(comm_.recv(last, g.data + std::size_t(begin) * element, std::size_t(end - begin) * element,
-                         comm::Space::cyclic, tag),
-              what + ": receive " + from);
   }
+  deliver_io_->exchange(transfers);
+  deliver_io_->finish(what);
   std::lock_guard lock(mutex_);
   g.done = true;
   g.stuck_on.clear();
@@ -164,12 +164,13 @@ void Runtime::scatter_link(Gradient &g) {
 void Runtime::deliver_link(Gradient &g) {
   if (relay_) return scatter_link(g);
   const std::string what = label("delivery chain", g);
+  ChainIo &io = *deliver_io_;
   const int from = deliver_from(), to = deliver_to();
   if (from >= 0) {
     waiting(g, deliverer_doing_, "the average from rank " + std::to_string(from));
-    wait_link(comm_.recv(from, g.data, g.bytes, comm::Space::cyclic,
-                         link_tag(id_, Link::average, g.step, g.stage)),
-              what + ": receive the average from rank " + std::to_string(from));
+    const ChainIo::Transfer t{false, from, g.data, g.bytes, link_tag(id_, Link::average, g.step, g.stage),
+                              what + ": receive the average from rank " + std::to_string(from)};
+    io.exchange({&t, 1});
   }
   if (to >= 0) {
     if (paced()) {
@@ -182,13 +183,14 @@ void Runtime::deliver_link(Gradient &g) {
       if (stopping_ || failure_ != FLATMEM_STATUS_SUCCESS) return;
     }
     waiting(g, deliverer_doing_, "rank " + std::to_string(to) + " to take the average");
-    comm::TransferPtr t = comm_.send(to, g.data, g.bytes, comm::Space::cyclic,
-                                     link_tag(id_, Link::average, g.step, g.stage));
     const Schedule &s = settings_.schedule;
     sent(g.bytes, paced() ? release_time(g)
                           : s.offset(world_ - 1) + (g.step + 1) * s.period() - 1 - g.stage);
-    wait_link(t, what + ": send the average to rank " + std::to_string(to));
+    const ChainIo::Transfer t{true, to, g.data, g.bytes, link_tag(id_, Link::average, g.step, g.stage),
+                              what + ": send the average to rank " + std::to_string(to)};
+    io.exchange({&t, 1});
   }
+  io.finish(what);
   std::lock_guard lock(mutex_);
   g.done = true;
   g.stuck_on.clear();

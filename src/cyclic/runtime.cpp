@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "comm/device_transport.hpp"
 #include "comm/message.hpp"
 #include "core/error.hpp"
 #include "cyclic/kept.hpp"
@@ -18,7 +19,11 @@ using Clock = std::chrono::steady_clock;
 struct Agreement {
   std::int64_t stages, steps, rule, world;
   std::uint64_t parameter_counts;  // FNV-1a of options.parameter_count; 0 = replicated
+  std::int64_t memory;             // options.memory (0 HOST, 1 CUDA)
+  std::int64_t device;             // the communicator's NCCL device, -1 = none
 };
+
+const char *memory_name(std::int64_t memory) { return memory == 0 ? "HOST" : "CUDA"; }
 
 std::uint64_t fingerprint(const std::vector<std::int64_t> &counts) {
   if (counts.empty()) return 0;
@@ -61,7 +66,8 @@ Runtime::Runtime(comm::Communicator &comm, Settings settings)
   comm_.check_healthy();
   // Every rank must run the same schedule: one all-gather, then every rank
   // names the first one that differs from rank 0.
-  const Agreement mine{s.stages, s.steps, std::int64_t(s.rule), world_, fingerprint(settings_.parameter_count)};
+  const Agreement mine{s.stages, s.steps, std::int64_t(s.rule), world_, fingerprint(settings_.parameter_count),
+                       settings_.device ? 1 : 0, comm_.device() ? comm_.device()->device() : -1};
   std::vector<Agreement> all(static_cast<std::size_t>(world_));
   comm_.all_gather(&mine, all.data(), sizeof mine, settings_.timeout, "cyclic create: agreement");
   for (std::int32_t r = 1; r < world_; ++r) {
@@ -75,8 +81,19 @@ Runtime::Runtime(comm::Communicator &comm, Settings settings)
       invalid("options: rank ", r, " passes other options.parameters / parameter_count than rank 0 (",
               a.parameter_counts == 0 ? "REPLICATED" : "RELAYED", " vs ",
               z.parameter_counts == 0 ? "REPLICATED" : "RELAYED", "); every rank must pass the same");
+    if (a.memory != z.memory)
+      invalid("options.memory: rank ", r, " passes ", memory_name(a.memory), ", rank 0 ", memory_name(z.memory),
+              "; every rank must pass the same");
   }
+  if (settings_.device)
+    for (std::int32_t r = 0; r < world_; ++r)
+      if (all[std::size_t(r)].device < 0)
+        invalid("options.memory: CUDA, but the communicator of rank ", r, " has no device transport; call "
+                "flatmem_comm_init_device on every rank before flatmem_cyclic_create");
   id_ = std::uint32_t(comm_.next_sequence());
+  // Collective for device memory: the same order on every rank.
+  reduce_io_ = settings_.device ? device_chain_io(comm_, settings_.timeout) : host_chain_io(comm_);
+  deliver_io_ = settings_.device ? device_chain_io(comm_, settings_.timeout) : host_chain_io(comm_);
   if (settings_.relayed())
     relay_ = std::make_unique<Relay>(
         comm_, RelayPlan{s, settings_.parameter_count}, id_, settings_.timeout,
@@ -265,7 +282,25 @@ void Runtime::check_not_in_flight(const Gradient &g) const {
   }
 }
 
-void Runtime::reduce(std::int32_t stage, const DLTensor *gradient) {
+std::string Runtime::nonfinite_message(std::int32_t stage, std::int64_t step, std::int64_t element) const {
+  return "cyclic: rank " + std::to_string(rank_) + ": gradient of " + where(stage, step) + ": element " +
+         std::to_string(element) + " is not finite (options.nonfinite = FLATMEM_NONFINITE_ERROR)";
+}
+
+void Runtime::check_memory(const DLTensor &gradient, std::int32_t device_type) const {
+  const char *expected = settings_.device ? "kDLCUDA" : "kDLCPU";
+  if (device_type != (settings_.device ? kDLCUDA : kDLCPU))
+    invalid("gradient: device type ", device_type, "; options.memory = ", memory_name(settings_.device ? 1 : 0),
+            " takes ", expected, " gradients",
+            settings_.device ? "" : " (device gradients need options.memory = FLATMEM_CYCLIC_MEMORY_CUDA)");
+  if (!settings_.device) return;
+  const int device = comm_.device()->device();
+  if (gradient.device.device_id != device)
+    invalid("gradient: on CUDA device ", gradient.device.device_id, "; the communicator's device transport is on device ",
+            device);
+}
+
+void Runtime::reduce(std::int32_t stage, const DLTensor *gradient, void *stream) {
   {
     std::unique_lock lock(mutex_);
     throw_if_failed(lock);
@@ -277,9 +312,7 @@ void Runtime::reduce(std::int32_t stage, const DLTensor *gradient) {
     invalid("stage: ", stage, "; the current time step is the backward of stage ", current_.stage);
   if (handed_over_) invalid("stage: the gradient of ", where(stage, current_.step), " was already handed over");
   const comm::Message m = comm::check_message(gradient, "gradient");
-  if (m.device.device_type != kDLCPU)
-    fail(FLATMEM_STATUS_UNSUPPORTED, "gradient: device type ", int(m.device.device_type),
-         "; the cyclic runtime reduces host (kDLCPU) gradients only in this version");
+  check_memory(*gradient, std::int32_t(m.device.device_type));
   const bool f32 = m.dtype.code == kDLFloat && m.dtype.bits == 32;
   const bool f64 = m.dtype.code == kDLFloat && m.dtype.bits == 64;
   if (!f32 && !f64) invalid("gradient: dtype code ", int(m.dtype.code), " bits ", int(m.dtype.bits), "; expected float32 or float64");
@@ -305,13 +338,16 @@ void Runtime::reduce(std::int32_t stage, const DLTensor *gradient) {
 
   std::unique_lock lock(mutex_);
   check_not_in_flight(*g);
-  if (settings_.scan_nonfinite) {
+  if (settings_.device) {
+    // Device memory of the communicator's device, read after `stream`'s work so far.
+    lock.unlock();
+    g->ready = device_gradient_ready(m.data, m.bytes, comm_.device()->device(), stream);
+    lock.lock();
+  } else if (settings_.scan_nonfinite) {
     const std::int64_t bad = f32 ? first_nonfinite<float>(m.data, m.count)
                                  : first_nonfinite<double>(m.data, m.count);
     if (bad >= 0) {
-      const std::string message = "cyclic: rank " + std::to_string(rank_) + ": gradient of " +
-                                  where(stage, g->step) + ": element " + std::to_string(bad) +
-                                  " is not finite (options.nonfinite = FLATMEM_NONFINITE_ERROR)";
+      const std::string message = nonfinite_message(stage, g->step, bad);
       record_failure(FLATMEM_STATUS_NON_FINITE, message);
       failure_reported_ = true;
       lock.unlock();
@@ -328,8 +364,10 @@ void Runtime::reduce(std::int32_t stage, const DLTensor *gradient) {
         if (p->step == g->step) step.push_back(p);
       sync_queue_.push_back(std::move(step));
     }
-  } else if (world_ == 1) {
+  } else if (world_ == 1 && !settings_.device) {
     g->reduced = g->done = true;  // the average of one rank is its gradient
+  } else if (world_ == 1) {
+    reduce_queue_.push_back(g);  // the chain thread waits for it and scans it
   } else {
     reduce_queue_.push_back(g);
     deliver_pending_[delivery_key(*g)] = g;
@@ -425,6 +463,19 @@ void read_parameter_options(std::int32_t mode, const std::int64_t *parameter_cou
       invalid("options.parameter_count[", j, "]: ", n, "; expected 1 .. 2^40");
     s.parameter_count.push_back(n);
   }
+}
+
+void read_memory_option(std::int32_t memory, Settings &s) {
+  if (memory == FLATMEM_CYCLIC_MEMORY_HOST) return;
+  if (memory != FLATMEM_CYCLIC_MEMORY_CUDA)
+    invalid("options.memory: ", memory, "; expected FLATMEM_CYCLIC_MEMORY_HOST (0) or FLATMEM_CYCLIC_MEMORY_CUDA (1)");
+  if (!device_chains_built())
+    fail(FLATMEM_STATUS_UNSUPPORTED, "options.memory: CUDA, but this flatmem was built without NCCL "
+         "(FLATMEM_WITH_NCCL): device gradients travel over NCCL");
+  if (s.relayed())
+    fail(FLATMEM_STATUS_UNSUPPORTED, "options.memory: CUDA with options.parameters = RELAYED; the parameter "
+         "relay keeps host (kDLCPU) shards in this version: use HOST memory, or REPLICATED parameters");
+  s.device = true;
 }
 
 std::int64_t Runtime::stats(std::int64_t first, std::int64_t count,

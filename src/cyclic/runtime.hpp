@@ -39,6 +39,7 @@
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "cyclic/accounting.hpp"
+#include "cyclic/chain_io.hpp"
 #include "cyclic/relay.hpp"
 #include "cyclic/schedule.hpp"
 
@@ -53,26 +54,15 @@ struct Settings {
   // The ZeRO relay (options.parameters = RELAYED): n_j per stage; empty = replicated.
   std::vector<std::int64_t> parameter_count;
   bool relayed() const { return !parameter_count.empty(); }
+  // options.memory: kDLCUDA gradients over NCCL (src/cyclic/device/).
+  bool device = false;
 };
 
 // options.parameters / parameter_count into s (s.schedule already read):
 // INVALID_ARGUMENT / UNSUPPORTED naming the field.
 void read_parameter_options(std::int32_t mode, const std::int64_t *parameter_count, Settings &s);
-
-// A handed-over gradient buffer and how far its reduction got.
-struct Gradient {
-  std::int32_t stage = 0;
-  std::int64_t step = 0;
-  std::int64_t handed_over_at = 0;  // the time step of its backward
-  char *data = nullptr;
-  std::size_t count = 0, bytes = 0;
-  comm::SumType type = comm::SumType::f32;
-  // Guarded by Runtime::mutex_.
-  bool reduced = false;  // this rank's part of the reduce chain is finished
-  bool done = false;     // the average is in data (and passed on)
-  std::string stuck_on;  // what its chain waits for now ("" = not started)
-};
-using GradientPtr = std::shared_ptr<Gradient>;
+// options.memory into s (after read_parameter_options).
+void read_memory_option(std::int32_t memory, Settings &s);
 
 class Runtime {
  public:
@@ -82,7 +72,8 @@ class Runtime {
 
   const Schedule &schedule() const { return settings_.schedule; }
   flatmem_cyclic_action next();
-  void reduce(std::int32_t stage, const DLTensor *gradient);
+  // stream: the caller's cudaStream_t for a device gradient (ignored on the host).
+  void reduce(std::int32_t stage, const DLTensor *gradient, void *stream);
   std::int64_t stats(std::int64_t first, std::int64_t count, flatmem_cyclic_time_step_stats *out) const;
   flatmem_cyclic_summary summary() const;
 
@@ -122,9 +113,11 @@ class Runtime {
   std::int64_t delivery_key(const Gradient &g);  // mutex held
   // Global time step at which this rank passes g's average on (paced).
   std::int64_t release_time(const Gradient &g) const;
-  // Waits for t without a deadline; any failure poisons the communicator
-  // and is thrown with a message that starts with `what`.
-  void wait_link(const comm::TransferPtr &t, const std::string &what);
+  // Waits for g's producer and scans a device gradient (NON_FINITE: poisons, throws).
+  void prepare(ChainIo &io, Gradient &g);
+  std::string nonfinite_message(std::int32_t stage, std::int64_t step, std::int64_t element) const;
+  // reduce(): the checks of a host or device gradient against options.memory.
+  void check_memory(const DLTensor &gradient, std::int32_t device_type) const;
   // Accounts a send posted now that the protocol assigns to time step `scheduled`.
   void sent(std::size_t bytes, std::int64_t scheduled);
   // Records what a thread waits for now (for timeout messages).
@@ -157,7 +150,9 @@ class Runtime {
   std::string failure_message_;
   bool failure_reported_ = false;
   Accounting accounting_;
-  std::vector<char> scratch_;  // reducer thread only
+  // How each chain thread moves its buffers (host transport or NCCL); each
+  // is used by its thread only.
+  std::unique_ptr<ChainIo> reduce_io_, deliver_io_;
   std::string reducer_doing_, deliverer_doing_;  // guarded by mutex_
 
   std::unique_ptr<Relay> relay_;  // relayed handles only; caller's thread

@@ -168,8 +168,10 @@ TEST_CASE("cyclic/errors/reduce and next: misuse is INVALID_ARGUMENT and changes
   CHECK(flatmem_cyclic_reduce(h, 1, &none) == FLATMEM_STATUS_INVALID_ARGUMENT);
   DLTensor on_gpu = t;
   on_gpu.device = {kDLCUDA, 0};
-  CHECK(flatmem_cyclic_reduce(h, 1, &on_gpu) == FLATMEM_STATUS_UNSUPPORTED);
-  CHECK(error_has("kDLCPU"));
+  CHECK(flatmem_cyclic_reduce(h, 1, &on_gpu) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(error_has("options.memory = HOST takes kDLCPU"));
+  CHECK(flatmem_cyclic_reduce_stream(h, 1, &on_gpu, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(error_has("FLATMEM_CYCLIC_MEMORY_CUDA"));
 
   // next() before the hand-over: refused, the clock does not move.
   flatmem_cyclic_action a{};

@@ -1,0 +1,21 @@
+// Device gradients in a build without the NCCL transport: read_memory_option
+// refuses options.memory = CUDA first, so these are never reached from the C API.
+#include "core/error.hpp"
+#include "cyclic/chain_io.hpp"
+
+namespace flatmem::cyclic {
+namespace {
+
+[[noreturn]] void unsupported() {
+  fail(FLATMEM_STATUS_UNSUPPORTED, "options.memory: CUDA, but this flatmem was built without NCCL (FLATMEM_WITH_NCCL)");
+}
+
+}  // namespace
+
+bool device_chains_built() { return false; }
+
+std::unique_ptr<ChainIo> device_chain_io(comm::Communicator &, comm::Milliseconds) { unsupported(); }
+
+std::shared_ptr<void> device_gradient_ready(const void *, std::size_t, int, void *) { unsupported(); }
+
+}  // namespace flatmem::cyclic
