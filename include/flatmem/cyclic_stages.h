@@ -125,13 +125,46 @@
  * ------------------------------------------------------------------------
  * Transport, threads, failure
  * ------------------------------------------------------------------------
- * Host tensors (kDLCPU) over the communicator's host transport (UCX, or the
- * in-process group). Device tensors (kDLCUDA) are refused with UNSUPPORTED in
- * this version: stage them through host memory. The handle starts no thread
- * (transfers progress in the transport). Its messages use the cyclic tag
- * space with the handle's own id: user messages and collectives may run
- * beside it. One cyclic handle (flatmem_cyclic_t or this) per communicator at
- * a time.
+ * Host tensors (kDLCPU, options.memory = HOST, the default) over the
+ * communicator's host transport (UCX, or the in-process group). The handle
+ * starts no thread (transfers progress in the transport). Its messages use
+ * the cyclic tag space with the handle's own id: user messages and
+ * collectives may run beside it. One cyclic handle (flatmem_cyclic_t or this)
+ * per communicator at a time.
+ *
+ * Device tensors (kDLCUDA, options.memory = CUDA) on the communicator's CUDA
+ * device: every tensor of the handle (boundary tensors, gradients, averages)
+ * is then device memory, and the *_stream variants of send / receive /
+ * accumulate / average take the caller's cudaStream_t (the plain calls use
+ * the legacy default stream). The communicator needs its device transport
+ * (flatmem_comm_init_device); create makes a private NCCL communicator and a
+ * non-blocking transfer stream (when L > 1), and device staging: per
+ * neighbour and direction 2R slots of 32 + boundary_bytes bytes (two time
+ * steps' worth, alternating), allocated with cudaMalloc at create; the two
+ * accumulators are cudaMalloc'ed at the first accumulate. Because each
+ * boundary tensor is consumed in the time step after it is produced, the
+ * transfers run in lockstep with the clock: when flatmem_cyclic_stages_next
+ * enters time step tau it enqueues ONE NCCL group on the transfer stream
+ * with every message this rank produced in tau - 1 (sends) and every message
+ * it consumes in tau (receives); the neighbours' groups of tau hold the
+ * matching halves, so the groups pair up in the same order on every rank
+ * (no host wait in next itself). Per call, on the caller's stream:
+ *   send        waits (stream-ordered) for the group that last sent the
+ *               slot, writes the 32-byte header and copies the tensor into
+ *               the slot; the tensor is the caller's again for any work
+ *               enqueued after the call on the same stream;
+ *   receive     waits ON THE HOST (<= timeout, polling NCCL and the host
+ *               communicator) for the transfer stream to finish the group of
+ *               tau, checks the header (sizes, as the host path), then copies
+ *               the payload into `into` on the caller's stream;
+ *   accumulate  copy / add kernel / scale kernel into the device
+ *               accumulator, the host arithmetic (bitwise the same sums);
+ *   average     a device copy into `out`.
+ * DONE waits (<= timeout) for the transfer stream to finish the last group.
+ * A transfer stuck on a dead neighbour is seen by the next receive or DONE
+ * (a stage that only sends still receives every step), which aborts the
+ * NCCL communicator and poisons the host one as below. Builds without NCCL
+ * return UNSUPPORTED for options.memory = CUDA.
  * Thread rule: one thread at a time per handle.
  * Every wait -- a receive, a staging buffer still in flight, the last sends at
  * DONE -- is bounded by options.timeout_ms. A failure (a dead or wedged
@@ -287,10 +320,15 @@ typedef struct flatmem_cyclic_stages_options {
   int64_t timeout_ms;
   /** Time steps of per-time-step statistics kept (the most recent); 0 = 65536. */
   int64_t history;
+  /** HOST (default: kDLCPU tensors) or CUDA (kDLCUDA tensors on the
+   *  communicator's device, over NCCL: see "Transport" above; needs
+   *  flatmem_comm_init_device before create). Every rank must pass the same. */
+  flatmem_cyclic_memory memory;
 } flatmem_cyclic_stages_options;
 
 #define FLATMEM_CYCLIC_STAGES_OPTIONS_INIT \
-  { sizeof(flatmem_cyclic_stages_options), 0, 0, 0, FLATMEM_CYCLIC_DELAY1, NULL, NULL, 0, 0 }
+  { sizeof(flatmem_cyclic_stages_options), 0, 0, 0, FLATMEM_CYCLIC_DELAY1, NULL, NULL, 0, 0, \
+    FLATMEM_CYCLIC_MEMORY_HOST }
 
 /** Fill *options with defaults and struct_size. Thread-safe. */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_options_init(flatmem_cyclic_stages_options *options);
@@ -330,39 +368,59 @@ FLATMEM_API flatmem_status flatmem_cyclic_stages_get_schedule(const flatmem_cycl
 FLATMEM_API flatmem_status flatmem_cyclic_stages_next(flatmem_cyclic_stages_t *handle,
                                                       flatmem_cyclic_stages_action *action);
 
+/*
+ * Tensors below: kDLCPU when options.memory = HOST, kDLCUDA on the
+ * communicator's device when CUDA (the other kind is INVALID_ARGUMENT naming
+ * options.memory). The *_stream variants take the caller's cudaStream_t for
+ * device tensors (NULL = the legacy default stream; ignored on the host); the
+ * plain calls are them with stream NULL.
+ */
+
 /**
- * Send the current action's boundary tensor (its sends == 1, once): kDLCPU,
- * any dtype with whole bytes, compact, at most boundary_bytes of the boundary
- * it crosses. Copied: the tensor is the caller's again on return.
+ * Send the current action's boundary tensor (its sends == 1, once): any
+ * dtype with whole bytes, compact, at most boundary_bytes of the boundary it
+ * crosses. Copied: the tensor is the caller's again on return (device: for
+ * work enqueued after the call on `stream`).
  */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_send(flatmem_cyclic_stages_t *handle,
                                                       const DLTensor *tensor);
+FLATMEM_API flatmem_status flatmem_cyclic_stages_send_stream(flatmem_cyclic_stages_t *handle,
+                                                             const DLTensor *tensor, void *stream);
 
 /**
  * Receive the current action's boundary tensor (its receives == 1, once)
- * into `into` (kDLCPU, compact, exactly as many bytes as were sent: else
+ * into `into` (compact, exactly as many bytes as were sent: else
  * INVALID_ARGUMENT naming both sizes, and the handle and communicator are
- * poisoned, since sender and receiver disagree). Waits at most the timeout.
- * Nothing is written to `into` on error.
+ * poisoned, since sender and receiver disagree). Waits at most the timeout
+ * (device: for the arrival, on the host; the copy into `into` is then
+ * enqueued on `stream`). Nothing is written to `into` on error.
  */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_receive(flatmem_cyclic_stages_t *handle,
                                                          DLTensor *into);
+FLATMEM_API flatmem_status flatmem_cyclic_stages_receive_stream(flatmem_cyclic_stages_t *handle,
+                                                                DLTensor *into, void *stream);
 
 /**
  * Add the current BACKWARD's stage gradient (once) into its step's
- * accumulator: kDLCPU, float32 or float64, compact, at least one element, the
- * same dtype and element count every time (the first call fixes them).
+ * accumulator: float32 or float64, compact, at least one element, the same
+ * dtype and element count every time (the first call fixes them). Device:
+ * enqueued on `stream`.
  */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_accumulate(flatmem_cyclic_stages_t *handle,
                                                             const DLTensor *gradient);
+FLATMEM_API flatmem_status flatmem_cyclic_stages_accumulate_stream(flatmem_cyclic_stages_t *handle,
+                                                                   const DLTensor *gradient, void *stream);
 
 /**
  * Copy the average of step update_step (the current action's) into `out`
- * (the accumulate dtype and element count, kDLCPU, compact). Only while the
- * current action has update_step >= 0.
+ * (the accumulate dtype and element count, compact). Only while the current
+ * action has update_step >= 0. Device: enqueued on `stream` (order it after
+ * the accumulates: the same stream, or the caller's synchronisation).
  */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_average(const flatmem_cyclic_stages_t *handle,
                                                          DLTensor *out);
+FLATMEM_API flatmem_status flatmem_cyclic_stages_average_stream(const flatmem_cyclic_stages_t *handle,
+                                                                DLTensor *out, void *stream);
 
 /** What happened in one time step of this stage rank. */
 typedef struct flatmem_cyclic_stages_time_step_stats {

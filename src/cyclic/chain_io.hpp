@@ -79,6 +79,9 @@ std::unique_ptr<ChainIo> host_chain_io(comm::Communicator &comm);
 
 // Whether this flatmem was built with the NCCL transport.
 bool device_chains_built();
+// options.memory of either cyclic handle: true for CUDA; INVALID_ARGUMENT
+// for an unknown value, UNSUPPORTED for CUDA in a build without NCCL.
+bool read_memory(std::int32_t memory);
 // Collective over comm (every rank, the same order): a private NCCL
 // communicator on comm's device and a non-blocking stream. Within `timeout`.
 std::unique_ptr<ChainIo> device_chain_io(comm::Communicator &comm, comm::Milliseconds timeout);

@@ -465,13 +465,18 @@ void read_parameter_options(std::int32_t mode, const std::int64_t *parameter_cou
   }
 }
 
-void read_memory_option(std::int32_t memory, Settings &s) {
-  if (memory == FLATMEM_CYCLIC_MEMORY_HOST) return;
+bool read_memory(std::int32_t memory) {
+  if (memory == FLATMEM_CYCLIC_MEMORY_HOST) return false;
   if (memory != FLATMEM_CYCLIC_MEMORY_CUDA)
     invalid("options.memory: ", memory, "; expected FLATMEM_CYCLIC_MEMORY_HOST (0) or FLATMEM_CYCLIC_MEMORY_CUDA (1)");
   if (!device_chains_built())
     fail(FLATMEM_STATUS_UNSUPPORTED, "options.memory: CUDA, but this flatmem was built without NCCL "
-         "(FLATMEM_WITH_NCCL): device gradients travel over NCCL");
+         "(FLATMEM_WITH_NCCL): device tensors travel over NCCL");
+  return true;
+}
+
+void read_memory_option(std::int32_t memory, Settings &s) {
+  if (!read_memory(memory)) return;
   if (s.relayed())
     fail(FLATMEM_STATUS_UNSUPPORTED, "options.memory: CUDA with options.parameters = RELAYED; the parameter "
          "relay keeps host (kDLCPU) shards in this version: use HOST memory, or REPLICATED parameters");

@@ -161,7 +161,9 @@ TEST_CASE("cyclic_stages/errors/calls out of order, wrong sizes and device tenso
   refused(flatmem_cyclic_stages_send(h0, nullptr), FLATMEM_STATUS_INVALID_ARGUMENT, "tensor");
   DLTensor device = t;
   device.device = {kDLCUDA, 0};
-  CHECK(flatmem_cyclic_stages_send(h0, &device) == FLATMEM_STATUS_UNSUPPORTED);
+  refused(flatmem_cyclic_stages_send(h0, &device), FLATMEM_STATUS_INVALID_ARGUMENT, "options.memory = HOST");
+  refused(flatmem_cyclic_stages_send_stream(h0, &device, nullptr), FLATMEM_STATUS_INVALID_ARGUMENT,
+          "FLATMEM_CYCLIC_MEMORY_CUDA");
   REQUIRE(flatmem_cyclic_stages_send(h0, &t) == FLATMEM_STATUS_SUCCESS);  // not poisoned by the refusals
   refused(flatmem_cyclic_stages_send(h0, &t), FLATMEM_STATUS_INVALID_ARGUMENT, "already sent");
   // Stage 1 receives into one element too many: both sizes named, nothing written, poisoned.

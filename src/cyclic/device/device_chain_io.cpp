@@ -12,6 +12,8 @@
 #include "core/cuda/device.hpp"
 #include "core/error.hpp"
 #include "cyclic/chain_io.hpp"
+#include "cyclic/device/abort_on_failure.hpp"
+#include "cyclic/device/cuda_check.hpp"
 #include "cyclic/device/kernels.hpp"
 
 namespace flatmem::cyclic {
@@ -29,12 +31,7 @@ comm::DeviceSumType sum_type(const Gradient &g) {
   return is_f64(g) ? comm::DeviceSumType::f64 : comm::DeviceSumType::f32;
 }
 
-void check(cudaError_t status, const char *what) {
-  if (status == cudaSuccess) return;
-  cudaGetLastError();
-  fail(status == cudaErrorMemoryAllocation ? FLATMEM_STATUS_OUT_OF_MEMORY : FLATMEM_STATUS_INTERNAL,
-       "cyclic device chain: ", what, ": ", cudaGetErrorString(status));
-}
+void check(cudaError_t status, const std::string &what) { check_cuda(status, "chain: " + what); }
 
 class DeviceChainIo final : public ChainIo {
  public:
@@ -121,20 +118,10 @@ class DeviceChainIo final : public ChainIo {
   }
 
  private:
-  // Runs f; any failure ends this chain: the NCCL communicator is aborted
-  // (an open group or a transfer no peer will match cannot be left behind),
-  // the host communicator poisoned (first reason wins: the transport's own,
-  // when it failed), and the error rethrown prefixed with `what`.
+  // Runs f; any failure ends this chain (device/abort_on_failure.hpp).
   template <typename F>
   void run(const std::string &what, F f) {
-    try {
-      f();
-    } catch (const Error &e) {
-      const std::string message = what + ": " + e.what();
-      if (nccl_) nccl_->abort();
-      host_.poison(e.status() == FLATMEM_STATUS_COMM_POISONED ? FLATMEM_STATUS_PEER_FAILURE : e.status(), message);
-      throw Error(e.status(), message);
-    }
+    abort_on_failure(host_, nccl_.get(), what, f);
   }
 
   void reserve(std::size_t bytes) {
@@ -144,7 +131,7 @@ class DeviceChainIo final : public ChainIo {
     scratch_ = nullptr;
     scratch_bytes_ = 0;
     check(cudaMallocAsync(reinterpret_cast<void **>(&scratch_), bytes, stream_),
-          ("the partial-sum scratch (" + std::to_string(bytes) + " bytes of device memory)").c_str());
+          "the partial-sum scratch (" + std::to_string(bytes) + " bytes of device memory)");
     scratch_bytes_ = bytes;
   }
 

@@ -36,7 +36,21 @@ __global__ void nonfinite_kernel(const T *__restrict__ data, std::size_t n, unsi
     if (!isfinite(data[i])) atomicMin(first, (unsigned long long)i);
 }
 
+struct Words {
+  unsigned long long w[4];
+};
+
+__global__ void words_kernel(unsigned long long *dst, Words words) {
+  if (threadIdx.x < 4) dst[threadIdx.x] = words.w[threadIdx.x];
+}
+
 }  // namespace
+
+void write_words(void *dst, const unsigned long long (&words)[4], cudaStream_t stream) {
+  const Words w{{words[0], words[1], words[2], words[3]}};
+  words_kernel<<<1, 32, 0, stream>>>(static_cast<unsigned long long *>(dst), w);
+  check_launch(cudaGetLastError(), "cyclic stages: header kernel");
+}
 
 void add(bool f64, void *into, const void *from, std::size_t count, cudaStream_t stream) {
   if (count == 0) return;

@@ -8,6 +8,7 @@
 #include "comm/options.hpp"
 #include "core/error.hpp"
 #include "core/options.hpp"
+#include "cyclic/chain_io.hpp"
 #include "cyclic/stages/runtime.hpp"
 
 using namespace flatmem;
@@ -70,6 +71,7 @@ cyclic::stages::StageSettings read_settings(const flatmem_cyclic_stages_options 
   if (o.history < 0 || o.history > max_history)
     invalid("options.history: ", o.history, "; expected 1 .. 2^26 time steps, or 0 for ", default_history);
   s.history = o.history == 0 ? default_history : o.history;
+  s.device = cyclic::read_memory(enum_value(o.memory));
   return s;
 }
 
@@ -192,19 +194,39 @@ flatmem_status flatmem_cyclic_stages_next(flatmem_cyclic_stages_t *handle,
 }
 
 flatmem_status flatmem_cyclic_stages_send(flatmem_cyclic_stages_t *handle, const DLTensor *tensor) {
-  return guarded([&] { runtime(handle).send(tensor); });
+  return guarded([&] { runtime(handle).send(tensor, nullptr); });
+}
+
+flatmem_status flatmem_cyclic_stages_send_stream(flatmem_cyclic_stages_t *handle, const DLTensor *tensor,
+                                                 void *stream) {
+  return guarded([&] { runtime(handle).send(tensor, stream); });
 }
 
 flatmem_status flatmem_cyclic_stages_receive(flatmem_cyclic_stages_t *handle, DLTensor *into) {
-  return guarded([&] { runtime(handle).receive(into); });
+  return guarded([&] { runtime(handle).receive(into, nullptr); });
+}
+
+flatmem_status flatmem_cyclic_stages_receive_stream(flatmem_cyclic_stages_t *handle, DLTensor *into,
+                                                    void *stream) {
+  return guarded([&] { runtime(handle).receive(into, stream); });
 }
 
 flatmem_status flatmem_cyclic_stages_accumulate(flatmem_cyclic_stages_t *handle, const DLTensor *gradient) {
-  return guarded([&] { runtime(handle).accumulate(gradient); });
+  return guarded([&] { runtime(handle).accumulate(gradient, nullptr); });
+}
+
+flatmem_status flatmem_cyclic_stages_accumulate_stream(flatmem_cyclic_stages_t *handle,
+                                                       const DLTensor *gradient, void *stream) {
+  return guarded([&] { runtime(handle).accumulate(gradient, stream); });
 }
 
 flatmem_status flatmem_cyclic_stages_average(const flatmem_cyclic_stages_t *handle, DLTensor *out) {
-  return guarded([&] { runtime(handle).average(out); });
+  return guarded([&] { runtime(handle).average(out, nullptr); });
+}
+
+flatmem_status flatmem_cyclic_stages_average_stream(const flatmem_cyclic_stages_t *handle, DLTensor *out,
+                                                    void *stream) {
+  return guarded([&] { runtime(handle).average(out, stream); });
 }
 
 flatmem_status flatmem_cyclic_stages_stats(const flatmem_cyclic_stages_t *handle, int64_t first,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/device_transport.hpp"
 #include "comm/message.hpp"
 #include "core/error.hpp"
 #include "cyclic/kept.hpp"
@@ -12,20 +13,17 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Every message: this header, then the tensor, padded to boundary bytes.
-struct Header {
-  std::int64_t bytes;
-  std::int64_t step;
-  std::int32_t micro_batch;
-  std::int32_t kind;
-  std::int64_t reserved;
-};
-static_assert(sizeof(Header) == 32);
+// Every message: a Header (device_boundaries.hpp), then the tensor, padded
+// to boundary bytes.
 
 // What every rank must agree on, as exchanged at create.
 struct Agreement {
   std::int64_t stages, micro_batches, steps, rule;
+  std::int64_t memory;  // options.memory (0 HOST, 1 CUDA)
+  std::int64_t device;  // the communicator's NCCL device, -1 = none
 };
+
+const char *memory_name(std::int64_t memory) { return memory == 0 ? "HOST" : "CUDA"; }
 
 const char *rule_name(std::int64_t rule) {
   switch (rule) {
@@ -68,6 +66,7 @@ StageRuntime::StageRuntime(comm::Communicator &comm, StageSettings settings)
     st.peer = peer;
     st.boundary_bytes = bytes;
     st.message_bytes = sizeof(Header) + std::size_t(bytes);
+    if (settings_.device) return;  // device staging: device_boundaries
     st.buffers.assign(std::size_t(staging_), std::vector<char>(st.message_bytes, 0));
     st.transfers.assign(std::size_t(staging_), nullptr);
   };
@@ -81,8 +80,20 @@ StageRuntime::StageRuntime(comm::Communicator &comm, StageSettings settings)
     open(out_activation_, false, Boundary::activation, stage_ + 1, b);
     open(in_gradient_, true, Boundary::gradient, stage_ + 1, b);
   }
+  if (settings_.device) {
+    std::array<Link, 4> links;
+    for (const Stream *st : {&in_activation_, &out_activation_, &in_gradient_, &out_gradient_})
+      if (st->active) links[std::size_t(direction(*st))] = Link{st->peer, st->message_bytes};
+    device_ = device_boundaries(comm_, links, staging_, settings_.timeout);  // collective when L > 1
+    return;
+  }
   post_receives(in_activation_);
   post_receives(in_gradient_);
+}
+
+int StageRuntime::direction(const Stream &s) const {
+  if (s.kind == Boundary::activation) return s.incoming ? in_activation : out_activation;
+  return s.incoming ? in_gradient : out_gradient;
 }
 
 void StageRuntime::agree() const {
@@ -90,7 +101,8 @@ void StageRuntime::agree() const {
   // all-gather each, then every rank names the first rank that differs from rank 0.
   const StageSchedule &s = settings_.schedule;
   const int world = comm_.size();
-  const Agreement mine{s.stages, s.micro_batches, s.steps, std::int64_t(s.rule)};
+  const Agreement mine{s.stages, s.micro_batches, s.steps, std::int64_t(s.rule), settings_.device ? 1 : 0,
+                       comm_.device() ? comm_.device()->device() : -1};
   std::vector<Agreement> all(static_cast<std::size_t>(world));
   comm_.all_gather(&mine, all.data(), sizeof mine, settings_.timeout, "cyclic stages create: agreement");
   for (int r = 1; r < world; ++r) {
@@ -100,7 +112,15 @@ void StageRuntime::agree() const {
               ", steps ", a.steps, ", rule ", rule_name(a.rule), " but rank 0 has stages ", z.stages,
               ", micro_batches ", z.micro_batches, ", steps ", z.steps, ", rule ", rule_name(z.rule),
               "; every rank must pass the same");
+    if (a.memory != z.memory)
+      invalid("options.memory: rank ", r, " passes ", memory_name(a.memory), ", rank 0 ", memory_name(z.memory),
+              "; every rank must pass the same");
   }
+  if (settings_.device)
+    for (int r = 0; r < world; ++r)
+      if (all[std::size_t(r)].device < 0)
+        invalid("options.memory: CUDA, but the communicator of rank ", r, " has no device transport; call "
+                "flatmem_comm_init_device on every rank before flatmem_cyclic_stages_create");
   const std::size_t n = settings_.boundary_bytes.size();
   if (n == 0) return;
   std::vector<std::int64_t> bounds(n * std::size_t(world));
@@ -204,6 +224,20 @@ void StageRuntime::reap_sends(Stream &s) {
 }
 
 void StageRuntime::finish() {
+  if (device_) {
+    const auto begun = Clock::now();
+    try {
+      device_->finish(settings_.timeout);
+    } catch (const Error &e) {
+      accounting_.waited(seconds_since(begun));
+      failed(e.status(), "cyclic stages, stage " + std::to_string(stage_) +
+                             ": at the end, the last transfers with the neighbouring stages (are they still "
+                             "running?): " + e.what());
+    }
+    accounting_.waited(seconds_since(begun));
+    done_ = true;
+    return;
+  }
   for (Stream *s : {&out_activation_, &out_gradient_}) {
     if (!s->active) continue;
     for (std::int64_t k = std::max<std::int64_t>(0, s->next - staging_); k < s->next; ++k) {
@@ -239,12 +273,15 @@ flatmem_cyclic_stages_action StageRuntime::next() {
       if (tau_ >= end) break;
       now_ = s.actions(stage_, tau_);
       index_ = 0;
+      if (device_) enter_device();
       accounting_.begin(tau_, std::int32_t(now_.size()),
                         now_.empty() ? s.activations_held(stage_, tau_) : now_[0].activations_held,
                         Clock::now());
       if (!now_.empty()) break;
     }
     if (tau_ >= end) {
+      if (device_ && (moved_[out_activation] != 0 || moved_[out_gradient] != 0))
+        fail(FLATMEM_STATUS_INTERNAL, "cyclic stages, stage ", stage_, ": messages sent in the last time step");
       finish();
       current_ = flatmem_cyclic_stages_action{};
       current_.time_step = end;
@@ -257,7 +294,8 @@ flatmem_cyclic_stages_action StageRuntime::next() {
   }
   current_ = now_[index_];
   received_ = sent_ = accumulated_ = false;
-  for (Stream *st : {&out_activation_, &out_gradient_}) reap_sends(*st);
+  if (!device_)
+    for (Stream *st : {&out_activation_, &out_gradient_}) reap_sends(*st);
   if (current_.update_step >= 0) {
     const std::size_t slot = std::size_t(current_.update_step % 2);
     if (accumulator_step_[slot] != current_.update_step ||
@@ -268,17 +306,77 @@ flatmem_cyclic_stages_action StageRuntime::next() {
   return current_;
 }
 
-void StageRuntime::receive(DLTensor *into) {
+void StageRuntime::enter_device() {
+  // The messages produced in tau - 1 (counted by send) and consumed in tau
+  // (the schedule's receives): the neighbours count the same.
+  std::array<int, 4> count{};
+  count[out_activation] = moved_[out_activation];
+  count[out_gradient] = moved_[out_gradient];
+  for (const flatmem_cyclic_stages_action &a : now_)
+    if (a.receives) ++count[a.kind == FLATMEM_CYCLIC_FORWARD ? in_activation : in_gradient];
+  moved_ = {};
+  try {
+    device_->enter(tau_, count);
+  } catch (const Error &e) {
+    failed(e.status(), e.what());
+  }
+}
+
+void StageRuntime::check_memory(const comm::Message &m, const char *name) const {
+  const bool device = settings_.device;
+  if (m.device.device_type != (device ? kDLCUDA : kDLCPU))
+    invalid(name, ": device type ", int(m.device.device_type), "; options.memory = ", memory_name(device ? 1 : 0),
+            " takes ", device ? "kDLCUDA" : "kDLCPU", " tensors",
+            device ? "" : " (device tensors need options.memory = FLATMEM_CYCLIC_MEMORY_CUDA)");
+  if (!device) return;
+  if (m.device.device_id != device_->device())
+    invalid(name, ": on CUDA device ", m.device.device_id, "; the communicator's device transport is on device ",
+            device_->device());
+  if (m.bytes > 0) check_device_tensor(m.data, device_->device(), name);
+}
+
+void StageRuntime::check_header(const Header &h, const Stream &st, std::uint64_t into_bytes) {
+  if (h.step != current_.step || h.micro_batch != current_.micro_batch)
+    failed(FLATMEM_STATUS_INTERNAL, where() + ": receive " + describe(st) + ": got micro-batch " +
+                                        std::to_string(h.micro_batch) + ", step " + std::to_string(h.step));
+  if (std::uint64_t(h.bytes) != into_bytes)
+    failed(FLATMEM_STATUS_INVALID_ARGUMENT,
+           where() + ": receive " + describe(st) + ": the sender sent " + std::to_string(h.bytes) +
+               " bytes but `into` has " + std::to_string(into_bytes) + " bytes");
+}
+
+void StageRuntime::receive(DLTensor *into, void *stream) {
   throw_if_failed();
   if (!started_ || done_ || !current_.receives)
     invalid("into: the current action (", kind_name(current_.kind), ", ", where(),
             ") receives nothing; call flatmem_cyclic_stages_receive only when the action's receives is 1");
   if (received_) invalid("into: the current action's tensor was already received (", where(), ")");
   const comm::Message m = comm::check_message(into, "into");
-  if (m.device.device_type != kDLCPU)
-    fail(FLATMEM_STATUS_UNSUPPORTED, "into: device type ", int(m.device.device_type),
-         "; the stage-parallel handle moves host tensors (kDLCPU) only in this version");
-  Stream &st = stream(true, current_.kind == FLATMEM_CYCLIC_FORWARD);
+  check_memory(m, "into");
+  Stream &st = this->stream(true, current_.kind == FLATMEM_CYCLIC_FORWARD);
+  if (device_) {
+    const int d = direction(st);
+    const int ordinal = moved_[std::size_t(d)];
+    const auto begun = Clock::now();
+    Header h{};
+    try {
+      h = device_->arrived(d, ordinal, tau_, settings_.timeout);
+    } catch (const Error &e) {
+      accounting_.waited(seconds_since(begun));
+      failed(e.status(), where() + ": receive " + describe(st) + ": " + e.what());
+    }
+    accounting_.waited(seconds_since(begun));
+    check_header(h, st, m.bytes);
+    try {
+      device_->take(d, ordinal, tau_, m.data, m.bytes, stream);
+    } catch (const Error &e) {
+      failed(e.status(), where() + ": receive " + describe(st) + ": " + e.what());
+    }
+    ++moved_[std::size_t(d)];
+    ++st.next;
+    received_ = true;
+    return;
+  }
   const std::int64_t k = st.next;
   post_receives(st);
   const std::size_t slot = std::size_t(k % staging_);
@@ -286,34 +384,40 @@ void StageRuntime::receive(DLTensor *into) {
   st.transfers[slot] = nullptr;
   Header h{};
   std::memcpy(&h, st.buffers[slot].data(), sizeof h);
-  if (h.step != current_.step || h.micro_batch != current_.micro_batch)
-    failed(FLATMEM_STATUS_INTERNAL, where() + ": receive " + describe(st) + ": got micro-batch " +
-                                        std::to_string(h.micro_batch) + ", step " + std::to_string(h.step));
-  if (std::uint64_t(h.bytes) != m.bytes)
-    failed(FLATMEM_STATUS_INVALID_ARGUMENT,
-           where() + ": receive " + describe(st) + ": the sender sent " + std::to_string(h.bytes) +
-               " bytes but `into` has " + std::to_string(m.bytes) + " bytes");
+  check_header(h, st, m.bytes);
   if (m.bytes > 0) std::memcpy(m.data, st.buffers[slot].data() + sizeof h, m.bytes);
   ++st.next;
   post_receives(st);
   received_ = true;
 }
 
-void StageRuntime::send(const DLTensor *tensor) {
+void StageRuntime::send(const DLTensor *tensor, void *stream) {
   throw_if_failed();
   if (!started_ || done_ || !current_.sends)
     invalid("tensor: the current action (", kind_name(current_.kind), ", ", where(),
             ") sends nothing; call flatmem_cyclic_stages_send only when the action's sends is 1");
   if (sent_) invalid("tensor: the current action's tensor was already sent (", where(), ")");
   const comm::Message m = comm::check_message(tensor, "tensor");
-  if (m.device.device_type != kDLCPU)
-    fail(FLATMEM_STATUS_UNSUPPORTED, "tensor: device type ", int(m.device.device_type),
-         "; the stage-parallel handle moves host tensors (kDLCPU) only in this version");
-  Stream &st = stream(false, current_.kind == FLATMEM_CYCLIC_FORWARD);
+  check_memory(m, "tensor");
+  Stream &st = this->stream(false, current_.kind == FLATMEM_CYCLIC_FORWARD);
   const std::size_t boundary = std::size_t(current_.kind == FLATMEM_CYCLIC_FORWARD ? stage_ : stage_ - 1);
   if (m.bytes > std::uint64_t(st.boundary_bytes))
     invalid("tensor: ", m.bytes, " bytes, more than options.boundary_bytes[", boundary, "] = ",
             st.boundary_bytes, " (", where(), ")");
+  if (device_) {
+    const int d = direction(st);
+    const Header h{std::int64_t(m.bytes), current_.step, current_.micro_batch, std::int32_t(st.kind), 0};
+    try {
+      device_->put(d, moved_[std::size_t(d)], tau_, h, m.data, m.bytes, stream);
+    } catch (const Error &e) {
+      failed(e.status(), where() + ": send " + describe(st) + ": " + e.what());
+    }
+    ++moved_[std::size_t(d)];
+    accounting_.sent(std::int64_t(st.message_bytes));
+    ++st.next;
+    sent_ = true;
+    return;
+  }
   const std::int64_t k = st.next;
   const std::size_t slot = std::size_t(k % staging_);
   if (st.transfers[slot]) {
@@ -336,16 +440,14 @@ void StageRuntime::send(const DLTensor *tensor) {
   sent_ = true;
 }
 
-void StageRuntime::accumulate(const DLTensor *gradient) {
+void StageRuntime::accumulate(const DLTensor *gradient, void *stream) {
   throw_if_failed();
   if (!started_ || done_ || !current_.accumulates)
     invalid("gradient: the current action (", kind_name(current_.kind), ", ", where(),
             ") is not a BACKWARD; hand a gradient over right after its backward");
   if (accumulated_) invalid("gradient: the gradient of ", where(), " was already accumulated");
   const comm::Message m = comm::check_message(gradient, "gradient");
-  if (m.device.device_type != kDLCPU)
-    fail(FLATMEM_STATUS_UNSUPPORTED, "gradient: device type ", int(m.device.device_type),
-         "; the stage-parallel handle accumulates host gradients (kDLCPU) only in this version");
+  check_memory(m, "gradient");
   if (m.dtype.code != kDLFloat || (m.dtype.bits != 32 && m.dtype.bits != 64))
     invalid("gradient: dtype code ", int(m.dtype.code), " bits ", int(m.dtype.bits),
             "; expected float32 or float64");
@@ -353,8 +455,10 @@ void StageRuntime::accumulate(const DLTensor *gradient) {
   check_element_aligned(m.data, m.dtype.bits / 8, "gradient");  // added to as float / double
   const comm::SumType type = m.dtype.bits == 32 ? comm::SumType::f32 : comm::SumType::f64;
   if (gradient_count_ == 0) {
-    accumulator_[0].assign(m.bytes, 0);
-    accumulator_[1].assign(m.bytes, 0);
+    if (!device_) {
+      accumulator_[0].assign(m.bytes, 0);
+      accumulator_[1].assign(m.bytes, 0);
+    }
     type_ = type;
     gradient_count_ = m.count;
     gradient_bytes_ = m.bytes;
@@ -364,6 +468,23 @@ void StageRuntime::accumulate(const DLTensor *gradient) {
             "; every gradient of the stage must match");
   }
   const std::size_t slot = std::size_t(current_.step % 2);
+  if (device_) {
+    const std::int32_t n = settings_.schedule.micro_batches;
+    const bool last = (current_.micro_batch == 0 ? 0 : accumulated_count_[slot]) + 1 == n;
+    try {
+      device_->accumulate(int(slot), current_.micro_batch == 0, type_ == comm::SumType::f64, m.data,
+                          gradient_count_, gradient_bytes_, last && n > 1 ? n : 0, stream);
+    } catch (const Error &e) {
+      failed(e.status(), where() + ": accumulate: " + e.what());
+    }
+    if (current_.micro_batch == 0) {
+      accumulator_step_[slot] = current_.step;
+      accumulated_count_[slot] = 0;
+    }
+    ++accumulated_count_[slot];
+    accumulated_ = true;
+    return;
+  }
   char *acc = accumulator_[slot].data();
   // Micro-batch order, as the data-parallel reduce chain: ((g0 + g1) + g2) ...
   if (current_.micro_batch == 0) {
@@ -378,19 +499,22 @@ void StageRuntime::accumulate(const DLTensor *gradient) {
   accumulated_ = true;
 }
 
-void StageRuntime::average(DLTensor *out) const {
+void StageRuntime::average(DLTensor *out, void *stream) const {
   throw_if_failed();
   if (!started_ || done_ || current_.update_step < 0)
     invalid("out: the current action (", kind_name(current_.kind), ", ", where(),
             ") carries no update; the average is there only while update_step >= 0");
   const comm::Message m = comm::check_message(out, "out");
-  if (m.device.device_type != kDLCPU)
-    fail(FLATMEM_STATUS_UNSUPPORTED, "out: device type ", int(m.device.device_type), "; expected kDLCPU");
+  check_memory(m, "out");
   const int bits = type_ == comm::SumType::f32 ? 32 : 64;
   if (m.dtype.code != kDLFloat || m.dtype.bits != bits || m.count != gradient_count_)
     invalid("out: ", m.count, " elements of dtype code ", int(m.dtype.code), " bits ", int(m.dtype.bits),
             "; expected ", gradient_count_, " elements of float", bits, " (as the gradients)");
-  std::memcpy(m.data, accumulator_[std::size_t(current_.update_step % 2)].data(), gradient_bytes_);
+  const std::size_t slot = std::size_t(current_.update_step % 2);
+  if (device_)
+    device_->average(int(slot), m.data, gradient_bytes_, stream);
+  else
+    std::memcpy(m.data, accumulator_[slot].data(), gradient_bytes_);
 }
 
 std::int64_t StageRuntime::stats(std::int64_t first, std::int64_t count,

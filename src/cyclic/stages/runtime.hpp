@@ -12,6 +12,7 @@
 
 #include <flatmem/cyclic_stages.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -19,7 +20,9 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/message.hpp"
 #include "cyclic/stages/accounting.hpp"
+#include "cyclic/stages/device_boundaries.hpp"
 #include "cyclic/stages/schedule.hpp"
 #include "cyclic/stages/tags.hpp"
 
@@ -31,6 +34,7 @@ struct StageSettings {
   std::vector<std::int64_t> activation_bytes;  // L entries
   comm::Milliseconds timeout{60000};
   std::int64_t history = 65536;
+  bool device = false;  // options.memory = CUDA (device_boundaries.hpp)
 };
 
 // One direction of one boundary, as seen by this rank.
@@ -55,10 +59,11 @@ class StageRuntime {
 
   const StageSchedule &schedule() const { return settings_.schedule; }
   flatmem_cyclic_stages_action next();
-  void send(const DLTensor *tensor);
-  void receive(DLTensor *into);
-  void accumulate(const DLTensor *gradient);
-  void average(DLTensor *out) const;
+  // stream: the caller's cudaStream_t for device tensors (ignored on the host).
+  void send(const DLTensor *tensor, void *stream);
+  void receive(DLTensor *into, void *stream);
+  void accumulate(const DLTensor *gradient, void *stream);
+  void average(DLTensor *out, void *stream) const;
   std::int64_t stats(std::int64_t first, std::int64_t count,
                      flatmem_cyclic_stages_time_step_stats *out) const;
   flatmem_cyclic_stages_summary summary() const;
@@ -77,6 +82,14 @@ class StageRuntime {
   std::string where(std::int64_t message) const;  // the same for message k of a stream
   std::string describe(const Stream &s) const;  // "the activation from stage 1 (rank 1)"
   Stream &stream(bool incoming, bool forward);
+  // The Direction of a stream (device_boundaries.hpp).
+  int direction(const Stream &s) const;
+  // A tensor's memory against options.memory (INVALID_ARGUMENT naming `name`).
+  void check_memory(const comm::Message &m, const char *name) const;
+  // The header of a received message against the current action and `into`.
+  void check_header(const Header &h, const Stream &s, std::uint64_t into_bytes);
+  // Device: the group of the time step being entered.
+  void enter_device();
 
   comm::Communicator &comm_;
   StageSettings settings_;
@@ -102,6 +115,11 @@ class StageRuntime {
   std::int32_t accumulated_count_[2] = {0, 0};
   comm::SumType type_ = comm::SumType::f32;
   std::size_t gradient_count_ = 0, gradient_bytes_ = 0;
+
+  // options.memory = CUDA: the device side, and the messages of each
+  // Direction produced (sends) / consumed (receives) in the current time step.
+  std::unique_ptr<DeviceBoundaries> device_;
+  std::array<int, 4> moved_{};
 
   flatmem_status failure_ = FLATMEM_STATUS_SUCCESS;
   std::string failure_message_;
