@@ -18,6 +18,7 @@ import flatmem.ContrastiveOptions;
 import flatmem.Cyclic;
 import flatmem.CyclicAction;
 import flatmem.CyclicActionKind;
+import flatmem.CyclicMemory;
 import flatmem.CyclicRule;
 import flatmem.Flatmem;
 import flatmem.FlatmemArgumentException;
@@ -341,9 +342,16 @@ public final class RankWorker {
         }
         for (int e = 0; e < sizes[j]; ++e) reference[j][e] -= lr * mean[e];
       }
+    // Device gradients need the NCCL transport (init_device, not called here):
+    // every rank refuses, naming options.memory (UNSUPPORTED without NCCL).
+    expectFailure("Cyclic CYCLIC_MEMORY_CUDA without init_device",
+                  () -> new Cyclic(comm, stages, steps, CyclicRule.CYCLIC_SYNC, 0, CyclicMemory.CYCLIC_MEMORY_CUDA),
+                  RuntimeException.class, "options.memory: CUDA");
     Tensor[][] buffers = new Tensor[stages][2];
     int forwards = 0, backwards = 0, updates = 0;
-    try (Cyclic cyclic = new Cyclic(comm, stages, steps, CyclicRule.CYCLIC_SYNC)) {
+    try (Cyclic cyclic = new Cyclic(comm, stages, steps, CyclicRule.CYCLIC_SYNC, 0, CyclicMemory.CYCLIC_MEMORY_HOST);
+         Tensor onDevice = Tensor.of(new double[sizes[0]])) {
+      onDevice.set_device(Flatmem.kDLCUDA, 0);
       check(comm.users() == 1, "Cyclic is a user of the communicator");
       expectFailure("Communicator.close() while a Cyclic uses it", comm::close, FlatmemArgumentException.class,
                     "still used by 1 handle");
@@ -364,7 +372,13 @@ public final class RankWorker {
           int j = a.getStage();
           Tensor g = buffers[j][(int) (a.getStep() % 2)];
           g.copyFrom(gradient(rank, a.getStep(), j, w[j]));
-          cyclic.reduce(j, g);
+          if (backwards == 1)
+            expectFailure("Cyclic.reduce of a kDLCUDA Tensor on a host handle", () -> cyclic.reduce(j, onDevice, 0),
+                          FlatmemArgumentException.class, "options.memory = HOST takes kDLCPU");
+          if (a.getStep() % 2 == 1)
+            cyclic.reduce(j, g, 0x5000L);  // flatmem_cyclic_reduce_stream: the stream is ignored for CPU gradients
+          else
+            cyclic.reduce(j, g);
         }
       }
       check(forwards == stages * steps && backwards == stages * steps && updates == stages * steps,

@@ -3,7 +3,7 @@
 # The schedule queries are pure C functions (no handle, thread-safe):
 # cyclic_schedule, cyclic_offset, cyclic_delay, cyclic_length, cyclic_action.
 # The runtime, `Cyclic`, runs a rank's schedule over a `Comm` (comm.jl):
-# cyclic_next!, cyclic_reduce!, cyclic_stats, cyclic_summary. Ranks, stages,
+# cyclic_next!, cyclic_reduce!, cyclic_reduce_stream!, cyclic_stats, cyclic_summary. Ranks, stages,
 # steps and time steps are 0-based, as the C API counts them.
 
 # flatmem_cyclic_rule
@@ -14,6 +14,10 @@ const FLATMEM_CYCLIC_SYNC = Cint(2)
 # flatmem_cyclic_parameter_mode
 const FLATMEM_CYCLIC_PARAMETERS_REPLICATED = Cint(0)
 const FLATMEM_CYCLIC_PARAMETERS_RELAYED = Cint(1)
+
+# flatmem_cyclic_memory
+const FLATMEM_CYCLIC_MEMORY_HOST = Cint(0)
+const FLATMEM_CYCLIC_MEMORY_CUDA = Cint(1)
 
 # flatmem_cyclic_action_kind
 const FLATMEM_CYCLIC_IDLE = Cint(0)
@@ -61,6 +65,7 @@ struct CyclicOptions
     history::Int64
     parameters::Cint
     parameter_count::Ptr{Int64}
+    memory::Cint
 end
 
 """
@@ -119,6 +124,7 @@ struct CyclicSummary
 end
 
 const CYCLIC_PARAMETERS = (replicated = FLATMEM_CYCLIC_PARAMETERS_REPLICATED, relayed = FLATMEM_CYCLIC_PARAMETERS_RELAYED)
+const CYCLIC_MEMORY = (host = FLATMEM_CYCLIC_MEMORY_HOST, cuda = FLATMEM_CYCLIC_MEMORY_CUDA)
 const CYCLIC_RULES = (delay1 = FLATMEM_CYCLIC_DELAY1, newest = FLATMEM_CYCLIC_NEWEST, sync = FLATMEM_CYCLIC_SYNC)
 const CYCLIC_KINDS = (idle = FLATMEM_CYCLIC_IDLE, forward = FLATMEM_CYCLIC_FORWARD,
                       backward = FLATMEM_CYCLIC_BACKWARD, done = FLATMEM_CYCLIC_DONE)
@@ -194,7 +200,8 @@ action_kind(a::CyclicAction) = enum_symbol(CYCLIC_KINDS, a.kind, "action kind")
 
 """
     Cyclic(comm::Comm, stages, steps; rule=:delay1, activation_bytes=nothing, timeout_ms=0,
-           propagate_nonfinite=false, history=0)
+           propagate_nonfinite=false, history=0, parameters=:replicated, parameter_count=nothing,
+           memory=:host)
 
 This rank's cyclic data-parallel runtime over `comm` (`flatmem_cyclic_create`; collective: every
 rank passes the same `stages`, `steps` and `rule`, checked, a `FlatmemError` on every rank naming
@@ -205,7 +212,11 @@ NaN/Inf (a `FlatmemError` with `FLATMEM_STATUS_NON_FINITE` that poisons the comm
 `propagate_nonfinite`. `history`: time steps of statistics kept (0 = 65536). `parameters = :relayed`
 (the ZeRO relay, `:delay1` only) with `parameter_count` (the elements of each stage): rank k keeps
 shard k of every stage (`cyclic_set_shard!`) and gets the full stage before each forward and backward
-from the relay (`cyclic_parameters!`); see "ZeRO relay" in cyclic.h.
+from the relay (`cyclic_parameters!`); see "ZeRO relay" in cyclic.h. `memory = :cuda` takes device
+gradients instead of Arrays (kDLCUDA buffers on the communicator's device, averaged over NCCL,
+handed over with `cyclic_reduce_stream!`): every rank calls `init_device(comm, device)` first
+(else a `FlatmemError` naming `options.memory` on every rank); `FLATMEM_STATUS_UNSUPPORTED` with
+`parameters = :relayed` or from a flatmem built without NCCL. Every rank passes the same.
 
 Drive it from one task, one time step per `cyclic_next!`:
 
@@ -241,7 +252,7 @@ mutable struct Cyclic
     function Cyclic(comm::Comm, stages::Integer, steps::Integer; rule::Symbol=:delay1,
                     activation_bytes::Union{Nothing,AbstractVector{<:Integer}}=nothing, timeout_ms::Integer=0,
                     propagate_nonfinite::Bool=false, history::Integer=0, parameters::Symbol=:replicated,
-                    parameter_count::Union{Nothing,AbstractVector{<:Integer}}=nothing)
+                    parameter_count::Union{Nothing,AbstractVector{<:Integer}}=nothing, memory::Symbol=:host)
         ensure_open(comm)
         rule_value = cyclic_rule(rule)
         nstages = int32_arg(stages, "stages")
@@ -249,6 +260,7 @@ mutable struct Cyclic
         history >= 0 || throw(ArgumentError("history = $history; expected >= 0 (0 = 65536 time steps)"))
         haskey(CYCLIC_PARAMETERS, parameters) ||
             throw(ArgumentError("parameters must be one of $(keys(CYCLIC_PARAMETERS)), not :$parameters"))
+        haskey(CYCLIC_MEMORY, memory) || throw(ArgumentError("memory must be one of $(keys(CYCLIC_MEMORY)), not :$memory"))
         bytes = int64_entries(activation_bytes, stages, "activation_bytes", "one per stage")
         counts = int64_entries(parameter_count, stages, "parameter_count", "the elements of each stage")
         null = Ptr{Int64}(C_NULL)
@@ -260,7 +272,7 @@ mutable struct Cyclic
                                       bytes === nothing ? null : pointer(bytes), Int64(timeout_ms),
                                       propagate_nonfinite ? FLATMEM_NONFINITE_PROPAGATE : FLATMEM_NONFINITE_ERROR,
                                       Int64(history), CYCLIC_PARAMETERS[parameters],
-                                      counts === nothing ? null : pointer(counts))
+                                      counts === nothing ? null : pointer(counts), CYCLIC_MEMORY[memory])
             @gc_safe ccall((:flatmem_cyclic_create, libflatmem), Cint,
                            (Ref{Ptr{CyclicHandle}}, Ptr{CommHandle}, Ref{CyclicOptions}), out, comm, options)
         end
@@ -345,17 +357,64 @@ a `FlatmemError` (`FLATMEM_STATUS_NON_FINITE`, naming stage, step and element; t
 untouched) and poisons the communicator.
 """
 function cyclic_reduce!(h::Cyclic, stage::Integer, gradient::AbstractArray)
+    hand_over!(h, stage, gradient_tensor(ensure_open(h), gradient), nothing)
+    return gradient
+end
+
+"""
+    cyclic_reduce_stream!(h::Cyclic, stage, data::Ptr{Float32 or Float64}, len, cuda_device, stream::Ptr{Cvoid})
+    cyclic_reduce_stream!(h::Cyclic, stage, gradient::Array, stream::Ptr{Cvoid}) -> gradient
+
+`cyclic_reduce!` for a gradient computed on the CUDA `stream` (a `cudaStream_t`; `C_NULL` = the
+legacy default stream), `flatmem_cyclic_reduce_stream`: the runtime records an event on the
+stream and its chain reads the gradient after the work enqueued there so far (no host wait
+here). With `memory = :cuda` the gradient is `len` elements at the device pointer `data` on CUDA
+device `cuda_device` (the communicator's; this binding has no device arrays of its own, so the
+caller vouches for the memory): it belongs to the runtime until the `cyclic_next!` that returns
+its update, which then holds the average in device memory. Under the default NaN/Inf scan a
+non-finite device gradient is found by the chain: the `FlatmemError` (`NON_FINITE`) comes from
+the next `cyclic_next!`. The stream is ignored for an `Array` (host memory); a gradient of the
+other kind than the runtime's `memory` is a `FlatmemError` (`INVALID_ARGUMENT`) naming
+`options.memory`.
+"""
+function cyclic_reduce_stream!(h::Cyclic, stage::Integer, data::Ptr{T}, len::Integer, cuda_device::Integer,
+                               stream::Ptr{Cvoid}) where {T<:Union{Float32,Float64}}
     ensure_open(h)
+    len >= 0 || throw(ArgumentError("len = $len; expected >= 0 elements"))
+    shape = Int64[len]
+    device = DLDevice(kDLCUDA, int32_arg(cuda_device, "cuda_device"))
+    dl = DLTensor(Ptr{Cvoid}(data), device, Cint(1), dl_dtype(T), pointer(shape), Ptr{Int64}(C_NULL), UInt64(0))
+    hand_over!(h, stage, Tensor(Ref(dl), shape, Int64[], nothing), stream)
+    return nothing
+end
+
+function cyclic_reduce_stream!(h::Cyclic, stage::Integer, gradient::AbstractArray, stream::Ptr{Cvoid})
+    hand_over!(h, stage, gradient_tensor(ensure_open(h), gradient), stream)
+    return gradient
+end
+
+# A host gradient as its Tensor, or an ArgumentError.
+function gradient_tensor(::Cyclic, gradient::AbstractArray)
     gradient isa Union{Array{Float32},Array{Float64}} || throw(ArgumentError(
         "gradient must be a dense Array{Float32} or Array{Float64} (the runtime reads and overwrites it in place); got $(typeof(gradient))"))
+    return array_tensor(gradient)
+end
+
+# flatmem_cyclic_reduce (stream nothing) or _reduce_stream; an accepted gradient stays in
+# h.in_flight (its memory and its DLTensor's shape) until its update comes back.
+function hand_over!(h::Cyclic, stage::Integer, t::Tensor, stream::Union{Nothing,Ptr{Cvoid}})
     s = int32_arg(stage, "stage")
-    t = array_tensor(gradient)
-    status = GC.@preserve t begin
-        ccall((:flatmem_cyclic_reduce, libflatmem), Cint, (Ptr{CyclicHandle}, Int32, Ptr{DLTensor}), h, s, tensor_ptr(t))
+    status = GC.@preserve t stream begin
+        if stream === nothing
+            ccall((:flatmem_cyclic_reduce, libflatmem), Cint, (Ptr{CyclicHandle}, Int32, Ptr{DLTensor}), h, s, tensor_ptr(t))
+        else
+            ccall((:flatmem_cyclic_reduce_stream, libflatmem), Cint, (Ptr{CyclicHandle}, Int32, Ptr{DLTensor}, Ptr{Cvoid}),
+                  h, s, tensor_ptr(t), stream)
+        end
     end
     check(status)
     h.in_flight[(Int(stage), Int(h.last.step))] = t   # accepted: stage's backward of the current step
-    return gradient
+    return nothing
 end
 
 """`cyclic_schedule(h::Cyclic) -> CyclicSchedule`: the runtime's schedule (world size, stages, steps, rule)."""

@@ -10,10 +10,13 @@
  *   Communicator         a flatmem_comm_t: Communicator(rank, world_size, id,
  *                        timeout_ms, connect_timeout_ms), Communicator.from_env(...),
  *                        rank(), world_size(), check_health(), isend / irecv -> CommRequest,
- *                        all_reduce, ring_shift, barrier, close(), abort(), is_open(), users().
+ *                        all_reduce, ring_shift, barrier, init_device (the NCCL device
+ *                        transport, for Cyclic's memory = CYCLIC_MEMORY_CUDA), close(),
+ *                        abort(), is_open(), users().
  *   CommLocalGroup       flatmem_comm_create_local: take(rank) -> Communicator.
  *   CommRequest          wait(timeout_ms), test().
  *   Cyclic               a flatmem_cyclic_t over a Communicator: next(), reduce(),
+ *                        reduce_stream() (a kDLCUDA gradient read after a cudaStream_t's work),
  *                        schedule(), load_stats() / stat(i), summary(), close(); the ZeRO
  *                        relay (parameters = CYCLIC_PARAMETERS_RELAYED): set_shard(),
  *                        shard_begin() / shard_end(), parameters(), load_relay_stats() /
@@ -283,6 +286,8 @@ static void flatmem_swig_cyclic_release(flatmem_swig_cyclic *s) {
 %javamethodmodifiers flatmem_swig_request::wait "private";
 %rename(reduce_raw) flatmem_swig_cyclic::reduce;
 %javamethodmodifiers flatmem_swig_cyclic::reduce "private";
+%rename(reduce_stream_raw) flatmem_swig_cyclic::reduce_stream;
+%javamethodmodifiers flatmem_swig_cyclic::reduce_stream "private";
 %rename(next_raw) flatmem_swig_cyclic::next;
 %javamethodmodifiers flatmem_swig_cyclic::next "private";
 %rename(close_raw) flatmem_swig_cyclic::close;
@@ -476,8 +481,17 @@ public class"
 
   /** ... every wait bounded by timeout_ms (milliseconds; 0 = the communicator's). */
   public Cyclic(Communicator comm, int stages, long steps, CyclicRule rule, long timeout_ms) {
+    this(comm, stages, steps, rule, timeout_ms, CyclicMemory.CYCLIC_MEMORY_HOST);
+  }
+
+  /** ... with gradients in `memory`: CYCLIC_MEMORY_HOST (CPU Tensors, the
+   *  default) or CYCLIC_MEMORY_CUDA (kDLCUDA Tensors on the communicator's
+   *  device, over NCCL: every rank calls comm.init_device first; a flatmem
+   *  built without NCCL throws STATUS_UNSUPPORTED). */
+  public Cyclic(Communicator comm, int stages, long steps, CyclicRule rule, long timeout_ms, CyclicMemory memory) {
     this(comm, stages, steps, rule == null ? -1 : rule.swigValue(), null, timeout_ms,
-         NonfinitePolicy.NONFINITE_ERROR.swigValue(), 0, 0 /* CYCLIC_PARAMETERS_REPLICATED */, null);
+         NonfinitePolicy.NONFINITE_ERROR.swigValue(), 0, 0 /* CYCLIC_PARAMETERS_REPLICATED */, null,
+         memory == null ? -1 : memory.swigValue());
   }
 
   /** Advances to the next time step (may wait: start token, the update's
@@ -495,6 +509,21 @@ public class"
    *  runtime (kept reachable; do not touch it) until next() returns its update. */
   public void reduce(int stage, Tensor gradient) {
     reduce_raw(stage, gradient);
+    held(stage, gradient);
+  }
+
+  /** reduce for a gradient computed on `stream` (flatmem_cyclic_reduce_stream):
+   *  with CYCLIC_MEMORY_CUDA the runtime reads the kDLCUDA Tensor after the
+   *  work enqueued on that cudaStream_t (its address; 0 = the legacy default
+   *  stream) so far, without a host wait; ignored for CPU gradients. A Tensor
+   *  of the other kind than the handle's memory throws
+   *  FlatmemArgumentException naming options.memory. */
+  public void reduce(int stage, Tensor gradient, long stream) {
+    reduce_stream_raw(stage, gradient, stream);
+    held(stage, gradient);
+  }
+
+  private void held(int stage, Tensor gradient) {
     inFlight.put(stage + "/" + (current == null ? -1 : current.getStep()), gradient);
   }
 
@@ -670,6 +699,13 @@ struct flatmem_swig_comm {};
     flatmem_comm_t *h = flatmem_swig_comm_open($self, "Communicator.barrier");
     if (h) flatmem_swig_check(flatmem_comm_barrier(h, timeout_ms));
   }
+  /* flatmem_comm_init_device (collective): the NCCL device transport on CUDA
+   * device cuda_device, which Cyclic's memory = CYCLIC_MEMORY_CUDA needs.
+   * UNSUPPORTED without NCCL or a usable CUDA driver (the handle stays healthy). */
+  void init_device(int32_t cuda_device, int64_t timeout_ms) {
+    flatmem_comm_t *h = flatmem_swig_comm_open($self, "Communicator.init_device");
+    if (h) flatmem_swig_check(flatmem_comm_init_device(h, cuda_device, timeout_ms));
+  }
 
   /* flatmem_comm_destroy (orderly); refused while a Contrastive/Cyclic uses it.
    * A no-op when already closed. */
@@ -783,13 +819,16 @@ struct flatmem_swig_cyclic {};
 %extend flatmem_swig_cyclic {
   /* flatmem_cyclic_create (collective). activation_bytes: NULL or a (stages,)
    * int64 Tensor (accounting only, copied). rule: a CyclicRule; nonfinite: a
-   * NonfinitePolicy; timeout_ms 0 = the communicator's; history 0 = 65536. */
+   * NonfinitePolicy; timeout_ms 0 = the communicator's; history 0 = 65536;
+   * parameters: CYCLIC_PARAMETERS_*; memory: a CyclicMemory (HOST: kDLCPU
+   * gradients; CUDA: kDLCUDA ones over NCCL, after Communicator.init_device). */
   flatmem_swig_cyclic(flatmem_swig_comm *comm, int32_t stages, int64_t steps,
                       int32_t rule = FLATMEM_CYCLIC_DELAY1,
                       const flatmem_swig_tensor *activation_bytes = NULL, int64_t timeout_ms = 0,
                       int32_t nonfinite = FLATMEM_NONFINITE_ERROR, int64_t history = 0,
                       int32_t parameters = FLATMEM_CYCLIC_PARAMETERS_REPLICATED,
-                      const flatmem_swig_tensor *parameter_count = NULL) {
+                      const flatmem_swig_tensor *parameter_count = NULL,
+                      int32_t memory = FLATMEM_CYCLIC_MEMORY_HOST) {
     flatmem_cyclic_options o = FLATMEM_CYCLIC_OPTIONS_INIT;
     flatmem_comm_t *h = flatmem_swig_comm_open(comm, "Cyclic");
     flatmem_swig_cyclic *s;
@@ -806,6 +845,7 @@ struct flatmem_swig_cyclic {};
     o.timeout_ms = timeout_ms;
     o.nonfinite = (flatmem_nonfinite_policy)nonfinite;
     o.history = history;
+    o.memory = (flatmem_cyclic_memory)memory;
     s = (flatmem_swig_cyclic *)calloc(1, sizeof *s);
     if (!s) {
       flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "Cyclic: out of memory");
@@ -849,6 +889,14 @@ struct flatmem_swig_cyclic {};
   void reduce(int32_t stage, flatmem_swig_tensor *gradient) {
     flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.reduce");
     if (h) flatmem_swig_check(flatmem_cyclic_reduce(h, stage, flatmem_swig_dl_out(gradient)));
+  }
+  /* flatmem_cyclic_reduce_stream: as reduce; a kDLCUDA gradient is read after
+   * the work enqueued so far on `stream` (a cudaStream_t as an integer, 0 =
+   * the legacy default stream; ignored for kDLCPU gradients). */
+  void reduce_stream(int32_t stage, flatmem_swig_tensor *gradient, int64_t stream) {
+    flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.reduce_stream");
+    if (h) flatmem_swig_check(flatmem_cyclic_reduce_stream(h, stage, flatmem_swig_dl_out(gradient),
+                                                           (void *)(intptr_t)stream));
   }
   /* flatmem_cyclic_stats into the handle: returns how many were copied; read
    * them with stat(0 .. n-1). */

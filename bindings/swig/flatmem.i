@@ -810,6 +810,7 @@ const char *flatmem_swig_version_mismatch(void);
 %ignore flatmem_cyclic_get_schedule;
 %ignore flatmem_cyclic_next;
 %ignore flatmem_cyclic_reduce;
+%ignore flatmem_cyclic_reduce_stream;
 %ignore flatmem_cyclic_stats;
 %ignore flatmem_cyclic_summary_get;
 %ignore flatmem_cyclic_options;
@@ -820,6 +821,7 @@ const char *flatmem_swig_version_mismatch(void);
 %ignore FLATMEM_CYCLIC_ACTION_KIND_MAX;
 %rename(CyclicRule) flatmem_cyclic_rule;
 %rename(CyclicActionKind) flatmem_cyclic_action_kind;
+%rename(CyclicMemory) flatmem_cyclic_memory;
 %rename(CyclicSchedule) flatmem_cyclic_schedule;
 %rename(CyclicAction) flatmem_cyclic_action;
 /* The runtime's results (the runtime itself, Cyclic, is in comm.i): read-only. */
@@ -860,6 +862,7 @@ const char *flatmem_swig_version_mismatch(void);
 %ignore flatmem_cyclic_relay_summary_get;
 %ignore FLATMEM_CYCLIC_RELAY_SUMMARY_INIT;
 %ignore FLATMEM_CYCLIC_PARAMETER_MODE_MAX;
+%ignore FLATMEM_CYCLIC_MEMORY_MAX;
 %rename(CyclicRelayTimeStep) flatmem_cyclic_relay_time_step;
 %rename(CyclicRelaySummary) flatmem_cyclic_relay_summary;
 %include <flatmem/cyclic.h>

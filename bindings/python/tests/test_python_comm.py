@@ -650,7 +650,7 @@ def test_cyclic_reduce_refuses_what_it_cannot_own(local_group):
     comms = local_group(1)
     with flatmem.Cyclic(comms[0], stages=1, steps=1) as cyc:
         cyc.next(), cyc.next()
-        with pytest.raises(TypeError, match="gradient: expected a NumPy array, not list"):
+        with pytest.raises(TypeError, match="gradient: expected a NumPy array or an object with __dlpack__, not list"):
             cyc.reduce(0, [1.0])
         with pytest.raises(ValueError, match="gradient: expected a writable C-contiguous"):
             cyc.reduce(0, np.ones((2, 2))[:, 0])

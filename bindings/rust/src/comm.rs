@@ -384,6 +384,20 @@ impl Communicator {
         check(unsafe { sys::flatmem_comm_barrier(self.as_raw(), timeout_ms) })
     }
 
+    /// Brings up the NCCL device transport of these ranks on CUDA device
+    /// `cuda_device` (collective; `flatmem_comm_init_device`), which a
+    /// [`Cyclic`](crate::cyclic::Cyclic) with
+    /// [`Memory::Cuda`](crate::cyclic::Memory::Cuda) needs on every rank.
+    /// `Unsupported` without NCCL or a usable CUDA driver, `InvalidArgument`
+    /// for a device that does not exist (the communicator stays healthy and
+    /// the call may be retried); later failures poison it.
+    pub fn init_device(&self, cuda_device: usize, timeout: Option<Duration>) -> Result<()> {
+        let cuda_device = int32("cuda_device", cuda_device)?;
+        let timeout_ms = timeout_ms("timeout", timeout)?;
+        // SAFETY: a live handle.
+        check(unsafe { sys::flatmem_comm_init_device(self.as_raw(), cuda_device, timeout_ms) })
+    }
+
     fn check_peer(&self, peer: usize) -> Result<i32> {
         if peer >= self.world_size {
             return Err(Error::invalid(format!("peer: {}; expected 0 .. {}", peer, self.world_size.saturating_sub(1))));

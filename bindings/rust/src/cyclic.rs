@@ -13,9 +13,13 @@
 //! The runtime, [`Cyclic`] (`flatmem_cyclic_create` / `next` / `reduce` /
 //! `stats` / `summary_get`), drives one rank of such a run over a
 //! [`Communicator`]: it says what to do in each time step and averages each
-//! stage's gradient over the ranks in the background.
+//! stage's gradient over the ranks in the background. Gradients are `Vec`s
+//! on the host by default; with [`Memory::Cuda`] they are buffers of the
+//! communicator's CUDA device ([`DeviceGradient`], handed over with the
+//! unsafe [`Cyclic::reduce_stream`]) averaged over NCCL.
 
 use std::marker::PhantomData;
+use std::os::raw::c_void;
 use std::time::Duration;
 
 use crate::comm::Communicator;
@@ -267,6 +271,44 @@ impl Schedule {
     }
 }
 
+/// Where the gradients of a [`Cyclic`] runtime live (`flatmem_cyclic_memory`;
+/// every rank passes the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Memory {
+    /// `Vec`s on the host (kDLCPU), over the communicator's host transport.
+    /// Default.
+    #[default]
+    Host,
+    /// Buffers on the communicator's CUDA device (kDLCUDA), over NCCL: every
+    /// rank's communicator needs its device transport
+    /// ([`Communicator::init_device`]) before [`Cyclic::new`], and the
+    /// parameters must be replicated (`Unsupported` with
+    /// [`relayed`](CyclicOptions::relayed), and from a flatmem built without
+    /// NCCL). Gradients go through [`Cyclic::reduce_stream`].
+    Cuda,
+}
+
+impl Memory {
+    /// The C value.
+    pub fn raw(self) -> sys::flatmem_cyclic_memory {
+        match self {
+            Memory::Host => sys::FLATMEM_CYCLIC_MEMORY_HOST,
+            Memory::Cuda => sys::FLATMEM_CYCLIC_MEMORY_CUDA,
+        }
+    }
+}
+
+/// A gradient in CUDA device memory for [`Cyclic::reduce_stream`]: `len`
+/// elements of `T` at `data` on CUDA device `cuda_device` (the
+/// communicator's). The crate never dereferences it; the library's chain
+/// threads read and overwrite it (with the average) on that device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceGradient<T> {
+    pub data: *mut T,
+    pub len: usize,
+    pub cuda_device: i32,
+}
+
 /// Options of a [`Cyclic`] runtime (`flatmem_cyclic_options`): the schedule
 /// (same on every rank, checked at create) and the runtime's own settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -279,6 +321,7 @@ pub struct CyclicOptions {
     nonfinite: NonFinite,
     history: usize,
     parameter_count: Option<Vec<i64>>,
+    memory: Memory,
 }
 
 impl CyclicOptions {
@@ -296,7 +339,16 @@ impl CyclicOptions {
             nonfinite: NonFinite::Error,
             history: 0,
             parameter_count: None,
+            memory: Memory::Host,
         }
+    }
+
+    /// Where the gradients live: [`Memory::Host`] (default: [`Cyclic::reduce`]
+    /// of `Vec`s) or [`Memory::Cuda`] ([`Cyclic::reduce_stream`] of device
+    /// buffers, after [`Communicator::init_device`] on every rank).
+    pub fn memory(mut self, memory: Memory) -> CyclicOptions {
+        self.memory = memory;
+        self
     }
 
     /// The ZeRO relay mode (`FLATMEM_CYCLIC_PARAMETERS_RELAYED`, `Delay1`
@@ -352,6 +404,7 @@ impl CyclicOptions {
             raw.parameters = sys::FLATMEM_CYCLIC_PARAMETERS_RELAYED;
             raw.parameter_count = entries("options.parameter_count", counts, self.stages, "one per stage")?;
         }
+        raw.memory = self.memory.raw();
         Ok(raw)
     }
 }
@@ -370,7 +423,10 @@ impl HandleKind for CyclicKind {
 /// What [`Cyclic::next`] returns: the time step's action and, when the
 /// action carries an update, the averaged gradient of
 /// `(update.stage, update.step)` -- the buffer handed to
-/// [`Cyclic::reduce`], given back holding the average over the ranks.
+/// [`Cyclic::reduce`], given back holding the average over the ranks. For a
+/// gradient handed over with [`Cyclic::reduce_stream`], `averaged` is None:
+/// the device buffer itself holds the average (complete in device memory;
+/// any stream may read it) and is the caller's again.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TimeStep<T> {
     pub action: Action,
@@ -437,6 +493,8 @@ pub struct Cyclic<'c, T: Element> {
     handle: OwnedHandle<CyclicKind>,
     /// Gradients handed over and not yet returned, by (stage, step).
     in_flight: Vec<((usize, u64), Vec<T>)>,
+    /// Device gradients (reduce_stream) handed over and not yet returned, by (stage, step).
+    device_in_flight: Vec<(usize, u64)>,
     /// Gradients whose reduce failed: kept, never read, until the handle is gone.
     refused: Vec<Vec<T>>,
     /// RELAYED: this rank's registered shard of each stage (read by the C
@@ -471,6 +529,7 @@ impl<'c, T: Element> Cyclic<'c, T> {
         Ok(Cyclic {
             handle,
             in_flight: Vec::new(),
+            device_in_flight: Vec::new(),
             refused: Vec::new(),
             shards: Vec::new(),
             current: None,
@@ -498,6 +557,10 @@ impl<'c, T: Element> Cyclic<'c, T> {
         self.current = Some(action);
         let averaged = match action.update {
             None => None,
+            Some(u) if self.device_in_flight.contains(&(u.stage, u.step)) => {
+                self.device_in_flight.retain(|key| *key != (u.stage, u.step));
+                None
+            }
             Some(u) => {
                 let at = self.in_flight.iter().position(|(key, _)| *key == (u.stage, u.step)).ok_or_else(|| {
                     Error::new(
@@ -519,10 +582,7 @@ impl<'c, T: Element> Cyclic<'c, T> {
     /// `NonFinite::Error`, a wrong stage) the buffer stays with the runtime
     /// until it is dropped.
     pub fn reduce(&mut self, stage: usize, mut gradient: Vec<T>) -> Result<()> {
-        let step = match self.current {
-            Some(Action { kind: ActionKind::Backward, step: Some(step), .. }) => step,
-            _ => return Err(Error::invalid("cyclic reduce: the current time step is not a backward")),
-        };
+        let step = self.backward_step("cyclic reduce")?;
         let raw_stage = int32("stage", stage)?;
         let result = {
             let mut desc = Desc::elements_mut(&mut gradient, "gradient")?;
@@ -537,6 +597,54 @@ impl<'c, T: Element> Cyclic<'c, T> {
             Err(_) => self.refused.push(gradient),
         }
         result
+    }
+
+    /// [`Memory::Cuda`]: hands over the device gradient of `stage` computed
+    /// in the current time step (that stage's backward, once) on `stream`
+    /// (`flatmem_cyclic_reduce_stream`): the runtime records an event on the
+    /// stream now and its chain reads the buffer after the work enqueued so
+    /// far (no host wait here). The average comes back in the same buffer:
+    /// the [`next`](Cyclic::next) whose action carries this (stage, step) as
+    /// its update returns with it complete, `averaged` None. On a
+    /// [`Memory::Host`] runtime the library refuses a device gradient
+    /// (`InvalidArgument` naming `options.memory`); under `NonFinite::Error`
+    /// a NaN/Inf is found by the chain, so the `NonFinite` error comes from
+    /// the next `next`.
+    ///
+    /// # Safety
+    ///
+    /// `gradient.data` must point to `gradient.len` elements of `T` in
+    /// memory of CUDA device `gradient.cuda_device`, which stay allocated and
+    /// which nothing else reads or writes from this call until `next`
+    /// returns the update or the runtime is dropped, whichever comes first
+    /// (when this call fails the library has not taken it).
+    /// `stream` is a live `cudaStream_t` of that device, or null (the legacy
+    /// default stream).
+    pub unsafe fn reduce_stream(
+        &mut self,
+        stage: usize,
+        gradient: DeviceGradient<T>,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        let step = self.backward_step("cyclic reduce_stream")?;
+        let raw_stage = int32("stage", stage)?;
+        let mut desc = Desc::cuda_elements(gradient.data, gradient.len, gradient.cuda_device, "gradient")?;
+        let mut t = desc.dl();
+        // SAFETY: a live handle; the tensor's metadata lives through the call
+        // (the library copies what it keeps); the caller guarantees the
+        // device memory and the stream (see above).
+        check(unsafe { sys::flatmem_cyclic_reduce_stream(self.handle.as_mut_ptr(), raw_stage, t.mut_ptr(), stream) })?;
+        self.device_in_flight.push((stage, step));
+        Ok(())
+    }
+
+    /// The training step of the current backward, or `InvalidArgument`
+    /// "<what>: the current time step is not a backward".
+    fn backward_step(&self, what: &str) -> Result<u64> {
+        match self.current {
+            Some(Action { kind: ActionKind::Backward, step: Some(step), .. }) => Ok(step),
+            _ => Err(Error::invalid(format!("{}: the current time step is not a backward", what))),
+        }
     }
 
     /// Statistics of the time steps still kept (the last `history` begun),

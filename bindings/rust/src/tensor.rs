@@ -202,15 +202,19 @@ fn check_len(name: &str, len: usize, rows: usize, dim: usize) -> Result<()> {
     }
 }
 
+const CPU: DLDevice = DLDevice { device_type: sys::kDLCPU, device_id: 0 };
+
 fn extent(name: &str, n: usize) -> Result<i64> {
     i64::try_from(n).map_err(|_| Error::invalid(format!("{}: extent {} does not fit int64_t", name, n)))
 }
 
-/// A CPU tensor of ndim 1 or 2 over memory borrowed for `'a`, holding its own
+/// A CPU tensor of ndim 1 or 2 over memory borrowed for `'a` (or a CUDA
+/// vector the caller vouches for, [`Desc::cuda_elements`]), holding its own
 /// shape. [`Desc::dl`] gives the `DLTensor`, which points into the `Desc`
 /// and so borrows it.
 pub(crate) struct Desc<'a> {
     data: *mut c_void,
+    device: DLDevice,
     dtype: DLDataType,
     ndim: c_int,
     shape: [i64; 2],
@@ -221,6 +225,7 @@ impl<'a> Desc<'a> {
     fn matrix(data: *mut c_void, dtype: Dtype, rows: usize, dim: usize, name: &str) -> Result<Desc<'a>> {
         Ok(Desc {
             data,
+            device: CPU,
             dtype: dtype.dl(),
             ndim: 2,
             shape: [extent(name, rows)?, extent(name, dim)?],
@@ -229,7 +234,20 @@ impl<'a> Desc<'a> {
     }
 
     fn vector(data: *mut c_void, dtype: DLDataType, len: usize, name: &str) -> Result<Desc<'a>> {
-        Ok(Desc { data, dtype, ndim: 1, shape: [extent(name, len)?, 0], _borrow: PhantomData })
+        Ok(Desc { data, device: CPU, dtype, ndim: 1, shape: [extent(name, len)?, 0], _borrow: PhantomData })
+    }
+
+    /// A vector of any [`Element`] in the memory of CUDA device
+    /// `cuda_device`, described only (the crate never touches it; whoever
+    /// hands it to the library vouches for it).
+    pub(crate) fn cuda_elements<T: Element>(
+        data: *mut T,
+        len: usize,
+        cuda_device: i32,
+        name: &str,
+    ) -> Result<Desc<'a>> {
+        let device = DLDevice { device_type: sys::kDLCUDA, device_id: cuda_device };
+        Ok(Desc { device, ..Self::vector(data.cast(), T::DTYPE, len, name)? })
     }
 
     /// An fp32 vector read by the library.
@@ -261,7 +279,7 @@ impl<'a> Desc<'a> {
     /// One fp32 element (shape (1,)), read or written.
     pub(crate) fn scalar(value: &'a mut f32) -> Desc<'a> {
         let data = (value as *mut f32).cast();
-        Desc { data, dtype: Dtype::F32.dl(), ndim: 1, shape: [1, 0], _borrow: PhantomData }
+        Desc { data, device: CPU, dtype: Dtype::F32.dl(), ndim: 1, shape: [1, 0], _borrow: PhantomData }
     }
 
     /// The DLTensor view; valid while this `Desc` is neither moved nor
@@ -270,7 +288,7 @@ impl<'a> Desc<'a> {
         Dl {
             tensor: DLTensor {
                 data: self.data,
-                device: DLDevice { device_type: sys::kDLCPU, device_id: 0 },
+                device: self.device,
                 ndim: self.ndim,
                 dtype: self.dtype,
                 shape: self.shape.as_mut_ptr(),

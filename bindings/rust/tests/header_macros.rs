@@ -122,10 +122,10 @@ fn comm_options_init_matches_macro() {
 #[test]
 fn cyclic_options_init_matches_macro() {
     let out = c_program(
-        "  flatmem_cyclic_options o = FLATMEM_CYCLIC_OPTIONS_INIT;\n  printf(\"%zu %d %lld %d %d %lld %d %lld %d %d\\n\", \
+        "  flatmem_cyclic_options o = FLATMEM_CYCLIC_OPTIONS_INIT;\n  printf(\"%zu %d %lld %d %d %lld %d %lld %d %d %d\\n\", \
          o.struct_size, (int)o.stages, (long long)o.steps, (int)o.rule, o.activation_bytes == NULL, \
          (long long)o.timeout_ms, (int)o.nonfinite, (long long)o.history, (int)o.parameters, \
-         o.parameter_count == NULL);\n",
+         o.parameter_count == NULL, (int)o.memory);\n",
     );
     let mut raw = sys::flatmem_cyclic_options {
         struct_size: 0,
@@ -138,11 +138,12 @@ fn cyclic_options_init_matches_macro() {
         history: 9,
         parameters: 9,
         parameter_count: std::ptr::NonNull::dangling().as_ptr(),
+        memory: 9,
     };
     // SAFETY: a valid options struct of this declaration.
     assert_eq!(unsafe { sys::flatmem_cyclic_options_init(&mut raw) }, sys::FLATMEM_STATUS_SUCCESS);
     let rust = format!(
-        "{} {} {} {} {} {} {} {} {} {}",
+        "{} {} {} {} {} {} {} {} {} {} {}",
         raw.struct_size,
         raw.stages,
         raw.steps,
@@ -152,7 +153,8 @@ fn cyclic_options_init_matches_macro() {
         raw.nonfinite,
         raw.history,
         raw.parameters,
-        raw.parameter_count.is_null() as i32
+        raw.parameter_count.is_null() as i32,
+        raw.memory
     );
     assert_eq!(out.trim(), rust);
 }

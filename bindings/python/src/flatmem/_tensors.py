@@ -102,9 +102,12 @@ def from_array(a, name):
     return Arg(t, a, a.dtype)
 
 
-def from_dlpack(obj, name):
-    """Describe an object with __dlpack__ (no copy)."""
-    capsule = obj.__dlpack__()
+def from_dlpack(obj, name, stream=None):
+    """Describe an object with __dlpack__ (no copy). stream: None, or the
+    consumer's stream as the DLPack protocol passes it to __dlpack__(stream=)
+    (for CUDA: 1 = the legacy default stream, > 2 a cudaStream_t), so that
+    the producer makes its data ready for that stream."""
+    capsule = obj.__dlpack__() if stream is None else obj.__dlpack__(stream=stream)
     t = capi.tensor_from_dlpack(capsule)
     return Arg(t, (obj, capsule), numpy_dtype(t.dtype_code(), t.dtype_bits()))
 

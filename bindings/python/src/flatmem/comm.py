@@ -277,6 +277,17 @@ class Communicator:
         with self._lock:
             self._raw.barrier(_timeout(timeout_ms))
 
+    def init_device(self, cuda_device, timeout_ms=0):
+        """Collective: bring up the NCCL device transport of these ranks on
+        CUDA device `cuda_device` (flatmem_comm_init_device), as
+        Cyclic(..., memory="cuda") needs on every rank. UnsupportedError
+        without NCCL or a usable CUDA driver (the communicator stays healthy
+        and the call may be retried); InvalidArgumentError for a device that
+        does not exist."""
+        cuda_device = int_arg(cuda_device, "cuda_device")
+        with self._lock:
+            self._raw.init_device(cuda_device, _timeout(timeout_ms))
+
     # ---- release ------------------------------------------------------------
 
     def _release(self, method):

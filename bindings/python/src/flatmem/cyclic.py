@@ -32,6 +32,14 @@ returns its update (it then holds the AVERAGE over ranks, 1/N times the sum);
 the handle keeps a reference to it meanwhile, so it cannot be freed, but do
 not read or write it. Under "delay1" / "newest" step s's gradient is still in
 flight during step s + 1's backward: alternate two buffers per stage (s % 2).
+
+Device gradients: ``Cyclic(..., memory="cuda")`` on a communicator whose
+device transport is up (``comm.init_device(cuda_device)`` on every rank
+first) takes kDLCUDA ``__dlpack__`` tensors (PyTorch, CuPy, JAX, ...) on that
+device and averages them over NCCL; ``reduce(stage, g, stream=s)`` names the
+cudaStream_t (an int) the gradient was computed on, so the chain reads it
+after that stream's work without a host wait (None: the legacy default
+stream).
 """
 from __future__ import annotations
 
@@ -41,7 +49,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import capi
-from ._tensors import as_arg, as_output
+from ._tensors import as_arg, as_output, from_dlpack
 from .comm import check_communicator, int_arg
 from .contrastive import _NONFINITE, _option
 
@@ -223,6 +231,26 @@ class CyclicRelaySummary(NamedTuple):
 
 
 _PARAMETERS = {"replicated": capi.CYCLIC_PARAMETERS_REPLICATED, "relayed": capi.CYCLIC_PARAMETERS_RELAYED}
+_MEMORY = {"host": capi.CYCLIC_MEMORY_HOST, "cuda": capi.CYCLIC_MEMORY_CUDA}
+_DLPACK_CUDA_DEVICES = (capi.kDLCUDA, 13)  # kDLCUDA, kDLCUDAManaged: __dlpack__ takes a stream
+
+
+def _gradient_arg(gradient, stream):
+    """The Arg of a gradient handed to reduce(): a writable C-contiguous NumPy
+    array, or any __dlpack__ object (asked for its capsule with the DLPack
+    stream of `stream` when it lives on a CUDA device). Whether its device
+    suits the handle's memory is the library's call (its message names
+    options.memory); only what cannot be described at all is refused here."""
+    if isinstance(gradient, np.ndarray):
+        if not (gradient.flags.c_contiguous and gradient.flags.writeable):
+            raise ValueError("gradient: expected a writable C-contiguous NumPy array")
+        return as_arg(gradient, "gradient")
+    if not hasattr(gradient, "__dlpack__"):
+        raise TypeError(f"gradient: expected a NumPy array or an object with __dlpack__, not "
+                        f"{type(gradient).__name__}")
+    on_cuda = hasattr(gradient, "__dlpack_device__") and gradient.__dlpack_device__()[0] in _DLPACK_CUDA_DEVICES
+    # DLPack spells the legacy default stream 1 (0 is ambiguous there); ours is 0 / None.
+    return from_dlpack(gradient, "gradient", (stream or 1) if on_cuda else None)
 
 
 class Cyclic:
@@ -248,8 +276,14 @@ class Cyclic:
                       forward / backward parameters(full) waits for the full
                       stage, relayed rank to rank in stagger order)
     parameter_count   "relayed": L ints, the elements n_j of each stage
+    memory            "host" (default: NumPy / kDLCPU gradients over the
+                      host transport) or "cuda" (kDLCUDA __dlpack__ gradients
+                      on the communicator's device, over NCCL: needs
+                      comm.init_device(...) on every rank first and
+                      "replicated" parameters; UnsupportedError from a
+                      flatmem built without NCCL). Every rank passes the same.
 
-    next() -> CyclicAction, reduce(stage, gradient), stats(), summary(),
+    next() -> CyclicAction, reduce(stage, gradient, stream=None), stats(), summary(),
     schedule, close() / with-block; relayed: set_shard(stage, shard),
     shard(stage), shard_range(stage, rank=None), parameters(full),
     relay_stats(), relay_summary(). Thread rule: one thread drives the handle
@@ -259,12 +293,13 @@ class Cyclic:
     """
 
     def __init__(self, comm, *, stages, steps, rule="delay1", activation_bytes=None, timeout_ms=0,
-                 nonfinite="error", history=0, parameters="replicated", parameter_count=None):
+                 nonfinite="error", history=0, parameters="replicated", parameter_count=None, memory="host"):
         check_communicator(comm, "comm")
         stages = int_arg(stages, "stages")
         accounting = int64_entries(activation_bytes, stages, "activation_bytes", "bytes per stage")
         counts = int64_entries(parameter_count, stages, "parameter_count", "the elements of each stage")
         parameters = _option(parameters, _PARAMETERS, "parameters")
+        memory = _option(memory, _MEMORY, "memory")
         nonfinite = _option(nonfinite, _NONFINITE, "nonfinite")
         self.comm = comm
         self._lock = threading.Lock()
@@ -275,7 +310,8 @@ class Cyclic:
         self._raw = capi.Cyclic(comm._raw, stages, int_arg(steps, "steps"), _rule_code(rule),
                                 accounting_arg and accounting_arg.tensor,
                                 int_arg(timeout_ms, "timeout_ms"), nonfinite,
-                                int_arg(history, "history"), parameters, counts_arg and counts_arg.tensor)
+                                int_arg(history, "history"), parameters, counts_arg and counts_arg.tensor,
+                                memory)
         self.schedule = CyclicSchedule._from_capi(self._raw.schedule())
         self._step = None  # the step of the current BACKWARD (for reduce's bookkeeping)
 
@@ -290,20 +326,33 @@ class Cyclic:
             self._step = a.step if a.kind == "backward" else None
         return a
 
-    def reduce(self, stage, gradient):
+    def reduce(self, stage, gradient, stream=None):
         """Hand over the gradient of `stage` computed in this time step's
-        BACKWARD: a C-contiguous float32/float64 NumPy array, the same dtype
-        and size on every rank. It belongs to the handle (kept referenced)
-        until next() returns its update."""
-        if not isinstance(gradient, np.ndarray):
-            raise TypeError(f"gradient: expected a NumPy array, not {type(gradient).__name__}")
-        if not (gradient.flags.c_contiguous and gradient.flags.writeable):
-            raise ValueError("gradient: expected a writable C-contiguous NumPy array")
-        arg = as_arg(gradient, "gradient")
+        BACKWARD: float32/float64, compact, the same dtype and size on every
+        rank. It belongs to the handle (kept referenced, do not touch it)
+        until next() returns its update, averaged in place.
+
+        memory="host": a writable C-contiguous NumPy array (or a kDLCPU
+        __dlpack__ object). memory="cuda": a __dlpack__ object on the
+        communicator's CUDA device; `stream` is the cudaStream_t (an int, as
+        torch.cuda.Stream.cuda_stream or cupy's Stream.ptr) it was computed
+        on, None = the legacy default stream: the chain reads the gradient
+        after the work enqueued on it so far (no host wait here), and the
+        DLPack producer is asked to make the data ready for that stream.
+        Ignored for host gradients. A gradient of the other kind than the
+        handle's memory raises InvalidArgumentError naming options.memory;
+        under nonfinite="error" a NaN/Inf in a device gradient is found by the
+        chain, so the NonFiniteError comes from the next next()."""
         stage = int_arg(stage, "stage")
+        stream = None if stream is None else int_arg(stream, "stream")
+        arg = _gradient_arg(gradient, stream)
         with self._lock:
-            self._raw.reduce(stage, arg.tensor)
-            self._held[(stage, self._step)] = gradient
+            if stream is None:
+                self._raw.reduce(stage, arg.tensor)
+            else:
+                self._raw.reduce_stream(stage, arg.tensor, stream)
+            # The array, or the __dlpack__ object and its capsule.
+            self._held[(stage, self._step)] = gradient if isinstance(gradient, np.ndarray) else arg.keepalive
 
     def stats(self, first=0, count=None):
         """Per-time-step statistics still kept (the last `history` ones), as a

@@ -2580,6 +2580,14 @@ pub const FLATMEM_CYCLIC_PARAMETERS_RELAYED: flatmem_cyclic_parameter_mode = 1;
 pub const FLATMEM_CYCLIC_PARAMETER_MODE_MAX: flatmem_cyclic_parameter_mode = 2147483647;
 #[doc = " Where each rank keeps the stage parameters (see \"ZeRO relay\" below)."]
 pub type flatmem_cyclic_parameter_mode = ::std::os::raw::c_uint;
+#[doc = " Default. kDLCPU gradients over the host transport."]
+pub const FLATMEM_CYCLIC_MEMORY_HOST: flatmem_cyclic_memory = 0;
+#[doc = " kDLCUDA gradients on the communicator's CUDA device, over NCCL."]
+pub const FLATMEM_CYCLIC_MEMORY_CUDA: flatmem_cyclic_memory = 1;
+#[doc = " kDLCUDA gradients on the communicator's CUDA device, over NCCL."]
+pub const FLATMEM_CYCLIC_MEMORY_MAX: flatmem_cyclic_memory = 2147483647;
+#[doc = " Where the gradients of a cyclic handle live (see \"Transport\" above)."]
+pub type flatmem_cyclic_memory = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct flatmem_cyclic_s {
@@ -2619,12 +2627,16 @@ pub struct flatmem_cyclic_options {
     #[doc = "  create; the same on every rank). Required when relayed, ignored when"]
     #[doc = "  replicated."]
     pub parameter_count: *const i64,
+    #[doc = " HOST (default: kDLCPU gradients) or CUDA (kDLCUDA gradients on the"]
+    #[doc = "  communicator's device, over NCCL; needs flatmem_comm_init_device before"]
+    #[doc = "  create, and REPLICATED parameters). Every rank must pass the same."]
+    pub memory: flatmem_cyclic_memory,
 }
 #[test]
 fn bindgen_test_layout_flatmem_cyclic_options() {
     assert_eq!(
         ::std::mem::size_of::<flatmem_cyclic_options>(),
-        80usize,
+        88usize,
         concat!("Size of: ", stringify!(flatmem_cyclic_options))
     );
     assert_eq!(
@@ -2802,6 +2814,23 @@ fn bindgen_test_layout_flatmem_cyclic_options() {
         );
     }
     test_field_parameter_count();
+    fn test_field_memory() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).memory) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_options),
+                "::",
+                stringify!(memory)
+            )
+        );
+    }
+    test_field_memory();
 }
 impl Default for flatmem_cyclic_options {
     fn default() -> Self {
@@ -2818,10 +2847,13 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Create the runtime of this rank (collective over the communicator: every"]
-    #[doc = " rank must pass the same stages, steps and rule -- checked, INVALID_ARGUMENT"]
-    #[doc = " on every rank naming the first rank that differs). The communicator must"]
-    #[doc = " outlive the handle and stays the caller's. Starts two threads. *out is set"]
-    #[doc = " on success only."]
+    #[doc = " rank must pass the same stages, steps, rule, parameters and memory --"]
+    #[doc = " checked, INVALID_ARGUMENT on every rank naming the first rank that differs;"]
+    #[doc = " with memory = CUDA every rank's communicator must have its device"]
+    #[doc = " transport, else INVALID_ARGUMENT on every rank naming the first rank"]
+    #[doc = " without one). The communicator must outlive the handle and stays the"]
+    #[doc = " caller's. Starts two threads (memory = CUDA: and two NCCL communicators,"]
+    #[doc = " two streams). *out is set on success only."]
     pub fn flatmem_cyclic_create(
         out: *mut *mut flatmem_cyclic_t,
         comm: *mut flatmem_comm_t,
@@ -2861,16 +2893,35 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Hand over the gradient of `stage` computed in the current time step (which"]
-    #[doc = " must be that stage's BACKWARD, once). gradient: kDLCPU, float32 or float64,"]
+    #[doc = " must be that stage's BACKWARD, once). gradient: float32 or float64,"]
     #[doc = " compact, at least one element, the same dtype and size on every rank"]
-    #[doc = " (a mismatch poisons the handles, naming both sizes). The buffer belongs to"]
-    #[doc = " the handle until flatmem_cyclic_next returns its update; do not read or"]
+    #[doc = " (a mismatch poisons the handles, naming both sizes); kDLCPU when"]
+    #[doc = " options.memory = HOST, kDLCUDA on the communicator's device when CUDA (the"]
+    #[doc = " other kind is INVALID_ARGUMENT naming options.memory). The buffer belongs"]
+    #[doc = " to the handle until flatmem_cyclic_next returns its update; do not read or"]
     #[doc = " write it meanwhile. Returns at once; the reduction runs in the background."]
-    #[doc = " On a NaN/Inf under FLATMEM_NONFINITE_ERROR the buffer is untouched."]
+    #[doc = " On a NaN/Inf under FLATMEM_NONFINITE_ERROR a host buffer is untouched and"]
+    #[doc = " this call fails with NON_FINITE; a device buffer is scanned by the chain"]
+    #[doc = " thread, so the NON_FINITE (naming stage, step and the first bad element)"]
+    #[doc = " comes from the next flatmem_cyclic_next, and the buffer is untouched too."]
+    #[doc = " A device gradient is read after the work enqueued so far on the legacy"]
+    #[doc = " default stream (this is flatmem_cyclic_reduce_stream with stream NULL)."]
     pub fn flatmem_cyclic_reduce(
         handle: *mut flatmem_cyclic_t,
         stage: i32,
         gradient: *mut DLTensor,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " flatmem_cyclic_reduce for a gradient computed on `stream` (a cudaStream_t"]
+    #[doc = " of the communicator's device; NULL = the legacy default stream): an event"]
+    #[doc = " recorded on it now is what the chain waits for before it reads the buffer."]
+    #[doc = " No host wait. Ignored (any value) for host gradients."]
+    pub fn flatmem_cyclic_reduce_stream(
+        handle: *mut flatmem_cyclic_t,
+        stage: i32,
+        gradient: *mut DLTensor,
+        stream: *mut ::std::os::raw::c_void,
     ) -> flatmem_status;
 }
 #[doc = " What happened in one time step of this rank."]
