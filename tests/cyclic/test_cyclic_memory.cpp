@@ -64,7 +64,7 @@ flatmem_cyclic_t *const sentinel = reinterpret_cast<flatmem_cyclic_t *>(0x1);
 
 }  // namespace
 
-TEST_CASE("cyclic/memory/create: options.memory out of range is INVALID_ARGUMENT naming it; out untouched") {
+TEST_CASE("cyclic/memory/create: options.memory out of range is INVALID_ARGUMENT naming it, out untouched") {
   One g;
   for (const int value : {7, -1, 2, 0x7fffffff}) {
     CAPTURE(value);
@@ -198,7 +198,7 @@ TEST_CASE("cyclic/memory/host: a world of 2 averages bitwise as the header defin
   }
 }
 
-TEST_CASE("cyclic/memory/reduce_stream: a kDLCUDA gradient on a HOST handle is INVALID_ARGUMENT; the run goes on") {
+TEST_CASE("cyclic/memory/reduce_stream: a kDLCUDA gradient on a HOST handle is INVALID_ARGUMENT, the run goes on") {
   // Both ranks try a device-labelled copy of their first gradient (its
   // pointer is host memory, never dereferenced; the stream is ignored for a
   // HOST handle, any value) before handing over the real one.
