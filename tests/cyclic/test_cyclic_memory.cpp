@@ -168,6 +168,7 @@ TEST_CASE("cyclic/memory/create: ranks that pass different options.memory all fa
         MESSAGE("built without NCCL: the HOST rank waited for the refused one: ", message[r]);
         CHECK(status[r] == FLATMEM_STATUS_TIMEOUT);
         CHECK(has(message[r], "agreement"));
+        CHECK(has(message[r], ("waiting for rank " + std::to_string(cuda_rank)).c_str()));
       }
     }
     CHECK(took < 4.0);  // both within the deadline: nobody hangs
