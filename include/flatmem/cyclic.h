@@ -138,7 +138,10 @@
  *     failure or an NCCL error ends it) before the buffer counts as reduced
  *     or delivered.
  * So when flatmem_cyclic_next returns an update, the average is complete in
- * device memory and any stream may read it. The DELAY1 / NEWEST chains form
+ * device memory and any stream may read it. The two chains' NCCL kernels may
+ * run at the same time on the two streams (as a framework's data- and
+ * tensor-parallel communicators do): NCCL needs the GPU to be able to run
+ * them concurrently, which it can unless other work fills every SM. The DELAY1 / NEWEST chains form
  * the host chains' bits exactly (same additions in the same order, same
  * scaling); SYNC's sum is NCCL's, whose order differs from the host ring's,
  * so it agrees with the host SYNC mode to rounding only. The relay
@@ -364,8 +367,11 @@ FLATMEM_API flatmem_status flatmem_cyclic_next(flatmem_cyclic_t *handle,
  * write it meanwhile. Returns at once; the reduction runs in the background.
  * On a NaN/Inf under FLATMEM_NONFINITE_ERROR a host buffer is untouched and
  * this call fails with NON_FINITE; a device buffer is scanned by the chain
- * thread, so the NON_FINITE (naming stage, step and the first bad element)
- * comes from the next flatmem_cyclic_next, and the buffer is untouched too.
+ * thread once the caller's stream got there, so the NON_FINITE (naming stage,
+ * step and the first bad element) comes from a later call -- the
+ * flatmem_cyclic_next that waits for this gradient's update at the latest,
+ * or any flatmem_cyclic_next / _reduce after the scan finished -- and the
+ * buffer is untouched too.
  * A device gradient is read after the work enqueued so far on the legacy
  * default stream (this is flatmem_cyclic_reduce_stream with stream NULL).
  */

@@ -17,6 +17,10 @@
 //                   order the ranks need them (step, then stage): the
 //                   delivery traffic is as spread out as the reduce chain's.
 //
+// How a thread moves and combines buffers is its ChainIo (chain_io.hpp): the
+// host transport, or (options.memory = CUDA) a private NCCL communicator and
+// stream per thread, with a host wait at the end of every link.
+//
 // Each thread talks to one neighbour in one direction in a fixed order, the
 // same on every rank, so messages match by order; tags (src/cyclic/tags.hpp)
 // carry the stage and step as a check. The threads wait without deadline

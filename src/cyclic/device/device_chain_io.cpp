@@ -138,6 +138,9 @@ class DeviceChainIo final : public ChainIo {
   void release() noexcept {
     // NCCL first: a failed communicator is aborted there, which ends NCCL
     // kernels still waiting on the stream; the frees below are stream-ordered.
+    // A poisoned host communicator means transfers may wait for a peer that
+    // is gone: abort rather than let the destructor's finalisation wait.
+    if (nccl_ && host_.health(nullptr) != FLATMEM_STATUS_SUCCESS) nccl_->abort();
     nccl_.reset();
     if (stream_ == nullptr) return;
     int previous = -1;

@@ -8,6 +8,10 @@
 // each an ordered sequence of messages k = 0, 1, ... for (step k / N,
 // micro-batch k % N): every stage meets its micro-batches in that order in
 // both directions, so message k of a stream is known by its index alone.
+//
+// options.memory = CUDA: the streams move through DeviceBoundaries instead
+// (device_boundaries.hpp: one NCCL group per time step, entered by next());
+// the host staging and posted receives are then unused.
 #pragma once
 
 #include <flatmem/cyclic_stages.h>

@@ -219,6 +219,9 @@ class CudaBoundaries final : public DeviceBoundaries {
     // NCCL first: a failed communicator is aborted there, so NCCL kernels on
     // the transfer stream end; cudaFree then waits for the device (callers'
     // copies from and into the staging included).
+    // A poisoned host communicator means transfers may wait for a peer that
+    // is gone: abort rather than let the destructor's finalisation wait.
+    if (nccl_ && host_.health(nullptr) != FLATMEM_STATUS_SUCCESS) nccl_->abort();
     nccl_.reset();
     int previous = -1;
     if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device_) != cudaSuccess) previous = -1;
