@@ -305,10 +305,11 @@ DeviceTraining<T> train_stages_device(const TrainSetup &setup, int n, bool strea
   // A stage whose training failed keeps its handle (and its poisoned
   // communicator) until the others have ended, so that they learn of the
   // failure from the poisoning, not from a destroyed handle.
+  // `running`: the stages still training (each counts itself out once).
   std::atomic<int> running{L};
   const auto hold_until_others_end = [&] {
     const auto until = Clock::now() + std::chrono::milliseconds(timeout + 5000);
-    while (running.load() > 1 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    while (running.load() > 0 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   };
   std::vector<std::thread> threads;
   for (int j = 0; j < L; ++j)
@@ -337,8 +338,8 @@ DeviceTraining<T> train_stages_device(const TrainSetup &setup, int n, bool strea
         if (j == oversize_stage) calls.oversize_receive = oversize_receive;
         out.errors[i] = train_stage<T>(h, setup, n, j, out.runs[i], nullptr, calls.calls());
         out.ended[i] = Clock::now();
-        if (!out.errors[i].empty()) hold_until_others_end();
         --running;
+        if (!out.errors[i].empty()) hold_until_others_end();
         out.oversize[i] = calls.oversize_result;
         out.oversize_at[i] = calls.oversize_at;
         flatmem_cyclic_stages_summary_get(h, &out.summaries[i]);
