@@ -141,7 +141,7 @@ TEST_CASE("comm/local/ring shift, all-reduce (same bits everywhere, vs a double 
   }
 }
 
-TEST_CASE("comm/local/a rank that never calls: the others time out, naming peer and operation; later calls are COMM_POISONED") {
+TEST_CASE("comm/local/a rank that never calls: the others time out, naming peer and operation, later calls are COMM_POISONED") {
   Group g(3, 300);
   const auto start = Clock::now();
   check_reports(on_ranks(3, [&](int r) -> std::string {

@@ -80,7 +80,7 @@ flatmem_cyclic_action next_backward(flatmem_cyclic_t *h) {
 
 }  // namespace
 
-TEST_CASE("cyclic/errors/create: bad arguments name the field; out untouched") {
+TEST_CASE("cyclic/errors/create: bad arguments name the field, out untouched") {
   Group g(1);
   flatmem_cyclic_t *sentinel = reinterpret_cast<flatmem_cyclic_t *>(0x1), *h = sentinel;
   flatmem_cyclic_options o = options(2, 3, FLATMEM_CYCLIC_DELAY1);
@@ -198,7 +198,7 @@ TEST_CASE("cyclic/errors/reduce and next: misuse is INVALID_ARGUMENT and changes
   REQUIRE(flatmem_cyclic_destroy(h) == FLATMEM_STATUS_SUCCESS);
 }
 
-TEST_CASE("cyclic/errors/the schedule ends in DONE, again and again; stats arguments") {
+TEST_CASE("cyclic/errors/the schedule ends in DONE, again and again, stats arguments") {
   Group g(1);
   flatmem_cyclic_options o = options(1, 2, FLATMEM_CYCLIC_SYNC);
   flatmem_cyclic_t *h = nullptr;
@@ -271,7 +271,7 @@ TEST_CASE("cyclic/errors/history keeps the most recent time steps") {
   flatmem_cyclic_destroy(h);
 }
 
-TEST_CASE("cyclic/errors/a NaN gradient: NON_FINITE naming stage, step and element; the others fail too") {
+TEST_CASE("cyclic/errors/a NaN gradient: NON_FINITE naming stage, step and element, the others fail too") {
   Group g(2);
   std::vector<std::string> errors(2);
   std::vector<double> kept;

@@ -61,7 +61,7 @@ void check_relayed_equals_replicated(const TrainSetup &setup, int world) {
 
 }  // namespace
 
-TEST_CASE("cyclic/relay/train: RELAYED equals REPLICATED DELAY1 bit for bit (fp64, fp32; N = 1..4)") {
+TEST_CASE("cyclic/relay/train: RELAYED equals REPLICATED DELAY1 bit for bit (fp64, fp32, N = 1..4)") {
   for (int world : {1, 2, 3, 4}) {
     for (int stages : {1, 2, 4})
       for (std::int64_t steps : {1, 2, 5}) check_relayed_equals_replicated<double>(awkward(stages, steps), world);

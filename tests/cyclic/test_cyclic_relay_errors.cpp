@@ -73,7 +73,7 @@ struct OneRank {
 
 }  // namespace
 
-TEST_CASE("cyclic/relay/errors/create: conflicting options name the field; out untouched") {
+TEST_CASE("cyclic/relay/errors/create: conflicting options name the field, out untouched") {
   Group g(1);
   const TrainSetup setup = small();
   flatmem_cyclic_t *sentinel = reinterpret_cast<flatmem_cyclic_t *>(0x1), *h = sentinel;
@@ -143,7 +143,7 @@ TEST_CASE("cyclic/relay/errors/create: ranks that disagree on the parameter mode
   }
 }
 
-TEST_CASE("cyclic/relay/errors/set_shard and shard_range: wrong size, type, stage, device; nothing registered") {
+TEST_CASE("cyclic/relay/errors/set_shard and shard_range: wrong size, type, stage, device, nothing registered") {
   OneRank one(false);
   std::vector<double> shard(16);
   std::int64_t n = 15;
@@ -193,7 +193,7 @@ TEST_CASE("cyclic/relay/errors/set_shard and shard_range: wrong size, type, stag
   CHECK(one.next().time_step == 0);
 }
 
-TEST_CASE("cyclic/relay/errors/parameters: out of order, wrong buffer, missing; the handle stays usable") {
+TEST_CASE("cyclic/relay/errors/parameters: out of order, wrong buffer, missing, the handle stays usable") {
   OneRank one;
   std::vector<double> full(16, -7.0);
   std::int64_t n = 16;

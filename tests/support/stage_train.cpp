@@ -12,6 +12,16 @@ namespace {
     if (stage_call_status != FLATMEM_STATUS_SUCCESS) return call_failed(#call, stage_call_status); \
   } while (0)
 
+// flatmem_cyclic_stages_<which>(h, t), or calls.<which> when given (named
+// as the plain call in errors).
+#define STAGE_TENSOR_CALL(which, a, t)                                                       \
+  do {                                                                                        \
+    const flatmem_status stage_call_status =                                                  \
+        calls.which ? calls.which(h, (a), (t)) : flatmem_cyclic_stages_##which(h, (t));       \
+    if (stage_call_status != FLATMEM_STATUS_SUCCESS)                                          \
+      return call_failed("flatmem_cyclic_stages_" #which, stage_call_status);                 \
+  } while (0)
+
 // What a stage keeps of one micro-batch between its forward and backward.
 template <typename T>
 struct Held {
@@ -22,7 +32,7 @@ struct Held {
 
 template <typename T>
 std::string train_stage(flatmem_cyclic_stages_t *h, const TrainSetup &setup, int micro_batches, int stage,
-                        StageRun<T> &run, const StageHook &hook) {
+                        StageRun<T> &run, const StageHook &hook, const StageCalls &calls) {
   const int L = setup.stages(), j = stage, rows = setup.rows;
   const std::size_t in = std::size_t(setup.widths[std::size_t(j)]), out = std::size_t(setup.widths[std::size_t(j) + 1]);
   StageMlp<T> model = StageMlp<T>::make(setup.widths, setup.seed);
@@ -55,7 +65,7 @@ std::string train_stage(flatmem_cyclic_stages_t *h, const TrainSetup &setup, int
     if (a.update_step >= 0) {
       const std::int64_t v = a.update_step;
       DLTensor t = vector_tensor(average.data(), &grad_shape);
-      STAGE_CALL(flatmem_cyclic_stages_average(h, &t));
+      STAGE_TENSOR_CALL(average, a, &t);
       const std::string e = use(v);
       if (!e.empty()) return "update: " + e;
       model.sgd(j, average.data(), lr);
@@ -83,7 +93,7 @@ std::string train_stage(flatmem_cyclic_stages_t *h, const TrainSetup &setup, int
       }
       if (a.receives) {
         DLTensor t = vector_tensor(m.x.data(), &x_shape);
-        STAGE_CALL(flatmem_cyclic_stages_receive(h, &t));
+        STAGE_TENSOR_CALL(receive, a, &t);
       }
       model.forward(j, m.x.data(), m.y.data(), rows);
       if (j + 1 == L) {
@@ -93,7 +103,7 @@ std::string train_stage(flatmem_cyclic_stages_t *h, const TrainSetup &setup, int
       }
       if (a.sends) {
         DLTensor t = vector_tensor(m.y.data(), &y_shape);
-        STAGE_CALL(flatmem_cyclic_stages_send(h, &t));
+        STAGE_TENSOR_CALL(send, a, &t);
       }
     } else if (a.kind == FLATMEM_CYCLIC_BACKWARD) {
       const std::string e = use(a.version);
@@ -104,15 +114,15 @@ std::string train_stage(flatmem_cyclic_stages_t *h, const TrainSetup &setup, int
       if (a.receives) {
         m.dy.resize(m.y.size());
         DLTensor t = vector_tensor(m.dy.data(), &y_shape);
-        STAGE_CALL(flatmem_cyclic_stages_receive(h, &t));
+        STAGE_TENSOR_CALL(receive, a, &t);
       }
       dx.resize(m.x.size());
       model.backward(j, m.x.data(), m.y.data(), m.dy.data(), j > 0 ? dx.data() : nullptr, grad.data(), rows);
       DLTensor g = vector_tensor(grad.data(), &grad_shape);
-      STAGE_CALL(flatmem_cyclic_stages_accumulate(h, &g));
+      STAGE_TENSOR_CALL(accumulate, a, &g);
       if (a.sends) {
         DLTensor t = vector_tensor(dx.data(), &x_shape);
-        STAGE_CALL(flatmem_cyclic_stages_send(h, &t));
+        STAGE_TENSOR_CALL(send, a, &t);
       }
       held.erase(it);
     }
@@ -149,7 +159,8 @@ StageOptions stage_options(const TrainSetup &setup, int micro_batches, std::size
 
 template <typename T>
 StageTraining<T> train_stages_local(const TrainSetup &setup, int micro_batches, std::int64_t timeout_ms,
-                                    const std::function<StageHook(int)> &hook) {
+                                    const std::function<StageHook(int)> &hook,
+                                    const std::function<StageCalls(int)> &calls) {
   const int L = setup.stages();
   StageTraining<T> out;
   out.runs.resize(std::size_t(L));
@@ -171,7 +182,8 @@ StageTraining<T> train_stages_local(const TrainSetup &setup, int micro_batches, 
         out.errors[i] = std::string("flatmem_cyclic_stages_create: ") + flatmem_last_error();
         return;
       }
-      out.errors[i] = train_stage<T>(h, setup, micro_batches, j, out.runs[i], hook ? hook(j) : nullptr);
+      out.errors[i] = train_stage<T>(h, setup, micro_batches, j, out.runs[i], hook ? hook(j) : nullptr,
+                                     calls ? calls(j) : StageCalls{});
       flatmem_cyclic_stages_summary_get(h, &out.summaries[i]);
       out.stats[i].resize(std::size_t(out.summaries[i].time_steps));
       std::int64_t written = 0;
@@ -184,9 +196,15 @@ StageTraining<T> train_stages_local(const TrainSetup &setup, int micro_batches, 
   return out;
 }
 
-template std::string train_stage<float>(flatmem_cyclic_stages_t *, const TrainSetup &, int, int, StageRun<float> &, const StageHook &);
-template std::string train_stage<double>(flatmem_cyclic_stages_t *, const TrainSetup &, int, int, StageRun<double> &, const StageHook &);
-template StageTraining<float> train_stages_local<float>(const TrainSetup &, int, std::int64_t, const std::function<StageHook(int)> &);
-template StageTraining<double> train_stages_local<double>(const TrainSetup &, int, std::int64_t, const std::function<StageHook(int)> &);
+template std::string train_stage<float>(flatmem_cyclic_stages_t *, const TrainSetup &, int, int, StageRun<float> &,
+                                        const StageHook &, const StageCalls &);
+template std::string train_stage<double>(flatmem_cyclic_stages_t *, const TrainSetup &, int, int, StageRun<double> &,
+                                         const StageHook &, const StageCalls &);
+template StageTraining<float> train_stages_local<float>(const TrainSetup &, int, std::int64_t,
+                                                        const std::function<StageHook(int)> &,
+                                                        const std::function<StageCalls(int)> &);
+template StageTraining<double> train_stages_local<double>(const TrainSetup &, int, std::int64_t,
+                                                          const std::function<StageHook(int)> &,
+                                                          const std::function<StageCalls(int)> &);
 
 }  // namespace test

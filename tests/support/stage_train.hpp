@@ -28,11 +28,23 @@ struct StageRun {
 // Called after each action (fault tests stop or kill a rank here).
 using StageHook = std::function<void(const flatmem_cyclic_stages_action &)>;
 
+// The four tensor calls of train_stage, each replaceable (tests interpose
+// refusals, the *_stream variants, device tensors around the host compute).
+// Each gets the handle, the current action and the host tensor the plain
+// call would get (the model's buffer: a replacement that receives or
+// averages must leave the result there). Empty: the plain call.
+using StageCall = std::function<flatmem_status(flatmem_cyclic_stages_t *, const flatmem_cyclic_stages_action &,
+                                               DLTensor *)>;
+struct StageCalls {
+  StageCall send, receive, accumulate, average;
+};
+
 // Stage `stage`'s training through `handle` (created over L ranks with
 // setup's stages, steps, rule and `micro_batches`). "" or what failed.
 template <typename T>
 std::string train_stage(flatmem_cyclic_stages_t *handle, const TrainSetup &setup, int micro_batches,
-                        int stage, StageRun<T> &run, const StageHook &hook = nullptr);
+                        int stage, StageRun<T> &run, const StageHook &hook = nullptr,
+                        const StageCalls &calls = {});
 
 // flatmem_cyclic_stages_options for a setup: boundary j = rows * widths[j+1]
 // elements, activation bytes of stage j = its input and output per micro-batch.
@@ -52,9 +64,10 @@ struct StageTraining {
 };
 
 // L threads, one per stage, over an in-process group. `hook(stage)` may give
-// a per-stage hook (nullptr: none).
+// a per-stage hook, `calls(stage)` per-stage calls (nullptr: none).
 template <typename T>
 StageTraining<T> train_stages_local(const TrainSetup &setup, int micro_batches, std::int64_t timeout_ms = 20000,
-                                    const std::function<StageHook(int)> &hook = nullptr);
+                                    const std::function<StageHook(int)> &hook = nullptr,
+                                    const std::function<StageCalls(int)> &calls = nullptr);
 
 }  // namespace test
