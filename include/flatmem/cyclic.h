@@ -119,7 +119,8 @@
  * Device gradients (kDLCUDA, options.memory = CUDA) travel over NCCL. The
  * communicator needs its device transport first (flatmem_comm_init_device);
  * flatmem_cyclic_create then makes two private NCCL communicators on that
- * device, one per chain (collective, within options.timeout_ms), so the two
+ * device, one per chain (collective, within options.timeout_ms; each has its
+ * own NCCL buffers and proxy thread), so the two
  * chain threads never share one, and each thread enqueues its chain on a
  * stream of its own (created non-blocking: it never waits for the legacy
  * default stream implicitly). Per gradient the chain thread:
@@ -128,8 +129,8 @@
  *   - under FLATMEM_NONFINITE_ERROR, scans it on the device and reads the
  *     verdict back (one host wait of the chain thread);
  *   - runs its link: ncclRecv of the partial sum into a device scratch
- *     buffer of the handle (allocated with cudaMalloc at the first device
- *     gradient, grown to the largest: one gradient's bytes), an add kernel
+ *     buffer of the handle (stream-ordered cudaMallocAsync at the first
+ *     device gradient, grown to the largest: one gradient's bytes), an add kernel
  *     (g[i] = g[i] + partial[i], the host chain's arithmetic), ncclSend on;
  *     rank N-1 scales by the factor of the host chain; the delivery chain
  *     moves the average with ncclRecv / ncclSend; SYNC runs ncclAllReduce
@@ -138,13 +139,16 @@
  *     failure or an NCCL error ends it) before the buffer counts as reduced
  *     or delivered.
  * So when flatmem_cyclic_next returns an update, the average is complete in
- * device memory and any stream may read it. The two chains' NCCL kernels may
- * run at the same time on the two streams (as a framework's data- and
- * tensor-parallel communicators do): NCCL needs the GPU to be able to run
- * them concurrently, which it can unless other work fills every SM. The DELAY1 / NEWEST chains form
- * the host chains' bits exactly (same additions in the same order, same
- * scaling); SYNC's sum is NCCL's, whose order differs from the host ring's,
- * so it agrees with the host SYNC mode to rounding only. The relay
+ * device memory and any stream may read it. The DELAY1 / NEWEST chains form
+ * the host chains' bits for finite values (same additions in the same order,
+ * same scaling; NaN payloads may differ); SYNC's sum is NCCL's, whose order
+ * differs from the host ring's, so it agrees with the host SYNC mode to
+ * rounding only.
+ * Caveat: the two chains' NCCL kernels may be in flight at once, on two
+ * communicators. NCCL documents that as safe only while the GPU can run both
+ * kernels concurrently (it normally can: each NCCL kernel takes a few SMs);
+ * CUDA_DEVICE_MAX_CONNECTIONS=1, a small MIG slice or an MPS SM limit may
+ * serialise them and deadlock until options.timeout_ms fails the handle. The relay
  * (options.parameters = RELAYED) keeps host buffers in this version:
  * options.memory = CUDA with RELAYED is UNSUPPORTED at create. Builds
  * without NCCL return UNSUPPORTED for options.memory = CUDA.

@@ -137,34 +137,43 @@
  * is then device memory, and the *_stream variants of send / receive /
  * accumulate / average take the caller's cudaStream_t (the plain calls use
  * the legacy default stream). The communicator needs its device transport
- * (flatmem_comm_init_device); create makes a private NCCL communicator and a
- * non-blocking transfer stream (when L > 1), and device staging: per
- * neighbour and direction 2R slots of 32 + boundary_bytes bytes (two time
- * steps' worth, alternating), allocated with cudaMalloc at create; the two
- * accumulators are cudaMalloc'ed at the first accumulate. Because each
- * boundary tensor is consumed in the time step after it is produced, the
- * transfers run in lockstep with the clock: when flatmem_cyclic_stages_next
- * enters time step tau it enqueues ONE NCCL group on the transfer stream
- * with every message this rank produced in tau - 1 (sends) and every message
- * it consumes in tau (receives); the neighbours' groups of tau hold the
- * matching halves, so the groups pair up in the same order on every rank
- * (no host wait in next itself). Per call, on the caller's stream:
+ * (flatmem_comm_init_device); create makes a private NCCL communicator (its
+ * own NCCL buffers and proxy thread) connected to the neighbours within the
+ * timeout, a non-blocking transfer stream, and device staging: per
+ * neighbour and direction 2 ceil(N / 2L) slots of 32 + boundary_bytes bytes
+ * (the most messages one time step carries, twice: alternate time steps),
+ * allocated with cudaMalloc at create; the two accumulators are cudaMalloc'ed
+ * at the first accumulate. Because each boundary tensor is consumed in the
+ * time step after it is produced, the transfers run in lockstep with the
+ * clock: when flatmem_cyclic_stages_next enters time step tau it enqueues
+ * ONE NCCL group on the transfer stream with every message this rank
+ * produced in tau - 1 (sends) and every message it consumes in tau
+ * (receives); the neighbours' groups of tau hold the matching halves, so the
+ * groups pair up in the same order on every rank (next waits on the host only
+ * while NCCL launches the group, within the timeout). Per call, on the
+ * caller's stream:
  *   send        waits (stream-ordered) for the group that last sent the
  *               slot, writes the 32-byte header and copies the tensor into
  *               the slot; the tensor is the caller's again for any work
  *               enqueued after the call on the same stream;
  *   receive     waits ON THE HOST (<= timeout, polling NCCL and the host
  *               communicator) for the transfer stream to finish the group of
- *               tau, checks the header (sizes, as the host path), then copies
- *               the payload into `into` on the caller's stream;
+ *               tau -- which also waits for this rank's own sends of tau - 1,
+ *               i.e. for the caller's stream to have reached them --, checks
+ *               the header (sizes, as the host path), then copies the
+ *               payload into `into` on the caller's stream;
  *   accumulate  copy / add kernel / scale kernel into the device
- *               accumulator, the host arithmetic (bitwise the same sums);
- *   average     a device copy into `out`.
+ *               accumulator, the host arithmetic (bitwise the same sums for
+ *               finite values); ordered after the accumulator's previous
+ *               accumulate / average whatever stream that was on (an event);
+ *   average     a device copy into `out`, ordered the same way.
  * DONE waits (<= timeout) for the transfer stream to finish the last group.
  * A transfer stuck on a dead neighbour is seen by the next receive or DONE
- * (a stage that only sends still receives every step), which aborts the
- * NCCL communicator and poisons the host one as below. Builds without NCCL
- * return UNSUPPORTED for options.memory = CUDA.
+ * (every stage receives in every step), which aborts the NCCL communicator
+ * and poisons the host one as below; until then the caller's stream may wait
+ * (a send waits for the previous group), so synchronise it only after the
+ * handle's calls returned. Destroying the handle waits for the device
+ * (cudaFree). Builds without NCCL return UNSUPPORTED for options.memory = CUDA.
  * Thread rule: one thread at a time per handle.
  * Every wait -- a receive, a staging buffer still in flight, the last sends at
  * DONE -- is bounded by options.timeout_ms. A failure (a dead or wedged

@@ -1,9 +1,9 @@
 // How the cyclic runtimes' device code fails: a transfer left behind on an
 // NCCL communicator (an open group, a send no peer will match) cannot be
-// recovered, so any failure aborts the private NCCL communicator, poisons the
-// host communicator (first reason wins: the transport's own when it failed;
-// the peers then fail at once) and is rethrown prefixed with what was being
-// done. COMM_POISONED (this wait ended by someone else's failure) is passed
+// recovered, so any failure poisons the host communicator (first reason
+// wins: the transport's own when it failed; the peers then fail at once),
+// aborts the private NCCL communicator and is rethrown prefixed with what was
+// being done. COMM_POISONED (this wait ended by someone else's failure) is passed
 // on as PEER_FAILURE to the peers.
 #pragma once
 
@@ -21,8 +21,9 @@ void abort_on_failure(comm::Communicator &host, comm::DeviceTransport *nccl, con
     f();
   } catch (const Error &e) {
     const std::string message = what + ": " + e.what();
-    if (nccl != nullptr) nccl->abort();
+    // Tell the peers first: the abort may wait for the device.
     host.poison(e.status() == FLATMEM_STATUS_COMM_POISONED ? FLATMEM_STATUS_PEER_FAILURE : e.status(), message);
+    if (nccl != nullptr) nccl->abort();
     throw Error(e.status(), message);
   }
 }

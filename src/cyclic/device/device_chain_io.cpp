@@ -45,7 +45,9 @@ class DeviceChainIo final : public ChainIo {
             "the scan's result (8 bytes of device memory)");
       check(cudaMallocHost(reinterpret_cast<void **>(&first_host_), sizeof(unsigned long long)),
             "the scan's result (8 bytes of pinned host memory)");
-    } catch (const Error &) {
+    } catch (const Error &e) {
+      // The peers' NCCL communicator exists now: they must not wait for ours.
+      host.poison(e.status(), std::string("cyclic device chain, rank ") + std::to_string(host.rank()) + ": " + e.what());
       release();
       throw;
     }

@@ -33,7 +33,9 @@ template <typename T>
 __global__ void nonfinite_kernel(const T *__restrict__ data, std::size_t n, unsigned long long *first) {
   const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
   for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    if (!isfinite(data[i])) atomicMin(first, (unsigned long long)i);
+    // The plain read filters: an all-NaN buffer does not serialise on the atomic.
+    if (!isfinite(data[i]) && (unsigned long long)i < *(volatile unsigned long long *)first)
+      atomicMin(first, (unsigned long long)i);
 }
 
 struct Words {

@@ -66,13 +66,15 @@ class DeviceBoundaries {
   // average_over > 1, scale by 1/average_over (the host arithmetic).
   virtual void accumulate(int slot, bool first, bool f64, const void *gradient, std::size_t count,
                           std::size_t bytes, std::int64_t average_over, void *caller_stream) = 0;
-  virtual void average(int slot, void *out, std::size_t bytes, void *caller_stream) const = 0;
+  // Each waits for the slot's previous accumulate / average, on any stream.
+  virtual void average(int slot, void *out, std::size_t bytes, void *caller_stream) = 0;
   // The CUDA device of the communicator.
   virtual int device() const = 0;
 };
 
 // Collective over comm when any link is active (a private NCCL communicator
-// on comm's device). `slots` messages per stream and parity.
+// on comm's device, connected to the linked neighbours before it returns).
+// `slots` messages per stream and parity: the most one time step carries.
 std::unique_ptr<DeviceBoundaries> device_boundaries(comm::Communicator &comm, const std::array<Link, 4> &links,
                                                     int slots, comm::Milliseconds timeout);
 // INVALID_ARGUMENT naming `name` unless p is device memory of `device`.

@@ -84,7 +84,10 @@ StageRuntime::StageRuntime(comm::Communicator &comm, StageSettings settings)
     std::array<Link, 4> links;
     for (const Stream *st : {&in_activation_, &out_activation_, &in_gradient_, &out_gradient_})
       if (st->active) links[std::size_t(direction(*st))] = Link{st->peer, st->message_bytes};
-    device_ = device_boundaries(comm_, links, staging_, settings_.timeout);  // collective when L > 1
+    // The most messages one time step carries on a stream: the micro-batches
+    // sharing an offset, ceil(N / 2L) (no cap: they all travel in that step).
+    const std::int32_t slots = std::int32_t((s.micro_batches + l2 - 1) / l2);
+    device_ = device_boundaries(comm_, links, slots, settings_.timeout);  // collective when L > 1
     return;
   }
   post_receives(in_activation_);

@@ -51,7 +51,7 @@ struct Lane {
 class CudaBoundaries final : public DeviceBoundaries {
  public:
   CudaBoundaries(comm::Communicator &host, const std::array<Link, 4> &links, int slots, comm::Milliseconds timeout)
-      : host_(host), device_(host.device()->device()), links_(links), slots_(slots) {
+      : host_(host), device_(host.device()->device()), links_(links), slots_(slots), timeout_(timeout) {
     bool any = false;
     for (const Link &l : links_) any = any || l.peer >= 0;
     if (any) nccl_ = comm::create_device_transport(host, device_, timeout);
@@ -67,14 +67,21 @@ class CudaBoundaries final : public DeviceBoundaries {
           for (Mark &m : lane.marks) check(cudaEventCreateWithFlags(&m.event, cudaEventDisableTiming), "cudaEventCreate");
           check(cudaMalloc(reinterpret_cast<void **>(&lane.memory), bytes),
                 "the boundary staging (" + std::to_string(bytes) + " bytes of device memory per stream and parity)");
+          // Defined bytes throughout: a message's padding travels too.
+          check(cudaMemsetAsync(lane.memory, 0, bytes, transfer_), "cudaMemsetAsync");
         }
       }
       check(cudaMallocHost(reinterpret_cast<void **>(&headers_), sizeof(Header) * 8 * std::size_t(slots_)),
             "the received headers (pinned host memory)");
-    } catch (const Error &) {
+      for (Mark &m : accumulator_mark_)
+        check(cudaEventCreateWithFlags(&m.event, cudaEventDisableTiming), "cudaEventCreate");
+    } catch (const Error &e) {
+      // The neighbours' NCCL communicator exists now: they must not wait for ours.
+      host.poison(e.status(), "cyclic stages, stage " + std::to_string(host.rank()) + ": " + e.what());
       release();
       throw;
     }
+    if (nccl_) connect();
   }
 
   ~CudaBoundaries() override { release(); }
@@ -102,12 +109,14 @@ class CudaBoundaries final : public DeviceBoundaries {
           const Link &l = links_[std::size_t(d)];
           for (int i = 0; i < count[std::size_t(d)]; ++i) {
             if (incoming(d))
-              nccl_->recv(slot(d, p, i), l.message_bytes, l.peer, transfer_, no_deadline);
+              nccl_->recv(slot(d, p, i), l.message_bytes, l.peer, transfer_, timeout_);
             else
-              nccl_->send(slot(d, 1 - p, i), l.message_bytes, l.peer, transfer_, no_deadline);
+              nccl_->send(slot(d, 1 - p, i), l.message_bytes, l.peer, transfer_, timeout_);
           }
         }
-        nccl_->group_end(no_deadline);
+        // NCCL launches a non-blocking group on a thread of its own; the wait
+        // for that (not for the transfers) is bounded by the timeout.
+        nccl_->group_end(timeout_);
         for (int d : {int(in_activation), int(in_gradient)})
           for (int i = 0; i < count[std::size_t(d)]; ++i)
             check(cudaMemcpyAsync(&headers_[header_index(p, d, i)], slot(d, p, i), sizeof(Header),
@@ -173,19 +182,27 @@ class CudaBoundaries final : public DeviceBoundaries {
       }
       const cudaStream_t s = as_stream(caller_stream);
       char *acc = accumulator_[slot_index];
+      // After the accumulator's last use, whichever stream that was on.
+      follow(accumulator_mark_[slot_index], s);
       // The host arithmetic: copy, then acc[i] = acc[i] + g[i], then the average's factor.
       if (first)
         check(cudaMemcpyAsync(acc, gradient, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
       else
         device::add(f64, acc, gradient, count, s);
       if (average_over > 1) device::scale_to_average(f64, acc, count, average_over, s);
+      arm(accumulator_mark_[slot_index], s);
     });
   }
 
-  void average(int slot_index, void *out, std::size_t bytes, void *caller_stream) const override {
-    DeviceGuard guard(device_, "communicator device");
-    check(cudaMemcpyAsync(out, accumulator_[slot_index], bytes, cudaMemcpyDeviceToDevice, as_stream(caller_stream)),
-          "cudaMemcpyAsync (the average)");
+  void average(int slot_index, void *out, std::size_t bytes, void *caller_stream) override {
+    run("cyclic stages: copying the average out", [&] {
+      DeviceGuard guard(device_, "communicator device");
+      const cudaStream_t s = as_stream(caller_stream);
+      follow(accumulator_mark_[slot_index], s);
+      check(cudaMemcpyAsync(out, accumulator_[slot_index], bytes, cudaMemcpyDeviceToDevice, s),
+            "cudaMemcpyAsync (the average)");
+      arm(accumulator_mark_[slot_index], s);
+    });
   }
 
  private:
@@ -195,6 +212,32 @@ class CudaBoundaries final : public DeviceBoundaries {
   std::size_t header_index(int p, int d, int i) const { return (std::size_t(p) * 4 + std::size_t(d)) * std::size_t(slots_) + std::size_t(i); }
   char *slot(int d, int p, int i) const {
     return lanes_[std::size_t(d)][std::size_t(p)].memory + std::size_t(i) * stride_of(links_[std::size_t(d)].message_bytes);
+  }
+
+  // Before the next group: one 1-byte transfer each way with every linked
+  // neighbour, so that NCCL's lazy connection (a handshake with the peer)
+  // happens here, under the create timeout, and not inside a later
+  // flatmem_cyclic_stages_next.
+  void connect() {
+    run("cyclic stages create: connecting to the neighbouring stages", [&] {
+      DeviceGuard guard(device_, "communicator device");
+      nccl_->group_start();
+      for (int d = 0; d < 4; ++d) {
+        const Link &l = links_[std::size_t(d)];
+        if (l.peer < 0) continue;
+        if (incoming(d))
+          nccl_->recv(slot(d, 0, 0), 1, l.peer, transfer_, timeout_);
+        else
+          nccl_->send(slot(d, 0, 0), 1, l.peer, transfer_, timeout_);
+      }
+      nccl_->group_end(timeout_);
+      nccl_->synchronize(transfer_, timeout_);
+    });
+  }
+
+  // Stream s waits for m's last recording (if any).
+  static void follow(const Mark &m, cudaStream_t s) {
+    if (m.armed) check(cudaStreamWaitEvent(s, m.event, 0), "cudaStreamWaitEvent");
   }
 
   void arm(Mark &m, cudaStream_t s) {
@@ -211,7 +254,7 @@ class CudaBoundaries final : public DeviceBoundaries {
   }
 
   template <typename F>
-  void run(const std::string &what, F f) {
+  void run(const std::string &what, F f) const {
     abort_on_failure(host_, nccl_.get(), what.empty() ? std::string("cyclic stages: device transfer") : what, f);
   }
 
@@ -236,6 +279,10 @@ class CudaBoundaries final : public DeviceBoundaries {
       if (a != nullptr) cudaFree(a);
       a = nullptr;
     }
+    for (Mark &m : accumulator_mark_) {
+      if (m.event != nullptr) cudaEventDestroy(m.event);
+      m = Mark{};
+    }
     for (cudaEvent_t &e : group_done_) {
       if (e != nullptr) cudaEventDestroy(e);
       e = nullptr;
@@ -258,6 +305,8 @@ class CudaBoundaries final : public DeviceBoundaries {
   std::array<std::array<Lane, 2>, 4> lanes_;
   Header *headers_ = nullptr;  // [parity][direction][slot], pinned
   char *accumulator_[2] = {nullptr, nullptr};
+  Mark accumulator_mark_[2];  // the last accumulate / average of each, on its caller's stream
+  comm::Milliseconds timeout_;
   bool synced_ = false;  // the transfer stream finished everything enqueued so far
 };
 
