@@ -234,6 +234,18 @@ static void flatmem_swig_cyclic_stages_release(flatmem_swig_cyclic_stages *s) {
 #ifdef SWIGJAVA
 %typemap(javainterfaces) struct flatmem_swig_cyclic_stages "AutoCloseable"
 %typemap(javainterfaces) struct flatmem_cyclic_stages_schedule "AutoCloseable"
+%typemap(javacode) struct flatmem_swig_cyclic_stages %{
+  /** The runtime (collective) with a CyclicRule and a CyclicMemory: HOST (CPU
+   *  Tensors) or CUDA (kDLCUDA Tensors on the communicator's device, over NCCL:
+   *  every rank calls comm.init_device first; a flatmem built without NCCL
+   *  throws STATUS_UNSUPPORTED). boundary_bytes: a (stages - 1,) int64 Tensor
+   *  (null only when stages = 1); timeout_ms 0 = the communicator's. */
+  public CyclicStages(Communicator comm, int stages, int micro_batches, long steps, CyclicRule rule,
+                      Tensor boundary_bytes, long timeout_ms, CyclicMemory memory) {
+    this(comm, stages, micro_batches, steps, rule == null ? -1 : rule.swigValue(), boundary_bytes, null, timeout_ms,
+         0, memory == null ? -1 : memory.swigValue());
+  }
+%}
 %typemap(javacode) struct flatmem_cyclic_stages_schedule %{
   @Override public void close() { delete(); }
 %}
