@@ -1,8 +1,8 @@
 // One rank of CommTest's multi-process runs: a JVM that joins a communicator
 // over UCX and checks, as this rank, the communicator (messages, all-reduce),
 // the ring contrastive loss and the sigmoid ring against ContrastiveReference
-// (and its Sigmoid) of the concatenated global batch, and the cyclic runtime's
-// SYNC rule against plain SGD; with
+// (and its Sigmoid) of the concatenated global batch, the cyclic runtime's
+// SYNC rule against plain SGD and the stage-parallel runtime (CyclicStagesCheck); with
 // FLATMEM_TEST_KILL=1 the last rank then waits to be killed and the others
 // check that their next collective fails, naming it, within the timeout.
 //
@@ -40,7 +40,7 @@ public final class RankWorker {
 
   private static int rank, world, failures;
 
-  private static void check(boolean ok, String what) {
+  static void check(boolean ok, String what) {
     System.out.println((ok ? "PASS" : "FAIL") + " rank " + rank + "/" + world + ": " + what);
     if (!ok) failures++;
   }
@@ -458,6 +458,7 @@ public final class RankWorker {
       int[] sigmoidCols = Arrays.copyOf(new int[] {4, 1, 3, 2}, world);
       sigmoidRing(comm, "sigmoid ring, s 100", false, rows, sigmoidCols, 5, 100.0, -10.0, 37);
       cyclicSync(comm);
+      CyclicStagesCheck.run(comm, rank, world);
       if ("1".equals(System.getenv("FLATMEM_TEST_KILL"))) killedPeer(comm);
       else comm.barrier();
     } finally {

@@ -37,6 +37,8 @@ export Contrastive, FlatmemError, BF16, contrastive_loss, forward_workspace_size
        CyclicStagesSummary, cyclic_stages_schedule, cyclic_stages_offset, cyclic_stages_period, cyclic_stages_length,
        cyclic_stages_versions_kept, cyclic_stages_actions, cyclic_stages_occupancy, cyclic_stages_next!,
        cyclic_stages_send!, cyclic_stages_receive!, cyclic_stages_accumulate!, cyclic_stages_average!,
+       cyclic_stages_send_stream!, cyclic_stages_receive_stream!, cyclic_stages_accumulate_stream!,
+       cyclic_stages_average_stream!,
        cyclic_stages_stats, cyclic_stages_summary
 
 """The shared library every ccall uses: `ENV["FLATMEM_LIBRARY"]` or `"libflatmem"`."""

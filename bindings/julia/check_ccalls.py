@@ -165,6 +165,8 @@ BLOCKING_FUNCTIONS = {
     # buffer, receive for the neighbour, destroy may poison the communicator
     "flatmem_cyclic_stages_create", "flatmem_cyclic_stages_next", "flatmem_cyclic_stages_send",
     "flatmem_cyclic_stages_receive", "flatmem_cyclic_stages_destroy",
+    # their device twins: send may wait for a staging buffer, receive (on the host) for the arrival
+    "flatmem_cyclic_stages_send_stream", "flatmem_cyclic_stages_receive_stream",
     "flatmem_contrastive_forward", "flatmem_contrastive_backward",
     # collective on a ring handle (options.comm), like the softmax forward / backward
     "flatmem_contrastive_sigmoid_forward", "flatmem_contrastive_sigmoid_value_and_grad",
@@ -1744,8 +1746,9 @@ def self_test_cases(header, js):
          append(f"ccall((:flatmem_cyclic_create, libflatmem), Cint, (Ref{{{cy}}}, {cy}, Ref{{CyclicOptions}}), o, c, p)")),
         ("cyclic time step stats fields swapped (offsets move)", "struct-layout", edit_struct("CyclicTimeStepStats", "swap")),
         ("cyclic summary field retyped", "struct-mirror", edit_struct("CyclicSummary", "retype")),
-        ("cyclic options built without history", "struct-construct",
-         replace_in_julia(r",\s*Int64\(history\)\)", ")", "drop the last CyclicOptions(...) argument")),
+        ("stage-parallel options built without history", "struct-construct",
+         replace_in_julia(r",\s*Int64\(history\),(\s*CYCLIC_MEMORY\[memory\]\))", r",\1",
+                          "drop history from the CyclicStagesOptions(...) arguments")),
         ("cyclic runtime function dropped", "not-wrapped", replace_in_julia(r":flatmem_cyclic_summary_get\b", ":flatmem_cyclic_get_schedule", "rename the summary ccall")),
         ("relay parameters without @gc_safe", "gc-safe",
          replace_in_julia(r"@gc_safe (ccall\(\(:flatmem_cyclic_parameters,)", r"\1", "drop @gc_safe in cyclic_parameters!")),
@@ -1762,6 +1765,18 @@ def self_test_cases(header, js):
          replace_in_julia(r"@gc_safe (ccall\(\(:flatmem_cyclic_stages_receive,)", r"\1", "drop @gc_safe in cyclic_stages_receive!")),
         ("stage-parallel runtime function dropped", "not-wrapped",
          replace_in_julia(r":flatmem_cyclic_stages_average\b", ":flatmem_cyclic_stages_accumulate", "rename the average ccall")),
+        ("stage-parallel options without the memory field", "struct-mirror", edit_struct("CyclicStagesOptions", "drop-last")),
+        ("stage-parallel send_stream's stream as Int64", "arg-type",
+         replace_in_julia(r"(:flatmem_cyclic_stages_send_stream, libflatmem\), Cint,\s*\(Ptr\{CyclicStagesHandle\}, Ptr\{DLTensor\}, )Ptr\{Cvoid\}",
+                          r"\1Int64", "retype the stream of the send_stream call")),
+        ("stage-parallel receive_stream without @gc_safe", "gc-safe",
+         replace_in_julia(r"@gc_safe (ccall\(\(:flatmem_cyclic_stages_receive_stream,)", r"\1",
+                          "drop @gc_safe in the receive_stream call")),
+        ("stage-parallel average_stream without its stream", "arg-count",
+         append(f"GC.@preserve t begin ccall((:flatmem_cyclic_stages_average_stream, libflatmem), Cint, "
+                f"(Ptr{{CyclicStagesHandle}}, {p}), h, tensor_ptr(t)) end")),
+        ("stage-parallel average_stream dropped", "not-wrapped",
+         replace_in_julia(r":flatmem_cyclic_stages_average_stream\b", ":flatmem_cyclic_stages_average", "rename the average_stream ccall")),
         # Coverage of every public header, not only those flatmem.h includes.
         ("a public header flatmem.h does not include", "not-wrapped",
          sibling_header("selftest_extra.h", "#include <flatmem/flatmem.h>\nflatmem_status flatmem_selftest_extra(int32_t x);\n")),

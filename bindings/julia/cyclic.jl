@@ -379,13 +379,19 @@ other kind than the runtime's `memory` is a `FlatmemError` (`INVALID_ARGUMENT`) 
 """
 function cyclic_reduce_stream!(h::Cyclic, stage::Integer, data::Ptr{T}, len::Integer, cuda_device::Integer,
                                stream::Ptr{Cvoid}) where {T<:Union{Float32,Float64}}
-    ensure_open(h)
+    hand_over!(ensure_open(h), stage, device_vector_tensor(data, len, cuda_device, dl_dtype(T)), stream)
+    return nothing
+end
+
+# `len` elements at the device pointer `data` on CUDA device `cuda_device`, as a compact kDLCUDA
+# vector of `dtype`. This binding has no device arrays of its own: the caller vouches for the
+# memory, which nothing here reads.
+function device_vector_tensor(data::Ptr, len::Integer, cuda_device::Integer, dtype::DLDataType)
     len >= 0 || throw(ArgumentError("len = $len; expected >= 0 elements"))
     shape = Int64[len]
     device = DLDevice(kDLCUDA, int32_arg(cuda_device, "cuda_device"))
-    dl = DLTensor(Ptr{Cvoid}(data), device, Cint(1), dl_dtype(T), pointer(shape), Ptr{Int64}(C_NULL), UInt64(0))
-    hand_over!(h, stage, Tensor(Ref(dl), shape, Int64[], nothing), stream)
-    return nothing
+    dl = DLTensor(Ptr{Cvoid}(data), device, Cint(1), dtype, pointer(shape), Ptr{Int64}(C_NULL), UInt64(0))
+    return Tensor(Ref(dl), shape, Int64[], nothing)
 end
 
 function cyclic_reduce_stream!(h::Cyclic, stage::Integer, gradient::AbstractArray, stream::Ptr{Cvoid})
@@ -612,6 +618,7 @@ struct CyclicStagesOptions
     activation_bytes::Ptr{Int64}
     timeout_ms::Int64
     history::Int64
+    memory::Cint
 end
 
 """`flatmem_cyclic_stages_time_step_stats`: actions, activations held (and their bytes), boundary bytes posted, seconds and wait seconds of one time step."""
@@ -723,13 +730,17 @@ end
 
 """
     CyclicStages(comm::Comm, micro_batches, steps; boundary_bytes, rule=:delay1,
-                 activation_bytes=nothing, timeout_ms=0, history=0)
+                 activation_bytes=nothing, timeout_ms=0, history=0, memory=:host)
 
 This stage rank's stage-parallel runtime over `comm` (`flatmem_cyclic_stages_create`; collective,
 rank j runs stage j of L = the communicator's size; every rank passes the same values, checked).
 `boundary_bytes`: L - 1 integers, the largest bytes crossing the boundary between stages j and
 j + 1 (an activation or its gradient; `nothing` only when L = 1). `activation_bytes`: L integers
 per micro-batch, accounting only. `timeout_ms` bounds every wait (0 = the communicator's).
+`memory = :cuda` moves device tensors instead of Arrays (kDLCUDA buffers on the communicator's
+device, over NCCL, through the `*_stream!` calls): every rank calls `init_device(comm, device)`
+first (else a `FlatmemError` naming `options.memory` on every rank); `FLATMEM_STATUS_UNSUPPORTED`
+from a flatmem built without NCCL. Every rank passes the same.
 
     h = CyclicStages(comm, N, S; boundary_bytes=[rows * width * 4])
     K = cyclic_stages_versions_kept(cyclic_schedule(h), comm.rank)
@@ -754,7 +765,8 @@ per micro-batch, accounting only. `timeout_ms` bounds every wait (0 = the commun
     close(h)
 
 Arrays are copied (send, accumulate) or written (receive, average) during the call: the handle
-keeps none. Calls out of order are a `FlatmemError` (`INVALID_ARGUMENT`) that changes nothing; a
+keeps none (device buffers: the copies are enqueued on the call's CUDA stream, ordered like the
+caller's own work there). Calls out of order are a `FlatmemError` (`INVALID_ARGUMENT`) that changes nothing; a
 dead or wedged neighbour a `FlatmemError` (TIMEOUT / PEER_FAILURE) naming stage, micro-batch,
 step and peer. The `CyclicStages` keeps `comm` open until `close(h)`.
 """
@@ -765,9 +777,10 @@ mutable struct CyclicStages
     function CyclicStages(comm::Comm, micro_batches::Integer, steps::Integer;
                           boundary_bytes::Union{Nothing,AbstractVector{<:Integer}}=nothing, rule::Symbol=:delay1,
                           activation_bytes::Union{Nothing,AbstractVector{<:Integer}}=nothing, timeout_ms::Integer=0,
-                          history::Integer=0)
+                          history::Integer=0, memory::Symbol=:host)
         ensure_open(comm)
         rule_value = cyclic_rule(rule)
+        haskey(CYCLIC_MEMORY, memory) || throw(ArgumentError("memory must be one of $(keys(CYCLIC_MEMORY)), not :$memory"))
         stages = comm.world_size
         timeout_ms >= 0 || throw(ArgumentError("timeout_ms = $timeout_ms; expected >= 0 (0 = the communicator's default)"))
         history >= 0 || throw(ArgumentError("history = $history; expected >= 0 (0 = 65536 time steps)"))
@@ -781,7 +794,8 @@ mutable struct CyclicStages
             options[] = CyclicStagesOptions(options[].struct_size, Int32(stages), int32_arg(micro_batches, "micro_batches"),
                                             Int64(steps), rule_value,
                                             bounds === nothing || isempty(bounds) ? null : pointer(bounds),
-                                            bytes === nothing ? null : pointer(bytes), Int64(timeout_ms), Int64(history))
+                                            bytes === nothing ? null : pointer(bytes), Int64(timeout_ms), Int64(history),
+                                            CYCLIC_MEMORY[memory])
             @gc_safe ccall((:flatmem_cyclic_stages_create, libflatmem), Cint,
                            (Ref{Ptr{CyclicStagesHandle}}, Ptr{CommHandle}, Ref{CyclicStagesOptions}), out, comm, options)
         end
@@ -851,13 +865,7 @@ type, at most the boundary's `boundary_bytes`. Copied; waits (at most the timeou
 every staging buffer is still in flight.
 """
 function cyclic_stages_send!(h::CyclicStages, tensor::AbstractArray)
-    ensure_open(h)
-    t = message_tensor(tensor, "tensor")
-    status = GC.@preserve t begin
-        @gc_safe ccall((:flatmem_cyclic_stages_send, libflatmem), Cint, (Ptr{CyclicStagesHandle}, Ptr{DLTensor}),
-                       h, tensor_ptr(t))
-    end
-    check(status)
+    stages_send(ensure_open(h), message_tensor(tensor, "tensor"), nothing)
     return tensor
 end
 
@@ -869,13 +877,7 @@ exactly the sent bytes (else a `FlatmemError` naming both sizes, which poisons t
 communicator). Waits at most the timeout; nothing is written on error.
 """
 function cyclic_stages_receive!(h::CyclicStages, into::AbstractArray)
-    ensure_open(h)
-    t = message_tensor(into, "into")
-    status = GC.@preserve t begin
-        @gc_safe ccall((:flatmem_cyclic_stages_receive, libflatmem), Cint, (Ptr{CyclicStagesHandle}, Ptr{DLTensor}),
-                       h, tensor_ptr(t))
-    end
-    check(status)
+    stages_receive(ensure_open(h), message_tensor(into, "into"), nothing)
     return into
 end
 
@@ -886,15 +888,7 @@ Add the current backward's stage gradient (once) into its step's accumulator (co
 element type and length every time).
 """
 function cyclic_stages_accumulate!(h::CyclicStages, gradient::AbstractArray)
-    ensure_open(h)
-    gradient isa Union{Array{Float32},Array{Float64}} ||
-        throw(ArgumentError("gradient must be a dense Array{Float32} or Array{Float64}; got $(typeof(gradient))"))
-    t = array_tensor(gradient)
-    status = GC.@preserve t begin
-        ccall((:flatmem_cyclic_stages_accumulate, libflatmem), Cint, (Ptr{CyclicStagesHandle}, Ptr{DLTensor}),
-              h, tensor_ptr(t))
-    end
-    check(status)
+    stages_accumulate(ensure_open(h), float_tensor(gradient, "gradient"), nothing)
     return gradient
 end
 
@@ -905,16 +899,138 @@ Copy the average of the current action's `update_step` (only while it is >= 0) i
 ((g_0 + g_1) + ... + g_{N-1}) * fl(1/N), the accumulate element type and length.
 """
 function cyclic_stages_average!(h::CyclicStages, out::AbstractArray)
-    ensure_open(h)
-    out isa Union{Array{Float32},Array{Float64}} ||
-        throw(ArgumentError("out must be a dense Array{Float32} or Array{Float64}; got $(typeof(out))"))
-    t = array_tensor(out)
-    status = GC.@preserve t begin
-        ccall((:flatmem_cyclic_stages_average, libflatmem), Cint, (Ptr{CyclicStagesHandle}, Ptr{DLTensor}),
-              h, tensor_ptr(t))
-    end
-    check(status)
+    stages_average(ensure_open(h), float_tensor(out, "out"), nothing)
     return out
+end
+
+"""
+    cyclic_stages_send_stream!(h::CyclicStages, data::Ptr{T}, len, cuda_device, stream::Ptr{Cvoid})
+    cyclic_stages_receive_stream!(h::CyclicStages, data::Ptr{T}, len, cuda_device, stream::Ptr{Cvoid})
+    cyclic_stages_accumulate_stream!(h::CyclicStages, data::Ptr{Float32 or Float64}, len, cuda_device, stream::Ptr{Cvoid})
+    cyclic_stages_average_stream!(h::CyclicStages, data::Ptr{Float32 or Float64}, len, cuda_device, stream::Ptr{Cvoid})
+    cyclic_stages_send_stream!(h, tensor::Array, stream) -> tensor   (and so on: a host Array)
+
+The four calls above for `memory = :cuda` (`flatmem_cyclic_stages_*_stream`): the tensor is `len`
+elements of `T` (send / receive: a message element type) at the device pointer `data` on CUDA
+device `cuda_device` (the communicator's; this binding has no device arrays of its own, so the
+caller vouches for the memory), and the copies are enqueued on the CUDA `stream` (a
+`cudaStream_t`; `C_NULL` = the legacy default stream): the memory must stay allocated until
+they ran there. Send's tensor is the caller's again for work enqueued after the call on
+`stream`; receive waits on the host (at most the timeout) for the arrival, then enqueues the
+copy; order the average after the accumulates (the same stream, or your own synchronisation).
+The stream is ignored for an `Array` (host memory); a tensor of the other kind than the
+runtime's `memory` is a `FlatmemError` (`INVALID_ARGUMENT`) naming `options.memory`.
+"""
+function cyclic_stages_send_stream!(h::CyclicStages, data::Ptr{T}, len::Integer, cuda_device::Integer,
+                                    stream::Ptr{Cvoid}) where {T}
+    stages_send(ensure_open(h), device_vector_tensor(data, len, cuda_device, device_message_dtype(T, "tensor")), stream)
+    return nothing
+end
+
+function cyclic_stages_send_stream!(h::CyclicStages, tensor::AbstractArray, stream::Ptr{Cvoid})
+    stages_send(ensure_open(h), message_tensor(tensor, "tensor"), stream)
+    return tensor
+end
+
+function cyclic_stages_receive_stream!(h::CyclicStages, data::Ptr{T}, len::Integer, cuda_device::Integer,
+                                       stream::Ptr{Cvoid}) where {T}
+    stages_receive(ensure_open(h), device_vector_tensor(data, len, cuda_device, device_message_dtype(T, "into")), stream)
+    return nothing
+end
+
+function cyclic_stages_receive_stream!(h::CyclicStages, into::AbstractArray, stream::Ptr{Cvoid})
+    stages_receive(ensure_open(h), message_tensor(into, "into"), stream)
+    return into
+end
+
+function cyclic_stages_accumulate_stream!(h::CyclicStages, data::Ptr{T}, len::Integer, cuda_device::Integer,
+                                          stream::Ptr{Cvoid}) where {T<:Union{Float32,Float64}}
+    stages_accumulate(ensure_open(h), device_vector_tensor(data, len, cuda_device, dl_dtype(T)), stream)
+    return nothing
+end
+
+function cyclic_stages_accumulate_stream!(h::CyclicStages, gradient::AbstractArray, stream::Ptr{Cvoid})
+    stages_accumulate(ensure_open(h), float_tensor(gradient, "gradient"), stream)
+    return gradient
+end
+
+function cyclic_stages_average_stream!(h::CyclicStages, data::Ptr{T}, len::Integer, cuda_device::Integer,
+                                       stream::Ptr{Cvoid}) where {T<:Union{Float32,Float64}}
+    stages_average(ensure_open(h), device_vector_tensor(data, len, cuda_device, dl_dtype(T)), stream)
+    return nothing
+end
+
+function cyclic_stages_average_stream!(h::CyclicStages, out::AbstractArray, stream::Ptr{Cvoid})
+    stages_average(ensure_open(h), float_tensor(out, "out"), stream)
+    return out
+end
+
+# A dense Float32 / Float64 Array as its Tensor (accumulate, average), or an ArgumentError.
+function float_tensor(A::AbstractArray, name::String)
+    A isa Union{Array{Float32},Array{Float64}} ||
+        throw(ArgumentError("$name must be a dense Array{Float32} or Array{Float64}; got $(typeof(A))"))
+    return array_tensor(A)
+end
+
+# The DLPack dtype of a device message's element type (as message_tensor's), or an ArgumentError.
+function device_message_dtype(::Type{T}, name::String) where {T}
+    dtype = message_dtype(T)
+    dtype === nothing && throw(ArgumentError(
+        "$name: element type $T has no DLPack dtype here; use Float64/32/16, BF16, (U)Int8/16/32/64 or Bool"))
+    return dtype
+end
+
+# The four calls over a Tensor: the plain C function (stream nothing) or its *_stream twin.
+function stages_send(h::CyclicStages, t::Tensor, stream::Union{Nothing,Ptr{Cvoid}})
+    status = GC.@preserve t stream begin
+        if stream === nothing
+            @gc_safe ccall((:flatmem_cyclic_stages_send, libflatmem), Cint, (Ptr{CyclicStagesHandle}, Ptr{DLTensor}),
+                           h, tensor_ptr(t))
+        else
+            @gc_safe ccall((:flatmem_cyclic_stages_send_stream, libflatmem), Cint,
+                           (Ptr{CyclicStagesHandle}, Ptr{DLTensor}, Ptr{Cvoid}), h, tensor_ptr(t), stream)
+        end
+    end
+    return check(status)
+end
+
+function stages_receive(h::CyclicStages, t::Tensor, stream::Union{Nothing,Ptr{Cvoid}})
+    status = GC.@preserve t stream begin
+        if stream === nothing
+            @gc_safe ccall((:flatmem_cyclic_stages_receive, libflatmem), Cint, (Ptr{CyclicStagesHandle}, Ptr{DLTensor}),
+                           h, tensor_ptr(t))
+        else
+            @gc_safe ccall((:flatmem_cyclic_stages_receive_stream, libflatmem), Cint,
+                           (Ptr{CyclicStagesHandle}, Ptr{DLTensor}, Ptr{Cvoid}), h, tensor_ptr(t), stream)
+        end
+    end
+    return check(status)
+end
+
+function stages_accumulate(h::CyclicStages, t::Tensor, stream::Union{Nothing,Ptr{Cvoid}})
+    status = GC.@preserve t stream begin
+        if stream === nothing
+            ccall((:flatmem_cyclic_stages_accumulate, libflatmem), Cint, (Ptr{CyclicStagesHandle}, Ptr{DLTensor}),
+                  h, tensor_ptr(t))
+        else
+            ccall((:flatmem_cyclic_stages_accumulate_stream, libflatmem), Cint,
+                  (Ptr{CyclicStagesHandle}, Ptr{DLTensor}, Ptr{Cvoid}), h, tensor_ptr(t), stream)
+        end
+    end
+    return check(status)
+end
+
+function stages_average(h::CyclicStages, t::Tensor, stream::Union{Nothing,Ptr{Cvoid}})
+    status = GC.@preserve t stream begin
+        if stream === nothing
+            ccall((:flatmem_cyclic_stages_average, libflatmem), Cint, (Ptr{CyclicStagesHandle}, Ptr{DLTensor}),
+                  h, tensor_ptr(t))
+        else
+            ccall((:flatmem_cyclic_stages_average_stream, libflatmem), Cint,
+                  (Ptr{CyclicStagesHandle}, Ptr{DLTensor}, Ptr{Cvoid}), h, tensor_ptr(t), stream)
+        end
+    end
+    return check(status)
 end
 
 """`cyclic_schedule(h::CyclicStages) -> CyclicStagesSchedule`: the runtime's schedule."""

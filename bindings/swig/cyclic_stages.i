@@ -13,13 +13,17 @@
  *   CyclicStagesSummary    the C structs, read-only (-1 = none, as in C).
  *   CyclicStages           a flatmem_cyclic_stages_t over a Communicator:
  *                          CyclicStages(comm, stages, micro_batches, steps, rule,
- *                          boundary_bytes, activation_bytes, timeout_ms, history);
- *                          next(), send(t), receive(t), accumulate(t), average(t),
- *                          schedule(), load_stats() / stat(i), summary(), close().
+ *                          boundary_bytes, activation_bytes, timeout_ms, history, memory);
+ *                          next(), send(t), receive(t), accumulate(t), average(t), their
+ *                          *_stream(t, stream) twins (a cudaStream_t as an integer; Java:
+ *                          the overloads send(t, stream), ...), schedule(),
+ *                          load_stats() / stat(i), summary(), close().
  * Lifetime: as Cyclic (comm.i): the handle is a user of its Communicator
  * (close() of the communicator is refused until the CyclicStages is closed).
  * send / accumulate copy their tensor and receive / average write theirs
- * before returning, so, unlike Cyclic.reduce, nothing is kept past a call.
+ * before returning, so, unlike Cyclic.reduce, nothing is kept past a call
+ * (memory = CYCLIC_MEMORY_CUDA: the copies are enqueued on the call's stream,
+ * ordered like the caller's own work on it, so nothing is kept either).
  * Python releases the GIL in every call (next / receive / send may wait).
  */
 
@@ -62,6 +66,10 @@ static void flatmem_swig_cyclic_stages_release(flatmem_swig_cyclic_stages *s) {
 %ignore flatmem_cyclic_stages_receive;
 %ignore flatmem_cyclic_stages_accumulate;
 %ignore flatmem_cyclic_stages_average;
+%ignore flatmem_cyclic_stages_send_stream;
+%ignore flatmem_cyclic_stages_receive_stream;
+%ignore flatmem_cyclic_stages_accumulate_stream;
+%ignore flatmem_cyclic_stages_average_stream;
 %ignore flatmem_cyclic_stages_stats;
 %ignore flatmem_cyclic_stages_summary_get;
 %ignore flatmem_cyclic_stages_options;
@@ -215,10 +223,29 @@ static void flatmem_swig_cyclic_stages_release(flatmem_swig_cyclic_stages *s) {
 /* CyclicStages: the runtime (flatmem_cyclic_stages_t)                       */
 /* ------------------------------------------------------------------------ */
 %rename(CyclicStages) flatmem_swig_cyclic_stages;
+#ifdef SWIGJAVA
+/* Java: the *_stream calls are overloads of the plain ones (as Cyclic.reduce's). */
+%rename(send) flatmem_swig_cyclic_stages::send_stream;
+%rename(receive) flatmem_swig_cyclic_stages::receive_stream;
+%rename(accumulate) flatmem_swig_cyclic_stages::accumulate_stream;
+%rename(average) flatmem_swig_cyclic_stages::average_stream;
+#endif
 
 #ifdef SWIGJAVA
 %typemap(javainterfaces) struct flatmem_swig_cyclic_stages "AutoCloseable"
 %typemap(javainterfaces) struct flatmem_cyclic_stages_schedule "AutoCloseable"
+%typemap(javacode) struct flatmem_swig_cyclic_stages %{
+  /** The runtime (collective) with a CyclicRule and a CyclicMemory: HOST (CPU
+   *  Tensors) or CUDA (kDLCUDA Tensors on the communicator's device, over NCCL:
+   *  every rank calls comm.init_device first; a flatmem built without NCCL
+   *  throws STATUS_UNSUPPORTED). boundary_bytes: a (stages - 1,) int64 Tensor
+   *  (null only when stages = 1); timeout_ms 0 = the communicator's. */
+  public CyclicStages(Communicator comm, int stages, int micro_batches, long steps, CyclicRule rule,
+                      Tensor boundary_bytes, long timeout_ms, CyclicMemory memory) {
+    this(comm, stages, micro_batches, steps, rule == null ? -1 : rule.swigValue(), boundary_bytes, null, timeout_ms,
+         0, memory == null ? -1 : memory.swigValue());
+  }
+%}
 %typemap(javacode) struct flatmem_cyclic_stages_schedule %{
   @Override public void close() { delete(); }
 %}
@@ -229,7 +256,12 @@ static void flatmem_swig_cyclic_stages_release(flatmem_swig_cyclic_stages *s) {
  * version from average(out); FORWARD: receive() if a.getReceives(), compute,
  * send() if a.getSends(); BACKWARD: receive() if it receives, compute,
  * accumulate(gradient), send() if it sends. Tensors are copied (send,
- * accumulate) or written (receive, average) before the call returns. One
+ * accumulate) or written (receive, average) before the call returns. With
+ * memory = CYCLIC_MEMORY_CUDA (after comm.init_device on every rank) every
+ * Tensor is kDLCUDA on the communicator's device and the overloads with a
+ * cudaStream_t (its address; 0 = the legacy default stream) enqueue the
+ * copies on it; a Tensor of the other kind throws FlatmemArgumentException
+ * naming options.memory. One
  * thread drives it; waits are bounded by the timeout; failures throw
  * FlatmemException naming the stage, micro-batch, step and peer.
  */
@@ -241,12 +273,14 @@ struct flatmem_swig_cyclic_stages {};
   /* flatmem_cyclic_stages_create (collective). boundary_bytes: a (stages - 1,)
    * int64 Tensor (NULL only when stages = 1); activation_bytes: NULL or a
    * (stages,) int64 Tensor (accounting only); both copied. rule: a CyclicRule;
-   * timeout_ms 0 = the communicator's; history 0 = 65536. */
+   * timeout_ms 0 = the communicator's; history 0 = 65536; memory: a
+   * CyclicMemory (HOST: kDLCPU tensors; CUDA: kDLCUDA ones over NCCL, after
+   * Communicator.init_device). */
   flatmem_swig_cyclic_stages(flatmem_swig_comm *comm, int32_t stages, int32_t micro_batches, int64_t steps,
                              int32_t rule = FLATMEM_CYCLIC_DELAY1,
                              const flatmem_swig_tensor *boundary_bytes = NULL,
                              const flatmem_swig_tensor *activation_bytes = NULL, int64_t timeout_ms = 0,
-                             int64_t history = 0) {
+                             int64_t history = 0, int32_t memory = FLATMEM_CYCLIC_MEMORY_HOST) {
     flatmem_cyclic_stages_options o = FLATMEM_CYCLIC_STAGES_OPTIONS_INIT;
     flatmem_comm_t *h = flatmem_swig_comm_open(comm, "CyclicStages");
     flatmem_swig_cyclic_stages *s;
@@ -262,6 +296,7 @@ struct flatmem_swig_cyclic_stages {};
     o.rule = (flatmem_cyclic_rule)rule;
     o.timeout_ms = timeout_ms;
     o.history = history;
+    o.memory = (flatmem_cyclic_memory)memory;
     s = (flatmem_swig_cyclic_stages *)calloc(1, sizeof *s);
     if (!s) {
       flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "CyclicStages: out of memory");
@@ -319,6 +354,31 @@ struct flatmem_swig_cyclic_stages {};
   void average(flatmem_swig_tensor *out) {
     flatmem_cyclic_stages_t *h = flatmem_swig_cyclic_stages_open($self, "CyclicStages.average");
     if (h) flatmem_swig_check(flatmem_cyclic_stages_average(h, flatmem_swig_dl_out(out)));
+  }
+  /* The flatmem_cyclic_stages_*_stream twins: kDLCUDA tensors are copied on
+   * `stream` (a cudaStream_t as an integer, 0 = the legacy default stream;
+   * ignored for kDLCPU ones). */
+  void send_stream(const flatmem_swig_tensor *tensor, int64_t stream) {
+    flatmem_cyclic_stages_t *h = flatmem_swig_cyclic_stages_open($self, "CyclicStages.send_stream");
+    if (h) flatmem_swig_check(flatmem_cyclic_stages_send_stream(h, flatmem_swig_dl(tensor), (void *)(intptr_t)stream));
+  }
+  void receive_stream(flatmem_swig_tensor *into, int64_t stream) {
+    flatmem_cyclic_stages_t *h = flatmem_swig_cyclic_stages_open($self, "CyclicStages.receive_stream");
+    if (h)
+      flatmem_swig_check(
+          flatmem_cyclic_stages_receive_stream(h, flatmem_swig_dl_out(into), (void *)(intptr_t)stream));
+  }
+  void accumulate_stream(const flatmem_swig_tensor *gradient, int64_t stream) {
+    flatmem_cyclic_stages_t *h = flatmem_swig_cyclic_stages_open($self, "CyclicStages.accumulate_stream");
+    if (h)
+      flatmem_swig_check(
+          flatmem_cyclic_stages_accumulate_stream(h, flatmem_swig_dl(gradient), (void *)(intptr_t)stream));
+  }
+  void average_stream(flatmem_swig_tensor *out, int64_t stream) {
+    flatmem_cyclic_stages_t *h = flatmem_swig_cyclic_stages_open($self, "CyclicStages.average_stream");
+    if (h)
+      flatmem_swig_check(
+          flatmem_cyclic_stages_average_stream(h, flatmem_swig_dl_out(out), (void *)(intptr_t)stream));
   }
   /* flatmem_cyclic_stages_stats into the handle: returns how many were
    * copied; read them with stat(0 .. n-1). */

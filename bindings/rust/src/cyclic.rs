@@ -28,7 +28,7 @@ use crate::convert::{entries, int32, int64, timeout_ms};
 use crate::error::{check, Error, Result, Status};
 use crate::handle::{HandleKind, OwnedHandle};
 use crate::sys;
-use crate::tensor::{Desc, Element};
+use crate::tensor::{Desc, DeviceBuffer, Element};
 use crate::version::check_version;
 
 /// `FLATMEM_CYCLIC_SCHEDULE_INIT` (the header's initialiser macro, which has
@@ -298,16 +298,10 @@ impl Memory {
     }
 }
 
-/// A gradient in CUDA device memory for [`Cyclic::reduce_stream`]: `len`
-/// elements of `T` at `data` on CUDA device `cuda_device` (the
-/// communicator's). The crate never dereferences it; the library's chain
-/// threads read and overwrite it (with the average) on that device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceGradient<T> {
-    pub data: *mut T,
-    pub len: usize,
-    pub cuda_device: i32,
-}
+/// A gradient in CUDA device memory for [`Cyclic::reduce_stream`] (a
+/// [`DeviceBuffer`]): the library's chain threads read and overwrite it
+/// (with the average) on that device.
+pub type DeviceGradient<T> = DeviceBuffer<T>;
 
 /// Options of a [`Cyclic`] runtime (`flatmem_cyclic_options`): the schedule
 /// (same on every rank, checked at create) and the runtime's own settings.
@@ -628,7 +622,7 @@ impl<'c, T: Element> Cyclic<'c, T> {
     ) -> Result<()> {
         let step = self.backward_step("cyclic reduce_stream")?;
         let raw_stage = int32("stage", stage)?;
-        let mut desc = Desc::cuda_elements(gradient.data, gradient.len, gradient.cuda_device, "gradient")?;
+        let mut desc = Desc::cuda_elements(gradient, "gradient")?;
         let mut t = desc.dl();
         // SAFETY: a live handle; the tensor's metadata lives through the call
         // (the library copies what it keeps); the caller guarantees the

@@ -33,17 +33,21 @@
 //! [`Communicator`]; see the header for the failure rules (every wait
 //! bounded by the timeout; a dead or wedged neighbour fails the others
 //! naming stage, micro-batch, step and peer, and poisons the communicator).
+//! Tensors are slices on the host by default; with [`Memory::Cuda`] they
+//! are buffers of the communicator's CUDA device ([`DeviceBuffer`], through
+//! the unsafe `*_stream` calls on a `cudaStream_t`) moved over NCCL.
 
 use std::marker::PhantomData;
+use std::os::raw::c_void;
 use std::time::Duration;
 
 use crate::comm::Communicator;
 use crate::convert::{entries, int32, int64, timeout_ms};
-use crate::cyclic::{ActionKind, Rule};
+use crate::cyclic::{ActionKind, Memory, Rule};
 use crate::error::{check, Error, Result, Status};
 use crate::handle::{HandleKind, OwnedHandle};
 use crate::sys;
-use crate::tensor::{Desc, Element};
+use crate::tensor::{Desc, DeviceBuffer, Element};
 use crate::version::check_version;
 
 /// `FLATMEM_CYCLIC_STAGES_SCHEDULE_INIT` (no `*_init` function exists;
@@ -287,6 +291,7 @@ pub struct StagesOptions {
     activation_bytes: Option<Vec<i64>>,
     timeout: Option<Duration>,
     history: usize,
+    memory: Memory,
 }
 
 impl StagesOptions {
@@ -306,7 +311,17 @@ impl StagesOptions {
             activation_bytes: None,
             timeout: None,
             history: 0,
+            memory: Memory::Host,
         }
+    }
+
+    /// Where the tensors live: [`Memory::Host`] (default: slices) or
+    /// [`Memory::Cuda`] ([`DeviceBuffer`]s through the `*_stream` calls,
+    /// after [`Communicator::init_device`] on every rank; `Unsupported` from
+    /// a flatmem built without NCCL). Every rank passes the same.
+    pub fn memory(mut self, memory: Memory) -> StagesOptions {
+        self.memory = memory;
+        self
     }
 
     /// Bytes of activations stage j keeps per micro-batch (L entries, for
@@ -347,6 +362,7 @@ impl StagesOptions {
         }
         raw.timeout_ms = timeout_ms("options.timeout", self.timeout)?;
         raw.history = int64("options.history", self.history as u64)?;
+        raw.memory = self.memory.raw();
         Ok(raw)
     }
 }
@@ -402,7 +418,12 @@ impl HandleKind for StagesKind {
 ///
 /// Tensors are slices on the CPU: `send` and `accumulate` copy theirs,
 /// `receive` and `average` write theirs before returning, so the runtime
-/// keeps no caller memory. Calls out of order (a `next` while the current
+/// keeps no caller memory (with [`Memory::Cuda`], device buffers through
+/// the unsafe [`send_stream`](CyclicStages::send_stream),
+/// [`receive_stream`](CyclicStages::receive_stream),
+/// [`accumulate_stream`](CyclicStages::accumulate_stream) and
+/// [`average_stream`](CyclicStages::average_stream), whose copies run on
+/// the caller's stream). Calls out of order (a `next` while the current
 /// action's receive, send or accumulate is missing, a second send, an
 /// `average` outside an update) fail with `InvalidArgument` and change
 /// nothing. It borrows the communicator, so it cannot outlive it, and like
@@ -532,6 +553,77 @@ impl<'c, T: Element> CyclicStages<'c, T> {
         let mut t = desc.dl();
         // SAFETY: a live handle; `out` is written during the call only.
         check(unsafe { sys::flatmem_cyclic_stages_average(self.handle.as_ptr(), t.mut_ptr()) })
+    }
+
+    // The device calls (Memory::Cuda). Each is its host twin on a
+    // `cudaStream_t`: the copies are enqueued on `stream` (null = the legacy
+    // default stream), so, as for any work of the caller's on that stream,
+    // the runtime keeps no buffer past the call. On a Memory::Host runtime
+    // the library refuses a device buffer (`InvalidArgument` naming
+    // `options.memory`) and changes nothing.
+    //
+    // Safety, for all four: `data` points to `len` elements in memory of
+    // CUDA device `cuda_device`, allocated (and, for the one written, not
+    // read or written by other streams) until the work enqueued on `stream`
+    // by the call has run; `stream` is a live `cudaStream_t` of that
+    // device, or null.
+
+    /// [`send`](CyclicStages::send) of a device buffer
+    /// (`flatmem_cyclic_stages_send_stream`): the tensor is the caller's
+    /// again for the work enqueued after the call on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// See the device calls' rule above (the buffer is read on `stream`).
+    pub unsafe fn send_stream<U: Element>(&mut self, tensor: DeviceBuffer<U>, stream: *mut c_void) -> Result<()> {
+        let mut desc = Desc::cuda_elements(tensor, "tensor")?;
+        let t = desc.dl();
+        // SAFETY: a live handle; the caller vouches for the device memory and the stream.
+        check(unsafe { sys::flatmem_cyclic_stages_send_stream(self.handle.as_mut_ptr(), t.ptr(), stream) })
+    }
+
+    /// [`receive`](CyclicStages::receive) into a device buffer
+    /// (`flatmem_cyclic_stages_receive_stream`): waits on the host (at most
+    /// the timeout) for the arrival, then enqueues the copy on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// See the device calls' rule above (the buffer is written on `stream`).
+    pub unsafe fn receive_stream<U: Element>(&mut self, into: DeviceBuffer<U>, stream: *mut c_void) -> Result<()> {
+        let mut desc = Desc::cuda_elements(into, "into")?;
+        let mut t = desc.dl();
+        // SAFETY: a live handle; the caller vouches for the device memory and the stream.
+        check(unsafe { sys::flatmem_cyclic_stages_receive_stream(self.handle.as_mut_ptr(), t.mut_ptr(), stream) })
+    }
+
+    /// [`accumulate`](CyclicStages::accumulate) of a device gradient
+    /// (`flatmem_cyclic_stages_accumulate_stream`), enqueued on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// See the device calls' rule above (the buffer is read on `stream`).
+    pub unsafe fn accumulate_stream(&mut self, gradient: DeviceBuffer<T>, stream: *mut c_void) -> Result<()> {
+        let mut desc = Desc::cuda_elements(gradient, "gradient")?;
+        let t = desc.dl();
+        // SAFETY: a live handle; the caller vouches for the device memory and the stream.
+        check(unsafe { sys::flatmem_cyclic_stages_accumulate_stream(self.handle.as_mut_ptr(), t.ptr(), stream) })?;
+        self.gradient_len.get_or_insert(gradient.len);
+        Ok(())
+    }
+
+    /// [`average_into`](CyclicStages::average_into) a device buffer
+    /// (`flatmem_cyclic_stages_average_stream`), enqueued on `stream`: order
+    /// it after the accumulates (the same stream, or the caller's own
+    /// synchronisation).
+    ///
+    /// # Safety
+    ///
+    /// See the device calls' rule above (the buffer is written on `stream`).
+    pub unsafe fn average_stream(&self, out: DeviceBuffer<T>, stream: *mut c_void) -> Result<()> {
+        let mut desc = Desc::cuda_elements(out, "out")?;
+        let mut t = desc.dl();
+        // SAFETY: a live handle; the caller vouches for the device memory and the stream.
+        check(unsafe { sys::flatmem_cyclic_stages_average_stream(self.handle.as_ptr(), t.mut_ptr(), stream) })
     }
 
     /// [`average_into`](CyclicStages::average_into) a new vector.

@@ -57,5 +57,5 @@ pub use error::{Error, Result, Status};
 pub use handle::live_handles;
 pub use reversible::{Block, BlockMath, BlockOptions, Layer, Parameters, ReversibleFunction, Segment, SegmentOptions};
 pub use sigmoid::{RingSigmoidLoss, SigmoidGradients, SigmoidGradientsMut, SigmoidLoss, SigmoidValueAndGrad};
-pub use tensor::{Dtype, Element, Features, FeaturesMut};
+pub use tensor::{DeviceBuffer, Dtype, Element, Features, FeaturesMut};
 pub use version::{check_version, version, version_string, Version, HEADER_VERSION};

@@ -9,6 +9,18 @@ use std::ptr;
 use crate::error::{Error, Result};
 use crate::sys::{self, DLDataType, DLDevice, DLTensor};
 
+/// A vector in CUDA device memory: `len` elements of `T` at `data` on CUDA
+/// device `cuda_device` (the communicator's), for the calls of the cyclic
+/// runtimes that take device tensors (their `Memory::Cuda`). The crate never
+/// dereferences it: it only describes it to the library, whose unsafe
+/// callers vouch for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceBuffer<T> {
+    pub data: *mut T,
+    pub len: usize,
+    pub cuda_device: i32,
+}
+
 /// Element type of a feature or gradient matrix. 16-bit formats are passed as
 /// their `u16` bit patterns (see [`crate::half`] for conversions).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -240,14 +252,9 @@ impl<'a> Desc<'a> {
     /// A vector of any [`Element`] in the memory of CUDA device
     /// `cuda_device`, described only (the crate never touches it; whoever
     /// hands it to the library vouches for it).
-    pub(crate) fn cuda_elements<T: Element>(
-        data: *mut T,
-        len: usize,
-        cuda_device: i32,
-        name: &str,
-    ) -> Result<Desc<'a>> {
-        let device = DLDevice { device_type: sys::kDLCUDA, device_id: cuda_device };
-        Ok(Desc { device, ..Self::vector(data.cast(), T::DTYPE, len, name)? })
+    pub(crate) fn cuda_elements<T: Element>(buffer: DeviceBuffer<T>, name: &str) -> Result<Desc<'a>> {
+        let device = DLDevice { device_type: sys::kDLCUDA, device_id: buffer.cuda_device };
+        Ok(Desc { device, ..Self::vector(buffer.data.cast(), T::DTYPE, buffer.len, name)? })
     }
 
     /// An fp32 vector read by the library.

@@ -9,21 +9,10 @@
 
 mod common;
 
+use common::device::{nccl_built, WITHOUT_NCCL};
 use common::ranks;
 use flatmem::cyclic::{ActionKind, Cyclic, CyclicOptions, DeviceGradient, Memory, Rule};
-use flatmem::{sys, CommOptions, Communicator, Status};
-
-const WITHOUT_NCCL: &str = "built without NCCL";
-
-/// Whether this libflatmem has the NCCL transport, as the library says it
-/// (init_device's `Unsupported` message on a one-rank group).
-fn nccl_built() -> bool {
-    let comm = Communicator::create_local(1, &CommOptions::new()).unwrap().remove(0);
-    match comm.init_device(0, None) {
-        Err(e) if e.status() == Status::Unsupported => !e.message().contains(WITHOUT_NCCL),
-        _ => true,
-    }
-}
+use flatmem::{sys, Status};
 
 /// next() until the first backward; returns its step.
 fn to_backward(cyclic: &mut Cyclic<'_, f64>) -> u64 {

@@ -187,9 +187,9 @@ fn stages_schedule_init_and_options_init_match_macros() {
          flatmem_cyclic_stages_options o = FLATMEM_CYCLIC_STAGES_OPTIONS_INIT;\n  \
          printf(\"%zu %d %d %lld %d\\n\", s.struct_size, (int)s.stages, (int)s.micro_batches, \
          (long long)s.steps, (int)s.rule);\n  \
-         printf(\"%zu %d %d %lld %d %d %d %lld %lld\\n\", o.struct_size, (int)o.stages, (int)o.micro_batches, \
+         printf(\"%zu %d %d %lld %d %d %d %lld %lld %d\\n\", o.struct_size, (int)o.stages, (int)o.micro_batches, \
          (long long)o.steps, (int)o.rule, o.boundary_bytes == NULL, o.activation_bytes == NULL, \
-         (long long)o.timeout_ms, (long long)o.history);\n",
+         (long long)o.timeout_ms, (long long)o.history, (int)o.memory);\n",
     );
     let s = flatmem::cyclic_stages::STAGES_SCHEDULE_INIT;
     let mut o = sys::flatmem_cyclic_stages_options {
@@ -202,11 +202,12 @@ fn stages_schedule_init_and_options_init_match_macros() {
         activation_bytes: std::ptr::NonNull::dangling().as_ptr(),
         timeout_ms: 9,
         history: 9,
+        memory: 9,
     };
     // SAFETY: a valid options struct of this declaration.
     assert_eq!(unsafe { sys::flatmem_cyclic_stages_options_init(&mut o) }, sys::FLATMEM_STATUS_SUCCESS);
     let rust = format!(
-        "{} {} {} {} {}\n{} {} {} {} {} {} {} {} {}",
+        "{} {} {} {} {}\n{} {} {} {} {} {} {} {} {} {}",
         s.struct_size,
         s.stages,
         s.micro_batches,
@@ -220,7 +221,8 @@ fn stages_schedule_init_and_options_init_match_macros() {
         o.boundary_bytes.is_null() as i32,
         o.activation_bytes.is_null() as i32,
         o.timeout_ms,
-        o.history
+        o.history,
+        o.memory
     );
     assert_eq!(out.trim(), rust);
 }

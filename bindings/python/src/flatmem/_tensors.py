@@ -112,6 +112,43 @@ def from_dlpack(obj, name, stream=None):
     return Arg(t, (obj, capsule), numpy_dtype(t.dtype_code(), t.dtype_bits()))
 
 
+# kDLCUDA, kDLCUDAManaged: their __dlpack__ takes the consumer's stream.
+_DLPACK_CUDA_DEVICES = (capi.kDLCUDA, 13)
+
+
+def from_dlpack_for_stream(obj, name, stream):
+    """from_dlpack for a call that takes a cudaStream_t (`stream`: an int, or
+    None = the legacy default stream): a producer on a CUDA device is asked
+    for its capsule with the DLPack spelling of that stream (the legacy
+    default stream is 1 there: 0 is ambiguous), so that its data is ready for
+    the work the call enqueues on it; any other producer is asked without."""
+    on_cuda = hasattr(obj, "__dlpack_device__") and obj.__dlpack_device__()[0] in _DLPACK_CUDA_DEVICES
+    return from_dlpack(obj, name, (stream or 1) if on_cuda else None)
+
+
+def as_stream_arg(obj, name, stream):
+    """An input of a call with a cudaStream_t: a NumPy array (as as_arg), or
+    a __dlpack__ object (from_dlpack_for_stream). Whether its device suits
+    the handle is the library's call (its message names options.memory)."""
+    if isinstance(obj, np.ndarray):
+        return from_array(obj, name)
+    if not hasattr(obj, "__dlpack__"):
+        raise TypeError(f"{name}: expected a NumPy array or an object with __dlpack__, not {type(obj).__name__}")
+    return from_dlpack_for_stream(obj, name, stream)
+
+
+def as_stream_output(obj, name, stream):
+    """An output of a call with a cudaStream_t: a writable NumPy array (as
+    as_output), or a __dlpack__ object the library writes through
+    (from_dlpack_for_stream)."""
+    if isinstance(obj, np.ndarray):
+        return as_output(obj, name)
+    if not hasattr(obj, "__dlpack__"):
+        raise TypeError(f"{name}: an output must be a NumPy array or an object with __dlpack__, not "
+                        f"{type(obj).__name__}")
+    return from_dlpack_for_stream(obj, name, stream)
+
+
 def as_arg(obj, name):
     """Any accepted input as an Arg (None stays None: the C API's NULL)."""
     if obj is None or isinstance(obj, Arg):

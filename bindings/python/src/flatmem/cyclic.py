@@ -49,7 +49,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import capi
-from ._tensors import as_arg, as_output, from_dlpack
+from ._tensors import as_arg, as_output, as_stream_arg
 from .comm import check_communicator, int_arg
 from .contrastive import _NONFINITE, _option
 
@@ -232,25 +232,18 @@ class CyclicRelaySummary(NamedTuple):
 
 _PARAMETERS = {"replicated": capi.CYCLIC_PARAMETERS_REPLICATED, "relayed": capi.CYCLIC_PARAMETERS_RELAYED}
 _MEMORY = {"host": capi.CYCLIC_MEMORY_HOST, "cuda": capi.CYCLIC_MEMORY_CUDA}
-_DLPACK_CUDA_DEVICES = (capi.kDLCUDA, 13)  # kDLCUDA, kDLCUDAManaged: __dlpack__ takes a stream
 
 
 def _gradient_arg(gradient, stream):
     """The Arg of a gradient handed to reduce(): a writable C-contiguous NumPy
-    array, or any __dlpack__ object (asked for its capsule with the DLPack
-    stream of `stream` when it lives on a CUDA device). Whether its device
-    suits the handle's memory is the library's call (its message names
-    options.memory); only what cannot be described at all is refused here."""
-    if isinstance(gradient, np.ndarray):
-        if not (gradient.flags.c_contiguous and gradient.flags.writeable):
-            raise ValueError("gradient: expected a writable C-contiguous NumPy array")
-        return as_arg(gradient, "gradient")
-    if not hasattr(gradient, "__dlpack__"):
-        raise TypeError(f"gradient: expected a NumPy array or an object with __dlpack__, not "
-                        f"{type(gradient).__name__}")
-    on_cuda = hasattr(gradient, "__dlpack_device__") and gradient.__dlpack_device__()[0] in _DLPACK_CUDA_DEVICES
-    # DLPack spells the legacy default stream 1 (0 is ambiguous there); ours is 0 / None.
-    return from_dlpack(gradient, "gradient", (stream or 1) if on_cuda else None)
+    array (the update is averaged in place), or any __dlpack__ object (asked
+    for its capsule with the DLPack stream of `stream` when it lives on a
+    CUDA device). Whether its device suits the handle's memory is the
+    library's call (its message names options.memory); only what cannot be
+    described at all is refused here."""
+    if isinstance(gradient, np.ndarray) and not (gradient.flags.c_contiguous and gradient.flags.writeable):
+        raise ValueError("gradient: expected a writable C-contiguous NumPy array")
+    return as_stream_arg(gradient, "gradient", stream)
 
 
 class Cyclic:

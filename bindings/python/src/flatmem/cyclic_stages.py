@@ -55,6 +55,17 @@ the activation from stage 0 (rank 0): ..."), and poisons the communicator
 current action's receive, send or accumulate is missing; a second send;
 ``average()`` outside an update) raise InvalidArgumentError and change
 nothing.
+
+Device tensors: ``CyclicStages(..., memory="cuda")`` on a communicator whose
+device transport is up (``comm.init_device(cuda_device)`` on every rank
+first) takes kDLCUDA ``__dlpack__`` tensors (PyTorch, CuPy, JAX, ...) on that
+device for all four calls, moved over NCCL. ``send`` / ``receive`` /
+``accumulate`` / ``average`` take ``stream=``: the cudaStream_t (an int) the
+copies are enqueued on, None = the legacy default stream; the DLPack producer
+is asked to make its data ready for that stream. ``receive`` waits on the
+host for the arrival, the rest does not wait. The handle keeps no tensor
+either way. A tensor of the other kind than the handle's memory raises
+InvalidArgumentError naming options.memory.
 """
 from __future__ import annotations
 
@@ -64,10 +75,21 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import capi
-from ._tensors import as_arg, as_output
+from ._tensors import as_arg, as_stream_arg, as_stream_output
 from .comm import check_communicator, int_arg
-from .cyclic import _KINDS, _Schedule, _rule_code, int64_entries, kept_stats
+from .contrastive import _option
+from .cyclic import _KINDS, _MEMORY, _Schedule, _rule_code, int64_entries, kept_stats
 from .reversible import _invalid
+
+
+def _input(tensor, name, stream):
+    """send / accumulate: a NumPy array or __dlpack__ object (on a CUDA
+    device: asked for the call's stream), anything else through np.asarray."""
+    return as_stream_arg(tensor if hasattr(tensor, "__dlpack__") else np.asarray(tensor), name, stream)
+
+
+def _stream(stream):
+    return None if stream is None else int_arg(stream, "stream")
 
 
 def _none_if_negative(v):
@@ -217,17 +239,25 @@ class CyclicStages:
     timeout_ms        deadline of every wait (0 = the communicator's default)
     history           time steps of stats() kept (0 = 65536)
     stages            L; None = comm.world_size (the library requires equality)
+    memory            "host" (default: NumPy / kDLCPU tensors over the host
+                      transport) or "cuda" (kDLCUDA __dlpack__ tensors on the
+                      communicator's device, over NCCL: needs
+                      comm.init_device(...) on every rank first;
+                      UnsupportedError from a flatmem built without NCCL).
+                      Every rank passes the same.
 
-    next() -> CyclicStagesAction, send(array), receive(into) -> into,
-    accumulate(gradient), average(out=None) -> out, stats(), summary(),
+    next() -> CyclicStagesAction, send(tensor, stream=None), receive(into,
+    stream=None) -> into, accumulate(gradient, stream=None), average(out=None,
+    stream=None) -> out, stats(), summary(),
     schedule (CyclicStagesSchedule), close() / with-block. Thread rule: one
     thread drives the handle (a lock enforces it); every call that may wait
     releases the GIL.
     """
 
     def __init__(self, comm, *, micro_batches, steps, boundary_bytes=None, rule="delay1",
-                 activation_bytes=None, timeout_ms=0, history=0, stages=None):
+                 activation_bytes=None, timeout_ms=0, history=0, stages=None, memory="host"):
         check_communicator(comm, "comm")
+        memory = _option(memory, _MEMORY, "memory")
         stages = comm.world_size if stages is None else int_arg(stages, "stages")
         boundaries = int64_entries(boundary_bytes, max(stages - 1, 0), "boundary_bytes",
                                     "bytes per boundary between stages j and j + 1 (stages - 1 entries)")
@@ -243,7 +273,8 @@ class CyclicStages:
                                       int_arg(steps, "steps"), _rule_code(rule),
                                       boundary_arg and boundary_arg.tensor,
                                       accounting_arg and accounting_arg.tensor,
-                                      int_arg(timeout_ms, "timeout_ms"), int_arg(history, "history"))
+                                      int_arg(timeout_ms, "timeout_ms"), int_arg(history, "history"), memory)
+        self._on_device = memory == capi.CYCLIC_MEMORY_CUDA
         self.schedule = CyclicStagesSchedule._from_capi(self._raw.schedule())
         self.stage = comm.rank
 
@@ -256,49 +287,71 @@ class CyclicStages:
         with self._lock:
             return CyclicStagesAction.from_capi(self._raw.next())
 
-    def send(self, tensor):
-        """Send the current action's boundary tensor (its `sends`, once):
-        CPU, compact, at most boundary_bytes of its boundary. Copied: the
-        array is the caller's again on return."""
-        arg = as_arg(tensor, "tensor")
-        with self._lock:
-            self._raw.send(arg.tensor)
+    # The *_stream calls: `stream` is the cudaStream_t (an int, as
+    # torch.cuda.Stream.cuda_stream or cupy's Stream.ptr) device copies are
+    # enqueued on, None = the legacy default stream; ignored for host tensors.
+    # The handle copies, so no tensor is kept past a call (device: the copies
+    # are ordered like the caller's own work on that stream).
 
-    def receive(self, into):
-        """Receive the current action's boundary tensor (its `receives`,
-        once) into `into` (a writable C-contiguous NumPy array of exactly the
-        sent bytes; else InvalidArgumentError naming both sizes, which poisons
-        the handle and communicator). Waits at most the timeout; nothing is
-        written on error. Returns `into`."""
-        arg = as_output(into, "into")
+    def _call(self, name, arg, stream):
+        """capi's name(tensor), or name_stream(tensor, stream) when a stream is given."""
         with self._lock:
-            self._raw.receive(arg.tensor)
+            if stream is None:
+                getattr(self._raw, name)(arg.tensor)
+            else:
+                getattr(self._raw, name + "_stream")(arg.tensor, stream)
+
+    def send(self, tensor, stream=None):
+        """Send the current action's boundary tensor (its `sends`, once):
+        compact, at most boundary_bytes of its boundary, of the handle's
+        memory. Copied: the tensor is the caller's again on return (device:
+        for the work enqueued after the call on `stream`)."""
+        stream = _stream(stream)
+        arg = _input(tensor, "tensor", stream)
+        self._call("send", arg, stream)
+
+    def receive(self, into, stream=None):
+        """Receive the current action's boundary tensor (its `receives`,
+        once) into `into` (a writable C-contiguous NumPy array, or on a
+        "cuda" handle a __dlpack__ device tensor, of exactly the sent bytes;
+        else InvalidArgumentError naming both sizes, which poisons the handle
+        and communicator). Waits at most the timeout (device: for the
+        arrival, on the host; the copy into `into` is enqueued on `stream`);
+        nothing is written on error. Returns `into`."""
+        stream = _stream(stream)
+        arg = as_stream_output(into, "into", stream)
+        self._call("receive", arg, stream)
         return into
 
-    def accumulate(self, gradient):
+    def accumulate(self, gradient, stream=None):
         """Add the current backward's stage gradient (once) into its step's
         accumulator: float32 or float64, compact, at least one element, the
-        same dtype and size every time. Copied."""
-        arg = as_arg(gradient, "gradient")
-        with self._lock:
-            self._raw.accumulate(arg.tensor)
-            if self._gradient is None and arg.dtype is not None:
-                t = arg.tensor
-                self._gradient = (arg.dtype, int(np.prod([t.shape(i) for i in range(t.ndim())], dtype=np.int64)))
+        same dtype and size every time. Copied (device: enqueued on `stream`)."""
+        stream = _stream(stream)
+        arg = _input(gradient, "gradient", stream)
+        self._call("accumulate", arg, stream)
+        if self._gradient is None and arg.dtype is not None:
+            t = arg.tensor
+            self._gradient = (arg.dtype, int(np.prod([t.shape(i) for i in range(t.ndim())], dtype=np.int64)))
 
-    def average(self, out=None):
+    def average(self, out=None, stream=None):
         """The average of the current action's update_step (only while it is
         not None): ((g_0 + g_1) + ... + g_{N-1}) * (1/N rounded to the dtype),
         copied into `out` (the accumulate dtype and size; None: a new 1-d
-        array). Returns it."""
+        NumPy array, host handles only). Device: a __dlpack__ device tensor,
+        the copy enqueued on `stream` (order it after the accumulates: the
+        same stream, or your own synchronisation). Returns `out`."""
+        stream = _stream(stream)
         if out is None:
+            if self._on_device:
+                raise _invalid("CyclicStages.average: out is None; with memory='cuda' pass out= (a kDLCUDA "
+                               "__dlpack__ tensor of the accumulate dtype and size)")
             if self._gradient is None:
                 raise _invalid("CyclicStages.average: no gradient was accumulated yet, so there is no "
                                "average (and its dtype is unknown); pass out=")
             out = np.empty(self._gradient[1], self._gradient[0])
-        arg = as_output(out, "out")
-        with self._lock:
-            self._raw.average(arg.tensor)
+        arg = as_stream_output(out, "out", stream)
+        self._call("average", arg, stream)
         return out
 
     def stats(self, first=0, count=None):

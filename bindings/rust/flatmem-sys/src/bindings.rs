@@ -4246,12 +4246,16 @@ pub struct flatmem_cyclic_stages_options {
     pub timeout_ms: i64,
     #[doc = " Time steps of per-time-step statistics kept (the most recent); 0 = 65536."]
     pub history: i64,
+    #[doc = " HOST (default: kDLCPU tensors) or CUDA (kDLCUDA tensors on the"]
+    #[doc = "  communicator's device, over NCCL: see \"Transport\" above; needs"]
+    #[doc = "  flatmem_comm_init_device before create). Every rank must pass the same."]
+    pub memory: flatmem_cyclic_memory,
 }
 #[test]
 fn bindgen_test_layout_flatmem_cyclic_stages_options() {
     assert_eq!(
         ::std::mem::size_of::<flatmem_cyclic_stages_options>(),
-        64usize,
+        72usize,
         concat!("Size of: ", stringify!(flatmem_cyclic_stages_options))
     );
     assert_eq!(
@@ -4412,6 +4416,23 @@ fn bindgen_test_layout_flatmem_cyclic_stages_options() {
         );
     }
     test_field_history();
+    fn test_field_memory() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).memory) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_options),
+                "::",
+                stringify!(memory)
+            )
+        );
+    }
+    test_field_memory();
 }
 impl Default for flatmem_cyclic_stages_options {
     fn default() -> Self {
@@ -4468,41 +4489,73 @@ extern "C" {
     ) -> flatmem_status;
 }
 extern "C" {
-    #[doc = " Send the current action's boundary tensor (its sends == 1, once): kDLCPU,"]
-    #[doc = " any dtype with whole bytes, compact, at most boundary_bytes of the boundary"]
-    #[doc = " it crosses. Copied: the tensor is the caller's again on return."]
+    #[doc = " Send the current action's boundary tensor (its sends == 1, once): any"]
+    #[doc = " dtype with whole bytes, compact, at most boundary_bytes of the boundary it"]
+    #[doc = " crosses. Copied: the tensor is the caller's again on return (device: for"]
+    #[doc = " work enqueued after the call on `stream`)."]
     pub fn flatmem_cyclic_stages_send(
         handle: *mut flatmem_cyclic_stages_t,
         tensor: *const DLTensor,
     ) -> flatmem_status;
 }
 extern "C" {
+    pub fn flatmem_cyclic_stages_send_stream(
+        handle: *mut flatmem_cyclic_stages_t,
+        tensor: *const DLTensor,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> flatmem_status;
+}
+extern "C" {
     #[doc = " Receive the current action's boundary tensor (its receives == 1, once)"]
-    #[doc = " into `into` (kDLCPU, compact, exactly as many bytes as were sent: else"]
+    #[doc = " into `into` (compact, exactly as many bytes as were sent: else"]
     #[doc = " INVALID_ARGUMENT naming both sizes, and the handle and communicator are"]
-    #[doc = " poisoned, since sender and receiver disagree). Waits at most the timeout."]
-    #[doc = " Nothing is written to `into` on error."]
+    #[doc = " poisoned, since sender and receiver disagree). Waits at most the timeout"]
+    #[doc = " (device: for the arrival, on the host; the copy into `into` is then"]
+    #[doc = " enqueued on `stream`). Nothing is written to `into` on error."]
     pub fn flatmem_cyclic_stages_receive(
         handle: *mut flatmem_cyclic_stages_t,
         into: *mut DLTensor,
     ) -> flatmem_status;
 }
 extern "C" {
+    pub fn flatmem_cyclic_stages_receive_stream(
+        handle: *mut flatmem_cyclic_stages_t,
+        into: *mut DLTensor,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> flatmem_status;
+}
+extern "C" {
     #[doc = " Add the current BACKWARD's stage gradient (once) into its step's"]
-    #[doc = " accumulator: kDLCPU, float32 or float64, compact, at least one element, the"]
-    #[doc = " same dtype and element count every time (the first call fixes them)."]
+    #[doc = " accumulator: float32 or float64, compact, at least one element, the same"]
+    #[doc = " dtype and element count every time (the first call fixes them). Device:"]
+    #[doc = " enqueued on `stream`."]
     pub fn flatmem_cyclic_stages_accumulate(
         handle: *mut flatmem_cyclic_stages_t,
         gradient: *const DLTensor,
     ) -> flatmem_status;
 }
 extern "C" {
+    pub fn flatmem_cyclic_stages_accumulate_stream(
+        handle: *mut flatmem_cyclic_stages_t,
+        gradient: *const DLTensor,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> flatmem_status;
+}
+extern "C" {
     #[doc = " Copy the average of step update_step (the current action's) into `out`"]
-    #[doc = " (the accumulate dtype and element count, kDLCPU, compact). Only while the"]
-    #[doc = " current action has update_step >= 0."]
+    #[doc = " (the accumulate dtype and element count, compact). Only while the current"]
+    #[doc = " action has update_step >= 0. Device: enqueued on `stream` (order it after"]
+    #[doc = " the accumulates: the same stream, or the caller's synchronisation)."]
     pub fn flatmem_cyclic_stages_average(
         handle: *const flatmem_cyclic_stages_t,
         out: *mut DLTensor,
+    ) -> flatmem_status;
+}
+extern "C" {
+    pub fn flatmem_cyclic_stages_average_stream(
+        handle: *const flatmem_cyclic_stages_t,
+        out: *mut DLTensor,
+        stream: *mut ::std::os::raw::c_void,
     ) -> flatmem_status;
 }
 #[doc = " What happened in one time step of this stage rank."]

@@ -10,6 +10,7 @@
 //! covers second-order terms, and 16-bit outputs add half an ulp.
 #![allow(dead_code)]
 
+pub mod device;
 pub mod ranks;
 pub mod sigmoid;
 pub mod stage_mlp;
