@@ -2902,8 +2902,11 @@ extern "C" {
     #[doc = " write it meanwhile. Returns at once; the reduction runs in the background."]
     #[doc = " On a NaN/Inf under FLATMEM_NONFINITE_ERROR a host buffer is untouched and"]
     #[doc = " this call fails with NON_FINITE; a device buffer is scanned by the chain"]
-    #[doc = " thread, so the NON_FINITE (naming stage, step and the first bad element)"]
-    #[doc = " comes from the next flatmem_cyclic_next, and the buffer is untouched too."]
+    #[doc = " thread once the caller's stream got there, so the NON_FINITE (naming stage,"]
+    #[doc = " step and the first bad element) comes from a later call -- the"]
+    #[doc = " flatmem_cyclic_next that waits for this gradient's update at the latest,"]
+    #[doc = " or any flatmem_cyclic_next / _reduce after the scan finished -- and the"]
+    #[doc = " buffer is untouched too."]
     #[doc = " A device gradient is read after the work enqueued so far on the legacy"]
     #[doc = " default stream (this is flatmem_cyclic_reduce_stream with stream NULL)."]
     pub fn flatmem_cyclic_reduce(
