@@ -90,38 +90,55 @@ def to_backward(cyc):
     return a
 
 
-def test_memory_option_maps_to_the_c_enum(monkeypatch):
+# The memory option of both cyclic handles: the capi class each wraps, and a
+# constructor for a communicator (one rank per stage for CyclicStages).
+HANDLES = {
+    "Cyclic": lambda comm, **kw: flatmem.Cyclic(comm, stages=1, steps=1, **kw),
+    "CyclicStages": lambda comm, **kw: flatmem.CyclicStages(
+        comm, micro_batches=1, steps=1, boundary_bytes=[8] * (comm._raw.world_size() - 1), **kw),
+}
+handle_kinds = pytest.mark.parametrize("kind", sorted(HANDLES))
+
+
+def test_memory_enum_values_are_the_headers():
     assert (capi.CYCLIC_MEMORY_HOST, capi.CYCLIC_MEMORY_CUDA) == (0, 1)  # cyclic.h
+
+
+@handle_kinds
+def test_memory_option_maps_to_the_c_enum(monkeypatch, kind):
     seen = []
 
     class Recording:
         def __init__(self, *args):
-            seen.append(args[-1])  # memory: the last argument of capi.Cyclic
+            seen.append(args[-1])  # memory: the last argument of the capi class
             raise RuntimeError("recorded")
 
-    monkeypatch.setattr(capi, "Cyclic", Recording)
+    monkeypatch.setattr(capi, kind, Recording)
+    make = HANDLES[kind]
     comm = flatmem.Communicator.create_local(1)[0]
     try:
         for memory in ("host", "cuda", "CUDA", "Host", 0, 1, 7):
             with pytest.raises(RuntimeError, match="recorded"):
-                flatmem.Cyclic(comm, stages=1, steps=1, memory=memory)
+                make(comm, memory=memory)
         with pytest.raises(RuntimeError, match="recorded"):
-            flatmem.Cyclic(comm, stages=1, steps=1)
+            make(comm)
         with pytest.raises(ValueError, match=r"memory: 'gpu' is not one of \['cuda', 'host'\]"):
-            flatmem.Cyclic(comm, stages=1, steps=1, memory="gpu")
+            make(comm, memory="gpu")
     finally:
         comm.close()
     assert seen == [0, 1, 1, 0, 0, 1, 7, 0]
 
 
-def test_unknown_memory_value_is_the_librarys_error(local_group):
+@handle_kinds
+def test_unknown_memory_value_is_the_librarys_error(local_group, kind):
     comm = local_group(1)[0]
     with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "options.memory: 7",
                         "FLATMEM_CYCLIC_MEMORY_HOST (0)", "FLATMEM_CYCLIC_MEMORY_CUDA (1)"):
-        flatmem.Cyclic(comm, stages=1, steps=1, memory=7)
+        HANDLES[kind](comm, memory=7)
 
 
-def test_cuda_memory_needs_the_device_transport(local_group):
+@handle_kinds
+def test_cuda_memory_needs_the_device_transport(local_group, kind):
     """Without init_device every rank refuses, naming options.memory and the
     first rank without a device transport; a build without NCCL refuses with
     UNSUPPORTED at once. Either way the communicator is still usable."""
@@ -132,25 +149,26 @@ def test_cuda_memory_needs_the_device_transport(local_group):
         if built:
             with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "options.memory: CUDA",
                                 "rank 0 has no device transport", "flatmem_comm_init_device"):
-                flatmem.Cyclic(comm, stages=1, steps=1, memory="cuda")
+                HANDLES[kind](comm, memory="cuda")
         else:
             with raises_flatmem(flatmem.UnsupportedError, capi.STATUS_UNSUPPORTED, "options.memory: CUDA",
                                 WITHOUT_NCCL):
-                flatmem.Cyclic(comm, stages=1, steps=1, memory="cuda")
+                HANDLES[kind](comm, memory="cuda")
         comm.barrier()
         return comm._raw.users()
 
     assert run_threads(comms, job) == [0, 0]
 
 
-def test_ranks_that_differ_in_memory_are_named(local_group):
+@handle_kinds
+def test_ranks_that_differ_in_memory_are_named(local_group, kind):
     if not nccl_built():
         pytest.skip("this flatmem has no NCCL: memory='cuda' is refused before the ranks compare options")
     comms = local_group(2, timeout_ms=5000)
 
     def job(comm, _):
         with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "options.memory: rank 1 passes CUDA, rank 0 HOST"):
-            flatmem.Cyclic(comm, stages=1, steps=1, memory="cuda" if comm.rank else "host")
+            HANDLES[kind](comm, memory="cuda" if comm.rank else "host")
 
     run_threads(comms, job)
 

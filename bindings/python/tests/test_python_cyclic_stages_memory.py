@@ -10,7 +10,7 @@ import pytest
 from python_stage_mlp import train_stage
 from python_support import raises_flatmem
 from test_python_comm import local_group, run_threads  # noqa: F401 (fixture)
-from test_python_cyclic_memory import WITHOUT_NCCL, FakeCudaGradient, nccl_built
+from test_python_cyclic_memory import FakeCudaGradient
 from test_python_cyclic_stages import LR, MLP_2, MLP_3, assert_bitwise, check_training, mlp_of
 
 import flatmem
@@ -20,71 +20,8 @@ INVALID = capi.STATUS_INVALID_ARGUMENT
 ON_HOST = "options.memory = HOST takes kDLCPU tensors"
 
 
-def test_memory_option_maps_to_the_c_enum(monkeypatch):
-    seen = []
-
-    class Recording:
-        def __init__(self, *args):
-            seen.append(args[-1])  # memory: the last argument of capi.CyclicStages
-            raise RuntimeError("recorded")
-
-    monkeypatch.setattr(capi, "CyclicStages", Recording)
-    comm = flatmem.Communicator.create_local(1)[0]
-    try:
-        for memory in ("host", "cuda", "CUDA", "Host", 0, 1, 7):
-            with pytest.raises(RuntimeError, match="recorded"):
-                flatmem.CyclicStages(comm, micro_batches=1, steps=1, memory=memory)
-        with pytest.raises(RuntimeError, match="recorded"):
-            flatmem.CyclicStages(comm, micro_batches=1, steps=1)
-        with pytest.raises(ValueError, match=r"memory: 'gpu' is not one of \['cuda', 'host'\]"):
-            flatmem.CyclicStages(comm, micro_batches=1, steps=1, memory="gpu")
-    finally:
-        comm.close()
-    assert seen == [0, 1, 1, 0, 0, 1, 7, 0]
-
-
-def test_unknown_memory_value_is_the_librarys_error(local_group):
-    comm = local_group(1)[0]
-    with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "options.memory: 7",
-                        "FLATMEM_CYCLIC_MEMORY_HOST (0)", "FLATMEM_CYCLIC_MEMORY_CUDA (1)"):
-        flatmem.CyclicStages(comm, micro_batches=1, steps=1, memory=7)
-
-
-def test_cuda_memory_needs_the_device_transport(local_group):
-    """Without init_device every rank refuses, naming options.memory and the
-    first rank without a device transport; a build without NCCL refuses with
-    UNSUPPORTED at once. Either way the communicator is still usable."""
-    comms = local_group(2, timeout_ms=5000)
-    built = nccl_built()
-
-    def job(comm, _):
-        create = lambda: flatmem.CyclicStages(comm, micro_batches=2, steps=1, boundary_bytes=[8],  # noqa: E731
-                                              memory="cuda")
-        if built:
-            with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "options.memory: CUDA",
-                                "rank 0 has no device transport", "flatmem_comm_init_device"):
-                create()
-        else:
-            with raises_flatmem(flatmem.UnsupportedError, capi.STATUS_UNSUPPORTED, "options.memory: CUDA",
-                                WITHOUT_NCCL):
-                create()
-        comm.barrier()
-        return comm._raw.users()
-
-    assert run_threads(comms, job) == [0, 0]
-
-
-def test_ranks_that_differ_in_memory_are_named(local_group):
-    if not nccl_built():
-        pytest.skip("this flatmem has no NCCL: memory='cuda' is refused before the ranks compare options")
-    comms = local_group(2, timeout_ms=5000)
-
-    def job(comm, _):
-        with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "options.memory: rank 1 passes CUDA, rank 0 HOST"):
-            flatmem.CyclicStages(comm, micro_batches=1, steps=1, boundary_bytes=[8],
-                                 memory="cuda" if comm.rank else "host")
-
-    run_threads(comms, job)
+# The option mapping and the create-time refusals of both handles are in
+# test_python_cyclic_memory.py (parametrized over Cyclic and CyclicStages).
 
 
 def refuse_then_do(call, name, fake, real):

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "cyclic/gpu/device_ramp_buffers.hpp"
 #include "cyclic/ramp_run.hpp"
 #include "support/gpu.hpp"
 
@@ -28,59 +29,8 @@ namespace {
 
 constexpr std::int64_t timeout_ms = 20000;
 
-void cuda_check(cudaError_t status, const char *what) {
-  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
-}
-
 bool has(const std::string &text, const std::string &part) { return text.find(part) != std::string::npos; }
 
-// Two cudaMalloc'ed gradient buffers per stage on `device`; write / read are
-// synchronous copies on the legacy default stream (flatmem_cyclic_reduce's
-// NULL stream, so the hand-over is ordered after the write).
-template <typename T>
-class DeviceRampBuffers final : public RampBuffers<T> {
- public:
-  DeviceRampBuffers(int stages, int device) : device_(device) {
-    cuda_check(cudaSetDevice(device), "cudaSetDevice");
-    buffers_.reserve(std::size_t(2 * stages));
-    shapes_.resize(std::size_t(2 * stages));
-    tensors_.resize(std::size_t(2 * stages));
-    for (int j = 0; j < stages; ++j)
-      for (int p = 0; p < 2; ++p) {
-        const std::size_t k = index(j, p);
-        shapes_[k] = ramp_size(j);
-        buffers_.emplace_back(std::size_t(shapes_[k]) * sizeof(T));
-        DLTensor &t = tensors_[k];
-        t.data = buffers_[k].data();
-        t.device = {kDLCUDA, device};
-        t.ndim = 1;
-        t.dtype = {kDLFloat, std::uint8_t(8 * sizeof(T)), 1};
-        t.shape = &shapes_[k];
-      }
-  }
-  DLTensor *tensor(int stage, int parity) override { return &tensors_[index(stage, parity)]; }
-  void write(int stage, int parity, const std::vector<T> &values) override {
-    const std::size_t k = index(stage, parity);
-    if (values.size() != std::size_t(shapes_[k])) throw std::runtime_error("DeviceRampBuffers::write: size");
-    cuda_check(cudaMemcpy(buffers_[k].data(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice),
-               "cudaMemcpy to the gradient");
-  }
-  std::vector<T> read(int stage, int parity) override {
-    const std::size_t k = index(stage, parity);
-    std::vector<T> values(static_cast<std::size_t>(shapes_[k]));
-    cuda_check(cudaMemcpy(values.data(), buffers_[k].data(), values.size() * sizeof(T), cudaMemcpyDeviceToHost),
-               "cudaMemcpy from the gradient");
-    return values;
-  }
-  int device() const { return device_; }
-
- private:
-  static std::size_t index(int stage, int parity) { return std::size_t(2 * stage + parity); }
-  int device_;
-  std::vector<flatmem_test::DeviceBuffer> buffers_;
-  std::vector<std::int64_t> shapes_;
-  std::vector<DLTensor> tensors_;
-};
 
 // Rank r: device transport and gradients on CUDA device r.
 template <typename T>

@@ -39,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "cyclic/gpu/device_ramp_buffers.hpp"
 #include "cyclic/ramp_run.hpp"
 #include "cyclic/stage_ramp_run.hpp"
 #include "support/gpu.hpp"
@@ -51,10 +52,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr std::int64_t timeout_ms = 20000;
-
-void cuda_check(cudaError_t status, const char *what) {
-  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
-}
 
 bool has(const std::string &text, const std::string &part) { return text.find(part) != std::string::npos; }
 
@@ -74,51 +71,6 @@ std::string describe(const TrainSetup &s, int n) {
          ", rule " + std::to_string(int(s.rule));
 }
 
-// Two cudaMalloc'ed buffers per stage on `device` (as in test_gpu_cyclic.cpp);
-// write / read are synchronous copies, ordered with the legacy default stream
-// that the plain calls use.
-template <typename T>
-class DeviceRampBuffers final : public RampBuffers<T> {
- public:
-  DeviceRampBuffers(int stages, int device) {
-    cuda_check(cudaSetDevice(device), "cudaSetDevice");
-    buffers_.reserve(std::size_t(2 * stages));
-    shapes_.resize(std::size_t(2 * stages));
-    tensors_.resize(std::size_t(2 * stages));
-    for (int j = 0; j < stages; ++j)
-      for (int p = 0; p < 2; ++p) {
-        const std::size_t k = index(j, p);
-        shapes_[k] = ramp_size(j);
-        buffers_.emplace_back(std::size_t(shapes_[k]) * sizeof(T));
-        DLTensor &t = tensors_[k];
-        t.data = buffers_[k].data();
-        t.device = {kDLCUDA, device};
-        t.ndim = 1;
-        t.dtype = {kDLFloat, std::uint8_t(8 * sizeof(T)), 1};
-        t.shape = &shapes_[k];
-      }
-  }
-  DLTensor *tensor(int stage, int parity) override { return &tensors_[index(stage, parity)]; }
-  void write(int stage, int parity, const std::vector<T> &values) override {
-    const std::size_t k = index(stage, parity);
-    if (values.size() != std::size_t(shapes_[k])) throw std::runtime_error("DeviceRampBuffers::write: size");
-    cuda_check(cudaMemcpy(buffers_[k].data(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice),
-               "cudaMemcpy to the gradient");
-  }
-  std::vector<T> read(int stage, int parity) override {
-    const std::size_t k = index(stage, parity);
-    std::vector<T> values(static_cast<std::size_t>(shapes_[k]));
-    cuda_check(cudaMemcpy(values.data(), buffers_[k].data(), values.size() * sizeof(T), cudaMemcpyDeviceToHost),
-               "cudaMemcpy from the average");
-    return values;
-  }
-
- private:
-  static std::size_t index(int stage, int parity) { return std::size_t(2 * stage + parity); }
-  std::vector<flatmem_test::DeviceBuffer> buffers_;
-  std::vector<std::int64_t> shapes_;
-  std::vector<DLTensor> tensors_;
-};
 
 // A world of 1 with ramp gradients on host or device memory: the averages.
 template <typename T>
