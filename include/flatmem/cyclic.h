@@ -148,10 +148,9 @@
  * communicators. NCCL documents that as safe only while the GPU can run both
  * kernels concurrently (it normally can: each NCCL kernel takes a few SMs);
  * CUDA_DEVICE_MAX_CONNECTIONS=1, a small MIG slice or an MPS SM limit may
- * serialise them and deadlock until options.timeout_ms fails the handle. The relay
- * (options.parameters = RELAYED) keeps host buffers in this version:
- * options.memory = CUDA with RELAYED is UNSUPPORTED at create. Builds
- * without NCCL return UNSUPPORTED for options.memory = CUDA.
+ * serialise them and deadlock until options.timeout_ms fails the handle.
+ * The ZeRO relay on the device: see "ZeRO relay" below. Builds without NCCL
+ * return UNSUPPORTED for options.memory = CUDA.
  * The handle's messages use their own tag space: user messages and the
  * communicator's collectives may run beside it on the same communicator.
  * One cyclic handle per communicator at a time.
@@ -306,9 +305,10 @@ typedef struct flatmem_cyclic_options {
    *  create; the same on every rank). Required when relayed, ignored when
    *  replicated. */
   const int64_t *parameter_count;
-  /** HOST (default: kDLCPU gradients) or CUDA (kDLCUDA gradients on the
-   *  communicator's device, over NCCL; needs flatmem_comm_init_device before
-   *  create, and REPLICATED parameters). Every rank must pass the same. */
+  /** HOST (default: kDLCPU gradients) or CUDA (kDLCUDA gradients, and with
+   *  RELAYED shards and full stages, on the communicator's device, over NCCL;
+   *  needs flatmem_comm_init_device before create). Every rank must pass the
+   *  same. */
   flatmem_cyclic_memory memory;
 } flatmem_cyclic_options;
 
@@ -538,10 +538,35 @@ FLATMEM_API flatmem_status flatmem_cyclic_summary_get(const flatmem_cyclic_t *ha
  * Destroying a relayed handle after its first time step and before DONE
  * poisons the communicator, whatever is in flight at that moment: the peers
  * need this rank's shards until the end (they fail at once naming it).
+ *
+ * On the device (options.memory = CUDA): shards, gradients and `full` are
+ * kDLCUDA on the communicator's device, and N <= 2L (so that every rank's
+ * offset differs from the previous rank's: with N > 2L ranks in lockstep
+ * would have to pass a stage on within one time step; UNSUPPORTED at
+ * create). flatmem_cyclic_set_shard_stream registers, with each shard, the
+ * stream the caller updates it on: the handle's copies of the shard (for
+ * rank 0's gathers) are enqueued on that stream inside flatmem_cyclic_next,
+ * so they fall between the caller's updates exactly where the host mode
+ * takes its copies. The transfers run in lockstep with the clock, as the
+ * stage-parallel handle's do: flatmem_cyclic_next of time step tau enqueues
+ * ONE NCCL group (a private NCCL communicator, a transfer stream of the
+ * handle) with every relay transfer of tau: rank 0 receives the shards of
+ * its gather of tau, the owners send them (from the copies), rank r > 0
+ * receives the full stage it uses in tau from r - 1, and rank r sends on the
+ * stage rank r + 1 uses in tau (held since its own use, offset(r+1) -
+ * offset(r) time steps earlier). flatmem_cyclic_parameters_stream waits on
+ * the host (<= timeout) for that group, then copies the stage into `full` on
+ * the caller's stream. Each group waits (on the device) for the copies the
+ * handle enqueued on the callers' streams since the previous one, so the
+ * host runs at most a time step ahead of its own stream. Device staging:
+ * K full stages (as above) and 3 shard copies, cudaMalloc'ed at the first
+ * flatmem_cyclic_next; the gradient scatter is the device chains' (one NCCL
+ * group). Bitwise the host relay for finite values. Never run on a GPU yet.
  */
 
 /**
- * RELAYED: register this rank's shard of `stage` (0 .. L-1): kDLCPU, float32
+ * RELAYED: register this rank's shard of `stage` (0 .. L-1): kDLCPU
+ * (options.memory = HOST) or kDLCUDA on the communicator's device (CUDA), float32
  * or float64 (the same dtype for every stage, and the dtype of the gradients
  * and of flatmem_cyclic_parameters' `full`), compact, exactly
  * end - begin elements of flatmem_cyclic_shard_range (0 for an empty shard:
@@ -551,12 +576,16 @@ FLATMEM_API flatmem_status flatmem_cyclic_summary_get(const flatmem_cyclic_t *ha
  * at the update actions of the stage. Every stage must be registered before
  * the first flatmem_cyclic_next; registering again (e.g. a moved buffer) is
  * allowed between actions. Errors: INVALID_ARGUMENT naming `shard` (size:
- * both sizes; dtype) or `stage`, or the handle when it is replicated;
- * UNSUPPORTED for device tensors; nothing is registered then. Thread rule:
+ * both sizes; dtype; the other memory kind) or `stage`, or the handle when
+ * it is replicated; nothing is registered then. Thread rule:
  * the handle's (one thread at a time).
  */
 FLATMEM_API flatmem_status flatmem_cyclic_set_shard(flatmem_cyclic_t *handle, int32_t stage,
                                                     DLTensor *shard);
+/** flatmem_cyclic_set_shard with the cudaStream_t the caller updates a
+ *  device shard on (NULL = the legacy default stream; ignored on the host). */
+FLATMEM_API flatmem_status flatmem_cyclic_set_shard_stream(flatmem_cyclic_t *handle, int32_t stage,
+                                                           DLTensor *shard, void *stream);
 
 /** RELAYED: the element range [*begin, *end) of `stage` that rank `rank`
  *  owns (formula above; *begin == *end for an empty shard). Thread-safe. */
@@ -566,15 +595,19 @@ FLATMEM_API flatmem_status flatmem_cyclic_shard_range(const flatmem_cyclic_t *ha
 /**
  * RELAYED: during a FORWARD or BACKWARD action, once: wait (<= timeout) for
  * the relay of the action's stage and copy the full stage parameters,
- * version max(0, step - 1), into `full`: kDLCPU, the registered dtype,
+ * version max(0, step - 1), into `full`: the shards' memory kind, the registered dtype,
  * compact, n_j elements; then pass them on to the next rank (in the
  * background). Errors: INVALID_ARGUMENT naming `full` (dtype, size: both
  * sizes), or the call itself when the current action is not a FORWARD /
- * BACKWARD, was already served, or the handle is replicated; UNSUPPORTED for
- * a device `full`; TIMEOUT / PEER_FAILURE (handle and communicator poisoned)
+ * BACKWARD, was already served, or the handle is replicated; a `full` of the
+ * other memory kind than options.memory; TIMEOUT / PEER_FAILURE (handle and communicator poisoned)
  * as above. `full` is written only on success. Thread rule: the handle's.
  */
 FLATMEM_API flatmem_status flatmem_cyclic_parameters(flatmem_cyclic_t *handle, DLTensor *full);
+/** flatmem_cyclic_parameters for a device `full`, the copy enqueued on
+ *  `stream` (NULL = the legacy default stream; ignored on the host). */
+FLATMEM_API flatmem_status flatmem_cyclic_parameters_stream(flatmem_cyclic_t *handle, DLTensor *full,
+                                                            void *stream);
 
 /** RELAYED, per time step (flatmem_cyclic_relay_stats). */
 typedef struct flatmem_cyclic_relay_time_step {

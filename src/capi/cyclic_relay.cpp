@@ -16,7 +16,12 @@ using flatmem::cyclic::runtime_of;
 extern "C" {
 
 flatmem_status flatmem_cyclic_set_shard(flatmem_cyclic_t *handle, int32_t stage, DLTensor *shard) {
-  return guarded([&] { runtime_of(handle).set_shard(stage, shard); });
+  return guarded([&] { runtime_of(handle).set_shard(stage, shard, nullptr); });
+}
+
+flatmem_status flatmem_cyclic_set_shard_stream(flatmem_cyclic_t *handle, int32_t stage, DLTensor *shard,
+                                               void *stream) {
+  return guarded([&] { runtime_of(handle).set_shard(stage, shard, stream); });
 }
 
 flatmem_status flatmem_cyclic_shard_range(const flatmem_cyclic_t *handle, int32_t stage, int32_t rank,
@@ -32,7 +37,11 @@ flatmem_status flatmem_cyclic_shard_range(const flatmem_cyclic_t *handle, int32_
 }
 
 flatmem_status flatmem_cyclic_parameters(flatmem_cyclic_t *handle, DLTensor *full) {
-  return guarded([&] { runtime_of(handle).parameters(full); });
+  return guarded([&] { runtime_of(handle).parameters(full, nullptr); });
+}
+
+flatmem_status flatmem_cyclic_parameters_stream(flatmem_cyclic_t *handle, DLTensor *full, void *stream) {
+  return guarded([&] { runtime_of(handle).parameters(full, stream); });
 }
 
 flatmem_status flatmem_cyclic_relay_stats(const flatmem_cyclic_t *handle, int64_t first, int64_t count,

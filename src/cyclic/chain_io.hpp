@@ -85,6 +85,9 @@ bool read_memory(std::int32_t memory);
 // Collective over comm (every rank, the same order): a private NCCL
 // communicator on comm's device and a non-blocking stream. Within `timeout`.
 std::unique_ptr<ChainIo> device_chain_io(comm::Communicator &comm, comm::Milliseconds timeout);
+// INVALID_ARGUMENT naming `name` unless p is device (or managed) memory of
+// `device`; UNSUPPORTED in a build without NCCL.
+void check_device_memory(const void *p, int device, const char *name);
 // Caller's thread, at hand-over: checks that [data, data + bytes) is device
 // memory of `device` (INVALID_ARGUMENT naming "gradient") and records an
 // event on `stream` (INVALID_ARGUMENT naming "stream" when CUDA refuses it).

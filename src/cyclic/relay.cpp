@@ -8,6 +8,7 @@
 
 #include "comm/message.hpp"
 #include "core/error.hpp"
+#include "cyclic/chain_io.hpp"
 #include "cyclic/tags.hpp"
 
 namespace flatmem::cyclic {
@@ -33,12 +34,30 @@ comm::Milliseconds left(Clock::time_point deadline) {
 }  // namespace
 
 Relay::Relay(comm::Communicator &comm, RelayPlan plan, std::uint32_t id, comm::Milliseconds timeout,
-             std::function<void(std::int64_t)> account_sent, std::function<void(std::int64_t)> account_held)
+             std::function<void(std::int64_t)> account_sent, std::function<void(std::int64_t)> account_held,
+             bool device)
     : comm_(comm), plan_(std::move(plan)), id_(id), timeout_(timeout),
       account_sent_(std::move(account_sent)), account_held_(std::move(account_held)),
       rank_(comm.rank()), world_(comm.size()),
       shards_(std::size_t(plan_.schedule.stages), nullptr),
-      registered_(std::size_t(plan_.schedule.stages), false) {}
+      registered_(std::size_t(plan_.schedule.stages), false) {
+  if (device) {
+    device_shards_.resize(std::size_t(plan_.schedule.stages));
+    links_ = relay_links(comm_, plan_, timeout_, account_sent_);  // collective
+  }
+}
+
+void Relay::check_memory(const comm::Message &m, const char *name) const {
+  const bool device = links_ != nullptr;
+  if (m.device.device_type != (device ? kDLCUDA : kDLCPU))
+    invalid(name, ": device type ", int(m.device.device_type), "; options.memory = ", device ? "CUDA" : "HOST",
+            " takes ", device ? "kDLCUDA" : "kDLCPU", " tensors");
+  if (!device) return;
+  if (m.device.device_id != links_->device())
+    invalid(name, ": on CUDA device ", m.device.device_id, "; the communicator's device transport is on device ",
+            links_->device());
+  if (m.bytes > 0) check_device_memory(m.data, links_->device(), name);
+}
 
 std::string Relay::label(const RelayItem &item) const {
   return "cyclic parameter relay, stage " + std::to_string(item.stage) + ", step " +
@@ -54,13 +73,11 @@ std::int64_t Relay::shard_bytes() const {
   return total;
 }
 
-void Relay::set_shard(std::int32_t stage, const DLTensor *shard) {
+void Relay::set_shard(std::int32_t stage, const DLTensor *shard, void *stream) {
   if (stage < 0 || stage >= plan_.schedule.stages)
     invalid("stage: ", stage, "; expected 0 .. ", plan_.schedule.stages - 1);
   const comm::Message m = comm::check_message(shard, "shard");
-  if (m.device.device_type != kDLCPU)
-    fail(FLATMEM_STATUS_UNSUPPORTED, "shard: device type ", int(m.device.device_type),
-         "; the parameter relay keeps host (kDLCPU) shards only in this version");
+  check_memory(m, "shard");
   const bool f32 = m.dtype.code == kDLFloat && m.dtype.bits == 32;
   const bool f64 = m.dtype.code == kDLFloat && m.dtype.bits == 64;
   if (!f32 && !f64) invalid("shard: dtype code ", int(m.dtype.code), " bits ", int(m.dtype.bits), "; expected float32 or float64");
@@ -75,7 +92,7 @@ void Relay::set_shard(std::int32_t stage, const DLTensor *shard) {
             ", ceil(n / ", world_, ") per rank)");
   if (reinterpret_cast<std::uintptr_t>(m.data) % element != 0)
     invalid("shard: data + byte_offset is not aligned to the ", element, "-byte element size");
-  if (element_ == 0) {
+  if (element_ == 0 && !links_) {
     // The staging (K full stages of the largest one) is allocated here, once: on failure
     // OUT_OF_MEMORY and nothing changes (a later call tries again). A probe without
     // exceptions first, so that a size the system cannot back fails cleanly under the
@@ -94,9 +111,10 @@ void Relay::set_shard(std::int32_t stage, const DLTensor *shard) {
       out_of_memory();
     }
     slots_ = std::move(slots);
-    element_ = element;
   }
+  element_ = element;
   shards_[std::size_t(stage)] = m.data;
+  if (links_) device_shards_[std::size_t(stage)] = DeviceShard{m.data, stream};
   registered_[std::size_t(stage)] = true;
 }
 
@@ -196,6 +214,11 @@ void Relay::contribute(const RelayItem &gather) {
 
 void Relay::report_held() {
   std::int64_t held = shard_bytes();
+  if (links_) {  // by the protocol: the device staging is not tracked slot by slot
+    const std::int64_t tau = std::max<std::int64_t>(posted_through_, 0);
+    account_held_(held + plan_.staged_elements(rank_, tau) * std::int64_t(element_));
+    return;
+  }
   for (const Slot &s : slots_)
     if (s.used) held += std::int64_t(bytes(s.item.stage));
   for (const ShardCopy &c : copies_) held += std::int64_t(c.data.size());
@@ -203,6 +226,12 @@ void Relay::report_held() {
 }
 
 void Relay::advance(std::int64_t tau) {
+  if (links_) {
+    links_->advance(tau, device_shards_, element_);
+    posted_through_ = tau;
+    report_held();
+    return;
+  }
   reap();
   // This rank's relays of tau (must be posted now) and tau + 1 (if a slot is free).
   for (std::int64_t t = posted_through_ + 1; t <= tau + 1; ++t) {
@@ -230,7 +259,7 @@ void Relay::advance(std::int64_t tau) {
   report_held();
 }
 
-void Relay::parameters(const flatmem_cyclic_action &current, const DLTensor *full) {
+void Relay::parameters(const flatmem_cyclic_action &current, const DLTensor *full, void *stream) {
   if (current.kind != FLATMEM_CYCLIC_FORWARD && current.kind != FLATMEM_CYCLIC_BACKWARD)
     invalid("flatmem_cyclic_parameters: the current time step (", current.time_step,
             ") is not a FORWARD or BACKWARD; the stage parameters are relayed for those only");
@@ -238,15 +267,26 @@ void Relay::parameters(const flatmem_cyclic_action &current, const DLTensor *ful
     invalid("flatmem_cyclic_parameters: already called for this time step (", current.time_step,
             "); the relay has moved on: keep the copy");
   const comm::Message m = comm::check_message(full, "full");
-  if (m.device.device_type != kDLCPU)
-    fail(FLATMEM_STATUS_UNSUPPORTED, "full: device type ", int(m.device.device_type),
-         "; the parameter relay delivers host (kDLCPU) stages only in this version");
+  check_memory(m, "full");
   if (m.dtype.code != kDLFloat || m.dtype.bits != 8 * element_)
     invalid("full: dtype code ", int(m.dtype.code), " bits ", int(m.dtype.bits), "; the shards are ",
             8 * element_, "-bit floats");
   const std::int64_t n = plan_.count[std::size_t(current.stage)];
   if (std::int64_t(m.count) != n)
     invalid("full: ", m.count, " elements; stage ", current.stage, " has ", n, " (options.parameter_count)");
+  if (links_) {
+    const auto item = plan_.item(rank_, current.time_step);
+    if (!item) fail(FLATMEM_STATUS_INTERNAL, "cyclic parameter relay: no relay at time step ", current.time_step);
+    const std::string from = rank_ == 0 ? "from the shard owners" : "from rank " + std::to_string(rank_ - 1);
+    try {
+      links_->take(current.time_step, m.data, bytes(item->stage), stream, timeout_);
+    } catch (const Error &e) {
+      throw Error(e.status(), label(*item) + ", " + from + ": " + e.what());
+    }
+    served_through_ = current.time_step;
+    report_held();
+    return;
+  }
   Slot *slot = find(current.time_step);
   if (slot == nullptr)
     fail(FLATMEM_STATUS_INTERNAL, "cyclic parameter relay: no relay posted for time step ", current.time_step);
@@ -267,6 +307,7 @@ void Relay::parameters(const flatmem_cyclic_action &current, const DLTensor *ful
 }
 
 void Relay::finish() {
+  if (links_) return links_->finish(timeout_);
   const auto deadline = Clock::now() + timeout_;
   for (Slot &s : slots_)
     if (s.send) {
@@ -280,6 +321,7 @@ void Relay::finish() {
 }
 
 bool Relay::busy() {
+  // Device: the destructor's clock test covers it (before DONE the peers need us).
   for (Slot &s : slots_) {
     for (const auto &t : s.receives)
       if (!comm_.test(t)) return true;

@@ -19,10 +19,13 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/message.hpp"
+#include "cyclic/relay_links.hpp"
 #include "cyclic/relay_plan.hpp"
 
 namespace flatmem::cyclic {
@@ -30,18 +33,21 @@ namespace flatmem::cyclic {
 class Relay {
  public:
   // `account_sent(bytes)` / `account_held(bytes)` record into the stats.
+  // device: options.memory = CUDA (collective: the relay's NCCL communicator).
   Relay(comm::Communicator &comm, RelayPlan plan, std::uint32_t id, comm::Milliseconds timeout,
-        std::function<void(std::int64_t)> account_sent, std::function<void(std::int64_t)> account_held);
+        std::function<void(std::int64_t)> account_sent, std::function<void(std::int64_t)> account_held,
+        bool device);
 
   const RelayPlan &plan() const { return plan_; }
-  void set_shard(std::int32_t stage, const DLTensor *shard);
+  // stream: the caller's cudaStream_t for a device shard (ignored on the host).
+  void set_shard(std::int32_t stage, const DLTensor *shard, void *stream);
   // Element type of the shards (0 before the first set_shard).
   std::size_t element() const { return element_; }
   bool f64() const { return element_ == 8; }
   // INVALID_ARGUMENT unless every stage has a shard (first next()).
   void check_registered() const;
   void advance(std::int64_t tau);
-  void parameters(const flatmem_cyclic_action &current, const DLTensor *full);
+  void parameters(const flatmem_cyclic_action &current, const DLTensor *full, void *stream);
   // Whether flatmem_cyclic_parameters served the action of time step tau.
   bool served(std::int64_t tau) const { return served_through_ >= tau; }
   // Waits until every send of this rank completed (before DONE).
@@ -52,7 +58,10 @@ class Relay {
   // before the buffers go away.
   void abandon();
   std::int64_t shard_bytes() const;
-  std::int64_t staging_bytes() const { return std::int64_t(slots_.size()) * plan_.largest() * std::int64_t(element_); }
+  std::int64_t staging_bytes() const {
+    if (links_) return links_->staging_bytes();
+    return std::int64_t(slots_.size()) * plan_.largest() * std::int64_t(element_);
+  }
   std::int64_t staging_buffers() const { return plan_.staging_buffers(); }
 
  private:
@@ -70,6 +79,8 @@ class Relay {
     std::string what;
   };
 
+  // A tensor's memory against options.memory (INVALID_ARGUMENT naming `name`).
+  void check_memory(const comm::Message &m, const char *name) const;
   Slot *find(std::int64_t tau);
   Slot *free_slot(bool wait);  // nullptr when none and !wait
   void post(const RelayItem &item, Slot &slot);
@@ -92,6 +103,9 @@ class Relay {
   std::vector<bool> registered_;
   std::vector<Slot> slots_;
   std::deque<ShardCopy> copies_;       // shard sends to rank 0 in flight
+  // options.memory = CUDA: the transfers (relay_links.hpp) and the shards' streams.
+  std::unique_ptr<RelayLinks> links_;
+  std::vector<DeviceShard> device_shards_;
   std::int64_t posted_through_ = -1;   // this rank's relays posted for time steps <= this
   std::int64_t contributed_through_ = -1;  // rank 0's gathers contributed to (owners)
   std::int64_t served_through_ = -1;

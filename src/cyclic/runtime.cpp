@@ -104,7 +104,8 @@ Runtime::Runtime(comm::Communicator &comm, Settings settings)
         [this](std::int64_t bytes) {
           std::lock_guard lock(mutex_);
           accounting_.relay_held(bytes);
-        });
+        },
+        settings_.device);
   if (relay_) accounting_.relay_enable();
   reducer_ = std::thread([this] { reducer_loop(); });
   deliverer_ = std::thread([this] { deliverer_loop(); });
@@ -397,16 +398,16 @@ const Relay &Runtime::relay() const {
   return *relay_;
 }
 
-void Runtime::set_shard(std::int32_t stage, const DLTensor *shard) {
+void Runtime::set_shard(std::int32_t stage, const DLTensor *shard, void *stream) {
   relay();
   {
     std::unique_lock lock(mutex_);
     throw_if_failed(lock);
   }
-  relay_->set_shard(stage, shard);
+  relay_->set_shard(stage, shard, stream);
 }
 
-void Runtime::parameters(const DLTensor *full) {
+void Runtime::parameters(const DLTensor *full, void *stream) {
   relay();
   {
     std::unique_lock lock(mutex_);
@@ -414,7 +415,7 @@ void Runtime::parameters(const DLTensor *full) {
   }
   if (time_step_ < 0 || time_step_ >= settings_.schedule.length())
     invalid("flatmem_cyclic_parameters: no current time step (call flatmem_cyclic_next first; after DONE there is none)");
-  relay_call([&] { relay_->parameters(current_, full); });
+  relay_call([&] { relay_->parameters(current_, full, stream); });
 }
 
 std::pair<std::int64_t, std::int64_t> Runtime::shard_range(std::int32_t stage, std::int32_t rank) const {
@@ -477,9 +478,11 @@ bool read_memory(std::int32_t memory) {
 
 void read_memory_option(std::int32_t memory, Settings &s) {
   if (!read_memory(memory)) return;
-  if (s.relayed())
-    fail(FLATMEM_STATUS_UNSUPPORTED, "options.memory: CUDA with options.parameters = RELAYED; the parameter "
-         "relay keeps host (kDLCPU) shards in this version: use HOST memory, or REPLICATED parameters");
+  if (s.relayed() && s.schedule.world > 2 * std::int64_t(s.schedule.stages))
+    fail(FLATMEM_STATUS_UNSUPPORTED, "options.memory: CUDA with options.parameters = RELAYED needs N <= 2L ranks "
+         "(here N = ", s.schedule.world, ", L = ", s.schedule.stages, "): with N > 2L ranks in lockstep would "
+         "pass a stage on within one time step, which the device relay's one group per time step cannot; use "
+         "HOST memory for this shape");
   s.device = true;
 }
 

@@ -82,8 +82,9 @@ class Runtime {
   flatmem_cyclic_summary summary() const;
 
   // The ZeRO relay (src/cyclic/relay.cpp); INVALID_ARGUMENT on a replicated handle.
-  void set_shard(std::int32_t stage, const DLTensor *shard);
-  void parameters(const DLTensor *full);
+  // stream: the caller's cudaStream_t for device shards / stages (ignored on the host).
+  void set_shard(std::int32_t stage, const DLTensor *shard, void *stream);
+  void parameters(const DLTensor *full, void *stream);
   std::pair<std::int64_t, std::int64_t> shard_range(std::int32_t stage, std::int32_t rank) const;
   std::int64_t relay_stats(std::int64_t first, std::int64_t count, std::size_t stride, char *out) const;
   void relay_summary(flatmem_cyclic_relay_summary &out) const;

@@ -100,23 +100,42 @@ TEST_CASE("cyclic/memory/create: CUDA without flatmem_comm_init_device (NCCL bui
   check_host_handle_works(g.comm);
 }
 
-TEST_CASE("cyclic/memory/create: CUDA with RELAYED parameters is UNSUPPORTED naming options.memory") {
-  One g;
-  CyclicOptions relayed = relayed_options(mlp_setup(2, 3, FLATMEM_CYCLIC_DELAY1), sizeof(double), 5000);
-  relayed.options.memory = FLATMEM_CYCLIC_MEMORY_CUDA;
-  flatmem_cyclic_t *h = sentinel;
-  CHECK(flatmem_cyclic_create(&h, g.comm, &relayed.options) == FLATMEM_STATUS_UNSUPPORTED);
-  const std::string message = flatmem_last_error();
-  CHECK(h == sentinel);
-  CHECK_MESSAGE(has(message, "options.memory"), message);
-  if (FLATMEM_TEST_NCCL_BUILT) {
-    MESSAGE("NCCL build: ", message);
-    CHECK_MESSAGE(has(message, "RELAYED"), message);
-  } else {
-    MESSAGE("built without NCCL (refused for that first): ", message);
-    CHECK_MESSAGE(has(message, "NCCL"), message);
+TEST_CASE("cyclic/memory/create: CUDA with RELAYED parameters needs N <= 2L, else UNSUPPORTED naming options.memory") {
+  // N = 1 <= 2L: the options are accepted; the create then stops at the missing
+  // device transport (NCCL build) or at NCCL itself (build without).
+  {
+    One g;
+    CyclicOptions relayed = relayed_options(mlp_setup(2, 3, FLATMEM_CYCLIC_DELAY1), sizeof(double), 5000);
+    relayed.options.memory = FLATMEM_CYCLIC_MEMORY_CUDA;
+    flatmem_cyclic_t *h = sentinel;
+    const flatmem_status s = flatmem_cyclic_create(&h, g.comm, &relayed.options);
+    const std::string message = flatmem_last_error();
+    CHECK(h == sentinel);
+    CHECK_MESSAGE(has(message, "options.memory"), message);
+    if (FLATMEM_TEST_NCCL_BUILT) {
+      CHECK(s == FLATMEM_STATUS_INVALID_ARGUMENT);
+      CHECK_MESSAGE(has(message, "no device transport"), message);
+    } else {
+      CHECK(s == FLATMEM_STATUS_UNSUPPORTED);
+      CHECK_MESSAGE(has(message, "NCCL"), message);
+    }
+    check_host_handle_works(g.comm);
   }
-  check_host_handle_works(g.comm);
+  // N = 3 > 2L = 2: refused on every rank before any rank is contacted (so one
+  // after the other is enough here), naming the shape.
+  std::vector<flatmem_comm_t *> comms(3, nullptr);
+  REQUIRE(flatmem_comm_create_local(comms.data(), 3, nullptr) == FLATMEM_STATUS_SUCCESS);
+  CyclicOptions relayed = relayed_options(mlp_setup(1, 3, FLATMEM_CYCLIC_DELAY1), sizeof(double), 5000);
+  relayed.options.memory = FLATMEM_CYCLIC_MEMORY_CUDA;
+  for (flatmem_comm_t *comm : comms) {
+    flatmem_cyclic_t *h = sentinel;
+    CHECK(flatmem_cyclic_create(&h, comm, &relayed.options) == FLATMEM_STATUS_UNSUPPORTED);
+    const std::string message = flatmem_last_error();
+    CHECK(h == sentinel);
+    CHECK_MESSAGE(has(message, "options.memory"), message);
+    CHECK_MESSAGE(has(message, FLATMEM_TEST_NCCL_BUILT ? "N <= 2L" : "NCCL"), message);
+  }
+  for (flatmem_comm_t *comm : comms) flatmem_comm_destroy(comm);
 }
 
 TEST_CASE("cyclic/memory/create: ranks that pass different options.memory all fail, naming the rank") {

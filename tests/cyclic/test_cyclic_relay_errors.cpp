@@ -160,8 +160,10 @@ TEST_CASE("cyclic/relay/errors/set_shard and shard_range: wrong size, type, stag
   CHECK(error_has("shard: dtype"));
   DLTensor device = t;
   device.device = {kDLCUDA, 0};
-  CHECK(flatmem_cyclic_set_shard(one.h, 0, &device) == FLATMEM_STATUS_UNSUPPORTED);
-  CHECK(error_has("shard: device"));
+  CHECK(flatmem_cyclic_set_shard(one.h, 0, &device) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(error_has("shard: device type 2; options.memory = HOST takes kDLCPU"));
+  CHECK(flatmem_cyclic_set_shard_stream(one.h, 0, &device, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(error_has("options.memory = HOST"));
   // One dtype for every stage.
   std::vector<float> f32(10);
   std::int64_t ten = 10;

@@ -184,10 +184,15 @@ std::unique_ptr<ChainIo> device_chain_io(comm::Communicator &comm, comm::Millise
   return std::make_unique<DeviceChainIo>(comm, timeout);
 }
 
+void check_device_memory(const void *p, int device, const char *name) {
+  DeviceGuard guard(device, name);
+  flatmem::cuda::check_device_pointer(p, name, device);
+}
+
 std::shared_ptr<void> device_gradient_ready(const void *data, std::size_t bytes, int device, void *stream) {
   (void)bytes;  // the start is checked; the extent is the caller's promise, as everywhere on the device
+  check_device_memory(data, device, "gradient");
   DeviceGuard guard(device, "gradient");
-  flatmem::cuda::check_device_pointer(data, "gradient", device);
   cudaEvent_t event = nullptr;
   check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   const cudaError_t recorded = cudaEventRecord(event, static_cast<cudaStream_t>(stream));

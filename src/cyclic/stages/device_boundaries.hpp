@@ -77,7 +77,5 @@ class DeviceBoundaries {
 // `slots` messages per stream and parity: the most one time step carries.
 std::unique_ptr<DeviceBoundaries> device_boundaries(comm::Communicator &comm, const std::array<Link, 4> &links,
                                                     int slots, comm::Milliseconds timeout);
-// INVALID_ARGUMENT naming `name` unless p is device memory of `device`.
-void check_device_tensor(const void *p, int device, const char *name);
 
 }  // namespace flatmem::cyclic::stages

@@ -11,8 +11,4 @@ std::unique_ptr<DeviceBoundaries> device_boundaries(comm::Communicator &, const 
   fail(FLATMEM_STATUS_UNSUPPORTED, "options.memory: CUDA, but this flatmem was built without NCCL (FLATMEM_WITH_NCCL)");
 }
 
-void check_device_tensor(const void *, int, const char *name) {
-  fail(FLATMEM_STATUS_UNSUPPORTED, name, ": a kDLCUDA tensor, but this flatmem was built without NCCL");
-}
-
 }  // namespace flatmem::cyclic::stages

@@ -6,6 +6,7 @@
 #include "comm/device_transport.hpp"
 #include "comm/message.hpp"
 #include "core/error.hpp"
+#include "cyclic/chain_io.hpp"
 #include "cyclic/kept.hpp"
 
 namespace flatmem::cyclic::stages {
@@ -335,7 +336,7 @@ void StageRuntime::check_memory(const comm::Message &m, const char *name) const 
   if (m.device.device_id != device_->device())
     invalid(name, ": on CUDA device ", m.device.device_id, "; the communicator's device transport is on device ",
             device_->device());
-  if (m.bytes > 0) check_device_tensor(m.data, device_->device(), name);
+  if (m.bytes > 0) check_device_memory(m.data, device_->device(), name);
 }
 
 void StageRuntime::check_header(const Header &h, const Stream &st, std::uint64_t into_bytes) {

@@ -319,9 +319,4 @@ std::unique_ptr<DeviceBoundaries> device_boundaries(comm::Communicator &comm, co
   return std::make_unique<CudaBoundaries>(comm, links, slots, timeout);
 }
 
-void check_device_tensor(const void *p, int device, const char *name) {
-  DeviceGuard guard(device, name);
-  flatmem::cuda::check_device_pointer(p, name, device);
-}
-
 }  // namespace flatmem::cyclic::stages
