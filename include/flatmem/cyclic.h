@@ -556,9 +556,16 @@ FLATMEM_API flatmem_status flatmem_cyclic_summary_get(const flatmem_cyclic_t *ha
  * stage rank r + 1 uses in tau (held since its own use, offset(r+1) -
  * offset(r) time steps earlier). flatmem_cyclic_parameters_stream waits on
  * the host (<= timeout) for that group, then copies the stage into `full` on
- * the caller's stream. Each group waits (on the device) for the copies the
- * handle enqueued on the callers' streams since the previous one, so the
- * host runs at most a time step ahead of its own stream. Device staging:
+ * the caller's stream. That wait is for the whole group of tau: this rank's
+ * sends too (to rank r + 1, its shard to rank 0), so neighbours run in
+ * lockstep, and the message of a TIMEOUT names every peer of the group.
+ * Each group waits (on the device) for the copies the handle enqueued on
+ * the callers' streams since the previous one, so the host runs at most a
+ * time step ahead of its own stream; before copying a shard,
+ * flatmem_cyclic_next waits (on the host, <= timeout) for the previous
+ * group, so a caller's stream never waits on a peer. Update the shards on
+ * the stream registered with them, and order the update with the next
+ * backward that writes the same gradient buffer (one stream, or an event). Device staging:
  * K full stages (as above) and 3 shard copies, cudaMalloc'ed at the first
  * flatmem_cyclic_next; the gradient scatter is the device chains' (one NCCL
  * group). Bitwise the host relay for finite values. Never run on a GPU yet.

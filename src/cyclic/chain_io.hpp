@@ -88,6 +88,10 @@ std::unique_ptr<ChainIo> device_chain_io(comm::Communicator &comm, comm::Millise
 // INVALID_ARGUMENT naming `name` unless p is device (or managed) memory of
 // `device`; UNSUPPORTED in a build without NCCL.
 void check_device_memory(const void *p, int device, const char *name);
+// INVALID_ARGUMENT naming `name` unless work can be ordered on `stream` (a
+// cudaStream_t of `device`; NULL = the legacy default stream): an event is
+// recorded on it and dropped.
+void check_device_stream(void *stream, int device, const char *name);
 // Caller's thread, at hand-over: checks that [data, data + bytes) is device
 // memory of `device` (INVALID_ARGUMENT naming "gradient") and records an
 // event on `stream` (INVALID_ARGUMENT naming "stream" when CUDA refuses it).

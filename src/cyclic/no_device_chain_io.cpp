@@ -20,6 +20,8 @@ std::unique_ptr<ChainIo> device_chain_io(comm::Communicator &, comm::Millisecond
 
 void check_device_memory(const void *, int, const char *) { unsupported(); }
 
+void check_device_stream(void *, int, const char *) { unsupported(); }
+
 std::shared_ptr<void> device_gradient_ready(const void *, std::size_t, int, void *) { unsupported(); }
 
 std::unique_ptr<RelayLinks> relay_links(comm::Communicator &, const RelayPlan &, comm::Milliseconds,

@@ -112,6 +112,7 @@ void Relay::set_shard(std::int32_t stage, const DLTensor *shard, void *stream) {
     }
     slots_ = std::move(slots);
   }
+  if (links_) check_device_stream(stream, links_->device(), "stream");
   element_ = element;
   shards_[std::size_t(stage)] = m.data;
   if (links_) device_shards_[std::size_t(stage)] = DeviceShard{m.data, stream};
@@ -275,13 +276,13 @@ void Relay::parameters(const flatmem_cyclic_action &current, const DLTensor *ful
   if (std::int64_t(m.count) != n)
     invalid("full: ", m.count, " elements; stage ", current.stage, " has ", n, " (options.parameter_count)");
   if (links_) {
+    check_device_stream(stream, links_->device(), "stream");
     const auto item = plan_.item(rank_, current.time_step);
     if (!item) fail(FLATMEM_STATUS_INTERNAL, "cyclic parameter relay: no relay at time step ", current.time_step);
-    const std::string from = rank_ == 0 ? "from the shard owners" : "from rank " + std::to_string(rank_ - 1);
     try {
       links_->take(current.time_step, m.data, bytes(item->stage), stream, timeout_);
     } catch (const Error &e) {
-      throw Error(e.status(), label(*item) + ", " + from + ": " + e.what());
+      throw Error(e.status(), label(*item) + ": " + e.what());  // the message names the peers
     }
     served_through_ = current.time_step;
     report_held();

@@ -189,19 +189,35 @@ void check_device_memory(const void *p, int device, const char *name) {
   flatmem::cuda::check_device_pointer(p, name, device);
 }
 
-std::shared_ptr<void> device_gradient_ready(const void *data, std::size_t bytes, int device, void *stream) {
-  (void)bytes;  // the start is checked; the extent is the caller's promise, as everywhere on the device
-  check_device_memory(data, device, "gradient");
-  DeviceGuard guard(device, "gradient");
+namespace {
+
+// An event recorded on `stream` now (INVALID_ARGUMENT naming `name` when CUDA refuses the stream).
+cudaEvent_t record_on(void *stream, int device, const char *name) {
+  DeviceGuard guard(device, name);
   cudaEvent_t event = nullptr;
   check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   const cudaError_t recorded = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
   if (recorded != cudaSuccess) {
     cudaEventDestroy(event);
     cudaGetLastError();
-    invalid("stream: ", stream, " cannot be waited for on CUDA device ", device, " (cudaEventRecord: ",
+    invalid(name, ": ", stream, " cannot be waited for on CUDA device ", device, " (cudaEventRecord: ",
             cudaGetErrorString(recorded), ")");
   }
+  return event;
+}
+
+}  // namespace
+
+void check_device_stream(void *stream, int device, const char *name) {
+  const cudaEvent_t event = record_on(stream, device, name);
+  DeviceGuard guard(device, name);
+  cudaEventDestroy(event);
+}
+
+std::shared_ptr<void> device_gradient_ready(const void *data, std::size_t bytes, int device, void *stream) {
+  (void)bytes;  // the start is checked; the extent is the caller's promise, as everywhere on the device
+  check_device_memory(data, device, "gradient");
+  const cudaEvent_t event = record_on(stream, device, "stream");
   return std::shared_ptr<void>(event, [device](void *e) {
     int previous = -1;
     if (cudaGetDevice(&previous) == cudaSuccess && previous != device) cudaSetDevice(device);

@@ -47,13 +47,19 @@ class CudaRelayLinks final : public RelayLinks {
       check(cudaStreamCreateWithFlags(&transfer_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
       check(cudaEventCreateWithFlags(&last_group_, cudaEventDisableTiming), "cudaEventCreate");
       check(cudaMalloc(reinterpret_cast<void **>(&handshake_), std::size_t(world_) + 1), "cudaMalloc (handshake)");
+      check(cudaMemsetAsync(handshake_, 0, std::size_t(world_) + 1, transfer_), "cudaMemsetAsync (handshake)");
     } catch (const Error &e) {
       // The peers' NCCL communicator exists now: they must not wait for ours.
       host.poison(e.status(), "cyclic parameter relay, rank " + std::to_string(rank_) + ": " + e.what());
       release();
       throw;
     }
-    connect();
+    try {
+      connect();  // poisons on failure (run)
+    } catch (const Error &) {
+      release();
+      throw;
+    }
   }
 
   ~CudaRelayLinks() override { release(); }
@@ -74,7 +80,11 @@ class CudaRelayLinks final : public RelayLinks {
 
   void take(std::int64_t tau, void *full, std::size_t bytes, void *stream, comm::Milliseconds timeout) override {
     if (!synced_) {
-      run("the relay group of time step " + std::to_string(tau), [&] { nccl_->synchronize(transfer_, timeout); });
+      // The whole group of tau: this rank's receive, and also its sends (to
+      // rank + 1, its shard to rank 0) and the copies they wait for.
+      run("the relay group of time step " + std::to_string(tau) + " (the transfers with ranks " + neighbours(tau) +
+              ", and this rank's copies on the shards' streams)",
+          [&] { nccl_->synchronize(transfer_, timeout); });
       synced_ = true;
     }
     run("copying the relayed stage out", [&] {
@@ -111,6 +121,24 @@ class CudaRelayLinks final : public RelayLinks {
     });
   }
 
+  // "1, 2 and 0": the peers of the group of tau.
+  std::string neighbours(std::int64_t tau) const {
+    std::vector<int> peers;
+    const auto gather = plan_.item(0, tau);
+    if (gather && rank_ == 0)
+      for (int k = 1; k < world_; ++k)
+        if (const auto [b, e] = plan_.shard(gather->stage, k); e > b) peers.push_back(k);
+    if (gather && rank_ > 0) peers.push_back(0);
+    if (rank_ > 0 && plan_.item(rank_, tau)) peers.push_back(rank_ - 1);
+    if (rank_ + 1 < world_ && plan_.item(rank_ + 1, tau)) peers.push_back(rank_ + 1);
+    std::sort(peers.begin(), peers.end());
+    peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+    std::string text;
+    for (std::size_t i = 0; i < peers.size(); ++i)
+      text += (i == 0 ? "" : i + 1 == peers.size() ? " and " : ", ") + std::to_string(peers[i]);
+    return text.empty() ? "none" : text;
+  }
+
   void allocate(std::size_t element) {
     if (full_ != nullptr || element == 0) return;
     std::int64_t largest_shard = 1;
@@ -136,8 +164,14 @@ class CudaRelayLinks final : public RelayLinks {
   // A copy of `n` bytes on the shard's stream, after the last group (which
   // read the slot last), marked for the next group.
   void copy_on(const DeviceShard &shard, char *to, std::size_t n) {
+    // After the last group, which read the slot last. A host wait (bounded)
+    // rather than a device one: the caller's stream must never wait on the
+    // peers without a deadline (a dead peer would hang its synchronisation).
+    if (groups_ > 0 && !synced_) {
+      nccl_->synchronize(transfer_, timeout_);
+      synced_ = true;
+    }
     const auto s = static_cast<cudaStream_t>(shard.stream);
-    if (groups_ > 0) check(cudaStreamWaitEvent(s, last_group_, 0), "cudaStreamWaitEvent");
     check(cudaMemcpyAsync(to, shard.data, n, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync (shard)");
     mark(s);
   }
@@ -150,16 +184,13 @@ class CudaRelayLinks final : public RelayLinks {
       if (e == b) continue;
       const std::size_t n = std::size_t(e - b) * element_;
       const DeviceShard &shard = shards[std::size_t(gather->stage)];
-      if (rank_ == 0) {
-        if (g == tau) copy_on(shard, slot(tau) + std::size_t(b) * element_, n);  // into its own gather
-        continue;
-      }
-      if (plan_.contribution_time(*gather) != tau) continue;
+      // Rank 0 copies into its own gather at g; an owner at the contribution time.
+      if (rank_ == 0 ? g != tau : plan_.contribution_time(*gather) != tau) continue;
       if (plan_.version_held(gather->stage, tau) != gather->version())
         fail(FLATMEM_STATUS_INTERNAL, "rank ", rank_, " holds version ", plan_.version_held(gather->stage, tau),
              " of stage ", gather->stage, " at time step ", tau, ", the gather of time step ", g, " needs ",
              gather->version());
-      copy_on(shard, copy_slot(g), n);
+      copy_on(shard, rank_ == 0 ? slot(tau) + std::size_t(b) * element_ : copy_slot(g), n);
     }
   }
 

@@ -81,7 +81,12 @@ class CudaBoundaries final : public DeviceBoundaries {
       release();
       throw;
     }
-    if (nccl_) connect();
+    try {
+      if (nccl_) connect();  // poisons on failure (run)
+    } catch (const Error &) {
+      release();
+      throw;
+    }
   }
 
   ~CudaBoundaries() override { release(); }
