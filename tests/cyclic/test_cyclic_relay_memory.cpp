@@ -143,7 +143,7 @@ void check_device_tensors_refused(const TrainSetup &setup, int world) {
 }  // namespace
 
 TEST_CASE("cyclic/relay/memory: kDLCUDA shards and stages on a HOST relayed handle are INVALID_ARGUMENT naming "
-          "options.memory, nothing registered or written; the run then equals the replicated one") {
+          "options.memory, nothing registered or written, then the run equals the replicated one") {
   for (int world : {1, 2, 3}) {
     check_device_tensors_refused<double>(three_stages(3), world);
     check_device_tensors_refused<float>(three_stages(3), world);

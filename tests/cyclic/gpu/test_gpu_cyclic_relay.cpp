@@ -369,14 +369,14 @@ void check_device_relay_equals_host(const TrainSetup &setup, int world) {
 }  // namespace
 
 TEST_CASE("cyclic/gpu/relay/world 1: device shards and stages on the caller's stream, bitwise the host relay "
-          "(L = 1, 2, 3; fp32 and fp64)") {
+          "(L = 1, 2, 3, fp32 and fp64)") {
   for (int stages : {1, 2, 3}) {
     check_device_relay_equals_host<float>(mlp_setup(stages, 3, FLATMEM_CYCLIC_DELAY1), 1);
     check_device_relay_equals_host<double>(mlp_setup(stages, 3, FLATMEM_CYCLIC_DELAY1), 1);
   }
 }
 
-TEST_CASE("cyclic/gpu/relay/world 2..4 on as many GPUs: bitwise the host relay (N <= 2L; needs N devices)") {
+TEST_CASE("cyclic/gpu/relay/world 2..4 on as many GPUs: bitwise the host relay (N <= 2L, needs N devices)") {
   const int count = device_count();
   if (count < 2) {
     MESSAGE("only ", count, " CUDA device(s): the device relay between ranks (N >= 2) did not run");
