@@ -23,10 +23,12 @@
 // the assembled model against the simulation, fp32 and fp64.
 //  - One GPU: a world of 1 (an in-process group of 1 with its device
 //    transport on device 0), L = 1, 2, 3. Rank 0 gathers its own shard: the
-//    handle's shard copies on the caller's stream, the group clock (one
-//    group per time step, empty here), the host wait of the take and the
-//    copy into `full`, the device gradient chain and the scatter all run,
-//    but no relay byte moves between ranks.
+//    handle's copies of the shard on the caller's stream (ordered behind the
+//    held update), the group clock (a time step's marks and event; with one
+//    rank a group has no transfer, so no NCCL send / receive is enqueued),
+//    the host wait of the take and the copy into `full`, the device staging,
+//    and the device gradient chain (no NCCL transfer in a world of 1) run;
+//    no relay byte moves between ranks.
 //  - Two or more GPUs (one thread per rank, rank r on device r): N = 2 with
 //    L = 1 and 2; N = 3 and 4 with L = 2 when that many devices exist (the
 //    device relay needs N <= 2L). Skipped with a message otherwise.
@@ -35,9 +37,11 @@
 // What one GPU leaves untested: every transfer of the device relay -- rank
 // 0's gather receives and the owners' sends from the shard copies (copy
 // slots, contribution one time step early), the pass-on from rank r to r + 1
-// out of the K staging slots, the NCCL connection handshake at create, and a
-// peer's failure seen by a group or by the take -- i.e. every N >= 2 case
-// above, which needs as many GPUs as ranks.
+// out of the K staging slots (slot reuse, offset gaps > 1), the NCCL
+// connection handshake at create, the relay's part of the gradient scatter
+// between ranks, and a peer's failure seen by a group or by the take -- i.e.
+// every N >= 2 case above, which needs as many GPUs as ranks. Nothing here
+// has run on a GPU yet (written and compiled on a machine without one).
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
