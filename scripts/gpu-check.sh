@@ -290,12 +290,13 @@ fi
 
 targets=(flatmem test_gpu_contrastive_values test_gpu_contrastive_determinism test_gpu_contrastive_bad_input
          test_gpu_sigmoid test_gpu_sigmoid_bad_input test_gpu_reversible_segment test_gpu_reversible_blocks contrastive_cuda_bench reversible_cuda_bench)
-# test_gpu_comm, test_gpu_cyclic and test_gpu_cyclic_stages (device transport, cyclic device
-# gradients, stage-parallel device tensors) exist when configure found NCCL.
-for nccl_test in test_gpu_comm test_gpu_cyclic test_gpu_cyclic_stages; do
+# test_gpu_comm, test_gpu_cyclic, test_gpu_cyclic_stages and test_gpu_cyclic_relay (device
+# transport, cyclic device gradients, stage-parallel device tensors, the device ZeRO relay) exist
+# when configure found NCCL.
+for nccl_test in test_gpu_comm test_gpu_cyclic test_gpu_cyclic_stages test_gpu_cyclic_relay; do
   if grep -qs "$nccl_test" "$build/tests/CTestTestfile.cmake"; then targets+=("$nccl_test"); fi
 done
-if $dry_run; then echo "    (+ test_gpu_comm test_gpu_cyclic test_gpu_cyclic_stages when configure found NCCL)"; fi
+if $dry_run; then echo "    (+ test_gpu_comm test_gpu_cyclic test_gpu_cyclic_stages test_gpu_cyclic_relay when configure found NCCL)"; fi
 if $configure_ok; then
   run_step build 300 build.log with_deps flatmem_build "$build" --target "${targets[@]}"
   build_ok=$([ "$step_status" = ok ] || [ "$step_status" = planned ] && echo true || echo false)

@@ -30,10 +30,12 @@ struct RelayTraining {
   }
 };
 
-// `hook(rank)` gives each rank's action hook (nullptr: none).
+// `hook(rank)` gives each rank's action hook (nullptr: none); `calls(rank)`
+// each rank's relay calls (nullptr: the plain ones; see RelayCalls).
 template <typename T>
 RelayTraining<T> train_local_relayed(const TrainSetup &setup, int world, std::int64_t timeout_ms = 20000,
-                                     const std::function<ActionHook(int)> &hook = nullptr) {
+                                     const std::function<ActionHook(int)> &hook = nullptr,
+                                     const std::function<RelayCalls(int)> &calls = nullptr) {
   RelayTraining<T> out;
   const auto n = std::size_t(world);
   for (int r = 0; r < world; ++r) out.runs.push_back(RelayRun<T>::initial(setup, r, world));
@@ -56,7 +58,8 @@ RelayTraining<T> train_local_relayed(const TrainSetup &setup, int world, std::in
         out.errors[i] = std::string("flatmem_cyclic_create: ") + flatmem_last_error();
         return;
       }
-      out.errors[i] = train_rank_relayed<T>(h, setup, r, world, out.runs[i], hook ? hook(r) : nullptr);
+      out.errors[i] = train_rank_relayed<T>(h, setup, r, world, out.runs[i], hook ? hook(r) : nullptr,
+                                             calls ? calls(r) : RelayCalls{});
       flatmem_cyclic_summary summary{};
       flatmem_cyclic_summary_get(h, &summary);
       std::int64_t written = 0;

@@ -165,7 +165,7 @@ RelayRun<T> RelayRun<T>::initial(const TrainSetup &setup, int rank, int world) {
 
 template <typename T>
 std::string train_rank_relayed(flatmem_cyclic_t *handle, const TrainSetup &setup, int rank, int world,
-                               RelayRun<T> &run, const ActionHook &hook) {
+                               RelayRun<T> &run, const ActionHook &hook, const RelayCalls &calls) {
   // The working model: stage j's parameters are whatever the relay delivered last.
   StageMlp<T> model = StageMlp<T>::make(setup.widths, setup.seed);
   for (auto &p : model.params) std::fill(p.begin(), p.end(), T(0));
@@ -175,7 +175,7 @@ std::string train_rank_relayed(flatmem_cyclic_t *handle, const TrainSetup &setup
     shard_shapes[std::size_t(j)] = std::int64_t(run.shards[std::size_t(j)].size());
     full_shapes[std::size_t(j)] = std::int64_t(model.param_count(j));
     DLTensor t = vector_tensor(run.shards[std::size_t(j)].data(), &shard_shapes[std::size_t(j)]);
-    const flatmem_status st = flatmem_cyclic_set_shard(handle, j, &t);
+    const flatmem_status st = calls.set_shard ? calls.set_shard(handle, j, &t) : flatmem_cyclic_set_shard(handle, j, &t);
     if (st != FLATMEM_STATUS_SUCCESS) return call_failed("flatmem_cyclic_set_shard", st);
   }
   const T lr = T(setup.lr);
@@ -187,7 +187,7 @@ std::string train_rank_relayed(flatmem_cyclic_t *handle, const TrainSetup &setup
   };
   const auto prepare = [&](const flatmem_cyclic_action &a) {
     DLTensor t = vector_tensor(model.params[std::size_t(a.stage)].data(), &full_shapes[std::size_t(a.stage)]);
-    const flatmem_status st = flatmem_cyclic_parameters(handle, &t);
+    const flatmem_status st = calls.parameters ? calls.parameters(handle, a, &t) : flatmem_cyclic_parameters(handle, &t);
     return st == FLATMEM_STATUS_SUCCESS ? std::string() : call_failed("flatmem_cyclic_parameters", st);
   };
   return drive<T>(handle, setup, rank, world, model, run.losses, 1, update, prepare, hook);
@@ -294,8 +294,10 @@ CyclicOptions cyclic_options(const TrainSetup &setup, std::size_t element_bytes,
 
 template std::string train_rank<float>(flatmem_cyclic_t *, const TrainSetup &, int, int, RankRun<float> &, const ActionHook &);
 template std::string train_rank<double>(flatmem_cyclic_t *, const TrainSetup &, int, int, RankRun<double> &, const ActionHook &);
-template std::string train_rank_relayed<float>(flatmem_cyclic_t *, const TrainSetup &, int, int, RelayRun<float> &, const ActionHook &);
-template std::string train_rank_relayed<double>(flatmem_cyclic_t *, const TrainSetup &, int, int, RelayRun<double> &, const ActionHook &);
+template std::string train_rank_relayed<float>(flatmem_cyclic_t *, const TrainSetup &, int, int, RelayRun<float> &, const ActionHook &,
+                                              const RelayCalls &);
+template std::string train_rank_relayed<double>(flatmem_cyclic_t *, const TrainSetup &, int, int, RelayRun<double> &, const ActionHook &,
+                                               const RelayCalls &);
 template struct RelayRun<float>;
 template struct RelayRun<double>;
 template StageMlp<float> assemble<float>(const TrainSetup &, const std::vector<RelayRun<float>> &);

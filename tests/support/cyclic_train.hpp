@@ -101,9 +101,18 @@ struct RelayRun {
 // from flatmem_cyclic_parameters before its forward / backward, applies each
 // update to its shard (the same SGD expression as StageMlp::sgd); one
 // gradient buffer per stage (the header says that is enough when relayed).
+// The relay calls train_rank_relayed makes: set_shard(handle, stage, shard)
+// at the start, parameters(handle, action, full) before each FORWARD /
+// BACKWARD. Empty: flatmem_cyclic_set_shard / flatmem_cyclic_parameters
+// (tests substitute the _stream variants, or try wrong tensors first).
+struct RelayCalls {
+  std::function<flatmem_status(flatmem_cyclic_t *, std::int32_t, DLTensor *)> set_shard;
+  std::function<flatmem_status(flatmem_cyclic_t *, const flatmem_cyclic_action &, DLTensor *)> parameters;
+};
+
 template <typename T>
 std::string train_rank_relayed(flatmem_cyclic_t *handle, const TrainSetup &setup, int rank, int world,
-                               RelayRun<T> &run, const ActionHook &hook = nullptr);
+                               RelayRun<T> &run, const ActionHook &hook = nullptr, const RelayCalls &calls = {});
 
 // The full model from every rank's shards.
 template <typename T>
