@@ -942,6 +942,16 @@ struct flatmem_swig_cyclic {};
     flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.set_shard");
     if (h) flatmem_swig_check(flatmem_cyclic_set_shard(h, stage, flatmem_swig_dl_out(shard)));
   }
+  /* flatmem_cyclic_set_shard_stream: as set_shard, with the stream a kDLCUDA
+   * shard is updated on (a cudaStream_t as an integer, 0 = the legacy default
+   * stream): the handle's copies of the shard are enqueued on it inside
+   * next(). Ignored for kDLCPU shards. */
+  void set_shard_stream(int32_t stage, flatmem_swig_tensor *shard, int64_t stream) {
+    flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.set_shard_stream");
+    if (h)
+      flatmem_swig_check(
+          flatmem_cyclic_set_shard_stream(h, stage, flatmem_swig_dl_out(shard), (void *)(intptr_t)stream));
+  }
   /* flatmem_cyclic_shard_range: the first element of `rank`'s shard of `stage`, and one past its last. */
   int64_t shard_begin(int32_t stage, int32_t rank) {
     int64_t begin = 0, end = 0;
@@ -959,6 +969,14 @@ struct flatmem_swig_cyclic {};
   void parameters(flatmem_swig_tensor *full) {
     flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.parameters");
     if (h) flatmem_swig_check(flatmem_cyclic_parameters(h, flatmem_swig_dl_out(full)));
+  }
+  /* flatmem_cyclic_parameters_stream: as parameters (the host wait for the
+   * relay included); a kDLCUDA `full` is written by a copy enqueued on
+   * `stream` (0 = the legacy default stream; ignored for kDLCPU). */
+  void parameters_stream(flatmem_swig_tensor *full, int64_t stream) {
+    flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.parameters_stream");
+    if (h)
+      flatmem_swig_check(flatmem_cyclic_parameters_stream(h, flatmem_swig_dl_out(full), (void *)(intptr_t)stream));
   }
   /* flatmem_cyclic_relay_stats into the handle (read with relay_stat(i)). */
   int64_t load_relay_stats(int64_t first, int64_t count) {
