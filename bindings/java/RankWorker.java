@@ -2,7 +2,8 @@
 // over UCX and checks, as this rank, the communicator (messages, all-reduce),
 // the ring contrastive loss and the sigmoid ring against ContrastiveReference
 // (and its Sigmoid) of the concatenated global batch, the cyclic runtime's
-// SYNC rule against plain SGD and the stage-parallel runtime (CyclicStagesCheck); with
+// SYNC rule against plain SGD, the stage-parallel runtime (CyclicStagesCheck) and the
+// ZeRO relay (CyclicRelayCheck); with
 // FLATMEM_TEST_KILL=1 the last rank then waits to be killed and the others
 // check that their next collective fails, naming it, within the timeout.
 //
@@ -99,6 +100,14 @@ public final class RankWorker {
       for (String p : parts) ok &= e.getMessage() != null && e.getMessage().contains(p);
       check(ok, what + ": " + e.getClass().getSimpleName() + ": " + e.getMessage());
     }
+  }
+
+  /** Each call (a plain one and its stream overload) of a kDLCUDA Tensor on a
+   *  host handle is refused naming options.memory. */
+  static void refusedOnHost(String what, Runnable... calls) {
+    for (Runnable call : calls)
+      expectFailure(what + " of a kDLCUDA Tensor on a host handle", call, FlatmemArgumentException.class,
+                    "device type 2", "options.memory = HOST takes kDLCPU");
   }
 
   static Communicator join(String[] args) {
@@ -459,6 +468,7 @@ public final class RankWorker {
       sigmoidRing(comm, "sigmoid ring, s 100", false, rows, sigmoidCols, 5, 100.0, -10.0, 37);
       cyclicSync(comm);
       CyclicStagesCheck.run(comm, rank, world);
+      CyclicRelayCheck.run(comm, rank, world);
       if ("1".equals(System.getenv("FLATMEM_TEST_KILL"))) killedPeer(comm);
       else comm.barrier();
     } finally {

@@ -32,7 +32,7 @@ export Contrastive, FlatmemError, BF16, contrastive_loss, forward_workspace_size
        Cyclic, CyclicTimeStepStats, CyclicSummary, cyclic_next!, cyclic_reduce!, cyclic_reduce_stream!, cyclic_stats,
        cyclic_summary,
        CyclicRelayTimeStep, CyclicRelaySummary, cyclic_set_shard!, cyclic_shard_range, cyclic_parameters!,
-       cyclic_relay_stats, cyclic_relay_summary,
+       cyclic_set_shard_stream!, cyclic_parameters_stream!, cyclic_relay_stats, cyclic_relay_summary,
        CyclicStages, CyclicStagesSchedule, CyclicStagesAction, CyclicStagesOccupancy, CyclicStagesTimeStepStats,
        CyclicStagesSummary, cyclic_stages_schedule, cyclic_stages_offset, cyclic_stages_period, cyclic_stages_length,
        cyclic_stages_versions_kept, cyclic_stages_actions, cyclic_stages_occupancy, cyclic_stages_next!,

@@ -161,6 +161,7 @@ BLOCKING_FUNCTIONS = {
     "flatmem_comm_init_device", "flatmem_comm_group_end", "flatmem_comm_synchronize",
     "flatmem_cyclic_create", "flatmem_cyclic_next", "flatmem_cyclic_destroy",
     "flatmem_cyclic_parameters",  # the ZeRO relay: waits for the full stage
+    "flatmem_cyclic_parameters_stream",  # its device twin waits on the host too
     # stage-parallel: create is collective, next waits for the last sends, send for a staging
     # buffer, receive for the neighbour, destroy may poison the communicator
     "flatmem_cyclic_stages_create", "flatmem_cyclic_stages_next", "flatmem_cyclic_stages_send",
@@ -1752,6 +1753,14 @@ def self_test_cases(header, js):
         ("cyclic runtime function dropped", "not-wrapped", replace_in_julia(r":flatmem_cyclic_summary_get\b", ":flatmem_cyclic_get_schedule", "rename the summary ccall")),
         ("relay parameters without @gc_safe", "gc-safe",
          replace_in_julia(r"@gc_safe (ccall\(\(:flatmem_cyclic_parameters,)", r"\1", "drop @gc_safe in cyclic_parameters!")),
+        ("relay parameters_stream without @gc_safe", "gc-safe",
+         replace_in_julia(r"@gc_safe (ccall\(\(:flatmem_cyclic_parameters_stream,)", r"\1",
+                          "drop @gc_safe in the parameters_stream call")),
+        ("relay set_shard_stream's stream as Int64", "arg-type",
+         replace_in_julia(r"(:flatmem_cyclic_set_shard_stream, libflatmem\), Cint, \(Ptr\{CyclicHandle\}, Int32, Ptr\{DLTensor\}, )Ptr\{Cvoid\}",
+                          r"\1Int64", "retype the stream of the set_shard_stream call")),
+        ("relay set_shard_stream dropped", "not-wrapped",
+         replace_in_julia(r":flatmem_cyclic_set_shard_stream\b", ":flatmem_cyclic_set_shard", "rename the set_shard_stream ccall")),
         ("cyclic options built without memory", "struct-construct",
          replace_in_julia(r",\s*CYCLIC_MEMORY\[memory\]\)", ")", "drop the last CyclicOptions(...) argument")),
         ("cyclic options without the memory field", "struct-mirror", edit_struct("CyclicOptions", "drop-last")),

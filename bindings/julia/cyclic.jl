@@ -214,9 +214,11 @@ NaN/Inf (a `FlatmemError` with `FLATMEM_STATUS_NON_FINITE` that poisons the comm
 shard k of every stage (`cyclic_set_shard!`) and gets the full stage before each forward and backward
 from the relay (`cyclic_parameters!`); see "ZeRO relay" in cyclic.h. `memory = :cuda` takes device
 gradients instead of Arrays (kDLCUDA buffers on the communicator's device, averaged over NCCL,
-handed over with `cyclic_reduce_stream!`): every rank calls `init_device(comm, device)` first
-(else a `FlatmemError` naming `options.memory` on every rank); `FLATMEM_STATUS_UNSUPPORTED` with
-`parameters = :relayed` or from a flatmem built without NCCL. Every rank passes the same.
+handed over with `cyclic_reduce_stream!`; relayed shards and full stages too, through
+`cyclic_set_shard_stream!` / `cyclic_parameters_stream!`): every rank calls
+`init_device(comm, device)` first (else a `FlatmemError` naming `options.memory` on every rank);
+`FLATMEM_STATUS_UNSUPPORTED` with `parameters = :relayed` over N > 2L ranks or from a flatmem
+built without NCCL. Every rank passes the same.
 
 Drive it from one task, one time step per `cyclic_next!`:
 
@@ -471,6 +473,14 @@ end
 # The ZeRO relay of the runtime (parameters = :relayed)
 # ---------------------------------------------------------------------------
 
+# A dense Float32 / Float64 Array as its Tensor (relayed shards and full stages; the stage
+# runtime's accumulate and average), or an ArgumentError.
+function float_tensor(A::AbstractArray, name::String)
+    A isa Union{Array{Float32},Array{Float64}} ||
+        throw(ArgumentError("$name must be a dense Array{Float32} or Array{Float64}; got $(typeof(A))"))
+    return array_tensor(A)
+end
+
 """
     cyclic_set_shard!(h::Cyclic, stage, shard::Array{Float32 or Float64}) -> shard
 
@@ -480,17 +490,50 @@ reads it inside `cyclic_next!` (it sends copies), so `h` keeps it alive; update 
 stage's update actions with the average's shard range.
 """
 function cyclic_set_shard!(h::Cyclic, stage::Integer, shard::AbstractArray)
-    ensure_open(h)
-    shard isa Union{Array{Float32},Array{Float64}} ||
-        throw(ArgumentError("shard must be a dense Array{Float32} or Array{Float64}; got $(typeof(shard))"))
+    register_shard!(ensure_open(h), stage, float_tensor(shard, "shard"), nothing)
+    return shard
+end
+
+"""
+    cyclic_set_shard_stream!(h::Cyclic, stage, data::Ptr{Float32 or Float64}, len, cuda_device, stream::Ptr{Cvoid})
+    cyclic_set_shard_stream!(h::Cyclic, stage, shard::Array, stream::Ptr{Cvoid}) -> shard
+
+`cyclic_set_shard!` with the CUDA `stream` (a `cudaStream_t`; `C_NULL` = the legacy default
+stream) the shard is updated on, `flatmem_cyclic_set_shard_stream`: the runtime's copies of the
+shard (for rank 0's gathers) are enqueued on it inside `cyclic_next!`, between the caller's
+updates. With `memory = :cuda` the shard is `len` elements at the device pointer `data` on CUDA
+device `cuda_device` (the communicator's; the caller vouches for the memory, which must stay
+allocated, and be written only by work ordered on `stream`, until the shard is registered again
+or the runtime is closed). The stream is ignored for an `Array` (host memory); a shard of the
+other kind than the runtime's `memory` is a `FlatmemError` (`INVALID_ARGUMENT`) naming
+`options.memory`, and nothing is registered.
+"""
+function cyclic_set_shard_stream!(h::Cyclic, stage::Integer, data::Ptr{T}, len::Integer, cuda_device::Integer,
+                                  stream::Ptr{Cvoid}) where {T<:Union{Float32,Float64}}
+    register_shard!(ensure_open(h), stage, device_vector_tensor(data, len, cuda_device, dl_dtype(T)), stream)
+    return nothing
+end
+
+function cyclic_set_shard_stream!(h::Cyclic, stage::Integer, shard::AbstractArray, stream::Ptr{Cvoid})
+    register_shard!(ensure_open(h), stage, float_tensor(shard, "shard"), stream)
+    return shard
+end
+
+# flatmem_cyclic_set_shard (stream nothing) or _set_shard_stream; a registered shard stays in
+# h.shards (a host Array's memory, and the Tensor's shape) until it is registered again.
+function register_shard!(h::Cyclic, stage::Integer, t::Tensor, stream::Union{Nothing,Ptr{Cvoid}})
     s = int32_arg(stage, "stage")
-    t = array_tensor(shard)
-    status = GC.@preserve t begin
-        ccall((:flatmem_cyclic_set_shard, libflatmem), Cint, (Ptr{CyclicHandle}, Int32, Ptr{DLTensor}), h, s, tensor_ptr(t))
+    status = GC.@preserve t stream begin
+        if stream === nothing
+            ccall((:flatmem_cyclic_set_shard, libflatmem), Cint, (Ptr{CyclicHandle}, Int32, Ptr{DLTensor}), h, s, tensor_ptr(t))
+        else
+            ccall((:flatmem_cyclic_set_shard_stream, libflatmem), Cint, (Ptr{CyclicHandle}, Int32, Ptr{DLTensor}, Ptr{Cvoid}),
+                  h, s, tensor_ptr(t), stream)
+        end
     end
     check(status)
     h.shards[Int(stage)] = t
-    return shard
+    return nothing
 end
 
 """
@@ -515,15 +558,43 @@ stage and copy its full parameters (version max(0, step - 1), n_j elements) into
 (`flatmem_cyclic_parameters`); written only on success.
 """
 function cyclic_parameters!(h::Cyclic, full::AbstractArray)
-    ensure_open(h)
-    full isa Union{Array{Float32},Array{Float64}} ||
-        throw(ArgumentError("full must be a dense Array{Float32} or Array{Float64}; got $(typeof(full))"))
-    t = array_tensor(full)
-    status = GC.@preserve t begin
-        @gc_safe ccall((:flatmem_cyclic_parameters, libflatmem), Cint, (Ptr{CyclicHandle}, Ptr{DLTensor}), h, tensor_ptr(t))
-    end
-    check(status)
+    relay_parameters(ensure_open(h), float_tensor(full, "full"), nothing)
     return full
+end
+
+"""
+    cyclic_parameters_stream!(h::Cyclic, data::Ptr{Float32 or Float64}, len, cuda_device, stream::Ptr{Cvoid})
+    cyclic_parameters_stream!(h::Cyclic, full::Array, stream::Ptr{Cvoid}) -> full
+
+`cyclic_parameters!` for `memory = :cuda` (`flatmem_cyclic_parameters_stream`): waits on the host
+(at most the timeout) for the relay, then enqueues the copy of the full stage into `len` elements
+at the device pointer `data` on CUDA device `cuda_device` on the CUDA `stream` (`C_NULL` = the
+legacy default stream); the memory must stay allocated until the copy ran there. The stream is
+ignored for an `Array`; a `full` of the other kind than the runtime's `memory` is a
+`FlatmemError` (`INVALID_ARGUMENT`) naming `options.memory`, and nothing is written.
+"""
+function cyclic_parameters_stream!(h::Cyclic, data::Ptr{T}, len::Integer, cuda_device::Integer,
+                                   stream::Ptr{Cvoid}) where {T<:Union{Float32,Float64}}
+    relay_parameters(ensure_open(h), device_vector_tensor(data, len, cuda_device, dl_dtype(T)), stream)
+    return nothing
+end
+
+function cyclic_parameters_stream!(h::Cyclic, full::AbstractArray, stream::Ptr{Cvoid})
+    relay_parameters(ensure_open(h), float_tensor(full, "full"), stream)
+    return full
+end
+
+# flatmem_cyclic_parameters (stream nothing) or _parameters_stream: both wait for the relay.
+function relay_parameters(h::Cyclic, t::Tensor, stream::Union{Nothing,Ptr{Cvoid}})
+    status = GC.@preserve t stream begin
+        if stream === nothing
+            @gc_safe ccall((:flatmem_cyclic_parameters, libflatmem), Cint, (Ptr{CyclicHandle}, Ptr{DLTensor}), h, tensor_ptr(t))
+        else
+            @gc_safe ccall((:flatmem_cyclic_parameters_stream, libflatmem), Cint,
+                           (Ptr{CyclicHandle}, Ptr{DLTensor}, Ptr{Cvoid}), h, tensor_ptr(t), stream)
+        end
+    end
+    return check(status)
 end
 
 """`cyclic_relay_summary(h::Cyclic) -> CyclicRelaySummary` (`flatmem_cyclic_relay_summary_get`)."""
@@ -963,13 +1034,6 @@ end
 function cyclic_stages_average_stream!(h::CyclicStages, out::AbstractArray, stream::Ptr{Cvoid})
     stages_average(ensure_open(h), float_tensor(out, "out"), stream)
     return out
-end
-
-# A dense Float32 / Float64 Array as its Tensor (accumulate, average), or an ArgumentError.
-function float_tensor(A::AbstractArray, name::String)
-    A isa Union{Array{Float32},Array{Float64}} ||
-        throw(ArgumentError("$name must be a dense Array{Float32} or Array{Float64}; got $(typeof(A))"))
-    return array_tensor(A)
 end
 
 # The DLPack dtype of a device message's element type (as message_tensor's), or an ArgumentError.

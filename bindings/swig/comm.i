@@ -19,8 +19,10 @@
  *                        reduce_stream() (a kDLCUDA gradient read after a cudaStream_t's work),
  *                        schedule(), load_stats() / stat(i), summary(), close(); the ZeRO
  *                        relay (parameters = CYCLIC_PARAMETERS_RELAYED): set_shard(),
- *                        shard_begin() / shard_end(), parameters(), load_relay_stats() /
- *                        relay_stat(i), relay_summary().
+ *                        shard_begin() / shard_end(), parameters(), their device twins
+ *                        set_shard_stream() / parameters_stream() (Java: the overloads
+ *                        set_shard(stage, shard, stream) / parameters(full, stream)),
+ *                        load_relay_stats() / relay_stat(i), relay_summary().
  *   CyclicTimeStepStats, CyclicSummary   read-only results.
  *   CyclicStages, CyclicStagesSchedule, ...   the stage-parallel runtime
  *                        (<flatmem/cyclic_stages.h>), in cyclic_stages.i (included at the end).
@@ -294,6 +296,10 @@ static void flatmem_swig_cyclic_release(flatmem_swig_cyclic *s) {
 %javamethodmodifiers flatmem_swig_cyclic::close "private";
 %rename(set_shard_raw) flatmem_swig_cyclic::set_shard;
 %javamethodmodifiers flatmem_swig_cyclic::set_shard "private";
+%rename(set_shard_stream_raw) flatmem_swig_cyclic::set_shard_stream;
+%javamethodmodifiers flatmem_swig_cyclic::set_shard_stream "private";
+/* parameters(full, stream): an overload of parameters(full), as CyclicStages' *_stream twins. */
+%rename(parameters) flatmem_swig_cyclic::parameters_stream;
 
 %typemap(javaclassmodifiers) struct flatmem_comm_unique_id "/**
  * What rank 0 makes (new UniqueId(\"host:port\"), port 0 = any free port) and
@@ -542,6 +548,18 @@ public class"
    *  registered again or closed: the runtime reads it inside next()). */
   public void set_shard(int stage, Tensor shard) {
     set_shard_raw(stage, shard);
+    shards.put(stage, shard);
+  }
+
+  /** set_shard with the cudaStream_t (its address; 0 = the legacy default
+   *  stream) a kDLCUDA shard is updated on under CYCLIC_MEMORY_CUDA: the
+   *  runtime's copies of it are enqueued there inside next() (flatmem_cyclic_set_shard_stream;
+   *  ignored for CPU shards). Kept reachable as set_shard's. A shard of the
+   *  other kind than the handle's memory throws FlatmemArgumentException
+   *  naming options.memory. parameters(full, stream) is the device twin of
+   *  parameters(full) (flatmem_cyclic_parameters_stream). */
+  public void set_shard(int stage, Tensor shard, long stream) {
+    set_shard_stream_raw(stage, shard, stream);
     shards.put(stage, shard);
   }
 
@@ -942,6 +960,16 @@ struct flatmem_swig_cyclic {};
     flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.set_shard");
     if (h) flatmem_swig_check(flatmem_cyclic_set_shard(h, stage, flatmem_swig_dl_out(shard)));
   }
+  /* flatmem_cyclic_set_shard_stream: as set_shard, with the stream a kDLCUDA
+   * shard is updated on (a cudaStream_t as an integer, 0 = the legacy default
+   * stream): the handle's copies of the shard are enqueued on it inside
+   * next(). Ignored for kDLCPU shards. */
+  void set_shard_stream(int32_t stage, flatmem_swig_tensor *shard, int64_t stream) {
+    flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.set_shard_stream");
+    if (h)
+      flatmem_swig_check(
+          flatmem_cyclic_set_shard_stream(h, stage, flatmem_swig_dl_out(shard), (void *)(intptr_t)stream));
+  }
   /* flatmem_cyclic_shard_range: the first element of `rank`'s shard of `stage`, and one past its last. */
   int64_t shard_begin(int32_t stage, int32_t rank) {
     int64_t begin = 0, end = 0;
@@ -959,6 +987,14 @@ struct flatmem_swig_cyclic {};
   void parameters(flatmem_swig_tensor *full) {
     flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.parameters");
     if (h) flatmem_swig_check(flatmem_cyclic_parameters(h, flatmem_swig_dl_out(full)));
+  }
+  /* flatmem_cyclic_parameters_stream: as parameters (the host wait for the
+   * relay included); a kDLCUDA `full` is written by a copy enqueued on
+   * `stream` (0 = the legacy default stream; ignored for kDLCPU). */
+  void parameters_stream(flatmem_swig_tensor *full, int64_t stream) {
+    flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.parameters_stream");
+    if (h)
+      flatmem_swig_check(flatmem_cyclic_parameters_stream(h, flatmem_swig_dl_out(full), (void *)(intptr_t)stream));
   }
   /* flatmem_cyclic_relay_stats into the handle (read with relay_stat(i)). */
   int64_t load_relay_stats(int64_t first, int64_t count) {

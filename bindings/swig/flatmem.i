@@ -856,8 +856,10 @@ const char *flatmem_swig_version_mismatch(void);
 /* The ZeRO relay's calls reach Python and Java through Cyclic's methods
    (comm.i); their raw forms would only be noise. */
 %ignore flatmem_cyclic_set_shard;
+%ignore flatmem_cyclic_set_shard_stream;
 %ignore flatmem_cyclic_shard_range;
 %ignore flatmem_cyclic_parameters;
+%ignore flatmem_cyclic_parameters_stream;
 %ignore flatmem_cyclic_relay_stats;
 %ignore flatmem_cyclic_relay_summary_get;
 %ignore FLATMEM_CYCLIC_RELAY_SUMMARY_INIT;

@@ -203,15 +203,17 @@ def train_data_parallel(comm, mlp, steps, rule, lr, timeout_ms=20000):
     return w
 
 
-def train_relayed(comm, mlp, steps, lr, timeout_ms=20000):
+def train_relayed(comm, mlp, steps, lr, timeout_ms=20000, calls=lambda cyc: cyc):
     """The ZeRO relay mode ("delay1"): rank r of N keeps shard r of every
     stage (set_shard), takes the full stage from the relay before each
     forward and backward (parameters), and updates its shard in place with
-    its range of the average. Returns {"shards": [...], "summary": ...,
-    "stats": [...]}, the shards holding version S."""
+    its range of the average. calls(handle): what set_shard, parameters and
+    reduce are called on (the handle itself by default). Returns {"shards":
+    [...], "summary": ..., "stats": [...]}, the shards holding version S."""
     L, r = mlp.stages, comm.rank
     with flatmem.Cyclic(comm, stages=L, steps=steps, rule="delay1", timeout_ms=timeout_ms, parameters="relayed",
-                        parameter_count=[mlp.count(j) for j in range(L)]) as cyc:
+                        parameter_count=[mlp.count(j) for j in range(L)]) as handle:
+        cyc = calls(handle)
         for j in range(L):
             cyc.set_shard(j, mlp.initial(j)[cyc.shard_range(j)].copy())
         full = [np.empty(mlp.count(j), mlp.dtype) for j in range(L)]

@@ -173,11 +173,25 @@ def test_ranks_that_differ_in_memory_are_named(local_group, kind):
     run_threads(comms, job)
 
 
-def test_cuda_memory_with_the_relay_is_unsupported(local_group):
+def test_cuda_memory_with_the_relay_needs_n_at_most_2l(local_group):
+    """memory="cuda" with "relayed" parameters: N = 3 ranks over L = 1 stage
+    (N > 2L) is UNSUPPORTED on every rank at once, naming the shape; N = 1
+    passes that check and stops at the missing device transport. A build
+    without NCCL refuses both with UNSUPPORTED, saying so."""
+    built = nccl_built()
+    relayed = {"stages": 1, "steps": 1, "parameters": "relayed", "parameter_count": [4], "memory": "cuda"}
+    for comm in local_group(3, timeout_ms=5000):  # refused before any rank is contacted
+        with raises_flatmem(flatmem.UnsupportedError, capi.STATUS_UNSUPPORTED, "options.memory: CUDA",
+                            "N <= 2L" if built else WITHOUT_NCCL):
+            flatmem.Cyclic(comm, **relayed)
     comm = local_group(1)[0]
-    # Without NCCL the message says so instead; both are UNSUPPORTED naming options.memory.
-    with raises_flatmem(flatmem.UnsupportedError, capi.STATUS_UNSUPPORTED, "options.memory: CUDA"):
-        flatmem.Cyclic(comm, stages=1, steps=1, parameters="relayed", parameter_count=[4], memory="cuda")
+    if built:
+        with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "options.memory: CUDA", "no device transport"):
+            flatmem.Cyclic(comm, **relayed)
+    else:
+        with raises_flatmem(flatmem.UnsupportedError, capi.STATUS_UNSUPPORTED, "options.memory: CUDA",
+                            WITHOUT_NCCL):
+            flatmem.Cyclic(comm, **relayed)
 
 
 def test_device_gradient_on_a_host_handle_is_refused_naming_the_option(local_group):

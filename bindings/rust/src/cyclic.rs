@@ -16,7 +16,9 @@
 //! stage's gradient over the ranks in the background. Gradients are `Vec`s
 //! on the host by default; with [`Memory::Cuda`] they are buffers of the
 //! communicator's CUDA device ([`DeviceGradient`], handed over with the
-//! unsafe [`Cyclic::reduce_stream`]) averaged over NCCL.
+//! unsafe [`Cyclic::reduce_stream`]) averaged over NCCL; relayed shards and
+//! full stages are then device buffers too (the unsafe
+//! [`Cyclic::set_shard_stream`] / [`Cyclic::parameters_stream`], N <= 2L).
 
 use std::marker::PhantomData;
 use std::os::raw::c_void;
@@ -281,10 +283,12 @@ pub enum Memory {
     Host,
     /// Buffers on the communicator's CUDA device (kDLCUDA), over NCCL: every
     /// rank's communicator needs its device transport
-    /// ([`Communicator::init_device`]) before [`Cyclic::new`], and the
-    /// parameters must be replicated (`Unsupported` with
-    /// [`relayed`](CyclicOptions::relayed), and from a flatmem built without
-    /// NCCL). Gradients go through [`Cyclic::reduce_stream`].
+    /// ([`Communicator::init_device`]) before [`Cyclic::new`]; with
+    /// [`relayed`](CyclicOptions::relayed) parameters N <= 2L ranks
+    /// (`Unsupported` otherwise, and from a flatmem built without NCCL).
+    /// Gradients go through [`Cyclic::reduce_stream`], relayed shards and
+    /// full stages through [`Cyclic::set_shard_stream`] /
+    /// [`Cyclic::parameters_stream`].
     Cuda,
 }
 
@@ -337,9 +341,10 @@ impl CyclicOptions {
         }
     }
 
-    /// Where the gradients live: [`Memory::Host`] (default: [`Cyclic::reduce`]
-    /// of `Vec`s) or [`Memory::Cuda`] ([`Cyclic::reduce_stream`] of device
-    /// buffers, after [`Communicator::init_device`] on every rank).
+    /// Where the gradients (and relayed shards and full stages) live:
+    /// [`Memory::Host`] (default: [`Cyclic::reduce`] of `Vec`s) or
+    /// [`Memory::Cuda`] ([`Cyclic::reduce_stream`] of device buffers, after
+    /// [`Communicator::init_device`] on every rank).
     pub fn memory(mut self, memory: Memory) -> CyclicOptions {
         self.memory = memory;
         self
@@ -491,8 +496,9 @@ pub struct Cyclic<'c, T: Element> {
     device_in_flight: Vec<(usize, u64)>,
     /// Gradients whose reduce failed: kept, never read, until the handle is gone.
     refused: Vec<Vec<T>>,
-    /// RELAYED: this rank's registered shard of each stage (read by the C
-    /// handle inside `next`, so owned here until the handle is gone).
+    /// RELAYED: this rank's registered host shard of each stage (read by the
+    /// C handle inside `next`, so owned here until the handle is gone); None
+    /// for a device shard (set_shard_stream: its caller keeps it).
     shards: Vec<Option<Vec<T>>>,
     current: Option<Action>,
     schedule: Schedule,
@@ -682,14 +688,54 @@ impl<'c, T: Element> Cyclic<'c, T> {
             // registered again or the handle is destroyed.
             check(unsafe { sys::flatmem_cyclic_set_shard(self.handle.as_mut_ptr(), raw_stage, t.mut_ptr()) })?;
         }
-        if self.shards.len() <= stage {
-            self.shards.resize_with(stage + 1, || None);
-        }
-        self.shards[stage] = Some(shard); // a buffer registered before is no longer read: dropped
+        self.registered(stage, Some(shard));
         Ok(())
     }
 
-    /// RELAYED: this rank's shard of `stage` (None before `set_shard`).
+    /// [`Memory::Cuda`]: registers this rank's device shard of `stage` as
+    /// [`set_shard`](Cyclic::set_shard) does a host one, with the `stream`
+    /// the caller updates it on (`flatmem_cyclic_set_shard_stream`; null =
+    /// the legacy default stream): the runtime's copies of the shard (for
+    /// rank 0's gathers) are enqueued on that stream inside
+    /// [`next`](Cyclic::next), between the caller's updates. The caller
+    /// keeps the buffer ([`shard`](Cyclic::shard) is None for it) and
+    /// updates it in place on `stream` at the stage's update actions. On a
+    /// [`Memory::Host`] runtime the library refuses it (`InvalidArgument`
+    /// naming `options.memory`); on error nothing is registered.
+    ///
+    /// # Safety
+    ///
+    /// `shard.data` must point to `shard.len` elements of `T` in memory of
+    /// CUDA device `shard.cuda_device` that stay allocated until the shard
+    /// is registered again or the runtime is dropped, and that are written
+    /// only by work ordered on `stream` meanwhile (the runtime reads them on
+    /// it inside `next`). `stream` is a live `cudaStream_t` of that device
+    /// (as long as the shard is registered), or null.
+    pub unsafe fn set_shard_stream(&mut self, stage: usize, shard: DeviceBuffer<T>, stream: *mut c_void) -> Result<()> {
+        let raw_stage = int32("stage", stage)?;
+        let mut desc = Desc::cuda_elements(shard, "shard")?;
+        let mut t = desc.dl();
+        // SAFETY: a live handle; the tensor's metadata lives through the call
+        // (the library keeps the data pointer and the stream, for which the
+        // caller vouches: see above).
+        check(unsafe {
+            sys::flatmem_cyclic_set_shard_stream(self.handle.as_mut_ptr(), raw_stage, t.mut_ptr(), stream)
+        })?;
+        self.registered(stage, None);
+        Ok(())
+    }
+
+    /// Records the host shard registered for `stage` (None: a device one);
+    /// a host buffer registered before is no longer read, so it is dropped.
+    fn registered(&mut self, stage: usize, shard: Option<Vec<T>>) {
+        if self.shards.len() <= stage {
+            self.shards.resize_with(stage + 1, || None);
+        }
+        self.shards[stage] = shard;
+    }
+
+    /// RELAYED: this rank's host shard of `stage` (None before `set_shard`,
+    /// and for a device shard).
     pub fn shard(&self, stage: usize) -> Option<&[T]> {
         self.shards.get(stage).and_then(|s| s.as_deref())
     }
@@ -721,6 +767,26 @@ impl<'c, T: Element> Cyclic<'c, T> {
         let mut t = desc.dl();
         // SAFETY: a live handle; `full` is written during the call only.
         check(unsafe { sys::flatmem_cyclic_parameters(self.handle.as_mut_ptr(), t.mut_ptr()) })
+    }
+
+    /// [`Memory::Cuda`]: [`parameters`](Cyclic::parameters) into a device
+    /// buffer (`flatmem_cyclic_parameters_stream`): waits on the host (at
+    /// most the timeout) for the relay of the action's stage, then enqueues
+    /// the copy into `full` on `stream` (null = the legacy default stream).
+    /// On a [`Memory::Host`] runtime the library refuses it
+    /// (`InvalidArgument` naming `options.memory`) and writes nothing.
+    ///
+    /// # Safety
+    ///
+    /// `full.data` must point to `full.len` elements of `T` in memory of
+    /// CUDA device `full.cuda_device`, allocated, and neither read nor
+    /// written by other streams, until the copy enqueued on `stream` has
+    /// run; `stream` is a live `cudaStream_t` of that device, or null.
+    pub unsafe fn parameters_stream(&mut self, full: DeviceBuffer<T>, stream: *mut c_void) -> Result<()> {
+        let mut desc = Desc::cuda_elements(full, "full")?;
+        let mut t = desc.dl();
+        // SAFETY: a live handle; the caller vouches for the device memory and the stream.
+        check(unsafe { sys::flatmem_cyclic_parameters_stream(self.handle.as_mut_ptr(), t.mut_ptr(), stream) })
     }
 
     /// RELAYED: the relay statistics of the time steps still kept

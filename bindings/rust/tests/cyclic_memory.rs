@@ -1,6 +1,6 @@
 //! `CyclicOptions::memory` and `Cyclic::reduce_stream`: the option's C
 //! values, the library's refusals (a CUDA runtime without the device
-//! transport or with the relay, a device gradient on a host runtime, a
+//! transport or relayed over N > 2L ranks, a device gradient on a host runtime, a
 //! reduce_stream outside a backward) and that a refused device gradient
 //! leaves the runtime usable (the host average then comes back, checked
 //! against the mean computed here). No CUDA runs on the CI machines: the
@@ -53,13 +53,31 @@ fn cuda_memory_needs_the_device_transport() {
     });
 }
 
+/// CUDA memory with the relay: N = 3 ranks over L = 1 stage (N > 2L) is
+/// `Unsupported` on every rank before any rank is contacted, naming the
+/// shape; N = 1 passes that check and stops at the missing device transport.
+/// A build without NCCL refuses both as `Unsupported`, saying so.
 #[test]
-fn cuda_memory_with_the_relay_is_unsupported() {
-    ranks::on_threads(1, |comm| {
-        let options = CyclicOptions::new(1, 1, Rule::Delay1).relayed(vec![4]).memory(Memory::Cuda);
-        let e = Cyclic::<f64>::new(&comm, &options).unwrap_err();
+fn cuda_memory_with_the_relay_needs_n_at_most_2l() {
+    let built = nccl_built();
+    let options = CyclicOptions::new(1, 1, Rule::Delay1).relayed(vec![4]).memory(Memory::Cuda);
+    let shape = options.clone();
+    ranks::on_threads(3, move |comm| {
+        let e = Cyclic::<f64>::new(&comm, &shape).unwrap_err();
         assert_eq!(e.status(), Status::Unsupported, "{}", e);
         assert!(e.message().contains("options.memory: CUDA"), "{}", e);
+        assert!(e.message().contains(if built { "N <= 2L" } else { WITHOUT_NCCL }), "{}", e);
+    });
+    ranks::on_threads(1, move |comm| {
+        let e = Cyclic::<f64>::new(&comm, &options).unwrap_err();
+        assert!(e.message().contains("options.memory: CUDA"), "{}", e);
+        if built {
+            assert_eq!(e.status(), Status::InvalidArgument, "{}", e);
+            assert!(e.message().contains("no device transport"), "{}", e);
+        } else {
+            assert_eq!(e.status(), Status::Unsupported, "{}", e);
+            assert!(e.message().contains(WITHOUT_NCCL), "{}", e);
+        }
     });
 }
 

@@ -39,7 +39,11 @@ first) takes kDLCUDA ``__dlpack__`` tensors (PyTorch, CuPy, JAX, ...) on that
 device and averages them over NCCL; ``reduce(stage, g, stream=s)`` names the
 cudaStream_t (an int) the gradient was computed on, so the chain reads it
 after that stream's work without a host wait (None: the legacy default
-stream).
+stream). With parameters="relayed" the shards and full stages are device
+tensors too (N <= 2L ranks; UnsupportedError otherwise): ``set_shard(stage,
+shard, stream=s)`` names the stream the shard is updated on (the handle's
+copies of it are enqueued there inside next()), ``parameters(full,
+stream=s)`` the stream the full stage is copied on.
 """
 from __future__ import annotations
 
@@ -49,7 +53,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import capi
-from ._tensors import as_arg, as_output, as_stream_arg
+from ._tensors import as_arg, as_stream_arg, as_stream_output
 from .comm import check_communicator, int_arg
 from .contrastive import _NONFINITE, _option
 
@@ -234,16 +238,37 @@ _PARAMETERS = {"replicated": capi.CYCLIC_PARAMETERS_REPLICATED, "relayed": capi.
 _MEMORY = {"host": capi.CYCLIC_MEMORY_HOST, "cuda": capi.CYCLIC_MEMORY_CUDA}
 
 
-def _gradient_arg(gradient, stream):
-    """The Arg of a gradient handed to reduce(): a writable C-contiguous NumPy
-    array (the update is averaged in place), or any __dlpack__ object (asked
-    for its capsule with the DLPack stream of `stream` when it lives on a
-    CUDA device). Whether its device suits the handle's memory is the
-    library's call (its message names options.memory); only what cannot be
-    described at all is refused here."""
-    if isinstance(gradient, np.ndarray) and not (gradient.flags.c_contiguous and gradient.flags.writeable):
-        raise ValueError("gradient: expected a writable C-contiguous NumPy array")
-    return as_stream_arg(gradient, "gradient", stream)
+def stream_arg(stream):
+    """The cudaStream_t of a *_stream call as an int; None stays None (the
+    plain call: the legacy default stream)."""
+    return None if stream is None else int_arg(stream, "stream")
+
+
+def call_for_stream(raw, name, stream, *args):
+    """The SWIG handle's name(*args), or its name_stream(*args, stream) twin
+    when a stream is given (the C API's plain / *_stream pairs)."""
+    if stream is None:
+        getattr(raw, name)(*args)
+    else:
+        getattr(raw, name + "_stream")(*args, stream)
+
+
+def _writable_arg(tensor, name, stream):
+    """The Arg of a tensor the library keeps or writes (a gradient, a shard):
+    a writable C-contiguous NumPy array, or any __dlpack__ object (asked for
+    its capsule with the DLPack stream of `stream` when it lives on a CUDA
+    device). Whether its device suits the handle's memory is the library's
+    call (its message names options.memory); only what cannot be described
+    at all is refused here."""
+    if isinstance(tensor, np.ndarray) and not (tensor.flags.c_contiguous and tensor.flags.writeable):
+        raise ValueError(f"{name}: expected a writable C-contiguous NumPy array")
+    return as_stream_arg(tensor, name, stream)
+
+
+def _kept(tensor, arg):
+    """What keeps a tensor handed to the handle alive: the array itself, or
+    the __dlpack__ object and its capsule."""
+    return tensor if isinstance(tensor, np.ndarray) else arg.keepalive
 
 
 class Cyclic:
@@ -270,15 +295,16 @@ class Cyclic:
                       stage, relayed rank to rank in stagger order)
     parameter_count   "relayed": L ints, the elements n_j of each stage
     memory            "host" (default: NumPy / kDLCPU gradients over the
-                      host transport) or "cuda" (kDLCUDA __dlpack__ gradients
-                      on the communicator's device, over NCCL: needs
-                      comm.init_device(...) on every rank first and
-                      "replicated" parameters; UnsupportedError from a
-                      flatmem built without NCCL). Every rank passes the same.
+                      host transport) or "cuda" (kDLCUDA __dlpack__ gradients,
+                      and relayed shards and full stages, on the
+                      communicator's device, over NCCL: needs
+                      comm.init_device(...) on every rank first; "relayed"
+                      needs N <= 2L; UnsupportedError from a flatmem built
+                      without NCCL). Every rank passes the same.
 
     next() -> CyclicAction, reduce(stage, gradient, stream=None), stats(), summary(),
-    schedule, close() / with-block; relayed: set_shard(stage, shard),
-    shard(stage), shard_range(stage, rank=None), parameters(full),
+    schedule, close() / with-block; relayed: set_shard(stage, shard, stream=None),
+    shard(stage), shard_range(stage, rank=None), parameters(full, stream=None),
     relay_stats(), relay_summary(). Thread rule: one thread drives the handle
     (a lock enforces it); next() releases the GIL while it waits.
     Failures (a dead peer, a timeout) raise PeerFailureError /
@@ -337,15 +363,11 @@ class Cyclic:
         under nonfinite="error" a NaN/Inf in a device gradient is found by the
         chain, so the NonFiniteError comes from the next next()."""
         stage = int_arg(stage, "stage")
-        stream = None if stream is None else int_arg(stream, "stream")
-        arg = _gradient_arg(gradient, stream)
+        stream = stream_arg(stream)
+        arg = _writable_arg(gradient, "gradient", stream)
         with self._lock:
-            if stream is None:
-                self._raw.reduce(stage, arg.tensor)
-            else:
-                self._raw.reduce_stream(stage, arg.tensor, stream)
-            # The array, or the __dlpack__ object and its capsule.
-            self._held[(stage, self._step)] = gradient if isinstance(gradient, np.ndarray) else arg.keepalive
+            call_for_stream(self._raw, "reduce", stream, stage, arg.tensor)
+            self._held[(stage, self._step)] = _kept(gradient, arg)
 
     def stats(self, first=0, count=None):
         """Per-time-step statistics still kept (the last `history` ones), as a
@@ -364,26 +386,33 @@ class Cyclic:
                              int(s.max_bytes_sent_per_time_step), int(s.peak_activation_bytes),
                              float(s.wait_seconds), float(s.seconds))
 
-    def set_shard(self, stage, shard):
-        """Relayed: register this rank's shard of `stage`, a writable
-        C-contiguous float32/float64 array of exactly the elements of
-        shard_range(stage) (possibly none) holding version 0. The library
-        reads it inside later next() calls (it sends copies), so the handle
-        keeps it referenced; update it in place at the stage's update actions
-        with the average's shard range (the gradient array of that update)."""
-        if not isinstance(shard, np.ndarray):
-            raise TypeError(f"shard: expected a NumPy array, not {type(shard).__name__}")
-        if not (shard.flags.c_contiguous and shard.flags.writeable):
-            raise ValueError("shard: expected a writable C-contiguous NumPy array")
-        arg = as_arg(shard, "shard")
+    def set_shard(self, stage, shard, stream=None):
+        """Relayed: register this rank's shard of `stage`, float32/float64,
+        of exactly the elements of shard_range(stage) (possibly none) holding
+        version 0: memory="host": a writable C-contiguous NumPy array (or a
+        kDLCPU __dlpack__ object); memory="cuda": a __dlpack__ object on the
+        communicator's device, and `stream` the cudaStream_t (an int; None =
+        the legacy default stream) you update it on: the handle's copies of
+        it are enqueued there inside next(), between your updates (ignored
+        for host shards). The library reads it inside later next() calls (it
+        sends copies), so the handle keeps it referenced (a __dlpack__ object
+        with its capsule) until it is registered again or the handle is
+        closed; update it in place at the stage's update actions with the
+        average's shard range (the gradient array of that update). A shard
+        of the other kind than the handle's memory raises
+        InvalidArgumentError naming options.memory."""
         stage = int_arg(stage, "stage")
+        stream = stream_arg(stream)
+        arg = _writable_arg(shard, "shard", stream)
         with self._lock:
-            self._raw.set_shard(stage, arg.tensor)
-            self._shards[stage] = shard
+            call_for_stream(self._raw, "set_shard", stream, stage, arg.tensor)
+            self._shards[stage] = (shard, _kept(shard, arg))
 
     def shard(self, stage):
-        """Relayed: the array registered for `stage` (None before set_shard)."""
-        return self._shards.get(int(stage))
+        """Relayed: the array (or __dlpack__ object) registered for `stage`
+        (None before set_shard)."""
+        registered = self._shards.get(int(stage))
+        return None if registered is None else registered[0]
 
     def shard_range(self, stage, rank=None):
         """Relayed: slice(begin, end), the elements of `stage` that `rank`
@@ -394,14 +423,18 @@ class Cyclic:
         stage = int_arg(stage, "stage")
         return slice(self._raw.shard_begin(stage, rank), self._raw.shard_end(stage, rank))
 
-    def parameters(self, full):
+    def parameters(self, full, stream=None):
         """Relayed, during a forward or backward, once: wait (<= timeout,
         GIL released) for the relay of the action's stage and copy the full
-        stage (version max(0, step - 1), n_j elements) into `full`; returns
+        stage (version max(0, step - 1), n_j elements) into `full`, of the
+        handle's memory (a writable NumPy array; memory="cuda": a __dlpack__
+        device tensor, the copy enqueued on `stream`, the cudaStream_t as an
+        int, None = the legacy default stream; ignored on the host); returns
         it. Written only on success."""
-        arg = as_output(full, "full")
+        stream = stream_arg(stream)
+        arg = as_stream_output(full, "full", stream)
         with self._lock:
-            self._raw.parameters(arg.tensor)
+            call_for_stream(self._raw, "parameters", stream, arg.tensor)
         return full
 
     def relay_stats(self, first=0, count=None):

@@ -78,7 +78,8 @@ from . import capi
 from ._tensors import as_arg, as_stream_arg, as_stream_output
 from .comm import check_communicator, int_arg
 from .contrastive import _option
-from .cyclic import _KINDS, _MEMORY, _Schedule, _rule_code, int64_entries, kept_stats
+from .cyclic import (_KINDS, _MEMORY, _Schedule, _rule_code, call_for_stream, int64_entries, kept_stats,
+                     stream_arg)
 from .reversible import _invalid
 
 
@@ -86,10 +87,6 @@ def _input(tensor, name, stream):
     """send / accumulate: a NumPy array or __dlpack__ object (on a CUDA
     device: asked for the call's stream), anything else through np.asarray."""
     return as_stream_arg(tensor if hasattr(tensor, "__dlpack__") else np.asarray(tensor), name, stream)
-
-
-def _stream(stream):
-    return None if stream is None else int_arg(stream, "stream")
 
 
 def _none_if_negative(v):
@@ -296,17 +293,14 @@ class CyclicStages:
     def _call(self, name, arg, stream):
         """capi's name(tensor), or name_stream(tensor, stream) when a stream is given."""
         with self._lock:
-            if stream is None:
-                getattr(self._raw, name)(arg.tensor)
-            else:
-                getattr(self._raw, name + "_stream")(arg.tensor, stream)
+            call_for_stream(self._raw, name, stream, arg.tensor)
 
     def send(self, tensor, stream=None):
         """Send the current action's boundary tensor (its `sends`, once):
         compact, at most boundary_bytes of its boundary, of the handle's
         memory. Copied: the tensor is the caller's again on return (device:
         for the work enqueued after the call on `stream`)."""
-        stream = _stream(stream)
+        stream = stream_arg(stream)
         arg = _input(tensor, "tensor", stream)
         self._call("send", arg, stream)
 
@@ -318,7 +312,7 @@ class CyclicStages:
         and communicator). Waits at most the timeout (device: for the
         arrival, on the host; the copy into `into` is enqueued on `stream`);
         nothing is written on error. Returns `into`."""
-        stream = _stream(stream)
+        stream = stream_arg(stream)
         arg = as_stream_output(into, "into", stream)
         self._call("receive", arg, stream)
         return into
@@ -327,7 +321,7 @@ class CyclicStages:
         """Add the current backward's stage gradient (once) into its step's
         accumulator: float32 or float64, compact, at least one element, the
         same dtype and size every time. Copied (device: enqueued on `stream`)."""
-        stream = _stream(stream)
+        stream = stream_arg(stream)
         arg = _input(gradient, "gradient", stream)
         self._call("accumulate", arg, stream)
         if self._gradient is None and arg.dtype is not None:
@@ -341,7 +335,7 @@ class CyclicStages:
         NumPy array, host handles only). Device: a __dlpack__ device tensor,
         the copy enqueued on `stream` (order it after the accumulates: the
         same stream, or your own synchronisation). Returns `out`."""
-        stream = _stream(stream)
+        stream = stream_arg(stream)
         if out is None:
             if self._on_device:
                 raise _invalid("CyclicStages.average: out is None; with memory='cuda' pass out= (a kDLCUDA "

@@ -2627,9 +2627,10 @@ pub struct flatmem_cyclic_options {
     #[doc = "  create; the same on every rank). Required when relayed, ignored when"]
     #[doc = "  replicated."]
     pub parameter_count: *const i64,
-    #[doc = " HOST (default: kDLCPU gradients) or CUDA (kDLCUDA gradients on the"]
-    #[doc = "  communicator's device, over NCCL; needs flatmem_comm_init_device before"]
-    #[doc = "  create, and REPLICATED parameters). Every rank must pass the same."]
+    #[doc = " HOST (default: kDLCPU gradients) or CUDA (kDLCUDA gradients, and with"]
+    #[doc = "  RELAYED shards and full stages, on the communicator's device, over NCCL;"]
+    #[doc = "  needs flatmem_comm_init_device before create). Every rank must pass the"]
+    #[doc = "  same."]
     pub memory: flatmem_cyclic_memory,
 }
 #[test]
@@ -3313,7 +3314,8 @@ extern "C" {
     ) -> flatmem_status;
 }
 extern "C" {
-    #[doc = " RELAYED: register this rank's shard of `stage` (0 .. L-1): kDLCPU, float32"]
+    #[doc = " RELAYED: register this rank's shard of `stage` (0 .. L-1): kDLCPU"]
+    #[doc = " (options.memory = HOST) or kDLCUDA on the communicator's device (CUDA), float32"]
     #[doc = " or float64 (the same dtype for every stage, and the dtype of the gradients"]
     #[doc = " and of flatmem_cyclic_parameters' `full`), compact, exactly"]
     #[doc = " end - begin elements of flatmem_cyclic_shard_range (0 for an empty shard:"]
@@ -3323,13 +3325,23 @@ extern "C" {
     #[doc = " at the update actions of the stage. Every stage must be registered before"]
     #[doc = " the first flatmem_cyclic_next; registering again (e.g. a moved buffer) is"]
     #[doc = " allowed between actions. Errors: INVALID_ARGUMENT naming `shard` (size:"]
-    #[doc = " both sizes; dtype) or `stage`, or the handle when it is replicated;"]
-    #[doc = " UNSUPPORTED for device tensors; nothing is registered then. Thread rule:"]
+    #[doc = " both sizes; dtype; the other memory kind) or `stage`, or the handle when"]
+    #[doc = " it is replicated; nothing is registered then. Thread rule:"]
     #[doc = " the handle's (one thread at a time)."]
     pub fn flatmem_cyclic_set_shard(
         handle: *mut flatmem_cyclic_t,
         stage: i32,
         shard: *mut DLTensor,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " flatmem_cyclic_set_shard with the cudaStream_t the caller updates a"]
+    #[doc = "  device shard on (NULL = the legacy default stream; ignored on the host)."]
+    pub fn flatmem_cyclic_set_shard_stream(
+        handle: *mut flatmem_cyclic_t,
+        stage: i32,
+        shard: *mut DLTensor,
+        stream: *mut ::std::os::raw::c_void,
     ) -> flatmem_status;
 }
 extern "C" {
@@ -3346,16 +3358,25 @@ extern "C" {
 extern "C" {
     #[doc = " RELAYED: during a FORWARD or BACKWARD action, once: wait (<= timeout) for"]
     #[doc = " the relay of the action's stage and copy the full stage parameters,"]
-    #[doc = " version max(0, step - 1), into `full`: kDLCPU, the registered dtype,"]
+    #[doc = " version max(0, step - 1), into `full`: the shards' memory kind, the registered dtype,"]
     #[doc = " compact, n_j elements; then pass them on to the next rank (in the"]
     #[doc = " background). Errors: INVALID_ARGUMENT naming `full` (dtype, size: both"]
     #[doc = " sizes), or the call itself when the current action is not a FORWARD /"]
-    #[doc = " BACKWARD, was already served, or the handle is replicated; UNSUPPORTED for"]
-    #[doc = " a device `full`; TIMEOUT / PEER_FAILURE (handle and communicator poisoned)"]
+    #[doc = " BACKWARD, was already served, or the handle is replicated; a `full` of the"]
+    #[doc = " other memory kind than options.memory; TIMEOUT / PEER_FAILURE (handle and communicator poisoned)"]
     #[doc = " as above. `full` is written only on success. Thread rule: the handle's."]
     pub fn flatmem_cyclic_parameters(
         handle: *mut flatmem_cyclic_t,
         full: *mut DLTensor,
+    ) -> flatmem_status;
+}
+extern "C" {
+    #[doc = " flatmem_cyclic_parameters for a device `full`, the copy enqueued on"]
+    #[doc = "  `stream` (NULL = the legacy default stream; ignored on the host)."]
+    pub fn flatmem_cyclic_parameters_stream(
+        handle: *mut flatmem_cyclic_t,
+        full: *mut DLTensor,
+        stream: *mut ::std::os::raw::c_void,
     ) -> flatmem_status;
 }
 #[doc = " RELAYED, per time step (flatmem_cyclic_relay_stats)."]
