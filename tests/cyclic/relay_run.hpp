@@ -11,6 +11,22 @@
 
 namespace test {
 
+// A 3-stage model whose middle stage has 2 elements (empty shards for N = 3, 4).
+inline TrainSetup tiny(std::int64_t steps) {
+  TrainSetup s;
+  s.widths = {3, 1, 1, 2};  // 4, 2, 4 elements
+  s.steps = steps;
+  s.rows = 2;
+  return s;
+}
+
+// "world 3, widths 3 1 1 2 steps 4" for messages.
+inline std::string describe(const TrainSetup &s, int world) {
+  std::string w;
+  for (int x : s.widths) w += std::to_string(x) + " ";
+  return "world " + std::to_string(world) + ", widths " + w + "steps " + std::to_string(s.steps);
+}
+
 template <typename T>
 struct RelayTraining {
   std::vector<RelayRun<T>> runs;

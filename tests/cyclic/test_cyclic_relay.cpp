@@ -16,8 +16,8 @@ using namespace test;
 namespace {
 
 // Stage sizes out x (in + 1): 7*6 = 42, 4*8 = 32, 6*5 = 30, 3*7 = 21 (no
-// multiple of 4, 42 and 30 multiples of 3), and a tiny setup whose middle
-// stage has 2 elements (fewer than N = 3, 4: empty shards).
+// multiple of 4, 42 and 30 multiples of 3); tiny() (relay_run.hpp) has a
+// middle stage of 2 elements (fewer than N = 3, 4: empty shards).
 TrainSetup awkward(int stages, std::int64_t steps) {
   TrainSetup s;
   const std::vector<int> widths{5, 7, 4, 6, 3};
@@ -25,19 +25,6 @@ TrainSetup awkward(int stages, std::int64_t steps) {
   s.steps = steps;
   s.rows = 3;
   return s;
-}
-TrainSetup tiny(std::int64_t steps) {
-  TrainSetup s;
-  s.widths = {3, 1, 1, 2};  // 4, 2, 4 elements
-  s.steps = steps;
-  s.rows = 2;
-  return s;
-}
-
-std::string describe(const TrainSetup &s, int world) {
-  std::string w;
-  for (int x : s.widths) w += std::to_string(x) + " ";
-  return "world " + std::to_string(world) + ", widths " + w + "steps " + std::to_string(s.steps);
 }
 
 template <typename T>

@@ -20,22 +20,8 @@ namespace {
 
 bool has(const std::string &text, const std::string &part) { return text.find(part) != std::string::npos; }
 
-// Widths 5, 4, 5, 3 (stages of 24, 25, 18 elements) and a tiny setup whose
-// middle stage has 2 elements (empty shards for N = 3, 4).
+// Widths 5, 4, 5, 3 (stages of 24, 25, 18 elements); tiny() is relay_run.hpp's.
 TrainSetup three_stages(std::int64_t steps) { return mlp_setup(3, steps, FLATMEM_CYCLIC_DELAY1); }
-TrainSetup tiny(std::int64_t steps) {
-  TrainSetup s;
-  s.widths = {3, 1, 1, 2};  // 4, 2, 4 elements
-  s.steps = steps;
-  s.rows = 2;
-  return s;
-}
-
-std::string describe(const TrainSetup &s, int world) {
-  std::string w;
-  for (int x : s.widths) w += std::to_string(x) + " ";
-  return "world " + std::to_string(world) + ", widths " + w + "steps " + std::to_string(s.steps);
-}
 
 // Not a stream of any device: a host handle must ignore it (never dereference it).
 void *const not_a_stream = reinterpret_cast<void *>(std::uintptr_t(0x5eed0));

@@ -1,12 +1,13 @@
-// Device buffers for the ramp runs of the GPU tests of both cyclic handles
-// (tests/cyclic/ramp_run.hpp's RampBuffers on cudaMalloc'ed memory), and the
-// CUDA status check they share.
+// What the GPU tests of the cyclic handles share: device buffers for the
+// ramp runs (tests/cyclic/ramp_run.hpp's RampBuffers on cudaMalloc'ed
+// memory), the CUDA status check, the device count, bitwise comparison.
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <dlpack/dlpack.h>
 
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -18,6 +19,20 @@ namespace test {
 
 inline void cuda_check(cudaError_t status, const char *what) {
   if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+}
+
+// CUDA devices the runtime sees (0 when it cannot tell).
+inline int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  return count;
+}
+
+inline bool has(const std::string &text, const std::string &part) { return text.find(part) != std::string::npos; }
+
+template <typename T>
+bool same_bits(const std::vector<T> &a, const std::vector<T> &b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 // Two cudaMalloc'ed gradient buffers per stage on `device`; write / read are

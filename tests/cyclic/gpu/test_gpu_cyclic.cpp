@@ -29,8 +29,6 @@ namespace {
 
 constexpr std::int64_t timeout_ms = 20000;
 
-bool has(const std::string &text, const std::string &part) { return text.find(part) != std::string::npos; }
-
 
 // Rank r: device transport and gradients on CUDA device r.
 template <typename T>
@@ -44,12 +42,6 @@ RampRankSetup<T> on_devices(int stages) {
     return std::make_unique<DeviceRampBuffers<T>>(stages, rank);
   };
   return setup;
-}
-
-int device_count() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
-  return count;
 }
 
 // The same schedule over host and device memory in a world of `world`: the

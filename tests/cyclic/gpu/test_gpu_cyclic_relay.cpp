@@ -64,25 +64,6 @@ namespace {
 
 constexpr std::int64_t timeout_ms = 20000;
 
-bool has(const std::string &text, const std::string &part) { return text.find(part) != std::string::npos; }
-
-int device_count() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
-  return count;
-}
-
-template <typename T>
-bool same_bits(const std::vector<T> &a, const std::vector<T> &b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
-}
-
-std::string describe(const TrainSetup &s, int world) {
-  std::string w;
-  for (int x : s.widths) w += std::to_string(x) + " ";
-  return "world " + std::to_string(world) + ", widths " + w + "steps " + std::to_string(s.steps);
-}
-
 // cudaLaunchHostFunc callback: holds the stream for 20 ms.
 void CUDART_CB hold_stream(void *) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }
 

@@ -53,19 +53,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::int64_t timeout_ms = 20000;
 
-bool has(const std::string &text, const std::string &part) { return text.find(part) != std::string::npos; }
-
-int device_count() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
-  return count;
-}
-
-template <typename T>
-bool same_bits(const std::vector<T> &a, const std::vector<T> &b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
-}
-
 std::string describe(const TrainSetup &s, int n) {
   return "L " + std::to_string(s.stages()) + ", N " + std::to_string(n) + ", steps " + std::to_string(s.steps) +
          ", rule " + std::to_string(int(s.rule));
