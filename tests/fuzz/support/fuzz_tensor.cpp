@@ -92,8 +92,13 @@ void FuzzTensor::materialize() {
   if (valid_shape) {
     for (int i = 0; i < ndim; ++i) {
       const __int128 stride = has_strides_ ? strides_[i] : [&] {
+        // The row-major stride, saturated at 2^62: 16 hostile extents overflow even
+        // __int128 (UB in this oracle itself; found by the CI smoke). Any stride that
+        // large means more elements than kMaxBufferBytes, so the tensor is not honest
+        // either way, and (shape - 1) * stride stays below 2^125.
+        const __int128 cap = __int128(1) << 62;
         __int128 s = 1;
-        for (int j = i + 1; j < ndim; ++j) s *= shape_[j];
+        for (int j = i + 1; j < ndim; ++j) s = std::min(cap, s * std::min<__int128>(shape_[j], cap));
         return s;
       }();
       const __int128 reach = shape_[i] == 0 ? 0 : (__int128(shape_[i]) - 1) * stride;
