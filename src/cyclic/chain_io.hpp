@@ -17,8 +17,10 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.hpp"
+#include "core/error.hpp"
 
 namespace flatmem::cyclic {
 
@@ -82,6 +84,25 @@ bool device_chains_built();
 // options.memory of either cyclic handle: true for CUDA; INVALID_ARGUMENT
 // for an unknown value, UNSUPPORTED for CUDA in a build without NCCL.
 bool read_memory(std::int32_t memory);
+// How the refusals name options.memory (0 HOST, 1 CUDA).
+inline const char *memory_name(std::int64_t memory) { return memory == 0 ? "HOST" : "CUDA"; }
+// Either create, after its all-gather of every rank's Agreement (fields
+// `memory`: options.memory as read_memory read it; `device`: the
+// communicator's NCCL device, -1 = none): INVALID_ARGUMENT naming the first
+// rank whose memory differs from rank 0's, then, for CUDA, the first rank with
+// no device transport. `create`: the C function named in the advice.
+template <typename Agreement>
+void check_memory_agreement(const std::vector<Agreement> &all, const char *create) {
+  for (std::size_t r = 1; r < all.size(); ++r)
+    if (all[r].memory != all[0].memory)
+      invalid("options.memory: rank ", r, " passes ", memory_name(all[r].memory), ", rank 0 ",
+              memory_name(all[0].memory), "; every rank must pass the same");
+  if (all.empty() || all[0].memory == 0) return;
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (all[r].device < 0)
+      invalid("options.memory: CUDA, but the communicator of rank ", r, " has no device transport; call "
+              "flatmem_comm_init_device on every rank before ", create);
+}
 // Collective over comm (every rank, the same order): a private NCCL
 // communicator on comm's device and a non-blocking stream. Within `timeout`.
 std::unique_ptr<ChainIo> device_chain_io(comm::Communicator &comm, comm::Milliseconds timeout);

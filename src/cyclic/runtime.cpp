@@ -23,8 +23,6 @@ struct Agreement {
   std::int64_t device;             // the communicator's NCCL device, -1 = none
 };
 
-const char *memory_name(std::int64_t memory) { return memory == 0 ? "HOST" : "CUDA"; }
-
 std::uint64_t fingerprint(const std::vector<std::int64_t> &counts) {
   if (counts.empty()) return 0;
   std::uint64_t h = 0xcbf29ce484222325ull;
@@ -81,15 +79,8 @@ Runtime::Runtime(comm::Communicator &comm, Settings settings)
       invalid("options: rank ", r, " passes other options.parameters / parameter_count than rank 0 (",
               a.parameter_counts == 0 ? "REPLICATED" : "RELAYED", " vs ",
               z.parameter_counts == 0 ? "REPLICATED" : "RELAYED", "); every rank must pass the same");
-    if (a.memory != z.memory)
-      invalid("options.memory: rank ", r, " passes ", memory_name(a.memory), ", rank 0 ", memory_name(z.memory),
-              "; every rank must pass the same");
   }
-  if (settings_.device)
-    for (std::int32_t r = 0; r < world_; ++r)
-      if (all[std::size_t(r)].device < 0)
-        invalid("options.memory: CUDA, but the communicator of rank ", r, " has no device transport; call "
-                "flatmem_comm_init_device on every rank before flatmem_cyclic_create");
+  check_memory_agreement(all, "flatmem_cyclic_create");
   id_ = std::uint32_t(comm_.next_sequence());
   // Collective for device memory: the same order on every rank.
   reduce_io_ = settings_.device ? device_chain_io(comm_, settings_.timeout) : host_chain_io(comm_);

@@ -24,8 +24,6 @@ struct Agreement {
   std::int64_t device;  // the communicator's NCCL device, -1 = none
 };
 
-const char *memory_name(std::int64_t memory) { return memory == 0 ? "HOST" : "CUDA"; }
-
 const char *rule_name(std::int64_t rule) {
   switch (rule) {
     case FLATMEM_CYCLIC_SYNC: return "SYNC";
@@ -116,15 +114,8 @@ void StageRuntime::agree() const {
               ", steps ", a.steps, ", rule ", rule_name(a.rule), " but rank 0 has stages ", z.stages,
               ", micro_batches ", z.micro_batches, ", steps ", z.steps, ", rule ", rule_name(z.rule),
               "; every rank must pass the same");
-    if (a.memory != z.memory)
-      invalid("options.memory: rank ", r, " passes ", memory_name(a.memory), ", rank 0 ", memory_name(z.memory),
-              "; every rank must pass the same");
   }
-  if (settings_.device)
-    for (int r = 0; r < world; ++r)
-      if (all[std::size_t(r)].device < 0)
-        invalid("options.memory: CUDA, but the communicator of rank ", r, " has no device transport; call "
-                "flatmem_comm_init_device on every rank before flatmem_cyclic_stages_create");
+  check_memory_agreement(all, "flatmem_cyclic_stages_create");
   const std::size_t n = settings_.boundary_bytes.size();
   if (n == 0) return;
   std::vector<std::int64_t> bounds(n * std::size_t(world));
