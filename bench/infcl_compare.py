@@ -20,7 +20,10 @@ import sys
 import torch
 
 try:
-    from inf_cl import cal_inf_loss
+    # cal_flash_loss is what Inf-CL's cal_inf_loss runs in a single process; cal_inf_loss itself
+    # wraps a scale that needs a gradient in GradientGather, whose backward all-reduces over
+    # torch.distributed and so fails without a process group.
+    from inf_cl import cal_flash_loss
 except ImportError:  # pragma: no cover
     sys.exit("inf_cl is not installed: pip install inf-cl")
 
@@ -43,7 +46,8 @@ class DLTensor(ctypes.Structure):
 class Options(ctypes.Structure):  # flatmem_contrastive_options
     _fields_ = [("struct_size", ctypes.c_size_t), ("loss", ctypes.c_int), ("num_threads", ctypes.c_int32),
                 ("tile_rows", ctypes.c_int32), ("tile_cols", ctypes.c_int32), ("nonfinite", ctypes.c_int),
-                ("fp32_precision", ctypes.c_int64)]
+                ("fp32_precision", ctypes.c_int64), ("comm", ctypes.c_void_p),
+                ("logit_cache_bytes", ctypes.c_size_t)]
 
 
 kDLCUDA, kDLFloat, kDLBfloat = 2, 2, 4
@@ -104,7 +108,7 @@ def infcl_loss_and_grads(q, k, scale):
     k = k.detach().requires_grad_(True)
     s = scale.detach().requires_grad_(True)
     labels = torch.arange(q.shape[0], device=q.device)
-    loss = 0.5 * (cal_inf_loss(q, k, labels, scale=s).mean() + cal_inf_loss(k, q, labels, scale=s).mean())
+    loss = 0.5 * (cal_flash_loss(q, k, labels, scale=s).mean() + cal_flash_loss(k, q, labels, scale=s).mean())
     loss.backward()
     return loss.detach(), q.grad, k.grad, s.grad
 
@@ -135,7 +139,7 @@ def peak_beyond(fn):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", default="build/src/libflatmem.so")
-    ap.add_argument("--d", type=int, nargs="+", default=[512, 768])
+    ap.add_argument("--d", type=int, nargs="+", default=[768, 512])
     ap.add_argument("--b", type=int, nargs="+", default=[16384, 65536, 262144])
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()

@@ -6,32 +6,44 @@
 #   bash scripts/gpu-check.sh --dry-run [OUTDIR]  print the steps and their time limits, run nothing
 #   bash scripts/gpu-check.sh --steps ctest,reversible [OUTDIR]   only these (the build always runs)
 #   bash scripts/gpu-check.sh --fetch-deps        on Debian 12 with apt: the .debs into .gpu-deps/
-#   Through the device tool: run, command `bash scripts/gpu-check.sh $OUT`, carry [".gpu-deps"].
+#   bash scripts/gpu-check.sh --pack              HERE, without a GPU: build the sm_90 binaries into
+#                  build-gpu and pack what the GPU steps run into .gpu-carry/ (git-ignored, ~15 MiB),
+#                  with the Inf-CL wheel when pip can fetch it, so that device minutes go to running
+#   Through the device tool: run, command `bash scripts/gpu-check.sh $OUT`, carry [".gpu-carry"]
+#   (prebuilt; or carry [".gpu-deps"] to configure and build there instead).
 #
 # Without a GPU (`nvidia-smi -L` lists none) it prints "no GPU on this machine: nothing to check"
-# and exits 0 without building. With one, the steps, in order, each under `timeout`, each
+# and exits 0 without building. With one, the steps, in order of value, each under `timeout`, each
 # appending its output to a log in OUTDIR, going on when one fails:
-#   1. deps        when .gpu-deps/*.deb exist (--fetch-deps; the GPU image may lack them and has
+#   1. unpack      when .gpu-carry/build-gpu.tar.xz exists (--pack): the prebuilt build-gpu, its
+#                  absolute paths kept valid by a symbolic link from the root it was built in;
+#                  configure and build are then skipped. Otherwise:
+#      deps        when .gpu-deps/*.deb exist (--fetch-deps; the GPU image may lack them and has
 #                  no network): unpacked into BUILD/deps, and configure is pointed at them
-#   2. configure   flatmem_configure BUILD, Release, FLATMEM_WITH_CUDA=ON, sm_90 (skipped when
+#      configure   flatmem_configure BUILD, Release, FLATMEM_WITH_CUDA=ON, sm_90 (skipped when
 #                  BUILD is already configured: a warm machine keeps it between calls)
-#   3. build       flatmem_build BUILD, every core, only the library, the GPU tests and the CUDA
+#      build       flatmem_build BUILD, every core, only the library, the GPU tests and the CUDA
 #                  benchmarks
-#   4. probe       the CUDA runtime must see the device (else every GPU test would just skip)
-#   5. ctest       ctest -L gpu (the compute-sanitizer tests run in step 6 instead)
+#   2. probe       the CUDA runtime must see the device (else every GPU test would just skip);
+#                  libcublasLt.so.13 and libnccl.so.2 (dlopen()ed) are looked up in the image
+#                  (CUDA toolkit, the Python venv's nvidia wheels) and put on LD_LIBRARY_PATH
+#   3. ctest       ctest -L gpu (the compute-sanitizer tests run in step 6 instead)
+#   4. contrastive bench/cuda/contrastive_cuda_bench --d 768 --b 16384,65536 (a symmetric-loss and a
+#                  sigmoid-loss row each, against four / three cuBLASLt GEMMs and the naive loss)
+#   5. infcl       bench/infcl_compare.py (d 768, b 16384 and 65536) when python3 imports inf_cl
+#                  (the carried wheel is installed into a private folder first)
 #   6. sanitizer   compute-sanitizer memcheck and racecheck on three GPU test executables, filtered
 #                  to small cases
-#   7. contrastive bench/cuda/contrastive_cuda_bench (its fixed sweep: d 512, 768; b 16384,
-#                  65536, 262144; a symmetric-loss and a sigmoid-loss row each)
-#   8. reversible  reversible_cuda_bench, width 768, 12 heads, MLP 3072, depths 12 and 24,
+#   7. reversible  reversible_cuda_bench, width 768, 12 heads, MLP 3072, depths 12 and 24,
 #                  batches 8..128, TF32 then FP32 (rows of both in one CSV)
-#   9. infcl       bench/infcl_compare.py (d 768, b 16384 and 65536) when python3 imports inf_cl
+#   8. contrastive-large  the same bench at d 768, b 262144 and d 512, b 16384..262144
 # The whole run is held to FLATMEM_GPU_CHECK_BUDGET seconds (default 530): a step gets the smaller
 # of its own limit and what is left; one that would get under 10 s is skipped. A warm rerun reuses
 # the build, so `--steps` can finish what ran out of time.
 #
 # OUTDIR gets at most 8 files (the device tool returns no more): summary.txt (the machine: GPU,
-# driver, nvcc, revision, CPU; then one line per step: status and seconds), build.log, ctest.log,
+# driver, nvcc, revision, CPU; then one line per step: status and seconds), build.log (unpack or
+# deps + configure + build; the contrastive-large rows too), ctest.log,
 # sanitizer.log, contrastive_cuda.log, reversible_cuda.log, reversible_cuda.csv, infcl.log; each
 # log cut to its last 6 MiB. Exit status: 0 when no step failed, timed out or ran out of time.
 # Environment: FLATMEM_GPU_CHECK_BUDGET, FLATMEM_GPU_CHECK_BUILD_DIR (default build-gpu),
@@ -44,12 +56,14 @@ usage() { sed -n '2,/^set -euo pipefail/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 
 dry_run=false
 fetch_deps=false
+pack=false
 steps=all
 outdir=
 while [ $# -gt 0 ]; do
   case $1 in
     --dry-run) dry_run=true ;;
     --fetch-deps) fetch_deps=true ;;
+    --pack) pack=true ;;
     --steps) [ $# -ge 2 ] || { echo "gpu-check: --steps needs a list" >&2; exit 2; }; steps=$2; shift ;;
     --steps=*) steps=${1#--steps=} ;;
     -h|--help) usage; exit 0 ;;
@@ -59,8 +73,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 for s in ${steps//,/ }; do
-  case $s in all|ctest|sanitizer|contrastive|reversible|infcl) ;;
-    *) echo "gpu-check: unknown step '$s' in --steps (all ctest sanitizer contrastive reversible infcl)" >&2
+  case $s in all|ctest|contrastive|infcl|sanitizer|reversible|contrastive-large) ;;
+    *) echo "gpu-check: unknown step '$s' in --steps (all ctest contrastive infcl sanitizer reversible contrastive-large)" >&2
        exit 2 ;;
   esac
 done
@@ -93,6 +107,60 @@ outdir=${outdir:-${OUT:-$build/check}}
 # Relative to where the script was called from (it works in the checkout's root).
 case $outdir in /*) ;; *) outdir=$PWD/$outdir ;; esac
 cd "$FLATMEM_ROOT"
+
+targets=(flatmem test_gpu_contrastive_values test_gpu_contrastive_determinism test_gpu_contrastive_bad_input
+         test_gpu_sigmoid test_gpu_sigmoid_bad_input test_gpu_reversible_segment test_gpu_reversible_blocks
+         contrastive_cuda_bench reversible_cuda_bench)
+# The device transport, cyclic device gradients, stage-parallel device tensors and the device ZeRO
+# relay: built when configure found NCCL.
+nccl_targets=(test_gpu_comm test_gpu_cyclic test_gpu_cyclic_stages test_gpu_cyclic_relay)
+
+# --- prebuilt binaries: --pack here, unpacked there --------------------------------------------
+carry=$FLATMEM_ROOT/.gpu-carry
+prebuilt_tar=$carry/build-gpu.tar.xz
+if $pack; then
+  # The build the device runs: Release, CUDA for $FLATMEM_CUDA_ARCHS, UCX off (the GPU image has no
+  # libucp; the GPU tests use in-process communicators), cuBLASLt and NCCL dlopen()ed there.
+  build=$FLATMEM_ROOT/build-gpu
+  if [ ! -f "$build/CMakeCache.txt" ]; then
+    step "configure $build"
+    pack_flags=(-DCMAKE_BUILD_TYPE=Release -DFLATMEM_WITH_CUDA=ON -DFLATMEM_WITH_NCCL=ON -DFLATMEM_WITH_UCX=OFF)
+    command -v ninja >/dev/null 2>&1 && pack_flags+=(-G Ninja)
+    flatmem_configure "$build" "${pack_flags[@]}"
+  fi
+  targets+=("${nccl_targets[@]}")
+  step "build ${targets[*]}"
+  flatmem_build "$build" --target "${targets[@]}"
+  step "pack $prebuilt_tar"
+  mkdir -p "$carry"
+  rm -f "$carry"/*
+  printf '%s\n' "$FLATMEM_ROOT" >"$carry/ROOT"
+  { git rev-parse HEAD; git status --porcelain --untracked-files=no | sed 's/^/  /'; } >"$carry/REVISION"
+  (
+    cd "$FLATMEM_ROOT"
+    {
+      find build-gpu -name CTestTestfile.cmake
+      find build-gpu/tests -maxdepth 1 -name '*_include-*.cmake'
+      find build-gpu/tests -maxdepth 1 \( -name 'test_gpu_*_tests-*.cmake' -o -name 'test_gpu_*' -type f -perm -u+x \)
+      find build-gpu/src -maxdepth 1 -name 'libflatmem.so*'
+      echo build-gpu/bench/contrastive_cuda_bench
+      echo build-gpu/bench/reversible_cuda_bench
+    } | sort -u >"$carry/files"
+    tar -cJf "$prebuilt_tar" -T "$carry/files"
+  )
+  # Inf-CL (pure Python; its needs, torch, triton and numpy, are in the GPU image).
+  if python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$carry" inf-cl==1.2.1; then
+    echo "Inf-CL wheel: $(ls "$carry"/inf_cl-*.whl)"
+  else
+    echo "gpu-check: pip could not fetch inf-cl: the infcl step will skip" >&2
+  fi
+  ls -l "$carry"
+  echo "gpu-check: carry .gpu-carry (git-ignored) and run: bash scripts/gpu-check.sh \$OUT"
+  exit 0
+fi
+prebuilt=false
+[ -f "$prebuilt_tar" ] && prebuilt=true
+if $prebuilt; then build=$FLATMEM_ROOT/build-gpu build_rel=build-gpu; fi
 
 # --- is there a GPU? ---------------------------------------------------------------------------
 gpu_list=
@@ -250,62 +318,121 @@ EOF
   step "machine -> summary.txt (nvidia-smi, nvcc --version, git rev-parse HEAD, CPU, memory)"
 else
   mkdir -p "$outdir"
-  rm -f "$outdir"/{summary.txt,build.log,ctest.log,sanitizer.log,contrastive_cuda.log,reversible_cuda.log,reversible_cuda.csv,infcl.log}
+  rm -f "$outdir"/{summary.txt,build.log,ctest.log,sanitizer.log,contrastive_cuda.log,reversible_cuda.log,reversible_cuda.csv,infcl.log,libraries.txt}
   step "machine -> $outdir/summary.txt"
   machine_info >"$outdir/summary.txt"
   grep -E '^(revision|host|gpu|nvcc):' "$outdir/summary.txt" | sed 's/^/    /'
 fi
 
-# --- deps, configure, build ------------------------------------------------------------------
-deps_prefix=$build/deps
-debs=()
-for deb in "$deps_src"/*.deb; do [ -e "$deb" ] && debs+=("$deb"); done
-configure_flags=(-DCMAKE_BUILD_TYPE=Release -DFLATMEM_WITH_CUDA=ON)
-if [ ${#debs[@]} -gt 0 ]; then
-  arch_lib=$deps_prefix/usr/lib/x86_64-linux-gnu
-  blas_inc=$deps_prefix/usr/include/x86_64-linux-gnu/openblas-pthread
-  export GPU_CHECK_DEPS_LIB=$arch_lib:$arch_lib/openblas-pthread
-  configure_flags+=(-DCMAKE_PREFIX_PATH="$deps_prefix/usr" -DDLPACK_INCLUDE_DIR="$deps_prefix/usr/include"
-                    -DFLATMEM_OPENBLAS_ARCHIVE="$arch_lib/openblas-pthread/libopenblas.a"
-                    -DFLATMEM_OPENBLAS_INCLUDE_DIR="$blas_inc" -DBENCH_CBLAS_INCLUDE_DIR="$blas_inc"
-                    -DCMAKE_LIBRARY_PATH="$arch_lib/openblas-pthread")
-fi
-command -v ninja >/dev/null 2>&1 && configure_flags+=(-G Ninja)
-
-configured=false
-[ -f "$build/CMakeCache.txt" ] && { [ -f "$build/build.ninja" ] || [ -f "$build/Makefile" ]; } && configured=true
-if $configured; then
-  skip deps "not needed: $build_rel is configured"
-  skip configure "reused: $build_rel is configured"
-  configure_ok=true
-else
-  if [ ${#debs[@]} -gt 0 ]; then
-    run_step deps 60 build.log unpack_deps "$deps_prefix" "${debs[@]}"
-  else
-    skip deps "none carried (.gpu-deps/*.deb): the system's are used"
+# --- unpack, or deps + configure + build -------------------------------------------------------
+# unpack_prebuilt TAR ROOTFILE: the packed build-gpu into the checkout; the root it was built in
+# (its CTest files and RUNPATHs name absolute paths there) becomes a link to this checkout.
+unpack_prebuilt() {
+  local tar=$1 built_root
+  built_root=$(cat "$2")
+  if [ "$built_root" = "$FLATMEM_ROOT" ] && [ -f "$FLATMEM_ROOT/build-gpu/CMakeCache.txt" ]; then
+    echo "the checkout that packed $tar: its build-gpu is used as it is"
+    return 0
   fi
-  run_step configure 120 build.log with_deps flatmem_configure "$build" "${configure_flags[@]}"
-  configure_ok=$([ "$step_status" = ok ] || [ "$step_status" = planned ] && echo true || echo false)
-fi
+  rm -rf "$FLATMEM_ROOT/build-gpu"
+  tar -xJf "$tar" -C "$FLATMEM_ROOT"
+  echo "unpacked $(tar -tJf "$tar" | wc -l) files of $tar (built in $built_root, revision $(head -n 1 "$(dirname "$2")/REVISION"))"
+  if [ "$built_root" != "$FLATMEM_ROOT" ]; then
+    if [ ! -e "$built_root" ]; then
+      mkdir -p "$(dirname "$built_root")"
+      ln -s "$FLATMEM_ROOT" "$built_root"
+      echo "link $built_root -> $FLATMEM_ROOT"
+    elif [ "$(cd "$built_root" && pwd -P)" != "$(cd "$FLATMEM_ROOT" && pwd -P)" ]; then
+      echo "$built_root exists and is not this checkout: the prebuilt paths would point elsewhere"
+      return 1
+    fi
+  fi
+  ls -l "$FLATMEM_ROOT/build-gpu/src" "$FLATMEM_ROOT/build-gpu/bench"
+}
+export -f unpack_prebuilt
 
-targets=(flatmem test_gpu_contrastive_values test_gpu_contrastive_determinism test_gpu_contrastive_bad_input
-         test_gpu_sigmoid test_gpu_sigmoid_bad_input test_gpu_reversible_segment test_gpu_reversible_blocks contrastive_cuda_bench reversible_cuda_bench)
-# test_gpu_comm, test_gpu_cyclic, test_gpu_cyclic_stages and test_gpu_cyclic_relay (device
-# transport, cyclic device gradients, stage-parallel device tensors, the device ZeRO relay) exist
-# when configure found NCCL.
-for nccl_test in test_gpu_comm test_gpu_cyclic test_gpu_cyclic_stages test_gpu_cyclic_relay; do
-  if grep -qs "$nccl_test" "$build/tests/CTestTestfile.cmake"; then targets+=("$nccl_test"); fi
-done
-if $dry_run; then echo "    (+ test_gpu_comm test_gpu_cyclic test_gpu_cyclic_stages test_gpu_cyclic_relay when configure found NCCL)"; fi
-if $configure_ok; then
-  run_step build 300 build.log with_deps flatmem_build "$build" --target "${targets[@]}"
+if $prebuilt; then
+  run_step unpack 60 build.log unpack_prebuilt "$prebuilt_tar" "$carry/ROOT"
   build_ok=$([ "$step_status" = ok ] || [ "$step_status" = planned ] && echo true || echo false)
 else
-  skip build "no configure"
-  build_ok=false
+  deps_prefix=$build/deps
+  debs=()
+  for deb in "$deps_src"/*.deb; do [ -e "$deb" ] && debs+=("$deb"); done
+  configure_flags=(-DCMAKE_BUILD_TYPE=Release -DFLATMEM_WITH_CUDA=ON)
+  if [ ${#debs[@]} -gt 0 ]; then
+    arch_lib=$deps_prefix/usr/lib/x86_64-linux-gnu
+    blas_inc=$deps_prefix/usr/include/x86_64-linux-gnu/openblas-pthread
+    export GPU_CHECK_DEPS_LIB=$arch_lib:$arch_lib/openblas-pthread
+    configure_flags+=(-DCMAKE_PREFIX_PATH="$deps_prefix/usr" -DDLPACK_INCLUDE_DIR="$deps_prefix/usr/include"
+                      -DFLATMEM_OPENBLAS_ARCHIVE="$arch_lib/openblas-pthread/libopenblas.a"
+                      -DFLATMEM_OPENBLAS_INCLUDE_DIR="$blas_inc" -DBENCH_CBLAS_INCLUDE_DIR="$blas_inc"
+                      -DCMAKE_LIBRARY_PATH="$arch_lib/openblas-pthread")
+  fi
+  command -v ninja >/dev/null 2>&1 && configure_flags+=(-G Ninja)
+
+  configured=false
+  [ -f "$build/CMakeCache.txt" ] && { [ -f "$build/build.ninja" ] || [ -f "$build/Makefile" ]; } && configured=true
+  if $configured; then
+    skip deps "not needed: $build_rel is configured"
+    skip configure "reused: $build_rel is configured"
+    configure_ok=true
+  else
+    if [ ${#debs[@]} -gt 0 ]; then
+      run_step deps 60 build.log unpack_deps "$deps_prefix" "${debs[@]}"
+    else
+      skip deps "none carried (.gpu-deps/*.deb): the system's are used"
+    fi
+    run_step configure 120 build.log with_deps flatmem_configure "$build" "${configure_flags[@]}"
+    configure_ok=$([ "$step_status" = ok ] || [ "$step_status" = planned ] && echo true || echo false)
+  fi
+
+  for nccl_test in "${nccl_targets[@]}"; do
+    if grep -qs "$nccl_test" "$build/tests/CTestTestfile.cmake"; then targets+=("$nccl_test"); fi
+  done
+  if $dry_run; then echo "    (+ ${nccl_targets[*]} when configure found NCCL)"; fi
+  if $configure_ok; then
+    run_step build 300 build.log with_deps flatmem_build "$build" --target "${targets[@]}"
+    build_ok=$([ "$step_status" = ok ] || [ "$step_status" = planned ] && echo true || echo false)
+  else
+    skip build "no configure"
+    build_ok=false
+  fi
 fi
 
-# --- the GPU: tests, sanitizer, benchmarks -------------------------------------------------------
+# --- the libraries flatmem dlopen()s and the bench links ----------------------------------------
+# libcublasLt.so.13 and libnccl.so.2: the loader's own search first, then the CUDA toolkit, then the
+# nvidia-* wheels of python3's environment (where the GPU image keeps NCCL).
+runtime_library_dirs() {
+  local lib dir
+  local -a roots=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib)
+  local site
+  site=$(timeout 30 python3 -c 'import os, nvidia; print(" ".join(os.path.realpath(p) for p in nvidia.__path__))' \
+         2>/dev/null) || site=
+  for lib in libcublasLt.so.13 libnccl.so.2; do
+    if ldconfig -p 2>/dev/null | grep -q " $lib "; then echo "$lib: the loader finds it"; continue; fi
+    dir=
+    for root in "${roots[@]}"; do [ -e "$root/$lib" ] && { dir=$root; break; }; done
+    if [ -z "$dir" ] && [ -n "$site" ]; then
+      # shellcheck disable=SC2086
+      dir=$(find $site -maxdepth 4 -name "$lib" -printf '%h\n' 2>/dev/null | head -n 1)
+    fi
+    if [ -n "$dir" ]; then
+      echo "$lib: $dir"
+      case ":${LD_LIBRARY_PATH:-}:" in *":$dir:"*) ;; *) export LD_LIBRARY_PATH=$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ;; esac
+    else
+      echo "$lib: not found (the tests that need it will fail naming it)"
+    fi
+  done
+}
+if ! $dry_run && $build_ok; then
+  step "runtime libraries"
+  runtime_library_dirs >"$outdir/libraries.txt" 2>&1
+  sed 's/^/    /' "$outdir/libraries.txt"
+  { echo; echo "runtime libraries:"; sed 's/^/  /' "$outdir/libraries.txt"; echo; } >>"$outdir/summary.txt"
+  rm -f "$outdir/libraries.txt"
+fi
+
+# --- the GPU: tests, benchmarks, sanitizer -------------------------------------------------------
 tests_dir=$build/tests
 bench_dir=$build/bench
 gpu_ok=false
@@ -324,7 +451,30 @@ gated() {
 
 if gated ctest; then
   run_step ctest 150 ctest.log ctest --test-dir "$build" -L gpu -E compute-sanitizer --output-on-failure \
-    --no-tests=error -j "$ctest_jobs" --timeout 120
+    --no-tests=error -j "$ctest_jobs" --timeout 100
+fi
+
+if gated contrastive; then
+  run_step contrastive 90 contrastive_cuda.log "$bench_dir/contrastive_cuda_bench" --d 768 --b 16384,65536
+fi
+
+# install_infcl DIR: the carried Inf-CL wheel into DIR (no deps: torch, triton and numpy are there).
+install_infcl() {
+  local wheel
+  wheel=$(ls "$carry"/inf_cl-*.whl 2>/dev/null | head -n 1)
+  [ -n "$wheel" ] || return 0
+  timeout 60 python3 -m pip install -q --no-index --no-deps --no-compile --target "$1" "$wheel"
+}
+if gated infcl; then
+  infcl_site=/tmp/flatmem-gpu-check-site
+  $dry_run || { install_infcl "$infcl_site" >/dev/null 2>&1 && export PYTHONPATH=$infcl_site${PYTHONPATH:+:$PYTHONPATH}; }
+  if $dry_run || timeout 60 python3 -c 'import inf_cl' >/dev/null 2>&1; then
+    run_step infcl 90 infcl.log env PYTHONUNBUFFERED=1 python3 bench/infcl_compare.py \
+      --lib "$build/src/libflatmem.so" --d 768 --b 16384 65536 --reps 3
+    if $dry_run; then echo "    (only when python3 -c 'import inf_cl' works; the carried wheel is installed first)"; fi
+  else
+    skip infcl "inf_cl not importable by $(command -v python3 || echo python3) (carry .gpu-carry/inf_cl-*.whl)"
+  fi
 fi
 
 if gated sanitizer; then
@@ -346,10 +496,6 @@ if gated sanitizer; then
   fi
 fi
 
-if gated contrastive; then
-  run_step contrastive 150 contrastive_cuda.log "$bench_dir/contrastive_cuda_bench"
-fi
-
 if gated reversible; then
   parts=$build/check-parts
   $dry_run || mkdir -p "$parts"
@@ -368,14 +514,11 @@ if gated reversible; then
   done
 fi
 
-if gated infcl; then
-  if $dry_run || timeout 60 python3 -c 'import inf_cl' >/dev/null 2>&1; then
-    run_step infcl 90 infcl.log env PYTHONUNBUFFERED=1 python3 bench/infcl_compare.py \
-      --lib "$build/src/libflatmem.so" --d 768 --b 16384 65536 --reps 3
-    if $dry_run; then echo "    (only when python3 -c 'import inf_cl' works)"; fi
-  else
-    skip infcl "inf_cl not importable by $(command -v python3 || echo python3)"
-  fi
+if gated contrastive-large; then
+  # Appended to contrastive_cuda.log: b = 262144 at d 768, then the d = 512 sweep.
+  run_step "contrastive-large d768" 90 contrastive_cuda.log "$bench_dir/contrastive_cuda_bench" --d 768 --b 262144
+  run_step "contrastive-large d512" 120 contrastive_cuda.log "$bench_dir/contrastive_cuda_bench" --d 512 \
+    --b 16384,65536,262144
 fi
 
 # --- summary -------------------------------------------------------------------------------------

@@ -20,7 +20,8 @@
 // allocates; the larger of the workspace queries); the naive loss's is its
 // b x b buffers. cudaMemGetInfo deltas around each are printed as a check.
 //
-// Usage: contrastive_cuda_bench [--quick]   (--quick: d = 512, b = 16384 only)
+// Usage: contrastive_cuda_bench [--quick] [--d 768,512] [--b 16384,65536,262144]
+//   (--quick: d = 512, b = 16384 only; --d / --b: the sweep, in that order, default as shown)
 // Without a CUDA device it prints "no CUDA device" and exits 0.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -28,8 +29,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "lt_gemm.hpp"
@@ -301,7 +305,34 @@ int main(int argc, char **argv) {
     std::printf("no CUDA device\n");
     return 0;
   }
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  // --quick: d 512, b 16384 only. --d LIST / --b LIST (comma-separated): the sweep, in that order
+  // (default d 768 then 512 -- the issue's shape first, so a run cut off early still has it).
+  std::vector<int> dims = {768, 512};
+  std::vector<std::int64_t> batches = {16384, 65536, 262144};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      dims = {512};
+      batches = {16384};
+    } else if ((a == "--d" || a == "--b") && i + 1 < argc) {
+      std::vector<std::int64_t> list;
+      for (const char *c = argv[++i]; *c;) {
+        char *end = nullptr;
+        const long long v = std::strtoll(c, &end, 10);
+        if (end == c || v < 1 || v > (a == "--d" ? 65536 : (1LL << 40))) {
+          std::fprintf(stderr, "contrastive_cuda_bench: bad %s list '%s'\n", a.c_str(), argv[i]);
+          return 2;
+        }
+        list.push_back(v);
+        c = *end == ',' ? end + 1 : end;
+      }
+      if (a == "--d") dims.assign(list.begin(), list.end());
+      else batches = list;
+    } else {
+      std::fprintf(stderr, "usage: contrastive_cuda_bench [--quick] [--d 768,512] [--b 16384,65536,262144]\n");
+      return 2;
+    }
+  }
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("contrastive_cuda_bench: bf16; symmetric loss, forward + backward (dq, dk bf16, ds), s = 14.3; "
@@ -314,9 +345,8 @@ int main(int argc, char **argv) {
   CUDA_CHECK(cudaStreamCreate(&stream));
   bench::LtGemm lt;
   print_header();
-  for (int d : {512, 768}) {
-    for (std::int64_t b : {std::int64_t(16384), std::int64_t(65536), std::int64_t(262144)}) {
-      if (quick && (d != 512 || b != 16384)) continue;
+  for (int d : dims) {
+    for (std::int64_t b : batches) {
       const int reps = b >= 262144 ? 2 : 5;
       Problem p(d, b, stream);
       const double rate = gemm_rate(p, stream, lt, reps);
