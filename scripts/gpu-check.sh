@@ -37,6 +37,8 @@
 #   7. reversible  reversible_cuda_bench, width 768, 12 heads, MLP 3072, depths 12 and 24,
 #                  batches 8..128, TF32 then FP32 (rows of both in one CSV)
 #   8. contrastive-large  the same bench at d 768, b 262144 and d 512, b 16384..262144
+#   9. profile     Nsight Compute (ncu) on the first launches of the contrastive kernels at d 768,
+#                  b 16384: speed of light, occupancy, memory and compute workload (profile.log)
 # The whole run is held to FLATMEM_GPU_CHECK_BUDGET seconds (default 530): a step gets the smaller
 # of its own limit and what is left; one that would get under 10 s is skipped. A warm rerun reuses
 # the build, so `--steps` can finish what ran out of time.
@@ -44,8 +46,9 @@
 # OUTDIR gets at most 8 files (the device tool returns no more): summary.txt (the machine: GPU,
 # driver, nvcc, revision, CPU; then one line per step: status and seconds), build.log (unpack or
 # deps + configure + build; the contrastive-large rows too), ctest.log,
-# sanitizer.log, contrastive_cuda.log, reversible_cuda.log, reversible_cuda.csv, infcl.log; each
-# log cut to its last 6 MiB. Exit status: 0 when no step failed, timed out or ran out of time.
+# sanitizer.log, contrastive_cuda.log, reversible_cuda.log, reversible_cuda.csv, infcl.log,
+# profile.log (nine when every step runs: run profile in a call of its own); each log cut to its
+# last 6 MiB. Exit status: 0 when no step failed, timed out or ran out of time.
 # Environment: FLATMEM_GPU_CHECK_BUDGET, FLATMEM_GPU_CHECK_BUILD_DIR (default build-gpu),
 # FLATMEM_CUDA_ARCHITECTURES (default 90), FLATMEM_GPU_CHECK_CTEST_JOBS (default 8).
 set -euo pipefail
@@ -73,8 +76,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 for s in ${steps//,/ }; do
-  case $s in all|ctest|contrastive|infcl|sanitizer|reversible|contrastive-large) ;;
-    *) echo "gpu-check: unknown step '$s' in --steps (all ctest contrastive infcl sanitizer reversible contrastive-large)" >&2
+  case $s in all|ctest|contrastive|infcl|sanitizer|reversible|contrastive-large|profile) ;;
+    *) echo "gpu-check: unknown step '$s' in --steps (all ctest contrastive infcl sanitizer reversible contrastive-large profile)" >&2
        exit 2 ;;
   esac
 done
@@ -318,7 +321,7 @@ EOF
   step "machine -> summary.txt (nvidia-smi, nvcc --version, git rev-parse HEAD, CPU, memory)"
 else
   mkdir -p "$outdir"
-  rm -f "$outdir"/{summary.txt,build.log,ctest.log,sanitizer.log,contrastive_cuda.log,reversible_cuda.log,reversible_cuda.csv,infcl.log,libraries.txt}
+  rm -f "$outdir"/{summary.txt,build.log,ctest.log,sanitizer.log,contrastive_cuda.log,reversible_cuda.log,reversible_cuda.csv,infcl.log,libraries.txt,profile.log}
   step "machine -> $outdir/summary.txt"
   machine_info >"$outdir/summary.txt"
   grep -E '^(revision|host|gpu|nvcc):' "$outdir/summary.txt" | sed 's/^/    /'
@@ -501,7 +504,7 @@ if gated reversible; then
   $dry_run || mkdir -p "$parts"
   for math in tf32 fp32; do
     rm -f "$parts/reversible_$math.csv"
-    run_step "reversible $math" 150 reversible_cuda.log "$bench_dir/reversible_cuda_bench" --width 768 --heads 12 \
+    run_step "reversible $math" 120 reversible_cuda.log "$bench_dir/reversible_cuda_bench" --width 768 --heads 12 \
       --hidden 3072 --depths 12,24 --batches 8,16,32,64,128 --math "$math" --csv "$parts/reversible_$math.csv"
     # One CSV, both maths (the rows name theirs); the bench writes its CSV only when it finishes.
     if ! $dry_run && [ -s "$parts/reversible_$math.csv" ]; then
@@ -521,11 +524,27 @@ if gated contrastive-large; then
     --b 16384,65536,262144
 fi
 
+if gated profile; then
+  ncu=$(command -v ncu || true)
+  for candidate in /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
+    [ -n "$ncu" ] || { [ -x "$candidate" ] && ncu=$candidate; }
+  done
+  if [ -z "$ncu" ] && ! $dry_run; then
+    skip profile "ncu not found (PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute)"
+  else
+    run_step profile 120 profile.log "${ncu:-ncu}" --target-processes all \
+      -k 'regex:forward_tiles|backward_pass|sigmoid_pass' --launch-count 4 --section SpeedOfLight \
+      --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+      --section ComputeWorkloadAnalysis "$bench_dir/contrastive_cuda_bench" --d 768 --b 16384
+  fi
+fi
+
 # --- summary -------------------------------------------------------------------------------------
 if $dry_run; then
   echo
   echo "gpu-check, dry run: nothing was run. Files in OUTDIR: summary.txt, build.log, ctest.log, sanitizer.log,"
-  echo "contrastive_cuda.log, reversible_cuda.log, reversible_cuda.csv, infcl.log (at most 8)."
+  echo "contrastive_cuda.log, reversible_cuda.log, reversible_cuda.csv, infcl.log, profile.log (the tool returns 8:"
+  echo "a full run with every step writes 9; run profile with --steps in a call of its own)."
   exit 0
 fi
 {

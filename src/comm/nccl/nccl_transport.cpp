@@ -3,6 +3,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <sstream>
@@ -105,6 +108,42 @@ class QuietDeviceGuard {
   int previous_ = -1;
 };
 
+// ncclCommAbort frees NCCL's device memory, and cudaFree waits for all work on the device: a
+// stream held by other work (seen on an H200: a 3 s host function on the caller's stream) holds
+// the abort, and whoever called it. So the abort runs on a thread of its own and the caller
+// returns at its deadline; NCCL kernels still on a stream see the abort flag and exit. At exit
+// the process waits up to 5 s for aborts still running (NCCL must not be torn down under them).
+std::atomic<int> &aborts_running() {
+  static std::atomic<int> count{0};
+  return count;
+}
+
+void wait_for_aborts() {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (aborts_running().load() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+void abort_in_background(const Api &api, ncclComm_t comm, int device) noexcept {
+  static const bool registered = std::atexit(wait_for_aborts) == 0;
+  (void)registered;
+  const Api *nccl = &api;  // the process-lifetime NCCL table (nccl_library.hpp)
+  aborts_running().fetch_add(1);
+  try {
+    std::thread([nccl, comm, device] {
+      {
+        QuietDeviceGuard guard(device);
+        nccl->CommAbort(comm);
+      }
+      aborts_running().fetch_sub(1);
+    }).detach();
+  } catch (...) {  // no thread to be had: abort here, waiting
+    QuietDeviceGuard guard(device);
+    nccl->CommAbort(comm);
+    aborts_running().fetch_sub(1);
+  }
+}
+
 }  // namespace
 
 // --- the transport ------------------------------------------------------------------
@@ -145,24 +184,28 @@ NcclTransport::~NcclTransport() {
       }
     }
   }
-  if (healthy)
+  if (healthy) {
     api_.CommDestroy(comm_);
-  else
-    api_.CommAbort(comm_);
-  comm_ = nullptr;
+    comm_ = nullptr;
+  } else {
+    abort();
+  }
 }
 
 void NcclTransport::abort() noexcept {
   if (comm_ == nullptr) return;
-  QuietDeviceGuard guard(device_);
-  // NCCL groups are per thread and must be closed; closing one may issue what
-  // it collected, which the abort then stops.
-  while (group_depth_ > 0) {
-    api_.GroupEnd();
-    --group_depth_;
+  {
+    QuietDeviceGuard guard(device_);
+    // NCCL groups are per thread and must be closed (here, on the caller's thread); closing one
+    // may issue what it collected, which the abort then stops.
+    while (group_depth_ > 0) {
+      api_.GroupEnd();
+      --group_depth_;
+    }
   }
-  api_.CommAbort(comm_);
+  ncclComm_t comm = comm_;
   comm_ = nullptr;
+  abort_in_background(api_, comm, device_);
 }
 
 std::string NcclTransport::on_device() const { return " on CUDA device " + std::to_string(device_); }

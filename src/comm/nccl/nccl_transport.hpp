@@ -14,7 +14,9 @@
 //
 // Failure: an NCCL error, a passed deadline or a poisoned host communicator
 // ends every open NCCL group of this transport, aborts the NCCL communicator
-// (ncclCommAbort: NCCL kernels still on a stream exit, so the stream drains),
+// (ncclCommAbort, on a thread of its own so that the caller is not held by
+// the cudaFree inside it; NCCL kernels still on a stream exit, so the stream
+// drains),
 // poisons the host communicator (first reason wins; the peers are told) and
 // throws TIMEOUT / PEER_FAILURE with a message that names the operation, the
 // peers, the bytes, the CUDA device, NCCL's error string and ncclGetLastError.

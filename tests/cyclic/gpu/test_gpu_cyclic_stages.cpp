@@ -68,14 +68,16 @@ std::vector<RampUpdate<T>> stage_ramp_world_of_1(flatmem_cyclic_rule rule, int n
   StageOptions o = stage_ramp_options(rule, n, steps, timeout_ms);
   if (device) {
     cuda_check(cudaSetDevice(0), "cudaSetDevice");
-    REQUIRE_MESSAGE(flatmem_comm_init_device(comm, 0, timeout_ms) == FLATMEM_STATUS_SUCCESS, flatmem_last_error());
+    REQUIRE_MESSAGE(flatmem_comm_init_device(comm, 0, timeout_ms) == FLATMEM_STATUS_SUCCESS,
+                  std::string(flatmem_last_error()));
     o.options.memory = FLATMEM_CYCLIC_MEMORY_CUDA;
     buffers = std::make_unique<DeviceRampBuffers<T>>(1, 0);
   } else {
     buffers = std::make_unique<HostRampBuffers<T>>(1);
   }
   flatmem_cyclic_stages_t *h = nullptr;
-  REQUIRE_MESSAGE(flatmem_cyclic_stages_create(&h, comm, &o.options) == FLATMEM_STATUS_SUCCESS, flatmem_last_error());
+  REQUIRE_MESSAGE(flatmem_cyclic_stages_create(&h, comm, &o.options) == FLATMEM_STATUS_SUCCESS,
+                  std::string(flatmem_last_error()));
   std::vector<RampUpdate<T>> updates;
   const std::string error = run_stage_ramp<T>(h, *buffers, updates);
   CHECK(flatmem_cyclic_stages_destroy(h) == FLATMEM_STATUS_SUCCESS);

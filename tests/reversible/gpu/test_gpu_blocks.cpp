@@ -38,7 +38,9 @@ void cuda_ok(cudaError_t status, const char *call) {
 }
 #define CUDA_OK(call) cuda_ok((call), #call)
 
-const char *math_name(flatmem_block_math math) { return math == FLATMEM_BLOCK_MATH_TF32 ? "TF32" : "FP32"; }
+// std::string, not const char *: doctest prints a char pointer as an address.
+std::string math_name(flatmem_block_math math) { return math == FLATMEM_BLOCK_MATH_TF32 ? "TF32" : "FP32"; }
+std::string last_error() { return flatmem_last_error(); }
 
 // --- device memory ---------------------------------------------------------------------
 
@@ -116,7 +118,7 @@ struct DeviceBlock {
   flatmem_reversible_function fn{};
 
   DeviceBlock(const HostBlock &host, const flatmem_block_options &options) : config(host.config) {
-    REQUIRE_MESSAGE(flatmem_block_create(&handle, &options) == FLATMEM_STATUS_SUCCESS, flatmem_last_error());
+    REQUIRE_MESSAGE(flatmem_block_create(&handle, &options) == FLATMEM_STATUS_SUCCESS, last_error());
     for (int i = 0; i < 6; ++i) {
       params.emplace_back(host.params[i].shape, host.params[i].data);
       grads.emplace_back(host.params[i].shape, zeros_like(host.params[i].data));
@@ -133,7 +135,7 @@ struct DeviceBlock {
     DLTensor p[6], g[6];
     for (int i = 0; i < 6; ++i) p[i] = params[i].dl, g[i] = grads[i].dl;
     REQUIRE_MESSAGE(flatmem_block_set_parameters(handle, p, with_gradients ? g : nullptr) == FLATMEM_STATUS_SUCCESS,
-                    flatmem_last_error());
+                    last_error());
   }
   void zero_gradients() {
     for (auto &g : grads) fill_device(g.buffer.data(), 0, g.buffer.size());
@@ -167,22 +169,22 @@ DeviceBlockRun run_device_block(DeviceBlock &block, const Floats &x, const Float
   DLTensor meta = xd.dl;
   meta.data = nullptr;
   std::size_t bytes = 0;
-  REQUIRE_MESSAGE(fn.residual_size(fn.user, &rebuild, &meta, &bytes) == FLATMEM_STATUS_SUCCESS, flatmem_last_error());
+  REQUIRE_MESSAGE(fn.residual_size(fn.user, &rebuild, &meta, &bytes) == FLATMEM_STATUS_SUCCESS, last_error());
   DeviceBuffer residuals(bytes);
   fill_device(residuals.data(), 0x5A, bytes);
   REQUIRE(reinterpret_cast<std::uintptr_t>(residuals.data()) % 64 == 0);
 
   REQUIRE_MESSAGE(fn.forward(fn.user, &rebuild, &xd.dl, &y.dl, residuals.data()) == FLATMEM_STATUS_SUCCESS,
-                  flatmem_last_error());
+                  last_error());
   REQUIRE_MESSAGE(fn.forward(fn.user, &forward, &xd.dl, &y_plain.dl, nullptr) == FLATMEM_STATUS_SUCCESS,
-                  flatmem_last_error());
+                  last_error());
   REQUIRE_MESSAGE(fn.vjp(fn.user, &gradient, &xd.dl, residuals.data(), &dyd.dl, &dx.dl) == FLATMEM_STATUS_SUCCESS,
-                  flatmem_last_error());
+                  last_error());
   DeviceBlockRun run;
   run.once = {y.read(), dx.read(), block.gradient_values()};
   run.y_without_residuals = y_plain.read();
   REQUIRE_MESSAGE(fn.vjp(fn.user, &gradient, &xd.dl, residuals.data(), &dyd.dl, &dx.dl) == FLATMEM_STATUS_SUCCESS,
-                  flatmem_last_error());
+                  last_error());
   run.twice = {run.once.y, dx.read(), block.gradient_values()};
   return run;
 }
@@ -294,7 +296,7 @@ std::vector<SegmentResults> run_segment(const std::vector<std::unique_ptr<Block>
   flatmem_reversible_t *h = nullptr;
   REQUIRE_MESSAGE(flatmem_reversible_create(&h, blocks.data(), std::int32_t(blocks.size()), &o) ==
                       FLATMEM_STATUS_SUCCESS,
-                  flatmem_last_error());
+                  last_error());
   const std::unique_ptr<flatmem_reversible_t, decltype(&flatmem_reversible_destroy)> handle(
       h, &flatmem_reversible_destroy);
   const Tensor x1(shape, in.x1), x2(shape, in.x2), dy1(shape, in.dy1), dy2(shape, in.dy2);
@@ -302,7 +304,7 @@ std::vector<SegmentResults> run_segment(const std::vector<std::unique_ptr<Block>
       dx2(shape, zeros_like(in.x1));
   REQUIRE_MESSAGE(flatmem_reversible_forward(h, &x1.dl, &x2.dl, 5, 9, &y1.dl, &y2.dl, nullptr, 0, stream) ==
                       FLATMEM_STATUS_SUCCESS,
-                  flatmem_last_error());
+                  last_error());
   std::vector<SegmentResults> all;
   for (int b = 0; b < backwards; ++b) {
     for (std::size_t k = 0; k < f.size(); ++k) {
@@ -311,7 +313,7 @@ std::vector<SegmentResults> run_segment(const std::vector<std::unique_ptr<Block>
     }
     REQUIRE_MESSAGE(flatmem_reversible_backward(h, &y1.dl, &y2.dl, &dy1.dl, &dy2.dl, 5, 9, &dx1.dl, &dx2.dl, nullptr,
                                                 nullptr, nullptr, 0, stream) == FLATMEM_STATUS_SUCCESS,
-                    flatmem_last_error());
+                    last_error());
     SegmentResults r;
     REQUIRE(flatmem_reversible_last_mode(h, &r.ran) == FLATMEM_STATUS_SUCCESS);
     r.y1 = values_of(y1), r.y2 = values_of(y2), r.dx1 = values_of(dx1), r.dx2 = values_of(dx2);
@@ -463,10 +465,10 @@ TEST_CASE("gpu/blocks/bad input/states and parameters on different devices name 
   CHECK(last_error_names("x: "));
   meta = gpu_x.dl;
   meta.data = nullptr;
-  REQUIRE_MESSAGE(fn.residual_size(fn.user, &rebuild, &meta, &bytes) == FLATMEM_STATUS_SUCCESS, flatmem_last_error());
+  REQUIRE_MESSAGE(fn.residual_size(fn.user, &rebuild, &meta, &bytes) == FLATMEM_STATUS_SUCCESS, last_error());
   DeviceBuffer residuals(bytes);
   REQUIRE_MESSAGE(fn.forward(fn.user, &rebuild, &gpu_x.dl, &gpu_y.dl, residuals.data()) == FLATMEM_STATUS_SUCCESS,
-                  flatmem_last_error());
+                  last_error());
   CHECK(fn.vjp(fn.user, &gradient, &gpu_x.dl, residuals.data(), &gpu_dy.dl, &cpu_dx.dl) ==
         FLATMEM_STATUS_INVALID_ARGUMENT);
   CHECK(last_error_names("dx: "));
@@ -581,11 +583,11 @@ TEST_CASE("gpu/blocks/memory/peak device memory is flat in depth (vanilla, overl
       CUDA_OK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
       REQUIRE_MESSAGE(flatmem_reversible_forward(h, &x1.dl, &x2.dl, 0, 0, &y1.dl, &y2.dl, workspace.data(),
                                                  workspace.size(), s.stream) == FLATMEM_STATUS_SUCCESS,
-                      flatmem_last_error());
+                      last_error());
       REQUIRE_MESSAGE(flatmem_reversible_backward(h, &y1.dl, &y2.dl, &dy1.dl, &dy2.dl, 0, 0, &dx1.dl, &dx2.dl,
                                                   nullptr, nullptr, workspace.data(), workspace.size(),
                                                   s.stream) == FLATMEM_STATUS_SUCCESS,
-                      flatmem_last_error());
+                      last_error());
       device_synchronize();
       CUDA_OK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
       CHECK_MESSAGE(high > 0, "the blocks took no scratch from the device's current memory pool");

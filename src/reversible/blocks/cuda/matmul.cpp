@@ -90,6 +90,9 @@ cublasLtHandle_t handle_for(Cache &c, int device) {
 }  // namespace
 
 void matmul(const MatmulContext &context, const Product &p) {
+  if (reinterpret_cast<std::uintptr_t>(context.workspace) % matmul_workspace_alignment != 0)
+    fail(FLATMEM_STATUS_INTERNAL, "matmul: the cuBLASLt workspace at ", context.workspace, " is not ",
+         matmul_workspace_alignment, "-byte aligned");
   const lt::Api &api = lt::api();
   const cublasOperation_t op_first = p.b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_second = p.a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -160,9 +163,15 @@ void matmul(const MatmulContext &context, const Product &p) {
       c.algorithms.emplace(key, algorithm);
     }
   }
-  lt::check(api.Matmul(handle, d.op, &p.alpha, p.b.data, d.first, p.a.data, d.second, &p.beta, p.c, d.out,
-                       p.c, d.out, &algorithm, context.workspace, context.workspace_bytes, context.stream),
-            "matmul: cublasLtMatmul");
+  const cublasStatus_t status = api.Matmul(handle, d.op, &p.alpha, p.b.data, d.first, p.a.data, d.second, &p.beta,
+                                           p.c, d.out, p.c, d.out, &algorithm, context.workspace,
+                                           context.workspace_bytes, context.stream);
+  if (status != CUBLAS_STATUS_SUCCESS)
+    fail(FLATMEM_STATUS_INTERNAL, "matmul: cublasLtMatmul: cuBLASLt ", api.GetStatusString(status), " (",
+         int(status), ") for ", p.m, " x ", p.n, " x ", p.k, " (batch ", p.batch, ", A", p.a.transposed ? "^T" : "",
+         " ld ", p.a.ld, ", B", p.b.transposed ? "^T" : "", " ld ", p.b.ld, ", ldc ", p.ldc, ", beta ", p.beta,
+         p.bias ? ", bias" : "", context.tf32 ? ", TF32" : ", FP32", "; alignments ", align_first, "/",
+         align_second, "/", align_out, " bytes)");
 }
 
 void linear_parameter_grads(const MatmulContext &context, const float *input, const float *dy, std::int64_t rows,

@@ -57,6 +57,9 @@ struct MatmulContext {
 // Workspace bytes a MatmulContext should carry (cuBLASLt's recommendation
 // for Hopper-class GPUs).
 inline constexpr std::size_t matmul_workspace_bytes = std::size_t(32) << 20;
+// cublasLtMatmul's workspace pointer must be aligned to this many bytes (else
+// CUBLAS_STATUS_INVALID_VALUE); matmul() checks it.
+inline constexpr std::size_t matmul_workspace_alignment = 256;
 
 void matmul(const MatmulContext &context, const Product &p);
 

@@ -22,17 +22,20 @@ class CallScratch {
   // measure and then to point the regions into the allocation.
   template <typename Carve>
   CallScratch(const DeviceCall &call, Carve &&carve) : stream_(call.stream) {
+    // The cuBLASLt workspace comes first, at the allocation's start: cublasLtMatmul refuses one
+    // that is not 256-byte aligned (CUBLAS_STATUS_INVALID_VALUE, seen on an H200), and the
+    // carver aligns later regions to 64 bytes only. cudaMallocAsync's pointers are 256-aligned.
     WorkspaceCarver measure;
-    carve(measure);
     measure.take<char>(std::int64_t(matmul_workspace_bytes));
+    carve(measure);
     allocate(call, measure.bytes());
     WorkspaceCarver regions(data_);
-    carve(regions);
     matmul_.device = call.device;
     matmul_.tf32 = call.tf32;
     matmul_.stream = call.stream;
     matmul_.workspace = regions.take<char>(std::int64_t(matmul_workspace_bytes));
     matmul_.workspace_bytes = matmul_workspace_bytes;
+    carve(regions);
   }
   ~CallScratch();
   CallScratch(const CallScratch &) = delete;
