@@ -34,10 +34,13 @@
 #                  (the carried wheel is installed into a private folder first)
 #   6. sanitizer   compute-sanitizer memcheck and racecheck on three GPU test executables, filtered
 #                  to small cases
-#   7. reversible  reversible_cuda_bench, width 768, 12 heads, MLP 3072, depths 12 and 24,
+#   7. jax         bindings/jax/tests/gpu_check.py: the XLA:CUDA handlers (losses, reversible
+#                  segments) under jit and grad against references on the GPU (jax.log); --pack
+#                  builds libflatmem_jax.so against the XLA FFI headers of the image's jaxlib
+#   8. reversible  reversible_cuda_bench, width 768, 12 heads, MLP 3072, depths 12 and 24,
 #                  batches 8..128, TF32 then FP32 (rows of both in one CSV)
-#   8. contrastive-large  the same bench at d 768, b 262144 and d 512, b 16384..262144
-#   9. profile     Nsight Compute (ncu) on the first launches of the contrastive kernels at d 768,
+#   9. contrastive-large  the same bench at d 768, b 262144 and d 512, b 16384..262144
+#  10. profile     Nsight Compute (ncu) on the first launches of the contrastive kernels at d 768,
 #                  b 16384: speed of light, occupancy, memory and compute workload (profile.log)
 # The whole run is held to FLATMEM_GPU_CHECK_BUDGET seconds (default 530): a step gets the smaller
 # of its own limit and what is left; one that would get under 10 s is skipped. A warm rerun reuses
@@ -76,8 +79,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 for s in ${steps//,/ }; do
-  case $s in all|ctest|contrastive|infcl|sanitizer|reversible|contrastive-large|profile) ;;
-    *) echo "gpu-check: unknown step '$s' in --steps (all ctest contrastive infcl sanitizer reversible contrastive-large profile)" >&2
+  case $s in all|ctest|contrastive|infcl|sanitizer|jax|reversible|contrastive-large|profile) ;;
+    *) echo "gpu-check: unknown step '$s' in --steps (all ctest contrastive infcl sanitizer jax reversible contrastive-large profile)" >&2
        exit 2 ;;
   esac
 done
@@ -121,6 +124,33 @@ nccl_targets=(test_gpu_comm test_gpu_cyclic test_gpu_cyclic_stages test_gpu_cycl
 # --- prebuilt binaries: --pack here, unpacked there --------------------------------------------
 carry=$FLATMEM_ROOT/.gpu-carry
 prebuilt_tar=$carry/build-gpu.tar.xz
+# The GPU image's jaxlib (KINDS.md of the device tool: jax 0.11.2 with its CUDA 13 plugins).
+jaxlib_version=${FLATMEM_GPU_CHECK_JAXLIB:-0.11.2}
+# build_jax_plugin: bindings/jax's libflatmem_jax.so (CPU and CUDA handlers) into $build/jax,
+# against build-gpu's libflatmem (a pkg-config file naming the build tree) and the XLA FFI
+# headers of jaxlib $jaxlib_version (its Python 3.12 wheel, fetched here; the headers are
+# plain C/C++, so the interpreter that runs CMake needs no jax: a stand-in module answers
+# jax.ffi.include_dir() and jax.__version__ for bindings/jax/CMakeLists.txt).
+build_jax_plugin() {
+  local dir=$build/jax-deps version
+  version=$(sed -n 's/^CMAKE_PROJECT_VERSION:STATIC=//p' "$build/CMakeCache.txt")
+  rm -rf "$dir" "$build/jax"
+  mkdir -p "$dir/wheel" "$dir/py/jax" "$dir/lib/pkgconfig"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux_2_27_x86_64 --platform manylinux2014_x86_64 -d "$dir/wheel" \
+    "jaxlib==$jaxlib_version" || return 1
+  unzip -q "$dir"/wheel/jaxlib-*.whl 'jaxlib/include/*' -d "$dir" || return 1
+  printf '__version__ = "%s"\n' "$jaxlib_version" >"$dir/py/jax/__init__.py"
+  printf 'def include_dir():\n    return "%s"\n' "$dir/jaxlib/include" >"$dir/py/jax/ffi.py"
+  printf '%s\n' "Name: flatmem" "Description: flatmem's build tree $build (the GPU check's JAX plugin)" \
+    "Version: ${version:-0.1.0}" "Cflags: -I$FLATMEM_ROOT/include" "Libs: -L$build/src -lflatmem" \
+    >"$dir/lib/pkgconfig/flatmem.pc"
+  PYTHONPATH=$dir/py PKG_CONFIG_PATH=$dir/lib/pkgconfig cmake -S "$FLATMEM_ROOT/bindings/jax" -B "$build/jax" \
+    -DFLATMEM_JAX_USE_PKGCONFIG=ON -DFLATMEM_JAX_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES="$FLATMEM_CUDA_ARCHS" -DPython3_EXECUTABLE="$(command -v python3)" &&
+    cmake --build "$build/jax" -j "$FLATMEM_JOBS" --target flatmem_jax
+}
+
 if $pack; then
   # The build the device runs: Release, CUDA for $FLATMEM_CUDA_ARCHS, UCX off (the GPU image has no
   # libucp; the GPU tests use in-process communicators), cuBLASLt and NCCL dlopen()ed there.
@@ -134,6 +164,12 @@ if $pack; then
   targets+=("${nccl_targets[@]}")
   step "build ${targets[*]}"
   flatmem_build "$build" --target "${targets[@]}"
+  step "the JAX plugin against jaxlib $jaxlib_version's XLA FFI headers"
+  if build_jax_plugin; then
+    echo "JAX plugin: $build/jax/libflatmem_jax.so"
+  else
+    echo "gpu-check: the JAX plugin was not built (see above): the jax step will skip" >&2
+  fi
   step "pack $prebuilt_tar"
   mkdir -p "$carry"
   rm -f "$carry"/*
@@ -148,6 +184,7 @@ if $pack; then
       find build-gpu/src -maxdepth 1 -name 'libflatmem.so*'
       echo build-gpu/bench/contrastive_cuda_bench
       echo build-gpu/bench/reversible_cuda_bench
+      [ ! -f build-gpu/jax/libflatmem_jax.so ] || echo build-gpu/jax/libflatmem_jax.so
     } | sort -u >"$carry/files"
     tar -cJf "$prebuilt_tar" -T "$carry/files"
   )
@@ -321,7 +358,7 @@ EOF
   step "machine -> summary.txt (nvidia-smi, nvcc --version, git rev-parse HEAD, CPU, memory)"
 else
   mkdir -p "$outdir"
-  rm -f "$outdir"/{summary.txt,build.log,ctest.log,sanitizer.log,contrastive_cuda.log,reversible_cuda.log,reversible_cuda.csv,infcl.log,libraries.txt,profile.log}
+  rm -f "$outdir"/{summary.txt,build.log,ctest.log,sanitizer.log,contrastive_cuda.log,reversible_cuda.log,reversible_cuda.csv,infcl.log,libraries.txt,profile.log,jax.log}
   step "machine -> $outdir/summary.txt"
   machine_info >"$outdir/summary.txt"
   grep -E '^(revision|host|gpu|nvcc):' "$outdir/summary.txt" | sed 's/^/    /'
@@ -496,6 +533,17 @@ if gated sanitizer; then
       run_step "sanitizer $tool blocks" 45 sanitizer.log "$san" --tool "$tool" --error-exitcode 1 \
         "$tests_dir/test_gpu_reversible_blocks" '--test-case=gpu/blocks/math/*'
     done
+  fi
+fi
+
+if gated jax; then
+  if [ -f "$build/jax/libflatmem_jax.so" ] || $dry_run; then
+    run_step jax 150 jax.log env PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
+      FLATMEM_JAX_LIBRARY="$build/jax/libflatmem_jax.so" \
+      PYTHONPATH="$FLATMEM_ROOT/bindings/jax/python:$FLATMEM_ROOT/bindings/jax/tests" \
+      python3 "$FLATMEM_ROOT/bindings/jax/tests/gpu_check.py"
+  else
+    skip jax "no $build_rel/jax/libflatmem_jax.so (--pack builds it)"
   fi
 fi
 
