@@ -333,6 +333,9 @@ machine_info() {
   rev=$(git rev-parse HEAD 2>/dev/null) || rev="unknown (no git checkout here)"
   if git status --porcelain --untracked-files=no 2>/dev/null | grep -q .; then rev+=" with uncommitted changes"; fi
   echo "revision: $rev"
+  # The device's copy of the checkout may carry an older .git than the tree; the packed binaries
+  # name the commit they were built from.
+  if $prebuilt; then echo "prebuilt binaries: $(tr '\n' ' ' <"$carry/REVISION")"; fi
   echo "host: $(uname -srm); $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
   echo "memory: $(free -g | awk '/^Mem:/ {print $2 " GiB, " $7 " GiB available"}')"
   echo "gpu: $(try nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader)"
@@ -361,7 +364,7 @@ else
   rm -f "$outdir"/{summary.txt,build.log,ctest.log,sanitizer.log,contrastive_cuda.log,reversible_cuda.log,reversible_cuda.csv,infcl.log,libraries.txt,profile.log,jax.log}
   step "machine -> $outdir/summary.txt"
   machine_info >"$outdir/summary.txt"
-  grep -E '^(revision|host|gpu|nvcc):' "$outdir/summary.txt" | sed 's/^/    /'
+  grep -E "^(revision|prebuilt binaries|host|gpu|nvcc):" "$outdir/summary.txt" | sed 's/^/    /'
 fi
 
 # --- unpack, or deps + configure + build -------------------------------------------------------

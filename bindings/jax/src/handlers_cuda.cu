@@ -1,8 +1,9 @@
 // XLA FFI handlers of the contrastive loss for XLA:GPU (CUDA), compiled by
 // nvcc whenever it is found. They run on XLA's stream and take their
 // workspace from XLA's ScratchAllocator (the device allocator XLA itself
-// uses, ordered on that stream), sized by flatmem's query at run time, so
-// their ffi_call has no workspace result.
+// uses, ordered on that stream), or stream-ordered cudaMallocAsync where XLA
+// has none to give (device_scratch.hpp), sized by flatmem's query at run
+// time, so their ffi_call has no workspace result.
 //
 // A flatmem built with its CUDA backend runs the loss on XLA's stream (its
 // pooled CUDA handles use FLATMEM_NONFINITE_PROPAGATE, handle_pool.hpp); a
@@ -21,6 +22,7 @@
 #include "contrastive_bindings.hpp"
 #include "contrastive_call.hpp"
 #include "cuda_binding.hpp"
+#include "device_scratch.hpp"
 #include "flatmem_jax.h"
 
 namespace {
@@ -32,28 +34,26 @@ using Out = ffi::Result<ffi::AnyBuffer>;
 
 class ScratchWorkspace final : public WorkspaceSource {
  public:
-  explicit ScratchWorkspace(ffi::ScratchAllocator &scratch) : scratch_(scratch) {}
+  ScratchWorkspace(ffi::ScratchAllocator &scratch, cudaStream_t stream, int32_t ordinal)
+      : scratch_(scratch, stream, ordinal) {}
   ffi::ErrorOr<Workspace> get(flatmem_contrastive_loss loss, flatmem_contrastive_t *handle,
                               const DLTensor &q, const DLTensor &k, const DLTensor *dq,
                               const DLTensor *dk) override {
     ffi::ErrorOr<std::size_t> bytes = workspace_size(loss, handle, q, k, dq, dk);
     if (!bytes) return ffi::Unexpected(bytes.error());
-    std::optional<void *> data = scratch_.Allocate(*bytes, 256);
-    if (!data)
-      return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                                        "flatmem_jax: XLA's scratch allocator could not provide " +
-                                            std::to_string(*bytes) + " bytes of workspace"));
+    ffi::ErrorOr<void *> data = scratch_.allocate(*bytes);
+    if (!data) return ffi::Unexpected(data.error());
     return Workspace{*data, *bytes};
   }
 
  private:
-  ffi::ScratchAllocator &scratch_;
+  DeviceScratch scratch_;
 };
 
 ffi::Error clip_forward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
                         Buffer q, Buffer k, Buffer s, Out loss, Out row_lse, Out col_lse,
                         uint64_t /*logit_cache_bytes: CPU only*/) {
-  ScratchWorkspace ws(scratch);
+  ScratchWorkspace ws(scratch, stream, ordinal);
   return run_forward(FLATMEM_CONTRASTIVE_SYMMETRIC, 0, cuda_device(ordinal), stream,
                      {q, k, s, std::nullopt, *loss, *row_lse, *col_lse}, ws);
 }
@@ -61,7 +61,7 @@ ffi::Error clip_forward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAlloca
 ffi::Error clip_backward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
                          Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer col_lse, Buffer g,
                          Out dq, Out dk, Out ds, uint64_t /*logit_cache_bytes: CPU only*/) {
-  ScratchWorkspace ws(scratch);
+  ScratchWorkspace ws(scratch, stream, ordinal);
   return run_backward(FLATMEM_CONTRASTIVE_SYMMETRIC, 0, cuda_device(ordinal), stream,
                       {q, k, s, std::nullopt, row_lse, col_lse, g, *dq, *dk, *ds}, ws);
 }
@@ -69,7 +69,7 @@ ffi::Error clip_backward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAlloc
 ffi::Error infonce_forward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
                            Buffer q, Buffer k, Buffer s, Out loss, Out row_lse,
                            std::optional<Buffer> labels, uint64_t /*logit_cache_bytes: CPU only*/) {
-  ScratchWorkspace ws(scratch);
+  ScratchWorkspace ws(scratch, stream, ordinal);
   return run_forward(FLATMEM_CONTRASTIVE_INFONCE, 0, cuda_device(ordinal), stream,
                      {q, k, s, labels, *loss, *row_lse, std::nullopt}, ws);
 }
@@ -78,7 +78,7 @@ ffi::Error infonce_backward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAl
                             Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer g, Out dq, Out dk,
                             Out ds, std::optional<Buffer> labels,
                             uint64_t /*logit_cache_bytes: CPU only*/) {
-  ScratchWorkspace ws(scratch);
+  ScratchWorkspace ws(scratch, stream, ordinal);
   return run_backward(FLATMEM_CONTRASTIVE_INFONCE, 0, cuda_device(ordinal), stream,
                       {q, k, s, labels, row_lse, std::nullopt, g, *dq, *dk, *ds}, ws);
 }
@@ -86,7 +86,7 @@ ffi::Error infonce_backward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAl
 ffi::Error sigmoid_forward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
                            Buffer q, Buffer k, Buffer s, Buffer t, Out loss,
                            std::optional<Buffer> labels, uint64_t /*logit_cache_bytes: CPU only*/) {
-  ScratchWorkspace ws(scratch);
+  ScratchWorkspace ws(scratch, stream, ordinal);
   return run_sigmoid(SigmoidCall::forward, 0, cuda_device(ordinal), stream,
                      {q, k, s, t, labels, std::nullopt, *loss, std::nullopt, std::nullopt,
                       std::nullopt, std::nullopt},
@@ -98,7 +98,7 @@ ffi::Error sigmoid_value_and_grad(cudaStream_t stream, int32_t ordinal,
                                   Buffer t, Out loss, Out dq, Out dk, Out ds, Out dt,
                                   std::optional<Buffer> labels,
                                   uint64_t /*logit_cache_bytes: CPU only*/) {
-  ScratchWorkspace ws(scratch);
+  ScratchWorkspace ws(scratch, stream, ordinal);
   return run_sigmoid(SigmoidCall::value_and_grad, 0, cuda_device(ordinal), stream,
                      {q, k, s, t, labels, std::nullopt, *loss, *dq, *dk, *ds, *dt}, ws);
 }
@@ -107,7 +107,7 @@ ffi::Error sigmoid_backward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAl
                             Buffer q, Buffer k, Buffer s, Buffer t, Buffer g, Out dq, Out dk,
                             Out ds, Out dt, std::optional<Buffer> labels,
                             uint64_t /*logit_cache_bytes: CPU only*/) {
-  ScratchWorkspace ws(scratch);
+  ScratchWorkspace ws(scratch, stream, ordinal);
   return run_sigmoid(SigmoidCall::backward, 0, cuda_device(ordinal), stream,
                      {q, k, s, t, labels, g, std::nullopt, *dq, *dk, *ds, *dt}, ws);
 }

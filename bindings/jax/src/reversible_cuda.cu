@@ -13,7 +13,9 @@
 //     (inputs ready), and all of its work precedes the last gradient block
 //     on XLA's stream (reversible.h; src/reversible/cuda/overlapped.cpp);
 //   - workspace: sized by flatmem's query at run time and taken from XLA's
-//     ScratchAllocator, as the contrastive CUDA handlers do. XLA frees it
+//     ScratchAllocator (or, where XLA has none to give, stream-ordered
+//     cudaMallocAsync: device_scratch.hpp), as the contrastive CUDA handlers
+//     do. XLA frees it
 //     stream-ordered once the handler returns; that is safe because every
 //     use of it -- the rebuild stream's included, per the join above -- is
 //     ordered before the call's last work on XLA's stream. (Passing no
@@ -37,6 +39,7 @@
 #include <string>
 
 #include "cuda_binding.hpp"
+#include "device_scratch.hpp"
 #include "flatmem_jax.h"
 #include "reversible_bindings.hpp"
 #include "reversible_call.hpp"
@@ -51,7 +54,7 @@ using Out = ffi::Result<ffi::AnyBuffer>;
 class CudaPlatform final : public ReversiblePlatform {
  public:
   CudaPlatform(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator &scratch)
-      : stream_(stream), ordinal_(ordinal), scratch_(scratch) {}
+      : stream_(stream), ordinal_(ordinal), scratch_(scratch, stream, ordinal) {}
 
   ffi::ErrorOr<Workspace> workspace(flatmem_reversible_t *handle, const DLTensor &state,
                                     bool backward) override {
@@ -64,11 +67,8 @@ class CudaPlatform final : public ReversiblePlatform {
                                                        ? "flatmem_reversible_backward_workspace_size"
                                                        : "flatmem_reversible_forward_workspace_size"));
     if (bytes == 0) return Workspace{};  // NULL and 0: flatmem allocates nothing either
-    std::optional<void *> data = scratch_.Allocate(bytes, 256);
-    if (!data)
-      return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                                        "flatmem_jax: XLA's scratch allocator could not provide " +
-                                            std::to_string(bytes) + " bytes of workspace"));
+    ffi::ErrorOr<void *> data = scratch_.allocate(bytes);
+    if (!data) return ffi::Unexpected(data.error());
     return Workspace{*data, bytes};
   }
 
@@ -95,7 +95,7 @@ class CudaPlatform final : public ReversiblePlatform {
  private:
   cudaStream_t stream_;
   int32_t ordinal_;
-  ffi::ScratchAllocator &scratch_;
+  DeviceScratch scratch_;
 };
 
 ffi::Error reversible_forward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
