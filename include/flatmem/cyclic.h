@@ -568,7 +568,8 @@ FLATMEM_API flatmem_status flatmem_cyclic_summary_get(const flatmem_cyclic_t *ha
  * backward that writes the same gradient buffer (one stream, or an event). Device staging:
  * K full stages (as above) and 3 shard copies, cudaMalloc'ed at the first
  * flatmem_cyclic_next; the gradient scatter is the device chains' (one NCCL
- * group). Bitwise the host relay for finite values. Never run on a GPU yet.
+ * group). Bitwise the host relay for finite values. Run on one GPU (a world of
+ * one rank); multi-rank device relays are untested.
  */
 
 /**

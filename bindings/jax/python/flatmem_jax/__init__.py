@@ -90,9 +90,9 @@ Handles
 
 Platforms
     CPU, and CUDA when libflatmem_jax.so was built with nvcc (``has_cuda``):
-    the CUDA handlers hand XLA's device buffers and stream to flatmem, whose
-    CUDA code is compiled but has not run on a GPU yet (nor have these
-    handlers under XLA:GPU). A flatmem built without CUDA refuses them: XLA's
+    the CUDA handlers hand XLA's device buffers and stream to flatmem (run
+    on an H200 under XLA:GPU: tests/gpu_check.py). A flatmem built without
+    CUDA refuses them: XLA's
     UNIMPLEMENTED error carrying flatmem's FLATMEM_STATUS_UNSUPPORTED message.
 
 The handler library
@@ -777,7 +777,7 @@ def reversible_transformer(x1, x2, params, *, heads, mode="auto", seed=0, offset
     mode, seed, offset, eps, heads, num_threads and math are static (Python
     values). CPU, and CUDA when the handlers were built with nvcc
     (``has_cuda``): parameters and states are then device buffers, the calls
-    run on XLA's stream (not yet run on a GPU).
+    run on XLA's stream (checked on an H200: tests/gpu_check.py).
     """
     x1, x2 = jnp.asarray(x1), jnp.asarray(x2)
     for name, x in (("x1", x1), ("x2", x2)):
