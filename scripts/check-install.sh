@@ -53,7 +53,7 @@ fi
 # (a) pkg-config consumer: the C99 example, built the way its comment documents (plus strict warnings).
 cc -std=c99 -pedantic -Wall -Wextra -Werror "$FLATMEM_ROOT/examples/clip_loss.c" \
    $(pkg-config --cflags --libs flatmem) -o "$tmp/pc_consumer" || fail "examples/clip_loss.c does not build"
-LD_LIBRARY_PATH=$libdir ldd "$tmp/pc_consumer" | grep -qF "$libdir/libflatmem.so.$abi" ||
+LD_LIBRARY_PATH=$libdir ldd "$tmp/pc_consumer" | grep -F "$libdir/libflatmem.so.$abi" >/dev/null ||
   fail "pkg-config consumer does not load the installed libflatmem"
 (cd "$tmp" && LD_LIBRARY_PATH=$libdir ./pc_consumer) || fail "pkg-config consumer failed"
 cc -std=c99 -pedantic -Wall -Wextra -Werror "$FLATMEM_ROOT/examples/reversible_transformer.c" \

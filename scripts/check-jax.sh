@@ -50,7 +50,7 @@ step "the SWIG package flatmem (flatmem.jax) against $prefix"
 swig_ok=no
 if flatmem_dir=$(installed_dir flatmem 2>/dev/null) &&
    cmp -s "$flatmem_dir/jax.py" bindings/python/src/flatmem/jax.py &&
-   ldd "$flatmem_dir"/_capi*.so 2>/dev/null | grep -qF "$prefix/"; then
+   ldd "$flatmem_dir"/_capi*.so 2>/dev/null | grep -F "$prefix/" >/dev/null; then
   swig_ok=yes
   echo "check-jax: flatmem already installed in $flatmem_dir, linked to $prefix"
 fi
@@ -59,7 +59,7 @@ if [ "$swig_ok" = no ]; then
   rm -rf bindings/python/build bindings/python/src/flatmem.egg-info
   pip install --no-build-isolation --no-deps --no-index --force-reinstall bindings/python
   flatmem_dir=$(installed_dir flatmem)
-  ldd "$flatmem_dir"/_capi*.so | grep -qF "$prefix/" || fail "flatmem's extension does not load libflatmem from $prefix"
+  ldd "$flatmem_dir"/_capi*.so | grep -F "$prefix/" >/dev/null || fail "flatmem's extension does not load libflatmem from $prefix"
 fi
 
 step "pip install bindings/jax against $prefix ($(pkg-config --modversion flatmem)), CMake build in $build"

@@ -28,7 +28,7 @@ mkdir -p "$out"
 step "Python environment ($FLATMEM_VENV) and the flatmem package"
 bash "$FLATMEM_ROOT/scripts/python-env.sh"
 if ! installed=$(cd /tmp && "$python" -c 'import flatmem, os; print(os.path.dirname(flatmem.__file__))' 2>/dev/null) ||
-   ! ldd "$installed"/_capi*.so | grep -qF "$prefix"; then
+   ! ldd "$installed"/_capi*.so | grep -F "$prefix" >/dev/null; then
   rm -rf "$FLATMEM_ROOT/bindings/python/build" "$FLATMEM_ROOT/bindings/python/src/flatmem.egg-info"
   "$python" -m pip install --disable-pip-version-check --no-build-isolation --no-deps --no-index \
     --force-reinstall "$FLATMEM_ROOT/bindings/python"

@@ -452,7 +452,7 @@ runtime_library_dirs() {
   site=$(timeout 30 python3 -c 'import os, nvidia; print(" ".join(os.path.realpath(p) for p in nvidia.__path__))' \
          2>/dev/null) || site=
   for lib in libcublasLt.so.13 libnccl.so.2; do
-    if ldconfig -p 2>/dev/null | grep -q " $lib "; then echo "$lib: the loader finds it"; continue; fi
+    if ldconfig -p 2>/dev/null | grep " $lib " >/dev/null; then echo "$lib: the loader finds it"; continue; fi
     dir=
     for root in "${roots[@]}"; do [ -e "$root/$lib" ] && { dir=$root; break; }; done
     if [ -z "$dir" ] && [ -n "$site" ]; then
