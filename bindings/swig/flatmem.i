@@ -1642,6 +1642,10 @@ static Py_ssize_t flatmem_swig_dl_bytes(const DLTensor *t) {
   return (Py_ssize_t)(n * ((t->dtype.bits * t->dtype.lanes + 7) / 8));
 }
 
+static int flatmem_swig_host_state(const DLTensor *t) {
+  return t->device.device_type == kDLCPU || t->device.device_type == kDLCUDAHost;
+}
+
 static PyObject *flatmem_swig_memoryview(const DLTensor *t, int writable) {
   return PyMemoryView_FromMemory((char *)flatmem_swig_dl_address(t), flatmem_swig_dl_bytes(t),
                                  writable ? PyBUF_WRITE : PyBUF_READ);
@@ -1702,11 +1706,22 @@ static flatmem_status flatmem_swig_python_call(void *user, const flatmem_reversi
   const int vjp = dx != NULL;
   flatmem_status status = FLATMEM_STATUS_SUCCESS;
   PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject *shape = flatmem_swig_shape_tuple(x);
-  PyObject *xv = flatmem_swig_memoryview(x, 0);
-  PyObject *av = flatmem_swig_memoryview(a, !vjp);
-  PyObject *dxv = vjp ? flatmem_swig_memoryview(dx, 1) : (Py_INCREF(Py_None), Py_None);
-  PyObject *result = NULL;
+  PyObject *shape, *xv, *av, *dxv, *result = NULL;
+  /* memoryviews are host memory: device states (a CUDA segment with a Python F or G) must not
+   * reach Python as such (reading one would fault); the call fails naming the device instead. */
+  if (!flatmem_swig_host_state(x) || !flatmem_swig_host_state(a) || (dx && !flatmem_swig_host_state(dx))) {
+    PyErr_Format(PyExc_TypeError,
+                 "Python functions take host states (kDLCPU); this segment's states are on device type %d, "
+                 "id %d: on a GPU use flatmem's built-in blocks (flatmem.Block) or C callbacks",
+                 (int)x->device.device_type, (int)x->device.device_id);
+    status = flatmem_swig_python_failed(s);
+    PyGILState_Release(gil);
+    return status;
+  }
+  shape = flatmem_swig_shape_tuple(x);
+  xv = flatmem_swig_memoryview(x, 0);
+  av = flatmem_swig_memoryview(a, !vjp);
+  dxv = vjp ? flatmem_swig_memoryview(dx, 1) : (Py_INCREF(Py_None), Py_None);
   if (shape && xv && av && dxv)
     result = PyObject_CallFunction(s->dispatch, "iiiiiiKKOiOOO", vjp, (int)slot->function,
                                    (int)c->block, (int)c->part, (int)c->phase, (int)c->num_threads,

@@ -10,10 +10,11 @@ README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 def python_blocks():
     """The contrastive-loss snippet(s); the reversible one is test_python_reversible.py's, the cyclic
     one test_python_cyclic.py's; the communicator sketch needs ranks (its runnable version is
-    examples/python/ring_clip_numpy.py, run by scripts/check-launchers.sh)."""
+    examples/python/ring_clip_numpy.py, run by scripts/check-launchers.sh); the flatmem.torch one is
+    test_torch_readme.py's."""
     blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(), flags=re.S | re.M)
     return [b for b in blocks if "ReversibleSegment" not in b and "CyclicSchedule" not in b
-            and "Communicator" not in b]
+            and "Communicator" not in b and "flatmem.torch" not in b]
 
 
 def test_readme_python_snippet_runs(capsys):

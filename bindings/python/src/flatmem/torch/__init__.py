@@ -7,10 +7,14 @@ loss modules, flatmem communicators from torch.distributed, and reversible segme
     criterion = fmt.ClipLoss()        # open_clip.loss.ClipLoss's signature: swap one import
     comm = fmt.communicator()         # the ring across the ranks of torch.distributed's default group
     loss = fmt.clip_loss(q_r, k_r, s, comm=comm)                             # loss of the global batch
+    seq = fmt.ReversibleSequence([(F1, G1), (F2, G2)], mode="auto")          # nn.Modules, O(1) activations
+    y1, y2 = seq(x1, x2)
+    model = fmt.ReversibleTransformer(width=384, heads=6, depth=12)           # flatmem's built-in blocks
 
 ``import flatmem`` does not need torch; ``import flatmem.torch`` does. The losses are documented in
 flatmem.torch.losses, the communicators (and the gradient convention under DDP) in
-flatmem.torch.distributed.
+flatmem.torch.distributed, the reversible segments in flatmem.torch.reversible and
+flatmem.torch.transformer.
 """
 try:
     import torch as _torch
@@ -20,7 +24,9 @@ except ImportError as e:  # pragma: no cover - exercised by a test that hides to
 
 from .distributed import communicator, communicator_from_env
 from .losses import ClipLoss, SigLipLoss, clip_loss, infonce_loss, sigmoid_loss
+from .reversible import ReversibleSequence
+from .transformer import ReversibleTransformer
 
-__all__ = ["ClipLoss", "SigLipLoss", "clip_loss", "communicator", "communicator_from_env", "infonce_loss",
-           "sigmoid_loss"]
+__all__ = ["ClipLoss", "ReversibleSequence", "ReversibleTransformer", "SigLipLoss", "clip_loss", "communicator",
+           "communicator_from_env", "infonce_loss", "sigmoid_loss"]
 del _torch
