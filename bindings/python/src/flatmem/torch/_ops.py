@@ -15,6 +15,10 @@ non-tensor arguments are plain values: ``comm`` is a communicator slot (distribu
 this process alone), ``propagate`` chooses FLATMEM_NONFINITE_PROPAGATE over _ERROR (CUDA tensors
 need it), ``grad_scale`` multiplies the incoming gradient (a ring under DDP, distributed.py).
 Gradients are first order only (the backward operators have no autograd of their own).
+
+The operators are defined with torch.library.Library (schema strings below) rather than
+torch.library.custom_op, whose wrapper imports torch._dynamo (and sympy) at the first call: about
+160 MB and a second or two in every process that never compiles anything.
 """
 from typing import Optional
 
@@ -26,13 +30,30 @@ from . import _bridge as br
 from . import distributed as _dist
 
 _F32 = torch.float32
+_LIB = torch.library.Library("flatmem", "DEF")
+
+
+def _op(schema):
+    """Defines flatmem::<name> with this schema; the decorated function is its CPU and CUDA kernel."""
+    def register(fn):
+        name = schema.split("(")[0]
+        _LIB.define(schema)
+        for key in ("CPU", "CUDA"):
+            _LIB.impl(name, fn, key)
+        return fn
+    return register
+
+
+def _fake(name):
+    return torch.library.register_fake(f"flatmem::{name}")
 
 
 def _handle(loss: str, propagate: bool, cache_bytes: int = 0, comm: int = -1):
     """The kept flatmem.Contrastive for these options: the calling thread's, or the ring's of the
-    communicator in slot `comm`."""
-    return _contrastive._handle_for(_dist.at(comm), loss, 0, 0, 0, "propagate" if propagate else "error",
-                                    cache_bytes)
+    communicator in slot `comm`. Its CPU threads are torch's (torch.get_num_threads(): what
+    torchrun's OMP_NUM_THREADS or torch.set_num_threads set), not all the machine's."""
+    return _contrastive._handle_for(_dist.at(comm), loss, torch.get_num_threads(), 0, 0,
+                                    "propagate" if propagate else "error", cache_bytes)
 
 
 def _rows(t: Tensor) -> int:
@@ -59,7 +80,8 @@ def _tensor_of(a):
 # The softmax losses: CLIP (symmetric) and InfoNCE
 # ---------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("flatmem::contrastive_forward", mutates_args=())
+@_op("contrastive_forward(Tensor q, Tensor k, Tensor logit_scale, Tensor? labels, bool symmetric, "
+     "int cache_bytes, int comm, bool propagate, float grad_scale) -> (Tensor, Tensor, Tensor)")
 def contrastive_forward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Optional[Tensor], symmetric: bool,
                         cache_bytes: int, comm: int, propagate: bool,
                         grad_scale: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -79,13 +101,15 @@ def contrastive_forward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Optio
     return loss, row, col
 
 
-@contrastive_forward.register_fake
+@_fake("contrastive_forward")
 def _(q, k, logit_scale, labels, symmetric, cache_bytes, comm, propagate, grad_scale):
     col = q.new_empty((k.shape[0],), dtype=_F32) if symmetric else q.new_empty((0,), dtype=_F32)
     return q.new_empty((), dtype=_F32), q.new_empty((q.shape[0],), dtype=_F32), col
 
 
-@torch.library.custom_op("flatmem::contrastive_backward", mutates_args=())
+@_op("contrastive_backward(Tensor q, Tensor k, Tensor logit_scale, Tensor? labels, Tensor row_lse, "
+     "Tensor col_lse, Tensor dloss, bool symmetric, bool want_dq, bool want_dk, int cache_bytes, "
+     "int comm, bool propagate) -> (Tensor, Tensor, Tensor)")
 def contrastive_backward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Optional[Tensor], row_lse: Tensor,
                          col_lse: Tensor, dloss: Tensor, symmetric: bool, want_dq: bool, want_dk: bool,
                          cache_bytes: int, comm: int, propagate: bool) -> tuple[Tensor, Tensor, Tensor]:
@@ -109,7 +133,7 @@ def contrastive_backward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Opti
     return dq, dk, ds
 
 
-@contrastive_backward.register_fake
+@_fake("contrastive_backward")
 def _(q, k, logit_scale, labels, row_lse, col_lse, dloss, symmetric, want_dq, want_dk, cache_bytes, comm,
       propagate):
     dq = torch.empty_like(q) if want_dq else q.new_empty((0,))
@@ -155,7 +179,8 @@ def _sigmoid_workspace(h, Q, K, dq_t, dk_t, device, stream):
                         device, stream)
 
 
-@torch.library.custom_op("flatmem::sigmoid_forward", mutates_args=())
+@_op("sigmoid_forward(Tensor q, Tensor k, Tensor logit_scale, Tensor logit_bias, Tensor? labels, "
+     "int comm, bool propagate, float grad_scale) -> Tensor")
 def sigmoid_forward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tensor, labels: Optional[Tensor],
                     comm: int, propagate: bool, grad_scale: float) -> Tensor:
     stream = br.stream_of(q.device)
@@ -168,12 +193,14 @@ def sigmoid_forward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tenso
     return loss
 
 
-@sigmoid_forward.register_fake
+@_fake("sigmoid_forward")
 def _(q, k, logit_scale, logit_bias, labels, comm, propagate, grad_scale):
     return q.new_empty((), dtype=_F32)
 
 
-@torch.library.custom_op("flatmem::sigmoid_backward", mutates_args=())
+@_op("sigmoid_backward(Tensor q, Tensor k, Tensor logit_scale, Tensor logit_bias, Tensor? labels, "
+     "Tensor dloss, bool want_dq, bool want_dk, int comm, bool propagate) -> (Tensor, Tensor, Tensor, "
+     "Tensor)")
 def sigmoid_backward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tensor, labels: Optional[Tensor],
                      dloss: Tensor, want_dq: bool, want_dk: bool, comm: int,
                      propagate: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -191,7 +218,7 @@ def sigmoid_backward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tens
     return dq, dk, ds, dt
 
 
-@sigmoid_backward.register_fake
+@_fake("sigmoid_backward")
 def _(q, k, logit_scale, logit_bias, labels, dloss, want_dq, want_dk, comm, propagate):
     dq = torch.empty_like(q) if want_dq else q.new_empty((0,))
     dk = torch.empty_like(k) if want_dk else k.new_empty((0,))
@@ -217,7 +244,9 @@ def _sigmoid_grad(ctx, dloss):
 torch.library.register_autograd("flatmem::sigmoid_forward", _sigmoid_grad, setup_context=_sigmoid_setup)
 
 
-@torch.library.custom_op("flatmem::sigmoid_value_and_grad", mutates_args=())
+@_op("sigmoid_value_and_grad(Tensor q, Tensor k, Tensor logit_scale, Tensor logit_bias, "
+     "Tensor? labels, int comm, bool propagate, float grad_scale) -> (Tensor, Tensor, Tensor, Tensor, "
+     "Tensor)")
 def sigmoid_value_and_grad(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tensor,
                            labels: Optional[Tensor], comm: int, propagate: bool,
                            grad_scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -235,7 +264,7 @@ def sigmoid_value_and_grad(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias
     return loss, dq, dk, ds, dt
 
 
-@sigmoid_value_and_grad.register_fake
+@_fake("sigmoid_value_and_grad")
 def _(q, k, logit_scale, logit_bias, labels, comm, propagate, grad_scale):
     scalar = q.new_empty((), dtype=_F32)
     return scalar, torch.empty_like(q), torch.empty_like(k), q.new_empty((), dtype=_F32), q.new_empty((), dtype=_F32)
@@ -249,15 +278,27 @@ def _saved_setup(ctx, inputs, output):
     ctx.grad_scale = grad_scale
 
 
+def _is_one(g: Tensor) -> bool:
+    """Whether the incoming gradient is exactly 1 on the CPU (loss.backward()): then the saved dq
+    and dk are the gradients themselves, handed on without a copy. Asked of plain eager tensors
+    only: not while tracing (fake and functional tensors are subclasses; the test would be data
+    dependent) nor of a CUDA scalar (a device sync)."""
+    return (type(g) is torch.Tensor and g.device.type == "cpu" and not torch.compiler.is_compiling()
+            and g.item() == 1.0)
+
+
 def _saved_grad(ctx, dloss, *_unused):
     """The gradients the forward computed, times the incoming one (exact for g = 1)."""
     dq, dk, ds, dt = ctx.saved_tensors
     want = ctx.needs_input_grad
     g = dloss.to(_F32) * ctx.grad_scale if ctx.grad_scale != 1.0 else dloss.to(_F32)
     s_shape, t_shape = ctx.shapes
-    return ((dq * g).to(dq.dtype) if want[0] else None, (dk * g).to(dk.dtype) if want[1] else None,
-            (ds * g).reshape(s_shape) if want[2] else None, (dt * g).reshape(t_shape) if want[3] else None,
-            None, None, None, None)
+    if _is_one(g):
+        dq_g, dk_g = dq, dk
+    else:
+        dq_g, dk_g = (dq * g).to(dq.dtype), (dk * g).to(dk.dtype)
+    return (dq_g if want[0] else None, dk_g if want[1] else None, (ds * g).reshape(s_shape) if want[2] else None,
+            (dt * g).reshape(t_shape) if want[3] else None, None, None, None, None)
 
 
 torch.library.register_autograd("flatmem::sigmoid_value_and_grad", _saved_grad, setup_context=_saved_setup)

@@ -92,8 +92,9 @@ class _RingModule(torch.nn.Module):
     communicator of a ring (made from the default process group at the first call when
     world_size > 1 and none is given)."""
 
-    def __init__(self, rank, world_size, use_horovod, comm, nonfinite):
+    def __init__(self, rank, world_size, use_horovod, comm, nonfinite, comm_timeout_ms):
         super().__init__()
+        self.comm_timeout_ms = int(comm_timeout_ms)
         if use_horovod:
             raise ValueError("flatmem.torch: use_horovod is not supported; the ring runs over a "
                              "flatmem.Communicator (flatmem.torch.communicator())")
@@ -104,7 +105,7 @@ class _RingModule(torch.nn.Module):
 
     def _ring(self):
         if self.comm is None and self.world_size > 1:
-            self.comm = dist_.communicator()
+            self.comm = dist_.communicator(timeout_ms=self.comm_timeout_ms)
         if self.comm is not None and self.comm.world_size != self.world_size and self.world_size > 1:
             raise ValueError(f"flatmem.torch: world_size={self.world_size} but the communicator has "
                              f"{self.comm.world_size} ranks")
@@ -131,12 +132,14 @@ class ClipLoss(_RingModule):
     batch -- open_clip's ``gather_with_grad=True, local_loss=False`` -- and gradients that DDP's
     average turns into the global loss's (distributed.py). local_loss, gather_with_grad and
     cache_labels are accepted for compatibility and change nothing: flatmem always computes that
-    global loss exactly, in O(b) memory. logit_cache_bytes, nonfinite: as clip_loss.
+    global loss exactly, in O(b) memory. comm_timeout_ms: the deadline of each wait of the
+    communicator made here (0 = $FLATMEM_COMM_TIMEOUT_MS or 60 s; raise it for very large batches).
+    logit_cache_bytes, nonfinite: as clip_loss.
     """
 
     def __init__(self, local_loss=False, gather_with_grad=False, cache_labels=False, rank=0, world_size=1,
-                 use_horovod=False, *, comm=None, logit_cache_bytes=0, nonfinite="propagate"):
-        super().__init__(rank, world_size, use_horovod, comm, nonfinite)
+                 use_horovod=False, *, comm=None, comm_timeout_ms=0, logit_cache_bytes=0, nonfinite="propagate"):
+        super().__init__(rank, world_size, use_horovod, comm, nonfinite, comm_timeout_ms)
         self.local_loss, self.gather_with_grad, self.cache_labels = local_loss, gather_with_grad, cache_labels
         self.logit_cache_bytes = _cache_bytes(logit_cache_bytes)
 
@@ -160,12 +163,12 @@ class SigLipLoss(_RingModule):
     text of every rank, the mean over all images -- what open_clip's neighbour exchange sums, as
     DDP averages it; the value returned is that global mean, where open_clip returns this rank's
     sum over its own images). cache_labels and dist_impl are accepted for compatibility and change
-    nothing. recompute, nonfinite: as sigmoid_loss.
+    nothing. comm_timeout_ms: as ClipLoss. recompute, nonfinite: as sigmoid_loss.
     """
 
-    def __init__(self, cache_labels=False, rank=0, world_size=1, dist_impl=None, *, comm=None, recompute=False,
-                 nonfinite="propagate"):
-        super().__init__(rank, world_size, False, comm, nonfinite)
+    def __init__(self, cache_labels=False, rank=0, world_size=1, dist_impl=None, *, comm=None, comm_timeout_ms=0,
+                 recompute=False, nonfinite="propagate"):
+        super().__init__(rank, world_size, False, comm, nonfinite, comm_timeout_ms)
         self.cache_labels, self.dist_impl = cache_labels, dist_impl
         self.recompute = bool(recompute)
 

@@ -122,7 +122,7 @@ class ReversibleSequence(torch.nn.Module):
     blocks       [(F_0, G_0), (F_1, G_1), ...] of nn.Modules (registered as submodules
                  ``blocks[k][0]`` / ``blocks[k][1]``)
     mode         "auto" (default), "vanilla", "overlapped" or "standard"
-    num_threads  flatmem's CPU threads (0 = all processors)
+    num_threads  flatmem's CPU threads (0 = torch.get_num_threads())
 
     ``forward(x1, x2)`` returns (y1, y2). ``last_mode`` names the mode the last backward ran.
     """
@@ -150,7 +150,8 @@ class ReversibleSequence(torch.nn.Module):
         for pair in self.blocks:
             functions.append(tuple(_ModuleFunction(m, [p for p in m.parameters() if p.requires_grad], sink)
                                    for m in pair))
-        self._segment = _rev.ReversibleSegment(functions, mode=self.mode, num_threads=self.num_threads)
+        threads = self.num_threads or torch.get_num_threads()
+        self._segment = _rev.ReversibleSegment(functions, mode=self.mode, num_threads=threads)
         self._signature = self._parameter_signature()
 
     def _parameter_signature(self):

@@ -77,7 +77,7 @@ class ReversibleTransformer(torch.nn.Module):
     eps            the LayerNorms' epsilon
     mode           "auto", "vanilla", "overlapped" or "standard"
     math           "fp32" or "tf32" (CUDA tensor cores; the CPU computes fp32 either way)
-    num_threads    flatmem's CPU threads (0 = all processors)
+    num_threads    flatmem's CPU threads (0 = torch.get_num_threads() when the module is made)
     """
 
     def __init__(self, width, heads, depth, hidden=0, eps=1e-6, mode="auto", math="fp32", num_threads=0):
@@ -90,7 +90,8 @@ class ReversibleTransformer(torch.nn.Module):
                   _BlockParameters(MLP_NAMES, mlp0.parameter_shapes)) for _ in range(depth))
         self.width, self.heads, self.depth, self.hidden = width, heads, depth, mlp0.hidden
         self.eps, self.mode, self.math, self.num_threads = eps, mode, math, num_threads
-        self._segment = _rev.ReversibleSegment(self._flatmem_blocks, mode=mode, num_threads=num_threads)
+        self._segment = _rev.ReversibleSegment(self._flatmem_blocks, mode=mode,
+                                               num_threads=num_threads or torch.get_num_threads())
 
     def _point_blocks(self, device, gradients):
         """Points every flatmem block at this module's parameter tensors (and at gradient buffers,
