@@ -37,10 +37,12 @@
 #   7. jax         bindings/jax/tests/gpu_check.py: the XLA:CUDA handlers (losses, reversible
 #                  segments) under jit and grad against references on the GPU (jax.log); --pack
 #                  builds libflatmem_jax.so against the XLA FFI headers of the image's jaxlib
-#   8. reversible  reversible_cuda_bench, width 768, 12 heads, MLP 3072, depths 12 and 24,
+#   8. torch       the Python package built there (the carried SWIG wheel, the image's Python)
+#                  and flatmem.torch's CUDA tests, bindings/python/tests/test_torch_cuda.py (torch.log)
+#   9. reversible  reversible_cuda_bench, width 768, 12 heads, MLP 3072, depths 12 and 24,
 #                  batches 8..128, TF32 then FP32 (rows of both in one CSV)
-#   9. contrastive-large  the same bench at d 768, b 262144 and d 512, b 16384..262144
-#  10. profile     Nsight Compute (ncu) on the first launches of the contrastive kernels at d 768,
+#  10. contrastive-large  the same bench at d 768, b 262144 and d 512, b 16384..262144
+#  11. profile     Nsight Compute (ncu) on the first launches of the contrastive kernels at d 768,
 #                  b 16384: speed of light, occupancy, memory and compute workload (profile.log)
 # The whole run is held to FLATMEM_GPU_CHECK_BUDGET seconds (default 530): a step gets the smaller
 # of its own limit and what is left; one that would get under 10 s is skipped. A warm rerun reuses
@@ -79,8 +81,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 for s in ${steps//,/ }; do
-  case $s in all|ctest|contrastive|infcl|sanitizer|jax|reversible|contrastive-large|profile) ;;
-    *) echo "gpu-check: unknown step '$s' in --steps (all ctest contrastive infcl sanitizer jax reversible contrastive-large profile)" >&2
+  case $s in all|ctest|contrastive|infcl|sanitizer|jax|torch|reversible|contrastive-large|profile) ;;
+    *) echo "gpu-check: unknown step '$s' in --steps (all ctest contrastive infcl sanitizer jax torch reversible contrastive-large profile)" >&2
        exit 2 ;;
   esac
 done
@@ -124,6 +126,7 @@ nccl_targets=(test_gpu_comm test_gpu_cyclic test_gpu_cyclic_stages test_gpu_cycl
 # --- prebuilt binaries: --pack here, unpacked there --------------------------------------------
 carry=$FLATMEM_ROOT/.gpu-carry
 prebuilt_tar=$carry/build-gpu.tar.xz
+swig_version=${FLATMEM_GPU_CHECK_SWIG:-4.5.1}
 # The GPU image's jaxlib (KINDS.md of the device tool: jax 0.11.2 with its CUDA 13 plugins).
 jaxlib_version=${FLATMEM_GPU_CHECK_JAXLIB:-0.11.2}
 # build_jax_plugin: bindings/jax's libflatmem_jax.so (CPU and CUDA handlers) into $build/jax,
@@ -188,6 +191,14 @@ if $pack; then
     } | sort -u >"$carry/files"
     tar -cJf "$prebuilt_tar" -T "$carry/files"
   )
+  # SWIG (PyPI's wheel carries the binary): the torch step builds the Python package there, for
+  # the image's Python 3.12.
+  if python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$carry" "swig==$swig_version"; then
+    echo "SWIG wheel: $(ls "$carry"/swig-*.whl)"
+  else
+    echo "gpu-check: pip could not fetch swig: the torch step will skip" >&2
+  fi
   # Inf-CL (pure Python; its needs, torch, triton and numpy, are in the GPU image).
   if python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$carry" inf-cl==1.2.1; then
     echo "Inf-CL wheel: $(ls "$carry"/inf_cl-*.whl)"
@@ -361,7 +372,7 @@ EOF
   step "machine -> summary.txt (nvidia-smi, nvcc --version, git rev-parse HEAD, CPU, memory)"
 else
   mkdir -p "$outdir"
-  rm -f "$outdir"/{summary.txt,build.log,ctest.log,sanitizer.log,contrastive_cuda.log,reversible_cuda.log,reversible_cuda.csv,infcl.log,libraries.txt,profile.log,jax.log}
+  rm -f "$outdir"/{summary.txt,build.log,ctest.log,sanitizer.log,contrastive_cuda.log,reversible_cuda.log,reversible_cuda.csv,infcl.log,libraries.txt,profile.log,jax.log,torch.log}
   step "machine -> $outdir/summary.txt"
   machine_info >"$outdir/summary.txt"
   grep -E "^(revision|prebuilt binaries|host|gpu|nvcc):" "$outdir/summary.txt" | sed 's/^/    /'
@@ -548,6 +559,30 @@ if gated jax; then
   else
     skip jax "no $build_rel/jax/libflatmem_jax.so (--pack builds it)"
   fi
+fi
+
+# torch_step SITE: the Python package (SWIG module for this machine's python3) built against
+# build-gpu's libflatmem with the carried SWIG into SITE, then flatmem.torch's CUDA tests.
+torch_step() {
+  local site=$1 wheel
+  wheel=$(ls "$carry"/swig-*.whl 2>/dev/null | head -n 1)
+  [ -n "$wheel" ] || { echo "no carried SWIG wheel (.gpu-carry/swig-*.whl)"; return 1; }
+  rm -rf "$site" && mkdir -p "$site/tools" "$site/pc/lib/pkgconfig"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site/tools" "$wheel" || return 1
+  printf '%s\n' "libdir=$build/src" "includedir=$FLATMEM_ROOT/include" "Name: flatmem" "Description: build-gpu" \
+    "Version: 0.1.0" 'Cflags: -I${includedir}' 'Libs: -L${libdir} -lflatmem' >"$site/pc/lib/pkgconfig/flatmem.pc"
+  rm -rf "$FLATMEM_ROOT/bindings/python/build" "$FLATMEM_ROOT/bindings/python/src/flatmem.egg-info"
+  SWIG=$site/tools/bin/swig PYTHONPATH=$site/tools PKG_CONFIG_PATH=$site/pc/lib/pkgconfig \
+    python3 -m pip install -q --no-build-isolation --no-deps --no-index --target "$site/py" \
+    "$FLATMEM_ROOT/bindings/python" || return 1
+  (cd "$FLATMEM_ROOT/bindings/python/tests" &&
+     PYTHONPATH=$site/py python3 -m pytest -q -p no:cacheprovider -rs test_torch_cuda.py)
+}
+export -f torch_step
+export carry build
+
+if gated torch; then
+  run_step torch 150 torch.log torch_step /tmp/flatmem-gpu-check-torch
 fi
 
 if gated reversible; then
