@@ -73,6 +73,8 @@ def test_a_logit_bias_given_to_clip_loss_changes_nothing():
     assert torch.equal(a, b)
     check_close("loss with bias", a, theirs.double().detach().numpy(),
                 2 * forward_tolerance(ref.widened(q), ref.widened(k), 10.0, float(a)) + 1e-6)
+    b.backward()
+    assert bias.grad is not None and bias.grad.item() == 0.0  # a gradient, exactly 0, as open_clip's
 
 
 def test_horovod_and_a_wrong_world_size_are_refused():

@@ -144,13 +144,15 @@ class ClipLoss(_RingModule):
         self.logit_cache_bytes = _cache_bytes(logit_cache_bytes)
 
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False):
-        # A bias added to every logit leaves each softmax, hence the loss, unchanged (open_clip adds
-        # it; its gradient is exactly 0, which flatmem does not compute).
-        del logit_bias
         comm = self._ring()
         loss = clip_loss(image_features, text_features, logit_scale, comm=comm,
                          logit_cache_bytes=0 if comm is not None else self.logit_cache_bytes,
                          grad_scale=self._grad_scale(comm), nonfinite=self.nonfinite)
+        if isinstance(logit_bias, torch.Tensor) and logit_bias.requires_grad:
+            # A bias added to every logit leaves each softmax, hence the loss, unchanged; its
+            # gradient is exactly 0, and it gets that 0 (as under open_clip), so that an optimiser
+            # still sees it (AdamW's weight decay skips parameters without a gradient).
+            loss = loss + (logit_bias * 0.0).sum().to(loss.dtype)
         return self._result(loss, output_dict)
 
 
