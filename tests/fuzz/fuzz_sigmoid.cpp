@@ -150,13 +150,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t *data, std::size_t size
   bias.set_f32(0, t);
   const float g = p.dloss % 4 == 3 ? -2.5f : p.dloss % 8 == 5 ? std::nanf("") : 1.0f;
   dloss.set_f32(0, g);
+  // What the library sees: a mutation may turn the labels argument into a NULL pointer (then
+  // y_i = i), whatever values the tensor holds.
+  DLTensor *labels_arg = with_labels ? labels.get() : nullptr;
+  const FuzzTensor *passed_labels = labels_arg != nullptr ? &labels : nullptr;
   bool labels_out_of_range = false;
-  if (with_labels)
+  if (passed_labels != nullptr)
     for (std::int64_t i = 0; i < labels.elements(); ++i)
       labels_out_of_range = labels_out_of_range || labels.value_at(i) < 0 || labels.value_at(i) >= double(c);
   for (FuzzTensor *t_ : {&loss, &vloss, &vdq, &vdk, &vds, &vdt, &bdq, &bdk, &bds, &bdt}) t_->fill_sentinel();
   const bool finite_inputs = !nonfinite && std::isfinite(s) && s > 0 && std::isfinite(t);
-  DLTensor *labels_arg = with_labels ? labels.get() : nullptr;
 
   // A SIGMOID handle is refused by the softmax entry points.
   if (handle != nullptr && sigmoid_handle) {
@@ -190,9 +193,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t *data, std::size_t size
                                                                     workspace.bytes, nullptr),
                                 "flatmem_contrastive_sigmoid_forward", {&loss});
   const bool oracle = finite_inputs && q.honest() && k.honest() && q.tensor().ndim == 2 && k.tensor().ndim == 2 &&
-                      (!with_labels || labels.honest());
+                      (passed_labels == nullptr || labels.honest());
   Reference ref;
-  if (oracle) ref = reference(q, k, with_labels ? &labels : nullptr, s, t);
+  if (oracle) ref = reference(q, k, passed_labels, s, t);
   const bool in_range = ref.loss < 1e37;  // the fp32 result can hold it
   if (forward_ok && finite_inputs && in_range && loss.get() != nullptr) {
     expect_finite("flatmem_contrastive_sigmoid_forward", loss, "loss");
