@@ -11,9 +11,13 @@ and pre-LayerNorm MLP (G, hidden 4 w, GELU), the same modules (same seeds) for e
   builtin       flatmem.torch.ReversibleTransformer (flatmem's own attention and MLP blocks, in C++,
                 same shapes; not the same modules: it shows what the module adds to the C segment)
 Each (method, depth) runs in its own subprocess: time = the best of --reps steps after a warm-up
-step (forward, a scalar objective, backward), peak = the process's VmHWM minus its VmHWM once the
-model and inputs exist and one tiny step has run (torch's one-time set-up), minus the parameters'
-gradients every method ends with: activations, their gradients and the method's bookkeeping. Printed: a
+step (four for the AUTO rows, which time both backward modes in their first four). Peak = how far
+a step raises the resident set above where it starts (VmHWM reset through /proc/self/clear_refs;
+glibc's mmap threshold fixed so that freed blocks leave the resident set), measured on the same
+step with the parameters frozen: what the method keeps for the backward of the states
+(activations, their gradients, its bookkeeping) without the parameter gradients, which every
+method pays alike; builtin (whose blocks need gradient buffers) is its training step's rise minus
+the parameter gradients, its peak being at the end of the backward. Printed: a
 table with time and peak per depth, ratios to RevLib, and the targets (flatmem's peak within
 1.05x from the smallest depth to the largest; its time within 1.1x RevLib's).
 
@@ -32,14 +36,6 @@ import sys
 import time
 
 METHODS = ["backprop", "checkpoint", "revlib", "flatmem-vanilla", "flatmem-overlapped", "flatmem-auto", "builtin"]
-
-
-def vm_hwm_bytes():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def make_blocks(torch, width, heads, depth):
@@ -64,6 +60,8 @@ def make_blocks(torch, width, heads, depth):
 def child(args):
     """One (method, depth) measurement; prints a JSON line."""
     import torch
+
+    import torch_bench_support as sup
 
     torch.set_num_threads(args.threads)
     import flatmem.torch as fmt
@@ -100,28 +98,45 @@ def child(args):
                 b = b + apply(g_, a)
             return a, b
     def step(a, b):
+        """One step; returns how far it raised the resident set above where it started (the
+        parameters' gradients it ends with included)."""
         for p in model.parameters():
             p.grad = None
         a.grad = b.grad = None
+        start = sup.status_bytes("VmRSS")
+        sup.reset_peak()
         y1, y2 = step_forward(a, b)
         (y1.square().mean() + y2.mean()).backward()
+        return sup.status_bytes("VmHWM") - start
 
     # torch's and the method's one-time set-up (thread pools, kernels, handles) on a tiny batch
     # first, so that the peak below is the step's own
     step(x1[:1, :2].clone().requires_grad_(), x2[:1, :2].clone().requires_grad_())
     a, b = x1.clone().requires_grad_(), x2.clone().requires_grad_()
-    base = vm_hwm_bytes()
-    step(a, b)
-    times = []
+    # warm-up at full size; AUTO (flatmem-auto, builtin) times vanilla and overlapped in its first
+    # four backwards of a shape and keeps the faster: the timed steps come after its choice
+    for _ in range(4 if method in ("flatmem-auto", "builtin") else 1):
+        step(a, b)
+    times, rises = [], []
     for _ in range(args.reps):
         start = time.perf_counter()
-        step(a, b)
+        rises.append(step(a, b))
         times.append(time.perf_counter() - start)
-    # every method holds the parameters' gradients at its peak (they are the result): what is
-    # left is activations and the method's bookkeeping, what reversibility is about
     gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    if method == "builtin":
+        # flatmem's blocks need their gradient buffers; the step's peak is at its end, every
+        # parameter gradient allocated: beyond them is what the segment keeps
+        peak = max(rises) - gradient_bytes
+    else:
+        # what the method keeps for the backward of the states, alone: the same step with the
+        # parameters frozen (no parameter gradients, whose memory every method pays alike)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for _ in range(4 if method == "flatmem-auto" else 1):
+            step(a, b)
+        peak = max(step(a, b) for _ in range(2))
     print(json.dumps({"method": method, "depth": depth, "seconds": min(times),
-                      "peak_bytes": vm_hwm_bytes() - base - gradient_bytes, "gradient_bytes": gradient_bytes,
+                      "peak_bytes": peak, "gradient_bytes": gradient_bytes,
                       "last_mode": getattr(model, "last_mode", "")}), flush=True)
 
 
@@ -129,7 +144,10 @@ def run(args, method, depth):
     command = [sys.executable, os.path.abspath(__file__), "--child-method", method, "--child-depth", str(depth),
                "--width", str(args.width), "--heads", str(args.heads), "--batch", str(args.batch), "--tokens",
                str(args.tokens), "--reps", str(args.reps), "--threads", str(args.threads)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+    # A fixed mmap threshold: glibc's grows after the first large free and then keeps freed
+    # blocks resident, which would hide (or double) what a step allocates.
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, env=env)
     if done.returncode != 0:
         return {"method": method, "depth": depth, "error": done.stderr.strip().splitlines()[-1:]}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -143,11 +161,11 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--width", type=int, default=384)
     p.add_argument("--heads", type=int, default=6)
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--batch", type=int, default=16)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--depths", default="4,8,16,32")
     p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--timeout", type=int, default=1800)
     p.add_argument("--csv", default="")
@@ -166,7 +184,7 @@ def main():
     rows = [run(args, m, d) for d in depths for m in methods]
     by = {(r["method"], r["depth"]): r for r in rows}
     print(f"\n{'method':<20}" + "".join(f"{f'depth {d}':>24}" for d in depths) +
-          "   (time s / peak MiB beyond the parameter gradients)")
+          "   (time s / peak MiB beyond model, inputs and parameter gradients)")
     for m in methods:
         cells = []
         for d in depths:
