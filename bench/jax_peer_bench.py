@@ -66,6 +66,8 @@ import tempfile
 import time
 from typing import Callable, Optional
 
+from bench_report import cpu_model, machine_ram, seconds, size
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB, GiB = 1024.0**2, 1024.0**3
 SEED = 1  # contrastive_bench's features (VariantConfig::seed); its worker takes no seed option
@@ -482,17 +484,8 @@ def run_child(o, v: Variant, b: int) -> Run:
 # ---- formatting ---------------------------------------------------------------
 
 
-def seconds(s: float) -> str:
-    if not math.isfinite(s):
-        return "-"
-    return f"{1e3 * s:.1f} ms" if s < 0.1 else (f"{s:.2f} s" if s < 10 else f"{s:.1f} s")
 
 
-def size(n: float) -> str:
-    if not math.isfinite(n):
-        return "-"
-    a = abs(n)
-    return f"{n / GiB:.2f} GiB" if a >= GiB else f"{n / MiB:.1f} MiB" if a >= MiB else f"{n / 1024:.0f} KiB"
 
 
 def ratio(r: float) -> str:
@@ -507,23 +500,6 @@ def time_cell(r: Optional[Run]) -> str:
 
 def verdict(value: float, limit: float) -> str:
     return "not measured" if not math.isfinite(value) else "MET" if value <= limit else "MISSED"
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
-def machine_ram() -> float:
-    try:
-        return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError):
-        return math.nan
 
 
 def linked_libflatmem(binary: str) -> str:

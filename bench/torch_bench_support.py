@@ -16,6 +16,8 @@ import subprocess
 import tempfile
 from typing import Iterable, Optional, Sequence
 
+from bench_report import cpu_model, load_average, machine_ram, seconds, size  # noqa: F401 (re-exported)
+
 MiB, GiB = 1024.0**2, 1024.0**3
 SEED = 1        # contrastive_bench's features (bench_support.hpp, VariantConfig::seed)
 SCALE = 14.3    # contrastive_bench's default logit scale s
@@ -221,17 +223,8 @@ def number(v) -> float:
         return math.nan
 
 
-def seconds(s: float) -> str:
-    if not math.isfinite(s):
-        return "-"
-    return f"{1e3 * s:.1f} ms" if s < 0.1 else (f"{s:.3f} s" if s < 10 else f"{s:.1f} s")
 
 
-def size(n: float) -> str:
-    if not math.isfinite(n):
-        return "-"
-    a = abs(n)
-    return f"{n / GiB:.2f} GiB" if a >= GiB else f"{n / MiB:.1f} MiB" if a >= MiB else f"{n / 1024:.0f} KiB"
 
 
 def div(a: float, b: float) -> float:
@@ -265,25 +258,3 @@ def write_csv(path: str, fields: Sequence[str], rows: Iterable[dict]):
             w.writerow({k: ("" if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()})
 
 
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
-def machine_ram() -> float:
-    try:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError):
-        return math.nan
-
-
-def load_average() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "?"

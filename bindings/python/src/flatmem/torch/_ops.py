@@ -76,6 +76,12 @@ def _tensor_of(a):
     return None if a is None else a.tensor
 
 
+def _incoming(dloss: Tensor, grad_scale: float) -> Tensor:
+    """The upstream gradient as the C calls take it: fp32, times grad_scale."""
+    g = dloss.to(_F32)
+    return g * grad_scale if grad_scale != 1.0 else g
+
+
 # ---------------------------------------------------------------------------------------------
 # The softmax losses: CLIP (symmetric) and InfoNCE
 # ---------------------------------------------------------------------------------------------
@@ -152,7 +158,7 @@ def _contrastive_grad(ctx, dloss, _drow, _dcol):
     q, k, s, labels, row, col = ctx.saved_tensors
     symmetric, cache_bytes, comm, propagate, grad_scale = ctx.options
     want_dq, want_dk, want_ds = ctx.needs_input_grad[:3]
-    g = dloss.to(_F32) * grad_scale if grad_scale != 1.0 else dloss.to(_F32)
+    g = _incoming(dloss, grad_scale)
     dq, dk, ds = torch.ops.flatmem.contrastive_backward(q, k, s, labels, row, col, g, symmetric, want_dq,
                                                         want_dk, cache_bytes, comm, propagate)
     return (dq if want_dq else None, dk if want_dk else None, ds.reshape(s.shape) if want_ds else None,
@@ -170,6 +176,12 @@ torch.library.register_autograd("flatmem::contrastive_forward", _contrastive_gra
 def _sigmoid_args(q, k, s, t, labels, stream):
     return (br.arg(q, "q", stream), br.arg(k, "k", stream), br.arg(s, "logit_scale", stream),
             br.arg(t, "logit_bias", stream), br.optional_arg(labels, "labels", stream))
+
+
+def _sigmoid_gradients(want_dq: bool, want_dk: bool, q: Tensor, k: Tensor, stream: int):
+    """(tensor, Arg) pairs of the sigmoid calls' gradient outputs: dq, dk (or stand-ins), ds, dt."""
+    return (_gradient(want_dq, q, "dq", stream), _gradient(want_dk, k, "dk", stream),
+            _new((), _F32, q, "dlogit_scale", stream), _new((), _F32, q, "dlogit_bias", stream))
 
 
 def _sigmoid_workspace(h, Q, K, dq_t, dk_t, device, stream):
@@ -207,10 +219,7 @@ def sigmoid_backward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tens
     stream = br.stream_of(q.device)
     Q, K, S, T, L = _sigmoid_args(q, k, logit_scale, logit_bias, labels, stream)
     G = br.arg(dloss, "dloss", stream)
-    dq, dq_t = _gradient(want_dq, q, "dq", stream)
-    dk, dk_t = _gradient(want_dk, k, "dk", stream)
-    ds, ds_t = _new((), _F32, q, "dlogit_scale", stream)
-    dt, dt_t = _new((), _F32, q, "dlogit_bias", stream)
+    (dq, dq_t), (dk, dk_t), (ds, ds_t), (dt, dt_t) = _sigmoid_gradients(want_dq, want_dk, q, k, stream)
     with _handle("sigmoid", propagate, 0, comm)._locked() as h:
         ws = _sigmoid_workspace(h, Q, K, dq_t, dk_t, q.device, stream)
         h.sigmoid_backward(Q.tensor, K.tensor, _tensor_of(L), S.tensor, T.tensor, G.tensor, _tensor_of(dq_t),
@@ -235,7 +244,7 @@ def _sigmoid_grad(ctx, dloss):
     q, k, s, t, labels = ctx.saved_tensors
     comm, propagate, grad_scale = ctx.options
     want = ctx.needs_input_grad
-    g = dloss.to(_F32) * grad_scale if grad_scale != 1.0 else dloss.to(_F32)
+    g = _incoming(dloss, grad_scale)
     dq, dk, ds, dt = torch.ops.flatmem.sigmoid_backward(q, k, s, t, labels, g, want[0], want[1], comm, propagate)
     return (dq if want[0] else None, dk if want[1] else None, ds.reshape(s.shape) if want[2] else None,
             dt.reshape(t.shape) if want[3] else None, None, None, None, None)
@@ -253,10 +262,7 @@ def sigmoid_value_and_grad(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias
     stream = br.stream_of(q.device)
     Q, K, S, T, L = _sigmoid_args(q, k, logit_scale, logit_bias, labels, stream)
     loss, loss_t = _new((), _F32, q, "loss", stream)
-    dq, dq_t = _gradient(True, q, "dq", stream)
-    dk, dk_t = _gradient(True, k, "dk", stream)
-    ds, ds_t = _new((), _F32, q, "dlogit_scale", stream)
-    dt, dt_t = _new((), _F32, q, "dlogit_bias", stream)
+    (dq, dq_t), (dk, dk_t), (ds, ds_t), (dt, dt_t) = _sigmoid_gradients(True, True, q, k, stream)
     with _handle("sigmoid", propagate, 0, comm)._locked() as h:
         ws = _sigmoid_workspace(h, Q, K, dq_t, dk_t, q.device, stream)
         h.sigmoid_value_and_grad(Q.tensor, K.tensor, _tensor_of(L), S.tensor, T.tensor, loss_t.tensor, dq_t.tensor,
@@ -291,7 +297,7 @@ def _saved_grad(ctx, dloss, *_unused):
     """The gradients the forward computed, times the incoming one (exact for g = 1)."""
     dq, dk, ds, dt = ctx.saved_tensors
     want = ctx.needs_input_grad
-    g = dloss.to(_F32) * ctx.grad_scale if ctx.grad_scale != 1.0 else dloss.to(_F32)
+    g = _incoming(dloss, ctx.grad_scale)
     s_shape, t_shape = ctx.shapes
     if _is_one(g):
         dq_g, dk_g = dq, dk

@@ -100,19 +100,21 @@ class _ModuleFunction(_rev.Function):
 
 
 class _Segment(torch.autograd.Function):
-    """One autograd node for the whole stack (inputs: x1, x2, then the parameters)."""
+    """One autograd node for a whole stack (inputs: x1, x2, then the parameters), run by its owner
+    (ReversibleSequence or ReversibleTransformer): owner._run_forward(x1, x2, seed) -> (y1, y2) and
+    owner._run_backward(y1, y2, dy1, dy2, seed) -> (dx1, dx2, [a gradient or None per parameter])."""
 
     @staticmethod
-    def forward(ctx, sequence, seed, x1, x2, *parameters):
-        y1, y2 = sequence._run_forward(x1, x2, seed)
-        ctx.sequence, ctx.seed, ctx.count = sequence, seed, len(parameters)
+    def forward(ctx, owner, seed, x1, x2, *parameters):
+        y1, y2 = owner._run_forward(x1, x2, seed)
+        ctx.owner, ctx.seed = owner, seed
         ctx.save_for_backward(y1, y2)
         return y1, y2
 
     @staticmethod
     def backward(ctx, dy1, dy2):
         y1, y2 = ctx.saved_tensors
-        dx1, dx2, grads = ctx.sequence._run_backward(y1, y2, dy1, dy2, ctx.seed)
+        dx1, dx2, grads = ctx.owner._run_backward(y1, y2, dy1, dy2, ctx.seed)
         return (None, None, dx1, dx2, *grads)
 
 

@@ -23,6 +23,7 @@ import torch
 
 from .. import reversible as _rev
 from . import _bridge as br
+from .reversible import _Segment
 
 ATTENTION_NAMES = ("ln_weight", "ln_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias")
 MLP_NAMES = ("ln_weight", "ln_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
@@ -51,21 +52,6 @@ class _Pair(torch.nn.Module):
     def __init__(self, attention, mlp):
         super().__init__()
         self.attention, self.mlp = attention, mlp
-
-
-class _Segment(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, model, seed, x1, x2, *parameters):
-        y1, y2 = model._run_forward(x1, x2, seed)
-        ctx.model, ctx.seed = model, seed
-        ctx.save_for_backward(y1, y2)
-        return y1, y2
-
-    @staticmethod
-    def backward(ctx, dy1, dy2):
-        y1, y2 = ctx.saved_tensors
-        dx1, dx2, grads = ctx.model._run_backward(y1, y2, dy1, dy2, ctx.seed)
-        return (None, None, dx1, dx2, *grads)
 
 
 class ReversibleTransformer(torch.nn.Module):
