@@ -8,10 +8,10 @@ package (bindings/jax, XLA FFI custom calls), under the flatmem name.
     y1, y2 = flatmem.jax.reversible_transformer(x1, x2, params, heads=4)  # reversible segment
     comm = flatmem.jax.ring.initialize()       # one process per rank; then clip_loss(..., comm=comm)
 
-These are flatmem_jax's own objects (see help(flatmem_jax)); flatmem_jax is a
-separate package, built against the same installed libflatmem:
-
-    PKG_CONFIG_PATH=PREFIX/lib/pkgconfig pip install --no-build-isolation bindings/jax
+These are flatmem_jax's own objects (see help(flatmem_jax)): the XLA FFI plugin
+libflatmem_jax.so and its Python side, which the flatmem wheel (`pip install .`
+at the repository root) ships beside this package, linked to the wheel's own
+libflatmem.
 
 `import flatmem` alone never imports jax; only this module does.
 """
@@ -21,12 +21,11 @@ except ModuleNotFoundError as _e:
     if (_e.name or "").split(".")[0] not in ("flatmem_jax", "jax", "jaxlib"):
         raise
     raise ImportError(
-        f"flatmem.jax needs the flatmem_jax package (flatmem's JAX binding) and jax, but "
-        f"{_e.name!r} is not installed. Install jax, then flatmem_jax against the installed "
-        "flatmem, from a flatmem checkout:\n"
-        "  PKG_CONFIG_PATH=PREFIX/lib/pkgconfig python -m pip install --no-build-isolation "
-        "bindings/jax\n"
-        "(bash scripts/check-jax.sh PREFIX does this and runs its tests)",
+        f"flatmem.jax needs jax and the flatmem_jax package (flatmem's JAX plugin), but "
+        f"{_e.name!r} is not installed. Install jax (pip install 'jax>=0.7'); the flatmem wheel "
+        "holds flatmem_jax when jaxlib was importable where it was built (pip install . gets "
+        "jaxlib for its build by itself; a build with --no-build-isolation needs it in the "
+        "environment, and says so in a CMake warning when it is missing)",
         name=__name__,
     ) from _e
 
