@@ -204,6 +204,7 @@ FLATMEM_API flatmem_status flatmem_comm_abort(flatmem_comm_t *comm);
 
 /** This rank and the number of ranks. Work on poisoned handles too. */
 FLATMEM_API flatmem_status flatmem_comm_rank(const flatmem_comm_t *comm, int32_t *rank);
+/** The number of ranks (as flatmem_comm_rank, on poisoned handles too). */
 FLATMEM_API flatmem_status flatmem_comm_world_size(const flatmem_comm_t *comm,
                                                    int32_t *world_size);
 
@@ -231,6 +232,8 @@ FLATMEM_API flatmem_status flatmem_comm_health(const flatmem_comm_t *comm);
 FLATMEM_API flatmem_status flatmem_comm_isend(flatmem_comm_t *comm, const DLTensor *buffer,
                                               int32_t peer, uint32_t tag,
                                               flatmem_comm_request_t **request, void *stream);
+/** The receiving side of flatmem_comm_isend (same arguments): the message
+ *  from `peer` with `tag` is written into `buffer`. */
 FLATMEM_API flatmem_status flatmem_comm_irecv(flatmem_comm_t *comm, DLTensor *buffer,
                                               int32_t peer, uint32_t tag,
                                               flatmem_comm_request_t **request, void *stream);
@@ -310,6 +313,8 @@ FLATMEM_API flatmem_status flatmem_comm_init_device(flatmem_comm_t *comm, int32_
  *  group_end without group_start is INVALID_ARGUMENT. UNSUPPORTED without
  *  NCCL. */
 FLATMEM_API flatmem_status flatmem_comm_group_start(flatmem_comm_t *comm);
+/** Issues the device messages collected since flatmem_comm_group_start
+ *  (see there). */
 FLATMEM_API flatmem_status flatmem_comm_group_end(flatmem_comm_t *comm, int64_t timeout_ms);
 
 /** Wait on the host until `stream` has finished its work, at most timeout_ms,

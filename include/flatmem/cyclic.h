@@ -442,6 +442,7 @@ FLATMEM_API flatmem_status flatmem_cyclic_stats(const flatmem_cyclic_t *handle, 
                                                 flatmem_cyclic_time_step_stats *stats,
                                                 int64_t *written);
 
+/** The totals since create. */
 FLATMEM_API flatmem_status flatmem_cyclic_summary_get(const flatmem_cyclic_t *handle,
                                                       flatmem_cyclic_summary *summary);
 

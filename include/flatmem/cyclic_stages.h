@@ -300,6 +300,7 @@ typedef struct flatmem_cyclic_stages_occupancy {
   double mean_activations_held;
 } flatmem_cyclic_stages_occupancy;
 
+/** The steady-state occupancy of `stage` under the schedule. */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_schedule_occupancy(
     const flatmem_cyclic_stages_schedule *schedule, int32_t stage,
     flatmem_cyclic_stages_occupancy *occupancy);
@@ -393,6 +394,7 @@ FLATMEM_API flatmem_status flatmem_cyclic_stages_next(flatmem_cyclic_stages_t *h
  */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_send(flatmem_cyclic_stages_t *handle,
                                                       const DLTensor *tensor);
+/** flatmem_cyclic_stages_send on the caller's `stream` (device tensors). */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_send_stream(flatmem_cyclic_stages_t *handle,
                                                              const DLTensor *tensor, void *stream);
 
@@ -406,6 +408,7 @@ FLATMEM_API flatmem_status flatmem_cyclic_stages_send_stream(flatmem_cyclic_stag
  */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_receive(flatmem_cyclic_stages_t *handle,
                                                          DLTensor *into);
+/** flatmem_cyclic_stages_receive on the caller's `stream` (device tensors). */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_receive_stream(flatmem_cyclic_stages_t *handle,
                                                                 DLTensor *into, void *stream);
 
@@ -417,6 +420,7 @@ FLATMEM_API flatmem_status flatmem_cyclic_stages_receive_stream(flatmem_cyclic_s
  */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_accumulate(flatmem_cyclic_stages_t *handle,
                                                             const DLTensor *gradient);
+/** flatmem_cyclic_stages_accumulate on the caller's `stream` (device tensors). */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_accumulate_stream(flatmem_cyclic_stages_t *handle,
                                                                    const DLTensor *gradient, void *stream);
 
@@ -428,6 +432,7 @@ FLATMEM_API flatmem_status flatmem_cyclic_stages_accumulate_stream(flatmem_cycli
  */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_average(const flatmem_cyclic_stages_t *handle,
                                                          DLTensor *out);
+/** flatmem_cyclic_stages_average on the caller's `stream` (device tensors). */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_average_stream(const flatmem_cyclic_stages_t *handle,
                                                                 DLTensor *out, void *stream);
 
@@ -478,6 +483,7 @@ FLATMEM_API flatmem_status flatmem_cyclic_stages_stats(const flatmem_cyclic_stag
                                                        flatmem_cyclic_stages_time_step_stats *stats,
                                                        int64_t *written);
 
+/** The totals since create. */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_summary_get(const flatmem_cyclic_stages_t *handle,
                                                              flatmem_cyclic_stages_summary *summary);
 

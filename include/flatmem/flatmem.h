@@ -449,7 +449,7 @@ typedef struct flatmem_contrastive_options {
  * B, in row-major tile order, and the next backward reads them instead of
  * recomputing: 8 b c d - 2 min(B / 4, b c) d FLOPs, down to 6 b c d at
  * B >= 4 b c (1 GiB for b = c = 16384; 64 MiB covers b = c = 4096).
- * Measured (symmetric, fp32, d = 512, 2-core AMD EPYC, README "Benchmark"):
+ * Measured (symmetric, fp32, d = 512, 2-core AMD EPYC, docs/benchmarks/):
  * forward + backward at b = 16384 takes 4.40 s without the cache and 3.41 s
  * with B = 1 GiB (the backward 3.27 s -> 2.26 s); at b = 4096, 0.29 s -> 0.22 s
  * with B = 64 MiB.

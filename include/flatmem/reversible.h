@@ -247,6 +247,8 @@ FLATMEM_API flatmem_status flatmem_reversible_destroy(flatmem_reversible_t *hand
 FLATMEM_API flatmem_status flatmem_reversible_forward_workspace_size(flatmem_reversible_t *handle,
                                                                      const DLTensor *x,
                                                                      size_t *bytes);
+/** The backward's workspace bytes (see
+ *  flatmem_reversible_forward_workspace_size). */
 FLATMEM_API flatmem_status flatmem_reversible_backward_workspace_size(flatmem_reversible_t *handle,
                                                                       const DLTensor *x,
                                                                       size_t *bytes);

@@ -1522,6 +1522,8 @@ extern "C" {
     ) -> flatmem_status;
 }
 extern "C" {
+    #[doc = " The backward's workspace bytes (see"]
+    #[doc = "  flatmem_reversible_forward_workspace_size)."]
     pub fn flatmem_reversible_backward_workspace_size(
         handle: *mut flatmem_reversible_t,
         x: *const DLTensor,
@@ -2059,6 +2061,7 @@ extern "C" {
     pub fn flatmem_comm_rank(comm: *const flatmem_comm_t, rank: *mut i32) -> flatmem_status;
 }
 extern "C" {
+    #[doc = " The number of ranks (as flatmem_comm_rank, on poisoned handles too)."]
     pub fn flatmem_comm_world_size(
         comm: *const flatmem_comm_t,
         world_size: *mut i32,
@@ -2095,6 +2098,8 @@ extern "C" {
     ) -> flatmem_status;
 }
 extern "C" {
+    #[doc = " The receiving side of flatmem_comm_isend (same arguments): the message"]
+    #[doc = "  from `peer` with `tag` is written into `buffer`."]
     pub fn flatmem_comm_irecv(
         comm: *mut flatmem_comm_t,
         buffer: *mut DLTensor,
@@ -2199,6 +2204,8 @@ extern "C" {
     pub fn flatmem_comm_group_start(comm: *mut flatmem_comm_t) -> flatmem_status;
 }
 extern "C" {
+    #[doc = " Issues the device messages collected since flatmem_comm_group_start"]
+    #[doc = "  (see there)."]
     pub fn flatmem_comm_group_end(comm: *mut flatmem_comm_t, timeout_ms: i64) -> flatmem_status;
 }
 extern "C" {
@@ -3308,6 +3315,7 @@ extern "C" {
     ) -> flatmem_status;
 }
 extern "C" {
+    #[doc = " The totals since create."]
     pub fn flatmem_cyclic_summary_get(
         handle: *const flatmem_cyclic_t,
         summary: *mut flatmem_cyclic_summary,
@@ -4233,6 +4241,7 @@ fn bindgen_test_layout_flatmem_cyclic_stages_occupancy() {
     test_field_mean_activations_held();
 }
 extern "C" {
+    #[doc = " The steady-state occupancy of `stage` under the schedule."]
     pub fn flatmem_cyclic_stages_schedule_occupancy(
         schedule: *const flatmem_cyclic_stages_schedule,
         stage: i32,
@@ -4523,6 +4532,7 @@ extern "C" {
     ) -> flatmem_status;
 }
 extern "C" {
+    #[doc = " flatmem_cyclic_stages_send on the caller's `stream` (device tensors)."]
     pub fn flatmem_cyclic_stages_send_stream(
         handle: *mut flatmem_cyclic_stages_t,
         tensor: *const DLTensor,
@@ -4542,6 +4552,7 @@ extern "C" {
     ) -> flatmem_status;
 }
 extern "C" {
+    #[doc = " flatmem_cyclic_stages_receive on the caller's `stream` (device tensors)."]
     pub fn flatmem_cyclic_stages_receive_stream(
         handle: *mut flatmem_cyclic_stages_t,
         into: *mut DLTensor,
@@ -4559,6 +4570,7 @@ extern "C" {
     ) -> flatmem_status;
 }
 extern "C" {
+    #[doc = " flatmem_cyclic_stages_accumulate on the caller's `stream` (device tensors)."]
     pub fn flatmem_cyclic_stages_accumulate_stream(
         handle: *mut flatmem_cyclic_stages_t,
         gradient: *const DLTensor,
@@ -4576,6 +4588,7 @@ extern "C" {
     ) -> flatmem_status;
 }
 extern "C" {
+    #[doc = " flatmem_cyclic_stages_average on the caller's `stream` (device tensors)."]
     pub fn flatmem_cyclic_stages_average_stream(
         handle: *const flatmem_cyclic_stages_t,
         out: *mut DLTensor,
@@ -4996,6 +5009,7 @@ extern "C" {
     ) -> flatmem_status;
 }
 extern "C" {
+    #[doc = " The totals since create."]
     pub fn flatmem_cyclic_stages_summary_get(
         handle: *const flatmem_cyclic_stages_t,
         summary: *mut flatmem_cyclic_stages_summary,
