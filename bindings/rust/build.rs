@@ -1,5 +1,6 @@
 //! The library itself is found and linked by flatmem-sys's build script
-//! (pkg-config); this one only adds, for this crate's own tests, examples and
+//! (pkg-config, or with the `bundled` feature its own build of the library
+//! when pkg-config finds none); this one only adds, for this crate's own tests, examples and
 //! doctests, an rpath to the library directory it found (so they run without
 //! LD_LIBRARY_PATH; FLATMEM_NO_RPATH=1 leaves it out), and passes its
 //! findings on as compile-time variables for the tests:
