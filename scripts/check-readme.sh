@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# README.md's snippets: each equals a block that its binding's tests execute, or is
-# compiled and run here against the installed library (scripts/check_readme.py).
+# The snippets of README.md and docs/**/*.md: each equals (or begins) a block that its
+# binding's tests execute, or is compiled and run here against the installed library
+# (scripts/check_readme.py).
 # Usage: bash scripts/check-readme.sh [PREFIX]   (default $FLATMEM_PREFIX)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
