@@ -13,7 +13,8 @@ source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build"]
 html_theme = "alabaster"
 
-# The figures of the guides are the benchmarks' own files in bench/.
+# Anchors for headings down to ###, so that a guide can link to a section (page.md#a-section).
+# (The figures are the benchmarks' own files in bench/, referenced as ../../bench/*.png.)
 myst_heading_anchors = 3
 
 # Autodoc imports the installed packages: flatmem (its SWIG module and the
