@@ -27,11 +27,11 @@ step "ctest -R 'sigmoid|log1p'"
 step "contrastive_bench --loss sigmoid --quick --check"
 timeout 600 build/bench/contrastive_bench --loss sigmoid --quick --check
 
-python=$FLATMEM_VENV/bin/python
-if [ -x "$python" ] && "$python" -c "import jax" 2>/dev/null; then
+python=$FLATMEM_WHEEL_VENV/bin/python   # scripts/build-wheel.sh: the wheel and JAX
+if [ -x "$python" ] && "$python" -c "import flatmem.jax" 2>/dev/null; then
   step "jax_peer_bench.py --loss sigmoid (b = 512, one timed call)"
   timeout 600 "$python" bench/jax_peer_bench.py --loss sigmoid --sizes 512 --reps 1
 else
-  step "jax_peer_bench.py skipped: no JAX in $FLATMEM_VENV (bash scripts/python-env.sh makes it)"
+  step "jax_peer_bench.py skipped: no flatmem.jax in $FLATMEM_WHEEL_VENV (bash scripts/build-wheel.sh makes it)"
 fi
 echo "check-sigmoid-bench: OK"

@@ -38,12 +38,12 @@ make_features, seed 1), which the JAX children rebuild bit for bit in NumPy. The
 --rounds N every variant of a size runs N times in turn and the fastest run is kept (a busy machine
 slows some runs, never speeds one up), with the largest peak RSS seen.
 
-    build/venv/bin/python bench/jax_peer_bench.py                       # b = 4096, 16384
-    build/venv/bin/python bench/jax_peer_bench.py --sizes 512,1024 --reps 2 --csv /tmp/peer.csv
-    build/venv/bin/python bench/jax_peer_bench.py --loss sigmoid --csv bench/jax_peer_sigmoid_bench.csv
+    build/wheel-venv/bin/python bench/jax_peer_bench.py                       # b = 4096, 16384
+    build/wheel-venv/bin/python bench/jax_peer_bench.py --sizes 512,1024 --reps 2 --csv /tmp/peer.csv
+    build/wheel-venv/bin/python bench/jax_peer_bench.py --loss sigmoid --csv bench/jax_peer_sigmoid_bench.csv
 
-Needs the bindings' venv (scripts/python-env.sh) with flatmem_jax installed (scripts/check-jax.sh,
-against build/prefix) and, for the flatmem-c rows, a Release build/bench/contrastive_bench.
+Needs the wheel's venv (scripts/build-wheel.sh: flatmem with flatmem_jax, and JAX)
+and, for the flatmem-c rows, a Release build/bench/contrastive_bench.
 
 Adding a variant is one entry in VARIANTS below.
 

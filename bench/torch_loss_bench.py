@@ -46,9 +46,9 @@ Targets, printed MET / MISSED: at b = 16384, flatmem.torch <= 0.4x open_clip's t
 its peak RSS (whole process; the ratio beyond the inputs is printed beside it) and <= 1.05x the C
 benchmark's time; at b = 65536, flatmem.torch under 1 GiB beyond the inputs.
 
-    build/venv/bin/python bench/torch_loss_bench.py --loss all     # the full run
-    build/venv/bin/python bench/torch_loss_bench.py --quick        # b = 512, 1024: a smoke run
-    build/venv/bin/python bench/torch_loss_bench.py --loss clip --sizes 4096 --reps 2 --csv /tmp/x.csv
+    build/wheel-venv/bin/python bench/torch_loss_bench.py --loss all     # the full run
+    build/wheel-venv/bin/python bench/torch_loss_bench.py --quick        # b = 512, 1024: a smoke run
+    build/wheel-venv/bin/python bench/torch_loss_bench.py --loss clip --sizes 4096 --reps 2 --csv /tmp/x.csv
     /usr/bin/python3 bench/plot_torch_losses.py                       # bench/torch_losses.png
 
 The full run (--loss all: b = 4096, 16384, 65536, both losses) takes about 25 minutes on this

@@ -44,9 +44,9 @@ the side-by-side table with ratios and writes the CSV (--csv, default bench/torc
 flatmem.torch <= 0.5x open_clip local's step time with <= 1/3 of its per-rank memory (peak RSS; the
 ratio beyond the inputs beside it).
 
-    build/venv/bin/python bench/torch_ring_bench.py                   # b = 16384: the full run
-    build/venv/bin/python bench/torch_ring_bench.py --sizes 16384,65536
-    build/venv/bin/python bench/torch_ring_bench.py --quick           # b = 2048: a smoke run
+    build/wheel-venv/bin/python bench/torch_ring_bench.py                   # b = 16384: the full run
+    build/wheel-venv/bin/python bench/torch_ring_bench.py --sizes 16384,65536
+    build/wheel-venv/bin/python bench/torch_ring_bench.py --quick           # b = 2048: a smoke run
 
 The full run (b = 16384) takes about 3 minutes on this machine (2 cores, AMD EPYC, AVX2; open_clip
 local ~20 s a step, flatmem ~10 s, open_clip global skipped); with 65536 (flatmem only) about 6

@@ -1,23 +1,18 @@
 #!/usr/bin/env bash
 # The multi-process Python example, examples/python/ring_clip_numpy.py, under the launchers
-# people use, against an INSTALLED flatmem and the bindings' venv:
+# people use, against the INSTALLED wheel (scripts/build-wheel.sh's venv, $FLATMEM_WHEEL_VENV):
 #   (a) Open MPI: mpirun -n 4 (flatmem reads OMPI_COMM_WORLD_RANK / _SIZE);
 #   (b) a plain shell loop setting FLATMEM_RANK / FLATMEM_WORLD_SIZE.
 # Both use FLATMEM_COORDINATOR=127.0.0.1:<a free port> and UCX over loopback. Every run has a
 # hard deadline (timeout kills it); both must finish, print "OK", and print the same loss of
 # every step (the ring loss is bitwise reproducible for fixed ranks and shapes).
-# The Python package is installed into the venv first when it is missing (as check-python.sh does).
-# Usage: bash scripts/check-launchers.sh [PREFIX]   (default $FLATMEM_PREFIX = build/prefix)
+# Usage: bash scripts/check-launchers.sh   (after scripts/build-wheel.sh)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 fail() { echo "check-launchers: FAIL: $*" >&2; exit 1; }
 
-prefix=$(cd "${1:-$FLATMEM_PREFIX}" 2>/dev/null && pwd) ||
-  fail "no install prefix ${1:-$FLATMEM_PREFIX} (cmake --install build --prefix ...)"
-pc=$(find "$prefix" -name flatmem.pc -path '*/pkgconfig/*' | head -n 1)
-[ -n "$pc" ] || fail "no flatmem.pc under $prefix"
-export PKG_CONFIG_PATH=$(dirname "$pc")${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-python=$FLATMEM_VENV/bin/python
+python=$FLATMEM_WHEEL_VENV/bin/python
+[ -x "$python" ] || fail "no $python (run scripts/build-wheel.sh first)"
 example=$FLATMEM_ROOT/examples/python/ring_clip_numpy.py
 ranks=4
 deadline=90   # seconds per launch (the runs take a few seconds)
@@ -25,16 +20,9 @@ out=$FLATMEM_ROOT/build/launchers
 rm -rf "$out"
 mkdir -p "$out"
 
-step "Python environment ($FLATMEM_VENV) and the flatmem package"
-bash "$FLATMEM_ROOT/scripts/python-env.sh"
-if ! installed=$(cd /tmp && "$python" -c 'import flatmem, os; print(os.path.dirname(flatmem.__file__))' 2>/dev/null) ||
-   ! ldd "$installed"/_capi*.so | grep -F "$prefix" >/dev/null; then
-  rm -rf "$FLATMEM_ROOT/bindings/python/build" "$FLATMEM_ROOT/bindings/python/src/flatmem.egg-info"
-  "$python" -m pip install --disable-pip-version-check --no-build-isolation --no-deps --no-index \
-    --force-reinstall "$FLATMEM_ROOT/bindings/python"
-  installed=$(cd /tmp && "$python" -c 'import flatmem, os; print(os.path.dirname(flatmem.__file__))')
-fi
-ldd "$installed"/_capi*.so | grep -F "$prefix" || fail "the extension does not load libflatmem from $prefix"
+step "the installed flatmem ($FLATMEM_WHEEL_VENV)"
+(cd / && env -u PYTHONPATH "$python" -c 'import flatmem; print("check-launchers: flatmem", flatmem.capi.version(), "from", flatmem.__file__)') ||
+  fail "import flatmem fails in $FLATMEM_WHEEL_VENV"
 
 free_port() { "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 export UCX_TLS=tcp,self UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n UCX_ERROR_SIGNALS= UCX_HANDLE_ERRORS=none

@@ -18,6 +18,7 @@ import importlib
 import inspect
 import io
 import pathlib
+import importlib.util
 import pkgutil
 import posixpath
 import re
@@ -110,7 +111,11 @@ def public_modules():
         package = importlib.import_module(name)
         modules[name] = package
         for info in pkgutil.iter_modules(getattr(package, "__path__", []), name + "."):
-            if not info.name.rsplit(".", 1)[1].startswith("_"):
+            # Python modules only: an installed package also holds shared libraries
+            # (flatmem_jax/libflatmem_jax.so, loaded with ctypes) that look like extensions.
+            spec = importlib.util.find_spec(info.name)
+            python = info.ispkg or (spec is not None and str(spec.origin).endswith(".py"))
+            if python and not info.name.rsplit(".", 1)[1].startswith("_"):
                 modules[info.name] = importlib.import_module(info.name)
     return modules
 

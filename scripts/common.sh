@@ -30,6 +30,8 @@ flatmem_build() {
 
 # The bindings' Python environment (scripts/python-env.sh makes it).
 FLATMEM_VENV=${FLATMEM_VENV:-$FLATMEM_ROOT/build/venv}
+# The fresh venv the wheel is installed into and tested in (scripts/build-wheel.sh makes it).
+FLATMEM_WHEEL_VENV=${FLATMEM_WHEEL_VENV:-$FLATMEM_ROOT/build/wheel-venv}
 # Where scripts/test.sh installs the Release build for the bindings' tests.
 FLATMEM_PREFIX=${FLATMEM_PREFIX:-$FLATMEM_ROOT/build/prefix}
 

@@ -561,20 +561,21 @@ if gated jax; then
   fi
 fi
 
-# torch_step SITE: the Python package (SWIG module for this machine's python3) built against
-# build-gpu's libflatmem with the carried SWIG into SITE, then flatmem.torch's CUDA tests.
+# torch_step SITE: the Python package for this machine's python3, built with the standalone
+# CMake build of bindings/python (the carried SWIG) against build-gpu's libflatmem installed into
+# SITE/prefix, then flatmem.torch's CUDA tests.
 torch_step() {
   local site=$1 wheel
   wheel=$(ls "$carry"/swig-*.whl 2>/dev/null | head -n 1)
   [ -n "$wheel" ] || { echo "no carried SWIG wheel (.gpu-carry/swig-*.whl)"; return 1; }
-  rm -rf "$site" && mkdir -p "$site/tools" "$site/pc/lib/pkgconfig"
+  rm -rf "$site" && mkdir -p "$site/tools"
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$site/tools" "$wheel" || return 1
-  printf '%s\n' "libdir=$build/src" "includedir=$FLATMEM_ROOT/include" "Name: flatmem" "Description: build-gpu" \
-    "Version: 0.1.0" 'Cflags: -I${includedir}' 'Libs: -L${libdir} -lflatmem' >"$site/pc/lib/pkgconfig/flatmem.pc"
-  rm -rf "$FLATMEM_ROOT/bindings/python/build" "$FLATMEM_ROOT/bindings/python/src/flatmem.egg-info"
-  SWIG=$site/tools/bin/swig PYTHONPATH=$site/tools PKG_CONFIG_PATH=$site/pc/lib/pkgconfig \
-    python3 -m pip install -q --no-build-isolation --no-deps --no-index --target "$site/py" \
-    "$FLATMEM_ROOT/bindings/python" || return 1
+  cmake --install "$build" --prefix "$site/prefix" >/dev/null || return 1
+  PYTHONPATH=$site/tools cmake -S "$FLATMEM_ROOT/bindings/python" -B "$site/cmake" \
+    -DCMAKE_PREFIX_PATH="$site/prefix" -DSWIG_EXECUTABLE="$site/tools/bin/swig" \
+    -DPython3_EXECUTABLE="$(command -v python3)" >/dev/null || return 1
+  PYTHONPATH=$site/tools cmake --build "$site/cmake" -j "$(nproc)" >/dev/null || return 1
+  cmake --install "$site/cmake" --prefix "$site/py" >/dev/null || return 1
   (cd "$FLATMEM_ROOT/bindings/python/tests" &&
      PYTHONPATH=$site/py python3 -m pytest -q -p no:cacheprovider -rs test_torch_cuda.py)
 }

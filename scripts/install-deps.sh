@@ -25,7 +25,6 @@ packages=(
   libnetfilter-queue-dev      # tests/net/nfq_shaper: delay / loss where the kernel has no netem
   clang libclang-rt-14-dev    # the libFuzzer targets (build-fuzz/; libFuzzer is only a Recommends of clang)
   valgrind                    # memcheck over the examples and a two-rank UCX run
-  patchelf                    # auditwheel repair of the Python wheel (pip install .)
   doxygen                     # docs/: the C API reference from include/flatmem/*.h
   librust-cmake-dev           # flatmem-sys's `bundled` feature: the cmake crate (and cc), offline
 )

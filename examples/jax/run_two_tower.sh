@@ -8,8 +8,8 @@
 #           FLATMEM_WORLD_SIZE / FLATMEM_COORDINATOR set for each;
 #   mpirun  Open MPI's mpirun -n 4 (each rank reads OMPI_COMM_WORLD_RANK / _SIZE;
 #           FLATMEM_COORDINATOR is still needed and passed with -x).
-# Environment: PYTHON (default $FLATMEM_VENV/bin/python, else build/venv/bin/python)
-#   with flatmem_jax importable (pip install --no-build-isolation bindings/jax, or
+# Environment: PYTHON (default $FLATMEM_WHEEL_VENV/bin/python, else build/wheel-venv/bin/python: scripts/build-wheel.sh)
+#   with flatmem_jax importable (the wheel: pip install ., or
 #   PYTHONPATH=bindings/jax/python FLATMEM_JAX_LIBRARY=build/jax/libflatmem_jax.so);
 #   RANKS (default 4); DEADLINE_S (default 120): every process is killed after it.
 # Logs: $LOG_DIR (default a temporary folder), rank<r>.log each.
@@ -18,7 +18,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 mode=${1:-loop}
 [ $# -gt 0 ] && shift
-python=${PYTHON:-${FLATMEM_VENV:-$root/build/venv}/bin/python}
+python=${PYTHON:-${FLATMEM_WHEEL_VENV:-$root/build/wheel-venv}/bin/python}
 ranks=${RANKS:-4}
 deadline=${DEADLINE_S:-120}
 logs=${LOG_DIR:-$(mktemp -d)}
