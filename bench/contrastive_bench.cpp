@@ -55,7 +55,7 @@ namespace {
 
 constexpr double MiB = 1024.0 * 1024.0, GiB = 1024.0 * MiB;
 
-// Targets this benchmark reports against (README).
+// Targets this benchmark reports against (docs/benchmarks/contrastive-cpu.md).
 constexpr std::int64_t target_batch = 16384;
 constexpr double target_vs_gemm4 = 1.15, target_vs_naive = 1.35;
 constexpr std::int64_t memory_target_batch = 65536;

@@ -25,7 +25,7 @@ table with time and peak per depth, ratios to RevLib, and the targets (flatmem's
     python3 bench/torch_reversible_bench.py --width 768 --heads 12 --depths 4,12 --csv out.csv
     python3 bench/torch_reversible_bench.py --quick            # a smoke run (seconds)
 
-The venv of scripts/python-env.sh has torch and revlib. Full run on a 2-core EPYC: see the README.
+Needs the wheel's venv (scripts/build-wheel.sh: flatmem, torch and revlib). Full run on a 2-core EPYC: docs/benchmarks/pytorch-cpu.md.
 """
 import argparse
 import csv

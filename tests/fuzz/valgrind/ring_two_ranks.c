@@ -1,8 +1,8 @@
 /*
  * ring_two_ranks.c -- the multi-process program scripts/test-valgrind.sh runs under
  * valgrind memcheck: two ranks (this process, rank 0, and a fork()ed rank 1) over UCX on
- * loopback, as the README's "Communicators" and "Ring contrastive loss across ranks"
- * sections use them: unique id from rank 0 (handed to rank 1 through a pipe),
+ * loopback, as docs/communicators.md and docs/contrastive/ring.md
+ * use them: unique id from rank 0 (handed to rank 1 through a pipe),
  * flatmem_comm_create, an all-reduce, a ring shift, then the ring contrastive loss
  * (symmetric, b = 6 rows per rank, d = 8) forward and backward, and destroy.
  * Exit status 0 when both ranks succeeded and rank 1 exited 0.
