@@ -8,6 +8,7 @@
 
 #include "support/contrastive.hpp"
 #include "support/random.hpp"
+#include "support/saturation.hpp"
 #include "support/tolerance.hpp"
 
 namespace ring_test {
@@ -71,6 +72,13 @@ GlobalBatch make_batch(const RingCase &rc) {
   if (rc.labels) {
     b.labels = HostTensor::vector(Dtype::i64, b.global_rows);
     for (std::int64_t i = 0; i < b.global_rows; ++i) b.labels.set(i, double(rng.below(b.global_cols)));
+  }
+  if (rc.saturated >= 0.0) {
+    fill_saturated(b.k, rng, rc.saturated);
+    for (std::int64_t i = 0; i < b.global_rows; ++i) {
+      const std::int64_t y = rc.labels ? std::int64_t(b.labels.get(i)) : i;
+      for (std::int64_t t = 0; t < rc.d; ++t) b.q.set(i, t, b.k.get(y, t));
+    }
   }
   b.scale = HostTensor::scalar(Dtype::f32, rc.scale);
   return b;
@@ -142,6 +150,13 @@ std::string check_rank(const RingCase &rc, const GlobalBatch &batch, const Refer
   if (report.empty()) report = compare("dq", res.dq, ref.dq, btol.dq, row0 * rc.d);
   if (report.empty() && rc.want_dk) report = compare("dk", res.dk, ref.dk, btol.dk, col0 * rc.d);
   if (report.empty()) report = compare("dlogit_scale", res.ds, {ref.ds}, {btol.ds}, 0);
+  if (rc.saturated >= 0.0) {  // as exact as a materialised fp32 loss
+    if (report.empty()) report = compare("saturated loss", res.loss, {ref.loss}, saturation_tolerance({ref.loss}), 0);
+    if (report.empty()) report = compare("saturated dq", res.dq, ref.dq, saturation_tolerance(ref.dq), row0 * rc.d);
+    if (report.empty() && rc.want_dk)
+      report = compare("saturated dk", res.dk, ref.dk, saturation_tolerance(ref.dk), col0 * rc.d);
+    if (report.empty()) report = compare("saturated dlogit_scale", res.ds, {ref.ds}, saturation_tolerance({ref.ds}), 0);
+  }
   return report.empty() ? "" : "rank " + std::to_string(rank) + ": " + report;
 }
 

@@ -41,6 +41,9 @@ struct RingCase {
   bool want_dk = true;
   int threads = 1;
   std::uint64_t seed = 1;
+  // >= 0: saturated pairs (support/saturation.hpp): k's rows pairwise at about this
+  // cosine, q_i = k_{y_i}; check_rank then also holds every output to the saturation bound.
+  double saturated = -1.0;
 
   int ranks() const { return int(rows.size()); }
   std::int64_t columns(int r) const { return cols.empty() ? rows[std::size_t(r)] : cols[std::size_t(r)]; }

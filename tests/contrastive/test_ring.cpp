@@ -92,6 +92,20 @@ TEST_CASE("contrastive/ring/values vs the concatenated batch") {
   }
 }
 
+TEST_CASE("contrastive/ring/saturated pairs: as exact as a materialised fp32 loss") {
+  for (auto loss : {FLATMEM_CONTRASTIVE_SYMMETRIC, FLATMEM_CONTRASTIVE_INFONCE}) {
+    RingCase rc;
+    rc.loss = loss;
+    rc.rows = {29, 1, 64, 37};  // one row, primes, a block of several 16-row tiles
+    rc.d = 256;
+    rc.tile = 16;
+    rc.scale = 100.0;
+    rc.saturated = 0.5;
+    CAPTURE(name_of(rc));
+    check_case(rc);
+  }
+}
+
 TEST_CASE("contrastive/ring/deterministic: two runs give the same bits") {
   RingCase rc;
   rc.loss = FLATMEM_CONTRASTIVE_INFONCE;

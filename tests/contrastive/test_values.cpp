@@ -23,6 +23,7 @@
 #include "support/half.hpp"
 #include "support/random.hpp"
 #include "support/reference.hpp"
+#include "support/saturation.hpp"
 #include "support/tensor.hpp"
 #include "support/tolerance.hpp"
 
@@ -44,6 +45,9 @@ struct ValueCase {
   // >= 0: k's row j is q's row j plus `matched` times a random unit row,
   // renormalised (c = b): well-matched pairs, whose loss is about 0.
   double matched = -1.0;
+  // >= 0: saturated pairs (support/saturation.hpp): k's rows pairwise at about
+  // this cosine, q_i = k_{y_i} exactly; checked against the saturation bound too.
+  double saturated = -1.0;
   Labels labels = Labels::none;
   std::int64_t q_pad = 0, k_pad = 0, dq_pad = 0, dk_pad = 0;  // row stride = d + pad
   Dtype dq_out = Dtype::f32, dk_out = Dtype::f32;
@@ -88,6 +92,7 @@ Inputs make_inputs(const ValueCase &vc) {
   fill_features(in.q, rng, vc.sigma, vc.unit_rows);
   fill_features(in.k, rng, vc.sigma, vc.unit_rows);
   if (vc.matched >= 0.0) match_rows(in.q, in.k, vc.matched);
+  if (vc.saturated >= 0.0) fill_saturated(in.k, rng, vc.saturated);
   if (vc.labels != Labels::none) {
     in.has_labels = true;
     in.labels = HostTensor::vector(Dtype::i64, vc.b);
@@ -106,6 +111,11 @@ Inputs make_inputs(const ValueCase &vc) {
       in.labels.set(i, double(y));
     }
   }
+  if (vc.saturated >= 0.0)  // each row of q is its positive column of k, bit for bit
+    for (std::int64_t i = 0; i < vc.b; ++i) {
+      const std::int64_t y = in.has_labels ? std::int64_t(in.labels.get(i)) : i;
+      for (std::int64_t t = 0; t < vc.d; ++t) in.q.set(i, t, in.k.get(y, t));
+    }
   in.scale = HostTensor::scalar(Dtype::f32, vc.scale, vc.scalars_as_shape_1);
   return in;
 }
@@ -219,6 +229,12 @@ void check_values(const ValueCase &vc) {
     CHECK_MESSAGE(bwd.dk.padding_untouched(), "dk: bytes between rows (row stride > d) were written");
   }
   if (vc.want_ds) check_close("dlogit_scale", bwd.ds, ref.ds, btol.ds);
+  if (vc.saturated >= 0.0) {  // as exact as a materialised fp32 loss (support/saturation.hpp)
+    check_close("saturated loss", fwd.loss, ref.loss, saturation_tolerance({ref.loss})[0]);
+    if (vc.want_dq) check_close("saturated dq", bwd.dq, ref.dq, saturation_tolerance(ref.dq));
+    if (vc.want_dk) check_close("saturated dk", bwd.dk, ref.dk, saturation_tolerance(ref.dk));
+    if (vc.want_ds) check_close("saturated dlogit_scale", bwd.ds, ref.ds, saturation_tolerance({ref.ds})[0]);
+  }
 
   // Inputs are read-only.
   CHECK(in.q.values() == q_before);
@@ -399,6 +415,47 @@ TEST_CASE("contrastive/symmetric/fp32/identical,k=q,s=14.3,b=1,d=512") {
 TEST_CASE("contrastive/infonce/fp32/matched,s=100,b=600,d=129,tile=16x24") {
   check_values(with(nce(600, 600, 129, Labels::none, 16, 24), [](ValueCase &v) { v.scale = 100.0, v.matched = 0.01; }));
 }
+// Saturation: s = 100, q_i = k_{y_i}, every other pair lower by tens (exact
+// loss <= ~1e-13). One tile, many short tiles (the shared-shift column path
+// and the merges), full default tiles with a short last one; b = 1 and 2.
+ValueCase saturated(flatmem_contrastive_loss loss, std::int64_t b, std::int64_t d, int tile = 0,
+                    double cos = 0.5) {
+  ValueCase vc;
+  vc.loss = loss;
+  vc.b = b, vc.d = d, vc.tile_rows = tile, vc.tile_cols = tile;
+  vc.scale = 100.0;
+  vc.saturated = cos;
+  return vc;
+}
+TEST_CASE("contrastive/symmetric/fp32/saturated,s=100,b=263,d=256") {
+  check_values(saturated(FLATMEM_CONTRASTIVE_SYMMETRIC, 263, 256));
+}
+TEST_CASE("contrastive/symmetric/fp32/saturated,s=100,b=263,d=256,tile=16") {
+  check_values(saturated(FLATMEM_CONTRASTIVE_SYMMETRIC, 263, 256, 16));
+}
+TEST_CASE("contrastive/symmetric/fp32/saturated,s=100,b=1031,d=128,cos=0.3") {
+  check_values(saturated(FLATMEM_CONTRASTIVE_SYMMETRIC, 1031, 128, 0, 0.3));
+}
+TEST_CASE("contrastive/symmetric/fp32/saturated,s=100,b=1,2,d=128") {
+  check_values(saturated(FLATMEM_CONTRASTIVE_SYMMETRIC, 1, 128));
+  check_values(saturated(FLATMEM_CONTRASTIVE_SYMMETRIC, 2, 128));
+}
+TEST_CASE("contrastive/infonce/fp32/saturated,s=100,b=263,d=256,tile=16") {
+  check_values(saturated(FLATMEM_CONTRASTIVE_INFONCE, 263, 256, 16));
+}
+TEST_CASE("contrastive/infonce/fp32/saturated,shuffled labels,c=389,s=100,b=263,d=256") {
+  ValueCase vc = saturated(FLATMEM_CONTRASTIVE_INFONCE, 263, 256);
+  vc.c = 389;  // hard negatives beyond the positives, labels a permutation
+  vc.labels = Labels::shuffled;
+  check_values(vc);
+}
+TEST_CASE("contrastive/symmetric/fp32/saturated,dloss=-2.5,threads=3,b=263,d=256,tile=24") {
+  ValueCase vc = saturated(FLATMEM_CONTRASTIVE_SYMMETRIC, 263, 256, 24);
+  vc.dloss = -2.5;
+  vc.threads = 3;
+  check_values(vc);
+}
+
 TEST_CASE("contrastive/symmetric/bf16/matched,s=100,b=97,d=64") {
   check_values(with(sym(97, 64), [](ValueCase &v) { v.dtype = Dtype::bf16, v.scale = 100.0, v.matched = 0.01; }));
 }

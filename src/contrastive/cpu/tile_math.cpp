@@ -40,7 +40,7 @@ inline void merge(float &running_max, double &running_sum, float block_max, doub
 namespace flatmem::contrastive::cpu {
 
 std::int64_t tile_math_scratch_floats(std::int64_t rows, std::int64_t cols) {
-  return rows + 2 * cols;
+  return rows + 3 * cols;  // row maxima; column maxima, their rows, column sums
 }
 
 void merge_states(float *running_max, double *running_sum, const float *block_max,
@@ -126,23 +126,51 @@ void fold_cols_own_max(const float *raw, std::int64_t rows, std::int64_t cols, f
 }
 
 // Row maxima (scaled) into row_max[i] and, when col_max is set, column maxima
-// of raw into col_max[j], in one sweep. s > 0, so max(s x) = s max(x) exactly.
+// of raw into col_max[j] and the first row holding each into col_row[j] (as a
+// float: tile rows are far below 2^24), in one sweep. s > 0, so max(s x) =
+// s max(x) exactly.
 void tile_maxima(const float *raw, std::int64_t rows, std::int64_t cols, float scale,
-                 float *row_max, float *col_max) {
+                 float *row_max, float *col_max, float *col_row) {
   if (col_max == nullptr) {
     for (std::int64_t i = 0; i < rows; ++i) row_max[i] = scale * row_max_raw(raw + i * cols, cols);
     return;
   }
-  for (std::int64_t j = 0; j < cols; ++j) col_max[j] = -kInf;
+  for (std::int64_t j = 0; j < cols; ++j) col_max[j] = -kInf, col_row[j] = 0.0f;
   for (std::int64_t i = 0; i < rows; ++i) {
     const float *x = raw + i * cols;
+    const float row = float(i);
     float m = -kInf;
 #pragma omp simd reduction(max : m)
     for (std::int64_t j = 0; j < cols; ++j) {
       m = x[j] > m ? x[j] : m;
-      col_max[j] = x[j] > col_max[j] ? x[j] : col_max[j];
+      const bool above = x[j] > col_max[j];
+      col_max[j] = above ? x[j] : col_max[j];
+      col_row[j] = above ? row : col_row[j];
     }
     row_max[i] = scale * m;
+  }
+}
+
+// The column states of a tile folded with the common shift M: col_acc[j] =
+// sum_i w_i e_ij ~ sum_i exp(x_ij - M). Before merging, each is re-based on
+// the column's own maximum c_j: its largest term, recomputed exactly as it
+// entered the sum, becomes exp(c_j - c_j) = 1 and the rest is rescaled by
+// exp(M - c_j) in double. In real arithmetic nothing changes; in fp32 the
+// dominant term no longer carries the relative error of w_i (a few ulp),
+// which at saturation (one term ~1, the rest ~1e-13) was the whole of the
+// column's lse - x_jj: the state becomes (c_j, 1 + rest) with rest as exact
+// as its terms, as a materialised loss would have it.
+void merge_columns_rebased(const float *raw, std::int64_t cols, float scale, float shift,
+                           const float *row_max, const float *col_max, const float *col_row,
+                           const float *col_acc, const FoldTargets &t) {
+  for (std::int64_t j = 0; j < cols; ++j) {
+    const auto i = static_cast<std::int64_t>(col_row[j]);
+    const float m = row_max[i];
+    const float dominant = fast_exp(m - shift) * fast_exp(scale * raw[i * cols + j] - m);
+    const float top = scale * col_max[j];
+    double rest = (double(col_acc[j]) - double(dominant)) * std::exp(double(shift) - double(top));
+    rest = rest < 0.0 ? 0.0 : rest;  // cannot happen (the sum holds the term); keeps NaN
+    merge(t.col_max[j], t.col_sum[j], top, 1.0 + rest);
   }
 }
 
@@ -162,7 +190,8 @@ void fold_tile(const float *raw, std::int64_t rows, std::int64_t cols, float sca
                const FoldTargets &t, float *scratch) {
   if (t.positive_col) record_positives(raw, rows, cols, scale, t);
   float *row_max = scratch, *col_max = scratch + rows, *col_acc = scratch + rows + cols;
-  tile_maxima(raw, rows, cols, scale, row_max, t.col_max ? col_max : nullptr);
+  float *col_row = scratch + rows + 2 * cols;
+  tile_maxima(raw, rows, cols, scale, row_max, t.col_max ? col_max : nullptr, col_row);
   float shift = -kInf;  // M, the tile maximum
   for (std::int64_t i = 0; i < rows; ++i) shift = row_max[i] > shift ? row_max[i] : shift;
   if (t.col_max && !columns_near(col_max, cols, scale, shift)) {
@@ -191,19 +220,20 @@ void fold_tile(const float *raw, std::int64_t rows, std::int64_t cols, float sca
     // A NaN in the row makes sum NaN (exp(NaN) is NaN; an Inf gives Inf - Inf).
     merge(t.row_max[i], t.row_sum[i], m, sum);
   }
-  if (t.col_max)
-    for (std::int64_t j = 0; j < cols; ++j) merge(t.col_max[j], t.col_sum[j], shift, col_acc[j]);
+  if (t.col_max) merge_columns_rebased(raw, cols, scale, shift, row_max, col_max, col_row, col_acc, t);
 }
 
 namespace {
 
-// Row i with two exponentials (or one, InfoNCE): the reference form.
-float gradient_row_two_exp(const float *x, float *o, std::int64_t cols, float scale, float lse,
-                           const GradientTerms &g) {
+// Columns [j0, j1) of one row: out_j = s v_j with v_j = row_coef exp(x_j - lse)
+// (+ col_coef exp(x_j - col_lse_j)); returns sum_j v_j raw_j. Two
+// exponentials per element (one for InfoNCE): the reference form.
+float gradient_span_two_exp(const float *x, float *o, std::int64_t j0, std::int64_t j1, float scale,
+                            float lse, const GradientTerms &g) {
   float row_ds = 0.0f;
   if (g.col_lse != nullptr) {
 #pragma omp simd reduction(+ : row_ds)
-    for (std::int64_t j = 0; j < cols; ++j) {
+    for (std::int64_t j = j0; j < j1; ++j) {
       const float logit = scale * x[j];
       const float v = g.row_coef * fast_exp(logit - lse) + g.col_coef * fast_exp(logit - g.col_lse[j]);
       row_ds += v * x[j];
@@ -211,11 +241,25 @@ float gradient_row_two_exp(const float *x, float *o, std::int64_t cols, float sc
     }
   } else {
 #pragma omp simd reduction(+ : row_ds)
-    for (std::int64_t j = 0; j < cols; ++j) {
+    for (std::int64_t j = j0; j < j1; ++j) {
       const float v = g.row_coef * fast_exp(scale * x[j] - lse);
       row_ds += v * x[j];
       o[j] = scale * v;
     }
+  }
+  return row_ds;
+}
+
+// The same with one exponential per element for the symmetric loss:
+// exp(x_j - col_lse_j) = exp(x_j - lse) a col_factor_j (see tile_math.hpp).
+float gradient_span_shared(const float *x, float *o, std::int64_t j0, std::int64_t j1, float scale,
+                           float lse, float a, float row_coef, const float *col_factor) {
+  float row_ds = 0.0f;
+#pragma omp simd reduction(+ : row_ds)
+  for (std::int64_t j = j0; j < j1; ++j) {
+    const float v = fast_exp(scale * x[j] - lse) * (row_coef + a * col_factor[j]);
+    row_ds += v * x[j];
+    o[j] = scale * v;
   }
   return row_ds;
 }
@@ -244,32 +288,40 @@ bool shared_shift_factors(const GradientTerms &g, std::int64_t rows, std::int64_
 
 }  // namespace
 
+// Each row's positive is kept out of the vectorised spans and computed on its
+// own: G_ip = row_coef exp(x_ip - row_lse_i) + col_coef exp(x_ip - col_lse_p)
+// - positive_coef, each exponential against its own log-sum-exp. Where the
+// pair saturates (x_ip is its row's and column's log-sum-exp up to ~1e-13)
+// both are exactly 1 and G_ip = 0 exactly (row_coef + col_coef ==
+// positive_coef: g/2B + g/2B = g/B in fp32), as in a materialised fp32 loss;
+// through the shared factors it would be a few ulp of positive_coef, and
+// summed into the row's dL/ds before the positive's -positive_coef it would
+// cancel to the rounding of that sum.
 double gradient_tile(const float *raw, float *out, std::int64_t rows, std::int64_t cols,
                      float scale, const GradientTerms &g, float *scratch) {
   float *row_factor = scratch, *col_factor = scratch + rows;
   const bool shared = g.col_lse != nullptr && shared_shift_factors(g, rows, cols, row_factor, col_factor);
+  const auto span = [&](const float *x, float *o, std::int64_t i, std::int64_t j0, std::int64_t j1) {
+    if (j0 >= j1) return 0.0f;
+    return shared ? gradient_span_shared(x, o, j0, j1, scale, g.row_lse[i], row_factor[i], g.row_coef, col_factor)
+                  : gradient_span_two_exp(x, o, j0, j1, scale, g.row_lse[i], g);
+  };
   double ds = 0.0;
   for (std::int64_t i = 0; i < rows; ++i) {
     const float *x = raw + i * cols;
     float *o = out + i * cols;
-    const float positive_share = g.positive_col[i] >= 0 ? raw[i * cols + g.positive_col[i]] : 0.0f;
-    float row_ds = 0.0f;
-    if (shared) {
-      const float lse = g.row_lse[i], a = row_factor[i], r = g.row_coef;
-#pragma omp simd reduction(+ : row_ds)
-      for (std::int64_t j = 0; j < cols; ++j) {
-        const float v = fast_exp(scale * x[j] - lse) * (r + a * col_factor[j]);
-        row_ds += v * x[j];
-        o[j] = scale * v;
-      }
-    } else {
-      row_ds = gradient_row_two_exp(x, o, cols, scale, g.row_lse[i], g);
-    }
     const std::int64_t p = g.positive_col[i];
-    if (p >= 0) {
-      o[p] -= scale * g.positive_coef;
-      row_ds -= g.positive_coef * positive_share;
+    if (p < 0) {
+      ds += span(x, o, i, 0, cols);
+      continue;
     }
+    const float raw_p = x[p], logit = scale * raw_p;
+    float v = g.row_coef * fast_exp(logit - g.row_lse[i]);
+    if (g.col_lse != nullptr) v += g.col_coef * fast_exp(logit - g.col_lse[p]);
+    const float grad = v - g.positive_coef;
+    float row_ds = span(x, o, i, 0, p) + span(x, o, i, p + 1, cols);
+    row_ds += grad * raw_p;
+    o[p] = scale * grad;  // after the spans: out may be raw itself
     ds += row_ds;
   }
   return ds;
