@@ -80,5 +80,7 @@ def test_import_flatmem_does_not_import_jax():
 def test_missing_flatmem_jax_says_how_to_install_it():
     run = run_python("import sys; sys.modules['flatmem_jax'] = None; import flatmem.jax")
     assert run.returncode != 0
-    assert "ImportError: flatmem.jax needs the flatmem_jax package" in run.stderr, run.stderr
-    assert "pip install --no-build-isolation bindings/jax" in run.stderr, run.stderr
+    assert ("ImportError: flatmem.jax needs jax and the flatmem_jax package (flatmem's JAX plugin), "
+            "but 'flatmem_jax' is not installed") in run.stderr, run.stderr
+    assert "pip install 'jax>=0.7'" in run.stderr, run.stderr
+    assert "pip install . gets jaxlib for its build by itself" in run.stderr, run.stderr
