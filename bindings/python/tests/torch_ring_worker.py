@@ -32,6 +32,14 @@ from python_sigmoid_reference import sigmoid_tolerances
 SHARDS = [3, 5, 1, 4]  # rows per rank (the first world_size of them)
 
 
+
+def say(line):
+    """One line to stdout in ONE write (atomic on the pipe the ranks share, below PIPE_BUF):
+    print() writes the text and its newline separately, and another rank's line can land
+    between them."""
+    sys.stdout.flush()
+    os.write(1, (line + "\n").encode())
+
 def global_batch(world, d=11, dtype=torch.float32):
     sizes = SHARDS[:world]
     total = sum(sizes)
@@ -127,13 +135,13 @@ def main():
         tau_dq, _, _ = gradient_tolerances(ref.widened(q), ref.widened(k), np.float32(14.3))
         check("env clip dq", q_.grad, want[1][mine], tau_dq[mine])
         comm.close()
-        print(f"rank {rank}: env ok", flush=True)
+        say(f"rank {rank}: env ok")
         return
     dist.init_process_group("gloo")
     if mode == "values":
         comm = fmt.communicator(timeout_ms=20000)
         values(rank, world, comm)
-        print(f"rank {rank}: values ok", flush=True)
+        say(f"rank {rank}: values ok")
     elif mode == "killed":
         comm = fmt.communicator(timeout_ms=5000)
         q, k, sizes, starts = global_batch(world)
@@ -144,8 +152,8 @@ def main():
         try:
             fmt.clip_loss(q[mine], k[mine], 14.3, comm=comm)
         except flatmem.Error as e:
-            print(f"rank {rank}: failed as expected after {time.monotonic() - start:.1f} s: "
-                  f"{type(e).__name__}: {e}", flush=True)
+            say(f"rank {rank}: failed as expected after {time.monotonic() - start:.1f} s: "
+                f"{type(e).__name__}: {e}")
             os._exit(0)  # the process group's peers are gone too: no orderly teardown
         raise AssertionError("the ring loss succeeded without rank 1")
     comm.close()
