@@ -4,7 +4,11 @@
 Each target's input starts with its Plan (one byte per decision, 0 = the ordinary,
 valid choice; see the Plan struct at the top of the target), then mutations and values.
 A seed names the plan bytes that differ from 0; the rest of the file is padding values.
-Usage: python3 tests/fuzz/make_seeds.py   (rewrites the corpus folders)
+Usage: python3 tests/fuzz/make_seeds.py   (rewrites the named seeds of the corpus folders)
+
+The folders also hold regression inputs (named after what they found) and inputs
+grown by long fuzzing runs and merged minimised (`-merge=1`, named by libFuzzer
+after their SHA-1): only the files named like a seed below are rewritten.
 """
 import pathlib
 
@@ -141,8 +145,6 @@ SEEDS = {
 for target, cases in SEEDS.items():
     folder = HERE / "corpus" / target
     folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.iterdir():
-        old.unlink()
     fields = PLANS[target]
     for name, choices in cases.items():
         plan = bytearray(len(fields))
