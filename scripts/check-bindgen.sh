@@ -33,15 +33,6 @@ prefix=$(cd "$prefix" && pwd)
 sys_dir=$FLATMEM_ROOT/bindings/rust/flatmem-sys
 checked_in=$sys_dir/src/bindings.rs
 
-apt_install() {
-  local sudo=
-  if [ "$(id -u)" -ne 0 ]; then
-    sudo=$(command -v sudo) || fail "not root and no sudo: install $* first"
-  fi
-  $sudo apt-get update
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "$@"
-}
-
 step "bindgen and rustfmt"
 if ! command -v bindgen >/dev/null; then
   echo "check-bindgen: no bindgen found; installing Debian's bindgen (with libclang)"

@@ -38,15 +38,6 @@ if sed -n 's/^prefix=//p' "$pc" | grep -qv '^/'; then
 fi
 command -v pkg-config >/dev/null || fail "pkg-config not found (Debian: apt-get install pkgconf)"
 
-apt_install() {
-  local sudo=
-  if [ "$(id -u)" -ne 0 ]; then
-    sudo=$(command -v sudo) || fail "not root and no sudo: install $* first"
-  fi
-  $sudo apt-get update
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "$@"
-}
-
 step "Rust toolchain"
 cargo=$(command -v cargo || true)
 for candidate in "${HOME:-/root}/.cargo/bin/cargo" /root/.cargo/bin/cargo; do

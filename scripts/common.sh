@@ -13,6 +13,17 @@ step() { printf '\n==> %s  [%ds]\n' "$*" "$SECONDS"; }
 # default is "80;90". Override with FLATMEM_CUDA_ARCHITECTURES=... in the environment.
 FLATMEM_CUDA_ARCHS=${FLATMEM_CUDA_ARCHITECTURES:-90}
 
+# apt_install PACKAGE...: Debian packages a check found missing, as root or through sudo (the
+# calling script's fail() reports when neither is possible).
+apt_install() {
+  local sudo=
+  if [ "$(id -u)" -ne 0 ]; then
+    sudo=$(command -v sudo) || fail "not root and no sudo: install $* first"
+  fi
+  $sudo apt-get update
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "$@"
+}
+
 # flatmem_configure BUILD_DIR [cmake -D...]: configure the checkout into BUILD_DIR.
 flatmem_configure() {
   local dir=$1
