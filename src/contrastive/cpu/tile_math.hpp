@@ -8,10 +8,17 @@
 // symmetric loss whose rows and columns both need exp(x - shift):
 //  forward   e_ij = exp(x_ij - m_i) with m_i the row's tile maximum gives the
 //            row sums; the column sums relative to the tile maximum M are
-//            sum_i w_i e_ij with w_i = exp(m_i - M) (one FMA per element).
+//            sum_i w_i e_ij with w_i = exp(m_i - M) (a multiply and an add
+//            per element), re-based on each column's own maximum before they
+//            are merged (its largest term becomes exactly 1).
 //  backward  exp(x_ij - col_lse_j) = e_ij a_i b_j with e_ij = exp(x_ij -
 //            row_lse_i), a_i = exp(row_lse_i - M), b_j = exp(M - col_lse_j),
-//            M = the tile's largest row_lse.
+//            M = the tile's largest row_lse; each row's positive is computed
+//            apart, with both exponentials against their own lse.
+// Saturation (one logit per row and column above the rest by tens) is as exact
+// as a materialised fp32 loss: the kernels round s x before subtracting a
+// maximum taken from the same rounded values (tile_math.cpp is compiled with
+// -ffp-contract=off), and the two steps above keep the dominant terms exact.
 // The factored forms are exact in real arithmetic; in fp32 they need the
 // factors in range, so a tile takes them only when every row and column is
 // within kShiftSpread of the common shift M (every column maximum >= M - T in
