@@ -6,7 +6,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "_ext"))
 
 project = "flatmem"
 author = "the flatmem authors"
-release = "0.1.0"
+release = "0.2.0"
 
 extensions = ["myst_parser", "sphinx.ext.autodoc", "plain_docstrings"]
 source_suffix = {".md": "markdown"}

@@ -146,7 +146,7 @@ build_jax_plugin() {
   printf '__version__ = "%s"\n' "$jaxlib_version" >"$dir/py/jax/__init__.py"
   printf 'def include_dir():\n    return "%s"\n' "$dir/jaxlib/include" >"$dir/py/jax/ffi.py"
   printf '%s\n' "Name: flatmem" "Description: flatmem's build tree $build (the GPU check's JAX plugin)" \
-    "Version: ${version:-0.1.0}" "Cflags: -I$FLATMEM_ROOT/include" "Libs: -L$build/src -lflatmem" \
+    "Version: ${version:-0.2.0}" "Cflags: -I$FLATMEM_ROOT/include" "Libs: -L$build/src -lflatmem" \
     >"$dir/lib/pkgconfig/flatmem.pc"
   PYTHONPATH=$dir/py PKG_CONFIG_PATH=$dir/lib/pkgconfig cmake -S "$FLATMEM_ROOT/bindings/jax" -B "$build/jax" \
     -DFLATMEM_JAX_USE_PKGCONFIG=ON -DFLATMEM_JAX_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=Release \

@@ -128,8 +128,10 @@ typedef struct flatmem_comm_options {
 
 #define FLATMEM_COMM_OPTIONS_INIT { sizeof(flatmem_comm_options), 0, 0 }
 
-/** Fill *options with defaults and struct_size. Thread-safe. */
-FLATMEM_API flatmem_status flatmem_comm_options_init(flatmem_comm_options *options);
+/** Fill the struct_size bytes at options with the defaults, struct_size =
+ *  struct_size (pass sizeof(*options)). Thread-safe. */
+FLATMEM_API flatmem_status flatmem_comm_options_init(flatmem_comm_options *options,
+                                                     size_t struct_size);
 
 /**
  * Rank 0: open a UCX listener and describe it in *id.

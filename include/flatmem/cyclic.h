@@ -86,7 +86,7 @@
  *   flatmem_cyclic_create(&h, comm, &options);       // collective
  *   for (;;) {
  *     flatmem_cyclic_action a;
- *     flatmem_cyclic_next(h, &a);                       // may wait (see there)
+ *     flatmem_cyclic_next(h, &a, sizeof a);                     // may wait (see there)
  *     if (a.kind == FLATMEM_CYCLIC_DONE) break;
  *     if (a.update_stage >= 0)                           // the average is ready
  *       apply(a.update_stage, gradient_buffer(a.update_stage, a.update_step));
@@ -249,10 +249,12 @@ FLATMEM_API flatmem_status flatmem_cyclic_schedule_length(const flatmem_cyclic_s
                                                           int64_t *time_steps);
 
 /** The action of `rank` at global time step time_step >= 0 (DONE at and after
- *  the schedule's length). Pure and thread-safe: no handle needed. */
+ *  the schedule's length). action_size = sizeof(*action). Pure and
+ *  thread-safe: no handle needed. */
 FLATMEM_API flatmem_status flatmem_cyclic_schedule_action(const flatmem_cyclic_schedule *schedule,
                                                           int32_t rank, int64_t time_step,
-                                                          flatmem_cyclic_action *action);
+                                                          flatmem_cyclic_action *action,
+                                                          size_t action_size);
 
 /** Where each rank keeps the stage parameters (see "ZeRO relay" below). */
 typedef enum flatmem_cyclic_parameter_mode {
@@ -316,8 +318,10 @@ typedef struct flatmem_cyclic_options {
   { sizeof(flatmem_cyclic_options), 0, 0, FLATMEM_CYCLIC_DELAY1, NULL, 0, FLATMEM_NONFINITE_ERROR, 0, \
     FLATMEM_CYCLIC_PARAMETERS_REPLICATED, NULL, FLATMEM_CYCLIC_MEMORY_HOST }
 
-/** Fill *options with defaults and struct_size. Thread-safe. */
-FLATMEM_API flatmem_status flatmem_cyclic_options_init(flatmem_cyclic_options *options);
+/** Fill the struct_size bytes at options with the defaults, struct_size =
+ *  struct_size (pass sizeof(*options)). Thread-safe. */
+FLATMEM_API flatmem_status flatmem_cyclic_options_init(flatmem_cyclic_options *options,
+                                                       size_t struct_size);
 
 /**
  * Create the runtime of this rank (collective over the communicator: every
@@ -341,9 +345,11 @@ FLATMEM_API flatmem_status flatmem_cyclic_create(flatmem_cyclic_t **out, flatmem
  */
 FLATMEM_API flatmem_status flatmem_cyclic_destroy(flatmem_cyclic_t *handle);
 
-/** The handle's schedule (world size, stages, steps, rule). */
+/** The handle's schedule (world size, stages, steps, rule), struct_size =
+ *  schedule_size (pass sizeof(*schedule)). */
 FLATMEM_API flatmem_status flatmem_cyclic_get_schedule(const flatmem_cyclic_t *handle,
-                                                       flatmem_cyclic_schedule *schedule);
+                                                       flatmem_cyclic_schedule *schedule,
+                                                       size_t schedule_size);
 
 /**
  * Advance to the next time step and say what to do in it (*action, as
@@ -356,9 +362,10 @@ FLATMEM_API flatmem_status flatmem_cyclic_get_schedule(const flatmem_cyclic_t *h
  * BACKWARD whose gradient was not handed over. After the last time step it
  * returns DONE (again on every later call). On a failure the handle is
  * poisoned (see the top of this header); *action is then not written.
+ * action_size = sizeof(*action).
  */
 FLATMEM_API flatmem_status flatmem_cyclic_next(flatmem_cyclic_t *handle,
-                                               flatmem_cyclic_action *action);
+                                               flatmem_cyclic_action *action, size_t action_size);
 
 /**
  * Hand over the gradient of `stage` computed in the current time step (which
@@ -435,16 +442,18 @@ typedef struct flatmem_cyclic_summary {
  * kept (the last options.history ones begun so far) into stats[0 .. *written-1].
  * Ask for first = 0 and a large count to get all that are kept; *written says
  * how many were copied (the first copied one is stats[0]; check its
- * time_step).
+ * time_step). element_size = sizeof(flatmem_cyclic_time_step_stats) as the
+ * caller was compiled: element i lies at (char *)stats + i * element_size.
  */
 FLATMEM_API flatmem_status flatmem_cyclic_stats(const flatmem_cyclic_t *handle, int64_t first,
                                                 int64_t count,
                                                 flatmem_cyclic_time_step_stats *stats,
-                                                int64_t *written);
+                                                size_t element_size, int64_t *written);
 
-/** The totals since create. */
+/** The totals since create. summary_size = sizeof(*summary). */
 FLATMEM_API flatmem_status flatmem_cyclic_summary_get(const flatmem_cyclic_t *handle,
-                                                      flatmem_cyclic_summary *summary);
+                                                      flatmem_cyclic_summary *summary,
+                                                      size_t summary_size);
 
 /*
  * ------------------------------------------------------------------------
@@ -515,7 +524,7 @@ FLATMEM_API flatmem_status flatmem_cyclic_summary_get(const flatmem_cyclic_t *ha
  * Driving a relayed handle (the replicated loop plus three calls):
  *   for each stage j: flatmem_cyclic_set_shard(h, j, my_shard[j]);
  *   for (;;) {
- *     flatmem_cyclic_next(h, &a);
+ *     flatmem_cyclic_next(h, &a, sizeof a);
  *     if (a.kind == FLATMEM_CYCLIC_DONE) break;
  *     if (a.update_stage >= 0)   // own shard range of the gradient buffer
  *       apply(my_shard[a.update_stage], gradient_buffer(a.update_stage, a.update_step));
@@ -637,20 +646,17 @@ typedef struct flatmem_cyclic_relay_time_step {
 } flatmem_cyclic_relay_time_step;
 
 /**
- * RELAYED: as flatmem_cyclic_stats, for the relay. struct_size =
+ * RELAYED: as flatmem_cyclic_stats, for the relay. element_size =
  * sizeof(flatmem_cyclic_relay_time_step) as the caller was compiled: element
- * i lies at (char *)stats + i * struct_size and gets min(struct_size,
- * sizeof) bytes, so the struct may grow.
+ * i lies at (char *)stats + i * element_size.
  */
 FLATMEM_API flatmem_status flatmem_cyclic_relay_stats(const flatmem_cyclic_t *handle, int64_t first,
-                                                      int64_t count, size_t struct_size,
+                                                      int64_t count,
                                                       flatmem_cyclic_relay_time_step *stats,
-                                                      int64_t *written);
+                                                      size_t element_size, int64_t *written);
 
 /** RELAYED: sizes and totals since create. */
 typedef struct flatmem_cyclic_relay_summary {
-  /** sizeof(flatmem_cyclic_relay_summary) as the caller was compiled. */
-  size_t struct_size;
   /** This rank's shards, all stages (bytes). */
   int64_t shard_bytes;
   /** One replica of all stages (bytes): what REPLICATED holds per rank. */
@@ -666,11 +672,10 @@ typedef struct flatmem_cyclic_relay_summary {
   int64_t relay_messages_sent;
 } flatmem_cyclic_relay_summary;
 
-#define FLATMEM_CYCLIC_RELAY_SUMMARY_INIT { sizeof(flatmem_cyclic_relay_summary), 0, 0, 0, 0, 0, 0, 0, 0 }
-
-/** RELAYED: fills min(summary->struct_size, sizeof) bytes (set struct_size). */
+/** RELAYED: the summary. summary_size = sizeof(*summary). */
 FLATMEM_API flatmem_status flatmem_cyclic_relay_summary_get(const flatmem_cyclic_t *handle,
-                                                            flatmem_cyclic_relay_summary *summary);
+                                                            flatmem_cyclic_relay_summary *summary,
+                                                            size_t summary_size);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -97,7 +97,7 @@
  *   flatmem_cyclic_stages_create(&h, comm, &options);        // collective
  *   for (;;) {
  *     flatmem_cyclic_stages_action a;
- *     flatmem_cyclic_stages_next(h, &a);
+ *     flatmem_cyclic_stages_next(h, &a, sizeof a);
  *     if (a.kind == FLATMEM_CYCLIC_DONE) break;
  *     if (a.update_step >= 0) {                        // version v+1 from v
  *       flatmem_cyclic_stages_average(h, average);     // of step a.update_step
@@ -280,12 +280,14 @@ FLATMEM_API flatmem_status flatmem_cyclic_stages_schedule_versions_kept(
 /**
  * The actions of `stage` at global time step time_step >= 0, in the order the
  * handle returns them: up to `capacity` into actions[0 ..], *count = how many
- * there are (call with capacity 0 to ask). An IDLE time step has none; at and
- * after the schedule's length *count = 0 too. Pure and thread-safe.
+ * there are (call with capacity 0 to ask). element_size =
+ * sizeof(flatmem_cyclic_stages_action) as the caller was compiled: element i
+ * lies at (char *)actions + i * element_size. An IDLE time step has none; at
+ * and after the schedule's length *count = 0 too. Pure and thread-safe.
  */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_schedule_actions(
     const flatmem_cyclic_stages_schedule *schedule, int32_t stage, int64_t time_step,
-    flatmem_cyclic_stages_action *actions, int32_t capacity, int32_t *count);
+    flatmem_cyclic_stages_action *actions, size_t element_size, int32_t capacity, int32_t *count);
 
 /** Steady-state occupancy of one stage rank (a run long enough that every
  *  period is a full one), from the schedule. */
@@ -300,10 +302,11 @@ typedef struct flatmem_cyclic_stages_occupancy {
   double mean_activations_held;
 } flatmem_cyclic_stages_occupancy;
 
-/** The steady-state occupancy of `stage` under the schedule. */
+/** The steady-state occupancy of `stage` under the schedule.
+ *  occupancy_size = sizeof(*occupancy). */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_schedule_occupancy(
     const flatmem_cyclic_stages_schedule *schedule, int32_t stage,
-    flatmem_cyclic_stages_occupancy *occupancy);
+    flatmem_cyclic_stages_occupancy *occupancy, size_t occupancy_size);
 
 /** The stage-parallel runtime of one stage rank. */
 typedef struct flatmem_cyclic_stages_s flatmem_cyclic_stages_t;
@@ -340,8 +343,10 @@ typedef struct flatmem_cyclic_stages_options {
   { sizeof(flatmem_cyclic_stages_options), 0, 0, 0, FLATMEM_CYCLIC_DELAY1, NULL, NULL, 0, 0, \
     FLATMEM_CYCLIC_MEMORY_HOST }
 
-/** Fill *options with defaults and struct_size. Thread-safe. */
-FLATMEM_API flatmem_status flatmem_cyclic_stages_options_init(flatmem_cyclic_stages_options *options);
+/** Fill the struct_size bytes at options with the defaults, struct_size =
+ *  struct_size (pass sizeof(*options)). Thread-safe. */
+FLATMEM_API flatmem_status flatmem_cyclic_stages_options_init(flatmem_cyclic_stages_options *options,
+                                                              size_t struct_size);
 
 /**
  * Create the runtime of this stage rank (collective over the communicator:
@@ -363,9 +368,11 @@ FLATMEM_API flatmem_status flatmem_cyclic_stages_create(flatmem_cyclic_stages_t 
  */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_destroy(flatmem_cyclic_stages_t *handle);
 
-/** The handle's schedule. */
+/** The handle's schedule, struct_size = schedule_size (pass
+ *  sizeof(*schedule)). */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_get_schedule(const flatmem_cyclic_stages_t *handle,
-                                                              flatmem_cyclic_stages_schedule *schedule);
+                                                              flatmem_cyclic_stages_schedule *schedule,
+                                                              size_t schedule_size);
 
 /**
  * The next action of this stage (as flatmem_cyclic_stages_schedule_actions
@@ -374,9 +381,11 @@ FLATMEM_API flatmem_status flatmem_cyclic_stages_get_schedule(const flatmem_cycl
  * receive, send or accumulate was not done. Before DONE it waits (<= timeout)
  * until this rank's sends have left; DONE again on every later call. On a
  * failure the handle is poisoned; *action is then not written.
+ * action_size = sizeof(*action).
  */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_next(flatmem_cyclic_stages_t *handle,
-                                                      flatmem_cyclic_stages_action *action);
+                                                      flatmem_cyclic_stages_action *action,
+                                                      size_t action_size);
 
 /*
  * Tensors below: kDLCPU when options.memory = HOST, kDLCUDA on the
@@ -476,16 +485,18 @@ typedef struct flatmem_cyclic_stages_summary {
 
 /**
  * Copy the statistics of time steps first .. first + count - 1 that are still
- * kept into stats[0 .. *written - 1] (as flatmem_cyclic_stats).
+ * kept into stats[0 .. *written - 1] (as flatmem_cyclic_stats; element i
+ * at (char *)stats + i * element_size).
  */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_stats(const flatmem_cyclic_stages_t *handle,
                                                        int64_t first, int64_t count,
                                                        flatmem_cyclic_stages_time_step_stats *stats,
-                                                       int64_t *written);
+                                                       size_t element_size, int64_t *written);
 
-/** The totals since create. */
+/** The totals since create. summary_size = sizeof(*summary). */
 FLATMEM_API flatmem_status flatmem_cyclic_stages_summary_get(const flatmem_cyclic_stages_t *handle,
-                                                             flatmem_cyclic_stages_summary *summary);
+                                                             flatmem_cyclic_stages_summary *summary,
+                                                             size_t summary_size);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -44,10 +44,34 @@
  * - Thread rule: a handle is used by one thread at a time; distinct handles
  *   are independent. flatmem_last_error() is per thread. Functions without a
  *   handle are thread-safe.
- * - Option structs begin with size_t struct_size. Initialise them with the
- *   *_OPTIONS_INIT macro or the *_options_init() function; fields are only
- *   ever appended, the library reads min(struct_size, its sizeof), and a
- *   field left 0 means "default". A NULL options pointer means all defaults.
+ * - Structs that cross the ABI evolve by appending fields, never by
+ *   changing or removing one, and both sides say how many bytes they know
+ *   (the "extensible struct" rule of Linux's openat2 / clone3):
+ *   - Structs the library READS (options, schedules) begin with size_t
+ *     struct_size = sizeof as the caller was compiled. Initialise them with
+ *     the *_INIT macro or the *_init() function. The library reads
+ *     min(struct_size, its sizeof) bytes; a field the caller's struct does
+ *     not have, or leaves 0, means "default". Bytes past the library's
+ *     sizeof (a caller built against a newer header) must be 0: a non-zero
+ *     one is a field this library does not know, refused with
+ *     FLATMEM_STATUS_UNSUPPORTED naming the struct, never ignored.
+ *   - Every struct the library WRITES, init functions included, comes with
+ *     a size argument right after its pointer: pass sizeof(*ptr). The
+ *     library writes exactly that many bytes: its fields up to
+ *     min(size, its sizeof), and zeros past its sizeof (fields it does not
+ *     know read 0). It never writes past `size`. An init function also
+ *     sets struct_size = size. Arrays of structs take the element size
+ *     instead: element i lies at (char *)array + i * element_size.
+ *   - A size of 0 or above FLATMEM_MAX_STRUCT_SIZE (4096: no flatmem struct
+ *     comes near it; a larger value is uninitialised memory) is
+ *     FLATMEM_STATUS_INVALID_ARGUMENT naming the argument.
+ *   - A NULL options pointer means all defaults.
+ *   - flatmem_reversible_function, flatmem_reversible_block and
+ *     flatmem_comm_unique_id are frozen: they never change (new callbacks
+ *     would come as a new struct and function).
+ *   - The ABI (SONAME libflatmem.so.1) is checked against a baseline with
+ *     libabigail's abidiff on every build of the tests; an intended break
+ *     bumps the SONAME (see docs/abi.md).
  * - Anything not yet promised stable sits behind FLATMEM_EXPERIMENTAL.
  */
 #ifndef FLATMEM_FLATMEM_H
@@ -73,11 +97,18 @@ extern "C" {
 /* ======================================================================== */
 
 #define FLATMEM_VERSION_MAJOR 0
-#define FLATMEM_VERSION_MINOR 1
+#define FLATMEM_VERSION_MINOR 2
 #define FLATMEM_VERSION_PATCH 0
 /** Packed version: major * 10000 + minor * 100 + patch. */
 #define FLATMEM_VERSION \
   (FLATMEM_VERSION_MAJOR * 10000 + FLATMEM_VERSION_MINOR * 100 + FLATMEM_VERSION_PATCH)
+
+/** The ABI version: the library is libflatmem.so.FLATMEM_ABI_VERSION. */
+#define FLATMEM_ABI_VERSION 1
+
+/** The largest size argument or struct_size the library accepts (see the
+ *  conventions above). */
+#define FLATMEM_MAX_STRUCT_SIZE 4096
 
 /** The packed version of the library actually loaded (compare it with
  *  FLATMEM_VERSION to detect a header/library mismatch). Thread-safe. */
@@ -466,9 +497,11 @@ typedef struct flatmem_contrastive_options {
  * fills nor uses it (the CUDA backend always recomputes).
  */
 
-/** Fill *options with the defaults and struct_size (for languages that
- *  cannot expand the macro). Thread-safe. */
-FLATMEM_API flatmem_status flatmem_contrastive_options_init(flatmem_contrastive_options *options);
+/** Fill the struct_size bytes at options with the defaults, struct_size =
+ *  struct_size (pass sizeof(*options); for languages that cannot expand the
+ *  macro). Writes nothing on error. Thread-safe. */
+FLATMEM_API flatmem_status flatmem_contrastive_options_init(flatmem_contrastive_options *options,
+                                                            size_t struct_size);
 
 /** Create a handle. options may be NULL (defaults). Allocates the handle and
  *  starts its worker threads. *out is set only on success. */
@@ -702,7 +735,6 @@ FLATMEM_API flatmem_status flatmem_contrastive_sigmoid_backward(
 /** What the last ring call of a handle measured on this rank (experimental:
  *  for benchmarks; the fields may change). */
 typedef struct flatmem_contrastive_ring_stats {
-  size_t struct_size;
   /** Ring payload this rank sent (column blocks, column states or col_lse,
    *  partial dk); the metadata all-gather and the one-double all-reduces
    *  are not counted. */
@@ -717,10 +749,11 @@ typedef struct flatmem_contrastive_ring_stats {
 } flatmem_contrastive_ring_stats;
 
 /** backward = 0: the last ring forward; 1: the last ring backward. A handle
- *  without a communicator reports zeros. */
+ *  without a communicator reports zeros. stats_size = sizeof(*stats). */
 FLATMEM_API flatmem_status flatmem_contrastive_ring_stats_get(const flatmem_contrastive_t *handle,
                                                               int32_t backward,
-                                                              flatmem_contrastive_ring_stats *stats);
+                                                              flatmem_contrastive_ring_stats *stats,
+                                                              size_t stats_size);
 #endif
 
 #ifdef __cplusplus

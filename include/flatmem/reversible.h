@@ -141,7 +141,8 @@ typedef enum flatmem_reversible_phase {
  *  the callback. */
 typedef struct flatmem_reversible_context {
   /** sizeof(flatmem_reversible_context) of the library; fields are only
-   *  ever appended. */
+   *  ever appended. A callback compiled against a newer header reads a field
+   *  appended after ABI 1 only when struct_size covers it. */
   size_t struct_size;
   /** Block index k in [0, n). */
   int32_t block;
@@ -193,7 +194,7 @@ typedef flatmem_status (*flatmem_reversible_vjp_fn)(void *user,
 typedef flatmem_status (*flatmem_reversible_residual_size_fn)(
     void *user, const flatmem_reversible_context *context, const DLTensor *x, size_t *bytes);
 
-/** One sub-function F_k or G_k. */
+/** One sub-function F_k or G_k. Frozen: never changes (see flatmem.h). */
 typedef struct flatmem_reversible_function {
   flatmem_reversible_forward_fn forward; /**< required */
   flatmem_reversible_vjp_fn vjp;         /**< required */
@@ -222,8 +223,10 @@ typedef struct flatmem_reversible_options {
 #define FLATMEM_REVERSIBLE_OPTIONS_INIT \
   { sizeof(flatmem_reversible_options), FLATMEM_REVERSIBLE_AUTO, 0 }
 
-/** Fill *options with the defaults and struct_size. Thread-safe. */
-FLATMEM_API flatmem_status flatmem_reversible_options_init(flatmem_reversible_options *options);
+/** Fill the struct_size bytes at options with the defaults, struct_size =
+ *  struct_size (pass sizeof(*options)). Thread-safe. */
+FLATMEM_API flatmem_status flatmem_reversible_options_init(flatmem_reversible_options *options,
+                                                           size_t struct_size);
 
 /** The seed block `block`, part `part` receives for a call seed:
  *  a SplitMix64 finalisation of seed ^ (0x9E3779B97F4A7C15 * (2 * block + part + 1)).
@@ -429,8 +432,10 @@ typedef struct flatmem_block_options {
 #define FLATMEM_BLOCK_OPTIONS_INIT \
   { sizeof(flatmem_block_options), (flatmem_block_kind)0, 0, 0, 0, 0.0f, FLATMEM_BLOCK_MATH_FP32 }
 
-/** Fill *options with the defaults and struct_size. Thread-safe. */
-FLATMEM_API flatmem_status flatmem_block_options_init(flatmem_block_options *options);
+/** Fill the struct_size bytes at options with the defaults, struct_size =
+ *  struct_size (pass sizeof(*options)). Thread-safe. */
+FLATMEM_API flatmem_status flatmem_block_options_init(flatmem_block_options *options,
+                                                      size_t struct_size);
 
 /** Create a built-in block. Its parameters must be set before use. */
 FLATMEM_API flatmem_status flatmem_block_create(flatmem_block_t **out,

@@ -1,5 +1,6 @@
 // extern "C" entry points of the built-in reversible blocks: argument checks,
 // then the block object; exceptions become statuses (core/error.hpp).
+#include "core/abi_struct.hpp"
 #include "core/cpu_isa.hpp"
 #include "core/error.hpp"
 #include "reversible/blocks/block.hpp"
@@ -20,11 +21,8 @@ void check_out(const void *p, const char *name) {
 
 extern "C" {
 
-flatmem_status flatmem_block_options_init(flatmem_block_options *options) {
-  return guarded([&] {
-    check_out(options, "options");
-    *options = flatmem_block_options FLATMEM_BLOCK_OPTIONS_INIT;
-  });
+flatmem_status flatmem_block_options_init(flatmem_block_options *options, size_t struct_size) {
+  return guarded([&] { init_struct(options, struct_size, flatmem_block_options FLATMEM_BLOCK_OPTIONS_INIT, "options"); });
 }
 
 flatmem_status flatmem_block_create(flatmem_block_t **out, const flatmem_block_options *options) {

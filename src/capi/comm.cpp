@@ -9,6 +9,7 @@
 #include "comm/device_transport.hpp"
 #include "comm/message.hpp"
 #include "comm/options.hpp"
+#include "core/abi_struct.hpp"
 #include "core/error.hpp"
 #include "core/options.hpp"
 
@@ -142,11 +143,8 @@ DeviceTransport &device_transport(Communicator &c, const char *function) {
 
 extern "C" {
 
-flatmem_status flatmem_comm_options_init(flatmem_comm_options *options) {
-  return guarded([&] {
-    check_out(options, "options");
-    *options = flatmem_comm_options FLATMEM_COMM_OPTIONS_INIT;
-  });
+flatmem_status flatmem_comm_options_init(flatmem_comm_options *options, size_t struct_size) {
+  return guarded([&] { init_struct(options, struct_size, flatmem_comm_options FLATMEM_COMM_OPTIONS_INIT, "options"); });
 }
 
 flatmem_status flatmem_comm_unique_id_create(const char *address, flatmem_comm_unique_id *id) {

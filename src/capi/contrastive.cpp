@@ -10,6 +10,7 @@
 #include "contrastive/plan.hpp"
 #include "contrastive/ring/ring.hpp"
 #include "contrastive/validate.hpp"
+#include "core/abi_struct.hpp"
 #include "core/cpu_isa.hpp"
 #include "core/error.hpp"
 
@@ -48,10 +49,11 @@ bool on_cuda(const MatrixView &q) {
 
 extern "C" {
 
-flatmem_status flatmem_contrastive_options_init(flatmem_contrastive_options *options) {
+flatmem_status flatmem_contrastive_options_init(flatmem_contrastive_options *options,
+                                                size_t struct_size) {
   return guarded([&] {
-    check_out(options, "options");
-    *options = flatmem_contrastive_options FLATMEM_CONTRASTIVE_OPTIONS_INIT;
+    init_struct(options, struct_size, flatmem_contrastive_options FLATMEM_CONTRASTIVE_OPTIONS_INIT,
+                "options");
   });
 }
 
@@ -181,18 +183,14 @@ flatmem_status flatmem_contrastive_backward(flatmem_contrastive_t *handle, const
 
 flatmem_status flatmem_contrastive_ring_stats_get(const flatmem_contrastive_t *handle,
                                                   int32_t backward,
-                                                  flatmem_contrastive_ring_stats *stats) {
+                                                  flatmem_contrastive_ring_stats *stats,
+                                                  size_t stats_size) {
   return guarded([&] {
     check_handle(handle);
-    check_out(stats, "stats");
-    if (stats->struct_size < sizeof(size_t))
-      invalid("stats: struct_size is ", stats->struct_size, "; set it to sizeof(*stats)");
     const ring::Stats &s = backward ? handle->ring_backward_stats : handle->ring_forward_stats;
-    flatmem_contrastive_ring_stats full{sizeof(full), s.bytes_sent, s.messages_sent,
-                                        s.wait_seconds, s.seconds, s.steps};
-    const std::size_t given = stats->struct_size;
-    std::memcpy(stats, &full, std::min(given, sizeof full));
-    stats->struct_size = given;
+    const flatmem_contrastive_ring_stats full{s.bytes_sent, s.messages_sent, s.wait_seconds,
+                                              s.seconds, s.steps};
+    write_struct(stats, stats_size, full, "stats", "stats_size");
   });
 }
 

@@ -6,6 +6,7 @@
 
 #include "comm/communicator.hpp"
 #include "comm/options.hpp"
+#include "core/abi_struct.hpp"
 #include "core/error.hpp"
 #include "core/options.hpp"
 #include "cyclic/runtime.hpp"
@@ -95,20 +96,21 @@ flatmem_status flatmem_cyclic_schedule_length(const flatmem_cyclic_schedule *sch
 }
 
 flatmem_status flatmem_cyclic_schedule_action(const flatmem_cyclic_schedule *schedule, int32_t rank,
-                                              int64_t time_step, flatmem_cyclic_action *action) {
+                                              int64_t time_step, flatmem_cyclic_action *action,
+                                              size_t action_size) {
   return guarded([&] {
     const cyclic::Schedule s = cyclic::read_schedule(schedule);
     require(action, "action");
+    check_struct_size(action_size, "action_size");
     check_rank(s, rank);
     if (time_step < 0) invalid("time_step: ", time_step, "; expected >= 0");
-    *action = s.action(rank, time_step);
+    put_struct(action, action_size, s.action(rank, time_step));
   });
 }
 
-flatmem_status flatmem_cyclic_options_init(flatmem_cyclic_options *options) {
+flatmem_status flatmem_cyclic_options_init(flatmem_cyclic_options *options, size_t struct_size) {
   return guarded([&] {
-    require(options, "options");
-    *options = flatmem_cyclic_options FLATMEM_CYCLIC_OPTIONS_INIT;
+    init_struct(options, struct_size, flatmem_cyclic_options FLATMEM_CYCLIC_OPTIONS_INIT, "options");
   });
 }
 
@@ -129,24 +131,26 @@ flatmem_status flatmem_cyclic_destroy(flatmem_cyclic_t *handle) {
 }
 
 flatmem_status flatmem_cyclic_get_schedule(const flatmem_cyclic_t *handle,
-                                           flatmem_cyclic_schedule *schedule) {
+                                           flatmem_cyclic_schedule *schedule, size_t schedule_size) {
   return guarded([&] {
     const cyclic::Schedule &s = runtime_of(handle).schedule();
-    require(schedule, "schedule");
     flatmem_cyclic_schedule out = FLATMEM_CYCLIC_SCHEDULE_INIT;
     out.world_size = s.world;
     out.stages = s.stages;
     out.steps = s.steps;
     out.rule = s.rule;
-    *schedule = out;
+    out.struct_size = schedule_size;
+    write_struct(schedule, schedule_size, out, "schedule", "schedule_size");
   });
 }
 
-flatmem_status flatmem_cyclic_next(flatmem_cyclic_t *handle, flatmem_cyclic_action *action) {
+flatmem_status flatmem_cyclic_next(flatmem_cyclic_t *handle, flatmem_cyclic_action *action,
+                                   size_t action_size) {
   return guarded([&] {
     Runtime &r = runtime_of(handle);
     require(action, "action");
-    *action = r.next();
+    check_struct_size(action_size, "action_size");
+    put_struct(action, action_size, r.next());
   });
 }
 
@@ -160,22 +164,22 @@ flatmem_status flatmem_cyclic_reduce_stream(flatmem_cyclic_t *handle, int32_t st
 }
 
 flatmem_status flatmem_cyclic_stats(const flatmem_cyclic_t *handle, int64_t first, int64_t count,
-                                    flatmem_cyclic_time_step_stats *stats, int64_t *written) {
+                                    flatmem_cyclic_time_step_stats *stats, size_t element_size,
+                                    int64_t *written) {
   return guarded([&] {
     const Runtime &r = runtime_of(handle);
     require(written, "written");
-    if (count < 0) invalid("count: ", count, "; expected >= 0");
-    if (count > 0) require(stats, "stats");
-    *written = r.stats(first, count, stats);
+    const StructArrayOut<flatmem_cyclic_time_step_stats> out(stats, element_size, count, "stats",
+                                                              "element_size");
+    *written = r.stats(first, count, out);
   });
 }
 
 flatmem_status flatmem_cyclic_summary_get(const flatmem_cyclic_t *handle,
-                                          flatmem_cyclic_summary *summary) {
+                                          flatmem_cyclic_summary *summary, size_t summary_size) {
   return guarded([&] {
     const Runtime &r = runtime_of(handle);
-    require(summary, "summary");
-    *summary = r.summary();
+    write_struct(summary, summary_size, r.summary(), "summary", "summary_size");
   });
 }
 

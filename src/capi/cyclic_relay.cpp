@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/abi_struct.hpp"
 #include "core/error.hpp"
 #include "cyclic/runtime.hpp"
 
@@ -45,30 +46,27 @@ flatmem_status flatmem_cyclic_parameters_stream(flatmem_cyclic_t *handle, DLTens
 }
 
 flatmem_status flatmem_cyclic_relay_stats(const flatmem_cyclic_t *handle, int64_t first, int64_t count,
-                                          size_t struct_size, flatmem_cyclic_relay_time_step *stats,
+                                          flatmem_cyclic_relay_time_step *stats, size_t element_size,
                                           int64_t *written) {
   return guarded([&] {
     const Runtime &r = runtime_of(handle);
     if (written == nullptr) invalid("written: NULL");
-    if (count < 0) invalid("count: ", count, "; expected >= 0");
-    if (struct_size < sizeof(int64_t))
-      invalid("struct_size: ", struct_size, "; expected sizeof(flatmem_cyclic_relay_time_step)");
-    if (count > 0 && stats == nullptr) invalid("stats: NULL");
-    *written = r.relay_stats(first, count, struct_size, reinterpret_cast<char *>(stats));
+    const StructArrayOut<flatmem_cyclic_relay_time_step> out(stats, element_size, count, "stats",
+                                                              "element_size");
+    *written = r.relay_stats(first, count, out);
   });
 }
 
 flatmem_status flatmem_cyclic_relay_summary_get(const flatmem_cyclic_t *handle,
-                                                flatmem_cyclic_relay_summary *summary) {
+                                                flatmem_cyclic_relay_summary *summary,
+                                                size_t summary_size) {
   return guarded([&] {
     const Runtime &r = runtime_of(handle);
     if (summary == nullptr) invalid("summary: NULL");
-    if (summary->struct_size < sizeof(size_t))
-      invalid("summary: struct_size is ", summary->struct_size, "; set it to sizeof(flatmem_cyclic_relay_summary)");
+    check_struct_size(summary_size, "summary_size");
     flatmem_cyclic_relay_summary out{};
     r.relay_summary(out);
-    out.struct_size = summary->struct_size;
-    std::memcpy(summary, &out, std::min(summary->struct_size, sizeof out));
+    put_struct(summary, summary_size, out);
   });
 }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 
+#include "core/abi_struct.hpp"
 #include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "core/options.hpp"
@@ -88,11 +89,8 @@ std::size_t backward_bytes(const StateLayout &s, const ResidualPlan &r,
 
 extern "C" {
 
-flatmem_status flatmem_reversible_options_init(flatmem_reversible_options *options) {
-  return guarded([&] {
-    check_out(options, "options");
-    *options = flatmem_reversible_options FLATMEM_REVERSIBLE_OPTIONS_INIT;
-  });
+flatmem_status flatmem_reversible_options_init(flatmem_reversible_options *options, size_t struct_size) {
+  return guarded([&] { init_struct(options, struct_size, flatmem_reversible_options FLATMEM_REVERSIBLE_OPTIONS_INIT, "options"); });
 }
 
 uint64_t flatmem_reversible_block_seed(uint64_t seed, int32_t block, int32_t part) {

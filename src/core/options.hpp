@@ -1,27 +1,23 @@
-// Reading a caller's options struct under the ABI rules: it begins with
-// size_t struct_size, the library reads min(struct_size, sizeof) bytes and
-// treats what the caller did not provide as 0 ("default").
+// Reading a caller's options struct under the ABI rules (core/abi_struct.hpp):
+// it begins with size_t struct_size, the library reads min(struct_size, sizeof)
+// bytes and treats what the caller did not provide as 0 ("default").
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
+#include "core/abi_struct.hpp"
 #include "core/error.hpp"
 #include "core/thread_pool.hpp"
 
 namespace flatmem {
 
+// An options struct (begins with size_t struct_size; NULL = defaults).
 // `init_name` names the INIT macro / init function the message points to.
 template <typename Struct>
 Struct read_options(const Struct *given, const char *init_name) {
-  Struct o{};
-  if (given != nullptr) {
-    if (given->struct_size < sizeof(std::size_t))
-      invalid("options: struct_size is ", given->struct_size, "; initialise with ", init_name);
-    std::memcpy(&o, given, std::min<std::size_t>(given->struct_size, sizeof o));
-  }
-  return o;
+  return read_sized(given, "options", init_name);
 }
 
 // An enum field read as its 32-bit storage: a C caller may store any value.

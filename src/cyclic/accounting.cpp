@@ -64,9 +64,9 @@ void Accounting::for_kept(std::int64_t first, std::int64_t count, F f) const {
 }
 
 std::int64_t Accounting::copy(std::int64_t first, std::int64_t count,
-                              flatmem_cyclic_time_step_stats *out) const {
+                              const StructArrayOut<flatmem_cyclic_time_step_stats> &out) const {
   std::int64_t written = 0;
-  for_kept(first, count, [&](std::size_t slot) { out[written++] = ring_[slot]; });
+  for_kept(first, count, [&](std::size_t slot) { out.put(written++, ring_[slot]); });
   return written;
 }
 
@@ -93,14 +93,11 @@ void Accounting::relay_sent(std::int64_t bytes) {
   if (!relay_ring_.empty() && begun_ > 0) relay_current().relay_bytes_sent += bytes;
 }
 
-std::int64_t Accounting::copy_relay(std::int64_t first, std::int64_t count, std::size_t stride,
-                                    char *out) const {
+std::int64_t Accounting::copy_relay(std::int64_t first, std::int64_t count,
+                                    const StructArrayOut<flatmem_cyclic_relay_time_step> &out) const {
   if (relay_ring_.empty()) return 0;
   std::int64_t written = 0;
-  const std::size_t bytes = std::min(stride, sizeof(flatmem_cyclic_relay_time_step));
-  for_kept(first, count, [&](std::size_t slot) {
-    std::memcpy(out + std::size_t(written++) * stride, &relay_ring_[slot], bytes);
-  });
+  for_kept(first, count, [&](std::size_t slot) { out.put(written++, relay_ring_[slot]); });
   return written;
 }
 

@@ -11,6 +11,8 @@
 #include <map>
 #include <vector>
 
+#include "core/abi_struct.hpp"
+
 namespace flatmem::cyclic {
 
 class Accounting {
@@ -30,7 +32,7 @@ class Accounting {
   void waited(double seconds);
 
   // Copies kept records with time_step in [first, first + count).
-  std::int64_t copy(std::int64_t first, std::int64_t count, flatmem_cyclic_time_step_stats *out) const;
+  std::int64_t copy(std::int64_t first, std::int64_t count, const StructArrayOut<flatmem_cyclic_time_step_stats> &out) const;
   flatmem_cyclic_summary summary(Clock::time_point now) const;
 
   // ZeRO relay records, kept beside the time-step records (same ring).
@@ -41,7 +43,8 @@ class Accounting {
   void relay_held(std::int64_t parameter_bytes);
   void relay_sent(std::int64_t bytes);
   // Element i at (char *)out + i * stride, min(stride, sizeof) bytes each.
-  std::int64_t copy_relay(std::int64_t first, std::int64_t count, std::size_t stride, char *out) const;
+  std::int64_t copy_relay(std::int64_t first, std::int64_t count,
+                          const StructArrayOut<flatmem_cyclic_relay_time_step> &out) const;
   // Totals (peaks and bytes; the sizes are the runtime's).
   void relay_totals(flatmem_cyclic_relay_summary &summary) const;
 

@@ -416,10 +416,11 @@ std::pair<std::int64_t, std::int64_t> Runtime::shard_range(std::int32_t stage, s
   return plan.shard(stage, rank);
 }
 
-std::int64_t Runtime::relay_stats(std::int64_t first, std::int64_t count, std::size_t stride, char *out) const {
+std::int64_t Runtime::relay_stats(std::int64_t first, std::int64_t count,
+                                  const StructArrayOut<flatmem_cyclic_relay_time_step> &out) const {
   relay();
   std::lock_guard lock(mutex_);
-  return accounting_.copy_relay(first, count, stride, out);
+  return accounting_.copy_relay(first, count, out);
 }
 
 void Runtime::relay_summary(flatmem_cyclic_relay_summary &out) const {
@@ -478,7 +479,7 @@ void read_memory_option(std::int32_t memory, Settings &s) {
 }
 
 std::int64_t Runtime::stats(std::int64_t first, std::int64_t count,
-                            flatmem_cyclic_time_step_stats *out) const {
+                            const StructArrayOut<flatmem_cyclic_time_step_stats> &out) const {
   std::lock_guard lock(mutex_);
   return accounting_.copy(first, count, out);
 }

@@ -78,7 +78,8 @@ class Runtime {
   flatmem_cyclic_action next();
   // stream: the caller's cudaStream_t for a device gradient (ignored on the host).
   void reduce(std::int32_t stage, const DLTensor *gradient, void *stream);
-  std::int64_t stats(std::int64_t first, std::int64_t count, flatmem_cyclic_time_step_stats *out) const;
+  std::int64_t stats(std::int64_t first, std::int64_t count,
+                     const StructArrayOut<flatmem_cyclic_time_step_stats> &out) const;
   flatmem_cyclic_summary summary() const;
 
   // The ZeRO relay (src/cyclic/relay.cpp); INVALID_ARGUMENT on a replicated handle.
@@ -86,7 +87,8 @@ class Runtime {
   void set_shard(std::int32_t stage, const DLTensor *shard, void *stream);
   void parameters(const DLTensor *full, void *stream);
   std::pair<std::int64_t, std::int64_t> shard_range(std::int32_t stage, std::int32_t rank) const;
-  std::int64_t relay_stats(std::int64_t first, std::int64_t count, std::size_t stride, char *out) const;
+  std::int64_t relay_stats(std::int64_t first, std::int64_t count,
+                           const StructArrayOut<flatmem_cyclic_relay_time_step> &out) const;
   void relay_summary(flatmem_cyclic_relay_summary &out) const;
 
  private:

@@ -105,7 +105,7 @@ flatmem_cyclic_rule checked_steps_and_rule(std::int64_t steps, std::int32_t rule
 
 Schedule read_schedule(const flatmem_cyclic_schedule *schedule) {
   if (schedule == nullptr) invalid("schedule: NULL");
-  const auto o = read_options(schedule, "FLATMEM_CYCLIC_SCHEDULE_INIT");
+  const auto o = read_sized(schedule, "schedule", "FLATMEM_CYCLIC_SCHEDULE_INIT or flatmem_cyclic_get_schedule");
   return make_schedule(o.world_size, o.stages, o.steps, enum_value(o.rule), "schedule");
 }
 

@@ -50,9 +50,9 @@ void StageAccounting::waited(double seconds) {
 }
 
 std::int64_t StageAccounting::copy(std::int64_t first, std::int64_t count,
-                                   flatmem_cyclic_stages_time_step_stats *out) const {
+                                   const StructArrayOut<flatmem_cyclic_stages_time_step_stats> &out) const {
   std::int64_t written = 0;
-  for_kept(ring_, begun_, first, count, [&](std::size_t slot) { out[written++] = ring_[slot]; });
+  for_kept(ring_, begun_, first, count, [&](std::size_t slot) { out.put(written++, ring_[slot]); });
   return written;
 }
 

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/abi_struct.hpp"
+
 namespace flatmem::cyclic::stages {
 
 class StageAccounting {
@@ -23,7 +25,8 @@ class StageAccounting {
   void sent(std::int64_t bytes);
   void waited(double seconds);
 
-  std::int64_t copy(std::int64_t first, std::int64_t count, flatmem_cyclic_stages_time_step_stats *out) const;
+  std::int64_t copy(std::int64_t first, std::int64_t count,
+                    const StructArrayOut<flatmem_cyclic_stages_time_step_stats> &out) const;
   flatmem_cyclic_stages_summary summary(Clock::time_point now) const;
 
  private:

@@ -6,6 +6,7 @@
 
 #include "comm/communicator.hpp"
 #include "comm/options.hpp"
+#include "core/abi_struct.hpp"
 #include "core/error.hpp"
 #include "core/options.hpp"
 #include "cyclic/chain_io.hpp"
@@ -121,36 +122,41 @@ flatmem_status flatmem_cyclic_stages_schedule_versions_kept(const flatmem_cyclic
 flatmem_status flatmem_cyclic_stages_schedule_actions(const flatmem_cyclic_stages_schedule *schedule,
                                                       int32_t stage, int64_t time_step,
                                                       flatmem_cyclic_stages_action *actions,
-                                                      int32_t capacity, int32_t *count) {
+                                                      size_t element_size, int32_t capacity,
+                                                      int32_t *count) {
   return guarded([&] {
     const StageSchedule s = cyclic::stages::read_stage_schedule(schedule);
     require(count, "count");
     check_stage(s, stage);
     if (time_step < 0) invalid("time_step: ", time_step, "; expected >= 0");
     if (capacity < 0) invalid("capacity: ", capacity, "; expected >= 0");
-    if (capacity > 0) require(actions, "actions");
+    const StructArrayOut<flatmem_cyclic_stages_action> out(actions, element_size, capacity, "actions",
+                                                            "element_size");
     const auto all = time_step < s.length() ? s.actions(stage, time_step)
                                             : std::vector<flatmem_cyclic_stages_action>{};
-    for (std::size_t i = 0; i < all.size() && i < std::size_t(capacity); ++i) actions[i] = all[i];
+    for (std::size_t i = 0; i < all.size() && i < std::size_t(capacity); ++i) out.put(std::int64_t(i), all[i]);
     *count = std::int32_t(all.size());
   });
 }
 
 flatmem_status flatmem_cyclic_stages_schedule_occupancy(const flatmem_cyclic_stages_schedule *schedule,
                                                         int32_t stage,
-                                                        flatmem_cyclic_stages_occupancy *occupancy) {
+                                                        flatmem_cyclic_stages_occupancy *occupancy,
+                                                        size_t occupancy_size) {
   return guarded([&] {
     const StageSchedule s = cyclic::stages::read_stage_schedule(schedule);
     require(occupancy, "occupancy");
+    check_struct_size(occupancy_size, "occupancy_size");
     check_stage(s, stage);
-    *occupancy = s.occupancy(stage);
+    put_struct(occupancy, occupancy_size, s.occupancy(stage));
   });
 }
 
-flatmem_status flatmem_cyclic_stages_options_init(flatmem_cyclic_stages_options *options) {
+flatmem_status flatmem_cyclic_stages_options_init(flatmem_cyclic_stages_options *options,
+                                                  size_t struct_size) {
   return guarded([&] {
-    require(options, "options");
-    *options = flatmem_cyclic_stages_options FLATMEM_CYCLIC_STAGES_OPTIONS_INIT;
+    init_struct(options, struct_size, flatmem_cyclic_stages_options FLATMEM_CYCLIC_STAGES_OPTIONS_INIT,
+                "options");
   });
 }
 
@@ -171,25 +177,27 @@ flatmem_status flatmem_cyclic_stages_destroy(flatmem_cyclic_stages_t *handle) {
 }
 
 flatmem_status flatmem_cyclic_stages_get_schedule(const flatmem_cyclic_stages_t *handle,
-                                                  flatmem_cyclic_stages_schedule *schedule) {
+                                                  flatmem_cyclic_stages_schedule *schedule,
+                                                  size_t schedule_size) {
   return guarded([&] {
     const StageSchedule &s = runtime(handle).schedule();
-    require(schedule, "schedule");
     flatmem_cyclic_stages_schedule out = FLATMEM_CYCLIC_STAGES_SCHEDULE_INIT;
     out.stages = s.stages;
     out.micro_batches = s.micro_batches;
     out.steps = s.steps;
     out.rule = s.rule;
-    *schedule = out;
+    out.struct_size = schedule_size;
+    write_struct(schedule, schedule_size, out, "schedule", "schedule_size");
   });
 }
 
 flatmem_status flatmem_cyclic_stages_next(flatmem_cyclic_stages_t *handle,
-                                          flatmem_cyclic_stages_action *action) {
+                                          flatmem_cyclic_stages_action *action, size_t action_size) {
   return guarded([&] {
     StageRuntime &r = runtime(handle);
     require(action, "action");
-    *action = r.next();
+    check_struct_size(action_size, "action_size");
+    put_struct(action, action_size, r.next());
   });
 }
 
@@ -231,22 +239,22 @@ flatmem_status flatmem_cyclic_stages_average_stream(const flatmem_cyclic_stages_
 
 flatmem_status flatmem_cyclic_stages_stats(const flatmem_cyclic_stages_t *handle, int64_t first,
                                            int64_t count, flatmem_cyclic_stages_time_step_stats *stats,
-                                           int64_t *written) {
+                                           size_t element_size, int64_t *written) {
   return guarded([&] {
     const StageRuntime &r = runtime(handle);
     require(written, "written");
-    if (count < 0) invalid("count: ", count, "; expected >= 0");
-    if (count > 0) require(stats, "stats");
-    *written = r.stats(first, count, stats);
+    const StructArrayOut<flatmem_cyclic_stages_time_step_stats> out(stats, element_size, count, "stats",
+                                                                     "element_size");
+    *written = r.stats(first, count, out);
   });
 }
 
 flatmem_status flatmem_cyclic_stages_summary_get(const flatmem_cyclic_stages_t *handle,
-                                                 flatmem_cyclic_stages_summary *summary) {
+                                                 flatmem_cyclic_stages_summary *summary,
+                                                 size_t summary_size) {
   return guarded([&] {
     const StageRuntime &r = runtime(handle);
-    require(summary, "summary");
-    *summary = r.summary();
+    write_struct(summary, summary_size, r.summary(), "summary", "summary_size");
   });
 }
 

@@ -513,7 +513,7 @@ void StageRuntime::average(DLTensor *out, void *stream) const {
 }
 
 std::int64_t StageRuntime::stats(std::int64_t first, std::int64_t count,
-                                 flatmem_cyclic_stages_time_step_stats *out) const {
+                                 const StructArrayOut<flatmem_cyclic_stages_time_step_stats> &out) const {
   return accounting_.copy(first, count, out);
 }
 

@@ -69,7 +69,7 @@ class StageRuntime {
   void accumulate(const DLTensor *gradient, void *stream);
   void average(DLTensor *out, void *stream) const;
   std::int64_t stats(std::int64_t first, std::int64_t count,
-                     flatmem_cyclic_stages_time_step_stats *out) const;
+                     const StructArrayOut<flatmem_cyclic_stages_time_step_stats> &out) const;
   flatmem_cyclic_stages_summary summary() const;
 
  private:

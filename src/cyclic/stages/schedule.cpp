@@ -197,7 +197,7 @@ StageSchedule make_stage_schedule(std::int32_t stages, std::int32_t micro_batche
 
 StageSchedule read_stage_schedule(const flatmem_cyclic_stages_schedule *schedule) {
   if (schedule == nullptr) invalid("schedule: NULL");
-  const auto o = read_options(schedule, "FLATMEM_CYCLIC_STAGES_SCHEDULE_INIT");
+  const auto o = read_sized(schedule, "schedule", "FLATMEM_CYCLIC_STAGES_SCHEDULE_INIT or flatmem_cyclic_stages_get_schedule");
   return make_stage_schedule(o.stages, o.micro_batches, o.steps, enum_value(o.rule), "schedule");
 }
 

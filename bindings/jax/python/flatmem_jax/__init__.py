@@ -121,7 +121,7 @@ import numpy as np
 
 __all__ = ["clip_loss", "infonce_loss", "sigmoid_loss", "reversible_transformer", "FlatmemError", "has_cuda",
            "library_path", "RingComm", "ring"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # flatmem_contrastive_loss values (flatmem.h).
 _SYMMETRIC = 1

@@ -54,7 +54,7 @@ from .cyclic_stages import (CyclicStages, CyclicStagesAction, CyclicStagesOccupa
                             CyclicStagesSummary, CyclicStagesTimeStepStats)
 from .reversible import Block, Context, Function, ReversibleSegment
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def library_version():
