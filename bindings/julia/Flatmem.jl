@@ -52,7 +52,7 @@ const libflatmem = get(ENV, "FLATMEM_LIBRARY", "libflatmem")
 # The header version this file was written for; __init__ insists that the
 # loaded library reports the same packed version.
 const FLATMEM_VERSION_MAJOR = 0
-const FLATMEM_VERSION_MINOR = 1
+const FLATMEM_VERSION_MINOR = 2
 const FLATMEM_VERSION_PATCH = 0
 const FLATMEM_VERSION = FLATMEM_VERSION_MAJOR * 10000 + FLATMEM_VERSION_MINOR * 100 + FLATMEM_VERSION_PATCH
 
@@ -502,7 +502,7 @@ mutable struct Contrastive
         comm === nothing || ensure_open(comm)
         options = Ref{ContrastiveOptions}()
         check(ccall((:flatmem_contrastive_options_init, libflatmem), Cint,
-                    (Ref{ContrastiveOptions},), options))
+                    (Ref{ContrastiveOptions}, Csize_t), options, Csize_t(sizeof(ContrastiveOptions))))
         defaults = options[]
         options[] = ContrastiveOptions(defaults.struct_size,
                                        CONTRASTIVE_LOSSES[loss],
@@ -1081,7 +1081,8 @@ mutable struct Block
         kind in (:attention, :mlp) || throw(ArgumentError("kind must be :attention or :mlp, not :$kind"))
         math_value = block_math(math)
         options = Ref{BlockOptions}()
-        check(ccall((:flatmem_block_options_init, libflatmem), Cint, (Ref{BlockOptions},), options))
+        check(ccall((:flatmem_block_options_init, libflatmem), Cint, (Ref{BlockOptions}, Csize_t),
+                    options, Csize_t(sizeof(BlockOptions))))
         defaults = options[]
         options[] = BlockOptions(defaults.struct_size, kind === :attention ? FLATMEM_BLOCK_ATTENTION : FLATMEM_BLOCK_MLP,
                                  Int32(width), Int32(heads), Int32(hidden), Float32(layer_norm_eps), math_value)
@@ -1222,7 +1223,8 @@ mutable struct Segment
         end
         raw = ReversibleBlock[ReversibleBlock(block_function(blocks[2i - 1]), block_function(blocks[2i])) for i in 1:length(layers)]
         options = Ref{ReversibleOptions}()
-        check(ccall((:flatmem_reversible_options_init, libflatmem), Cint, (Ref{ReversibleOptions},), options))
+        check(ccall((:flatmem_reversible_options_init, libflatmem), Cint, (Ref{ReversibleOptions}, Csize_t),
+                    options, Csize_t(sizeof(ReversibleOptions))))
         defaults = options[]
         options[] = ReversibleOptions(defaults.struct_size, MODES[mode], Int32(num_threads))
         out = Ref{Ptr{ReversibleHandle}}(C_NULL)

@@ -39,7 +39,14 @@ Julia sources and fails unless:
      request waits, cyclic next, the contrastive passes) is `@gc_safe ccall(...)`,
      and `macro gc_safe` runs gc_safe_enter(), the call, gc_safe_leave(...);
   8. the only ccalls without a library are the Julia runtime's
-     JULIA_RUNTIME_CALLS (jl_gc_safe_enter/leave), with their exact types.
+     JULIA_RUNTIME_CALLS (jl_gc_safe_enter/leave), with their exact types;
+  9. every size_t parameter right after a pointer to a mirrored struct (ABI 1:
+     an init function's struct_size, an output's size, an array's element
+     size) is passed `Csize_t(sizeof(Mirror))` of that struct's Julia mirror,
+     so that the library writes exactly the mirror's bytes; a ccall that
+     passes another size on purpose (a test of the size rules) says so in a
+     comment on its lines or the line above:
+     `# flatmem-check: size: reason`.
 
 The header is read as a C compiler without FLATMEM_EXPERIMENTAL and without
 __cplusplus would read it (conditionals evaluated, comments dropped); of its
@@ -175,6 +182,7 @@ BLOCKING_FUNCTIONS = {
 }  # fmt: skip
 
 NOT_WRAPPED_RE = re.compile(r"#\s*flatmem-check:\s*not wrapped:\s*(.*)$")
+SIZE_NOTE_RE = re.compile(r"#\s*flatmem-check:\s*size:\s*(.*)$")
 NULL_LITERALS = re.compile(r"^(C_NULL|Ptr\{[\w{}]+\}\(\s*(C_NULL|0)\s*\)|Ptr\{[\w{}]+\}\(\))$")
 
 # ============================================================================
@@ -823,6 +831,7 @@ class JuliaCcall:
     file: str
     form_problem: str = ""
     runtime: bool = False  # a bare-symbol ccall of the Julia runtime (JULIA_RUNTIME_CALLS)
+    size_note: str = None  # the reason of a `# flatmem-check: size:` comment on it (None: none)
 
 
 @dataclass
@@ -890,6 +899,21 @@ class JuliaSources:
     constructions: list = field(default_factory=list)  # [JuliaConstruction]
 
 
+def size_note(src, start, end):
+    """The reason of a `# flatmem-check: size: reason` comment on the lines of the ccall at
+    src[start:end] or on a comment line right above it; None without one."""
+    lines = src.split("\n")
+    first, last = line_at(src, start), line_at(src, end)
+    candidates = lines[first - 1 : last]
+    if first >= 2 and lines[first - 2].lstrip().startswith("#"):
+        candidates.insert(0, lines[first - 2])
+    for line in candidates:
+        m = SIZE_NOTE_RE.search(line)
+        if m:
+            return m.group(1).strip()
+    return None
+
+
 def parse_julia(files):
     """files: {path: text}."""
     js = JuliaSources(files)
@@ -935,6 +959,7 @@ def parse_julia(files):
                 for a, off in split_top(code[open_at + 1 : close_at])
             ]
             call = JuliaCcall("", "", "", [], [], where(m.start()), m.start(), path)
+            call.size_note = size_note(src, m.start(), close_at)
             js.ccalls.append(call)
             if len(args) < 3:
                 call.form_problem = "expected ccall((:name, lib), RetType, (ArgTypes...,), values...)"
@@ -1321,6 +1346,7 @@ def check(header, js, compiled=None):
             rep.fail("return-type", call.where, f"{call.name}: returns Julia {call.ret} for C `{fn.ret}`; expected one of {sorted(accepted)}")
         check_preserve(header, js, call, rep)
         check_gc_safe(js, call, rep)
+        check_size_args(fn, call, rep)
         if len(rep.issues) == before:
             rep.ccalls_ok += 1
             rep.ok(f"ccall {call.name} ({call.where}) matches {fn.where}")
@@ -1486,6 +1512,39 @@ def check_gc_safe(js, call, rep):
         )
 
 
+def check_size_args(fn, call, rep):
+    """A size_t right after a pointer to a mirrored struct is the size of that struct (ABI 1: an
+    init function's struct_size, an output's size, an array's element size): the library writes
+    exactly that many bytes, so the value is `Csize_t(sizeof(Mirror))` (or `sizeof(Mirror)`) of
+    that struct's own mirror, unless a `# flatmem-check: size: reason` comment says otherwise."""
+    sizes = [
+        (i, pname, STRUCT_MIRRORS[prev.base])
+        for i, ((pname, ct), (_, prev)) in enumerate(zip(fn.params[1:], fn.params), 1)
+        if ct.base == "size_t" and not ct.depth and prev.depth == 1 and not prev.funcptr and prev.base in STRUCT_MIRRORS
+    ]
+    if call.size_note is not None:
+        if not call.size_note:
+            rep.fail("size-arg", call.where, "expected '# flatmem-check: size: <reason>'")
+        elif not sizes:
+            rep.fail("size-arg", call.where, f"{call.name} has no struct size argument; drop the '# flatmem-check: size:' comment")
+        else:
+            rep.ok(f"{call.name} ({call.where}) passes another size on purpose: {call.size_note}")
+        return
+    if len(call.values) != len(fn.params):
+        return  # reported as a value or argument count
+    for i, pname, mirror in sizes:
+        value = re.sub(r"\s+", "", call.values[i])
+        if re.fullmatch(rf"sizeof\({mirror}\)|Csize_t\(sizeof\({mirror}\)\)", value):
+            rep.ok(f"{call.name} ({call.where}) passes {pname} = sizeof({mirror})")
+        else:
+            rep.fail(
+                "size-arg",
+                call.where,
+                f"{call.name} argument {i + 1} ({pname}) is {call.values[i].strip()}; pass Csize_t(sizeof({mirror})), "
+                f"the size of the mirror the library writes or reads (or say why not: '# flatmem-check: size: <reason>')",
+            )
+
+
 def check_gc_safe_macro(js, rep):
     """The @gc_safe macro exists and marks the thread GC-safe around its ccall."""
     bodies = [(b, w) for b, w in js.macro_bodies if b is not None]
@@ -1629,7 +1688,7 @@ def self_test_cases(header, js):
         ("wrong return type", "return-type", append("ccall((:flatmem_version, libflatmem), Csize_t, ())")),
         ("handle pointee erased to Ptr{Cvoid}", "arg-type", append("ccall((:flatmem_contrastive_destroy, libflatmem), Cint, (Ptr{Cvoid},), c)")),
         ("options passed as the wrong struct", "arg-type",
-         append("ccall((:flatmem_contrastive_options_init, libflatmem), Cint, (Ref{DLTensor},), o)")),
+         append("ccall((:flatmem_contrastive_options_init, libflatmem), Cint, (Ref{DLTensor}, Csize_t), o, Csize_t(sizeof(ContrastiveOptions)))")),
         ("size_t* out-parameter as Ref{Cint}", "arg-type",
          append(f"GC.@preserve t begin ccall((:flatmem_contrastive_forward_workspace_size, libflatmem), Cint, ({h}, {p}, {p}, Ref{{Cint}}), c, tensor_ptr(t), tensor_ptr(t), b) end")),
         ("more values than argument types", "value-count", append(f"ccall((:flatmem_contrastive_destroy, libflatmem), Cint, ({h},), c, 0)")),
@@ -1651,7 +1710,7 @@ def self_test_cases(header, js):
         ("struct mirror made mutable", "struct-mirror",
          replace_in_julia(r"(?m)^(\s*)struct DLDataType\b", r"\1mutable struct DLDataType", "make DLDataType mutable")),
         ("enum value off by one", "constant-value", edit_const("FLATMEM_STATUS_NON_FINITE", "Cint(6)")),
-        ("version minor changed", "constant-value", edit_const("FLATMEM_VERSION_MINOR", "2")),
+        ("version minor changed (back to ABI 0's)", "constant-value", edit_const("FLATMEM_VERSION_MINOR", "1")),
         ("DLPack code wrong", "constant-value", edit_const("kDLBfloat", "UInt8(3)")),
         ("constant unknown to the header", "constant-unknown", append("const FLATMEM_STATUS_SELFTEST_UNKNOWN = Cint(99)")),
         ("__init__ removed", "init", replace_in_julia(r"\bfunction __init__\(\)", "function init_disabled()", "rename __init__")),
@@ -1674,11 +1733,12 @@ def self_test_cases(header, js):
         ("schedule passed by value, not by pointer", "arg-type",
          append("ccall((:flatmem_cyclic_schedule_length, libflatmem), Cint, (CyclicSchedule, Ref{Int64}), s, n)")),
         ("int64 time_step passed as Int32", "arg-type",
-         append("ccall((:flatmem_cyclic_schedule_action, libflatmem), Cint, (Ref{CyclicSchedule}, Int32, Int32, Ref{CyclicAction}), s, r, t, a)")),
+         append("ccall((:flatmem_cyclic_schedule_action, libflatmem), Cint, (Ref{CyclicSchedule}, Int32, Int32, Ref{CyclicAction}, Csize_t), "
+                "s, r, t, a, Csize_t(sizeof(CyclicAction)))")),
         ("int32 delay out-parameter as Ref{Int64}", "arg-type",
          append("ccall((:flatmem_cyclic_schedule_delay, libflatmem), Cint, (Ref{CyclicSchedule}, Int32, Int32, Ref{Int64}), s, r, j, d)")),
         ("cyclic handle passed as a communicator", "arg-type",
-         append("ccall((:flatmem_cyclic_get_schedule, libflatmem), Cint, (Ptr{CommHandle}, Ref{CyclicSchedule}), h, s)")),
+         append("ccall((:flatmem_cyclic_get_schedule, libflatmem), Cint, (Ptr{CommHandle}, Ref{CyclicSchedule}, Csize_t), h, s, Csize_t(sizeof(CyclicSchedule)))")),
         ("cyclic action mirror fields swapped", "struct-mirror", edit_struct("CyclicAction", "swap")),
         ("cyclic options mirror field retyped", "struct-mirror", edit_struct("CyclicOptions", "retype")),
         ("cyclic summary mirror field dropped", "struct-mirror", edit_struct("CyclicSummary", "drop-last")),
@@ -1740,9 +1800,10 @@ def self_test_cases(header, js):
         ("stage passed as Int64 to cyclic reduce", "arg-type",
          append(f"GC.@preserve t begin ccall((:flatmem_cyclic_reduce, libflatmem), Cint, ({cy}, Int64, {p}), h, j, tensor_ptr(t)) end")),
         ("cyclic next's action as a schedule", "arg-type",
-         append(f"ccall((:flatmem_cyclic_next, libflatmem), Cint, ({cy}, Ref{{CyclicSchedule}}), h, a)")),
+         append(f"ccall((:flatmem_cyclic_next, libflatmem), Cint, ({cy}, Ref{{CyclicSchedule}}, Csize_t), h, a, Csize_t(sizeof(CyclicAction)))")),
         ("cyclic stats' written count as Ref{Int32}", "arg-type",
-         append(f"GC.@preserve v begin ccall((:flatmem_cyclic_stats, libflatmem), Cint, ({cy}, Int64, Int64, Ptr{{CyclicTimeStepStats}}, Ref{{Int32}}), h, f, n, pointer(v), w) end")),
+         append(f"GC.@preserve v begin ccall((:flatmem_cyclic_stats, libflatmem), Cint, ({cy}, Int64, Int64, Ptr{{CyclicTimeStepStats}}, Csize_t, Ref{{Int32}}), "
+                f"h, f, n, pointer(v), Csize_t(sizeof(CyclicTimeStepStats)), w) end")),
         ("cyclic create with the communicator as a cyclic handle", "arg-type",
          append(f"ccall((:flatmem_cyclic_create, libflatmem), Cint, (Ref{{{cy}}}, {cy}, Ref{{CyclicOptions}}), o, c, p)")),
         ("cyclic time step stats fields swapped (offsets move)", "struct-layout", edit_struct("CyclicTimeStepStats", "swap")),
@@ -1786,6 +1847,16 @@ def self_test_cases(header, js):
                 f"(Ptr{{CyclicStagesHandle}}, {p}), h, tensor_ptr(t)) end")),
         ("stage-parallel average_stream dropped", "not-wrapped",
          replace_in_julia(r":flatmem_cyclic_stages_average_stream\b", ":flatmem_cyclic_stages_average", "rename the average_stream ccall")),
+        # ABI 1: every struct the library writes comes with the size of its mirror.
+        ("cyclic next's action size as the schedule's", "size-arg",
+         replace_in_julia(r"(\bh, action, Csize_t\(sizeof\()CyclicAction\)", r"\1CyclicSchedule)", "size the cyclic_next! action as a schedule")),
+        ("relay stats' element size before the array (ABI 0's order)", "arg-type",
+         replace_in_julia(r"Ptr\{CyclicRelayTimeStep\}, Csize_t, (Ref\{Int64\}\),\s*h, Int64\(first\), Int64\(n\)), (pointer\(stats\)), (Csize_t\(sizeof\(CyclicRelayTimeStep\)\))",
+                          r"Csize_t, Ptr{CyclicRelayTimeStep}, \1, \3, \2", "swap the relay stats' array and element size")),
+        ("options init's struct_size as a number", "size-arg",
+         append("ccall((:flatmem_block_options_init, libflatmem), Cint, (Ref{BlockOptions}, Csize_t), o, Csize_t(32))")),
+        ("size note without a reason", "size-arg",
+         append("# flatmem-check: size:\nccall((:flatmem_cyclic_summary_get, libflatmem), Cint, (Ptr{CyclicHandle}, Ref{CyclicSummary}, Csize_t), h, s, n)")),
         # Coverage of every public header, not only those flatmem.h includes.
         ("a public header flatmem.h does not include", "not-wrapped",
          sibling_header("selftest_extra.h", "#include <flatmem/flatmem.h>\nflatmem_status flatmem_selftest_extra(int32_t x);\n")),

@@ -73,7 +73,8 @@ function comm_options(timeout_ms::Integer, connect_timeout_ms::Integer)
     timeout_ms >= 0 || throw(ArgumentError("timeout_ms = $timeout_ms; expected >= 0 (0 = FLATMEM_COMM_TIMEOUT_MS, else 60000 ms)"))
     connect_timeout_ms >= 0 || throw(ArgumentError("connect_timeout_ms = $connect_timeout_ms; expected >= 0 (0 = 120000 ms)"))
     options = Ref{CommOptions}()
-    check(ccall((:flatmem_comm_options_init, libflatmem), Cint, (Ref{CommOptions},), options))
+    check(ccall((:flatmem_comm_options_init, libflatmem), Cint, (Ref{CommOptions}, Csize_t),
+                options, Csize_t(sizeof(CommOptions))))
     options[] = CommOptions(options[].struct_size, Int64(timeout_ms), Int64(connect_timeout_ms))
     return options
 end

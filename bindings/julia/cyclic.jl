@@ -81,7 +81,6 @@ end
 
 """`flatmem_cyclic_relay_summary`: shard, replica and staging bytes, peaks and relay totals (`cyclic_relay_summary`)."""
 struct CyclicRelaySummary
-    struct_size::Csize_t
     shard_bytes::Int64
     replicated_bytes::Int64
     staging_buffers::Int64
@@ -187,7 +186,8 @@ and after `cyclic_length(s)`).
 function cyclic_action(s::CyclicSchedule, rank::Integer, time_step::Integer)
     action = Ref{CyclicAction}()
     check(ccall((:flatmem_cyclic_schedule_action, libflatmem), Cint,
-                (Ref{CyclicSchedule}, Int32, Int64, Ref{CyclicAction}), s, Int32(rank), Int64(time_step), action))
+                (Ref{CyclicSchedule}, Int32, Int64, Ref{CyclicAction}, Csize_t),
+                s, Int32(rank), Int64(time_step), action, Csize_t(sizeof(CyclicAction))))
     return action[]
 end
 
@@ -267,7 +267,8 @@ mutable struct Cyclic
         counts = int64_entries(parameter_count, stages, "parameter_count", "the elements of each stage")
         null = Ptr{Int64}(C_NULL)
         options = Ref{CyclicOptions}()
-        check(ccall((:flatmem_cyclic_options_init, libflatmem), Cint, (Ref{CyclicOptions},), options))
+        check(ccall((:flatmem_cyclic_options_init, libflatmem), Cint, (Ref{CyclicOptions}, Csize_t),
+                    options, Csize_t(sizeof(CyclicOptions))))
         out = Ref{Ptr{CyclicHandle}}(C_NULL)
         status = GC.@preserve comm bytes counts begin
             options[] = CyclicOptions(options[].struct_size, nstages, Int64(steps), rule_value,
@@ -336,7 +337,8 @@ gradient was not handed over is a `FlatmemError` (`INVALID_ARGUMENT`) without ad
 function cyclic_next!(h::Cyclic)
     ensure_open(h)
     action = Ref{CyclicAction}()
-    status = @gc_safe ccall((:flatmem_cyclic_next, libflatmem), Cint, (Ptr{CyclicHandle}, Ref{CyclicAction}), h, action)
+    status = @gc_safe ccall((:flatmem_cyclic_next, libflatmem), Cint, (Ptr{CyclicHandle}, Ref{CyclicAction}, Csize_t),
+                            h, action, Csize_t(sizeof(CyclicAction)))
     check(status)
     a = action[]
     h.last = a
@@ -428,16 +430,16 @@ end
 """`cyclic_schedule(h::Cyclic) -> CyclicSchedule`: the runtime's schedule (world size, stages, steps, rule)."""
 function cyclic_schedule(h::Cyclic)
     schedule = Ref{CyclicSchedule}()
-    check(ccall((:flatmem_cyclic_get_schedule, libflatmem), Cint, (Ptr{CyclicHandle}, Ref{CyclicSchedule}),
-                ensure_open(h), schedule))
+    check(ccall((:flatmem_cyclic_get_schedule, libflatmem), Cint, (Ptr{CyclicHandle}, Ref{CyclicSchedule}, Csize_t),
+                ensure_open(h), schedule, Csize_t(sizeof(CyclicSchedule))))
     return schedule[]
 end
 
 """`cyclic_summary(h::Cyclic) -> CyclicSummary`: totals since create (`flatmem_cyclic_summary_get`)."""
 function cyclic_summary(h::Cyclic)
     summary = Ref{CyclicSummary}()
-    check(ccall((:flatmem_cyclic_summary_get, libflatmem), Cint, (Ptr{CyclicHandle}, Ref{CyclicSummary}),
-                ensure_open(h), summary))
+    check(ccall((:flatmem_cyclic_summary_get, libflatmem), Cint, (Ptr{CyclicHandle}, Ref{CyclicSummary}, Csize_t),
+                ensure_open(h), summary, Csize_t(sizeof(CyclicSummary))))
     return summary[]
 end
 
@@ -462,8 +464,8 @@ function cyclic_stats(h::Cyclic; first::Integer=0, count::Union{Nothing,Integer}
     written = Ref{Int64}(0)
     status = GC.@preserve stats begin
         ccall((:flatmem_cyclic_stats, libflatmem), Cint,
-              (Ptr{CyclicHandle}, Int64, Int64, Ptr{CyclicTimeStepStats}, Ref{Int64}),
-              h, Int64(first), Int64(n), pointer(stats), written)
+              (Ptr{CyclicHandle}, Int64, Int64, Ptr{CyclicTimeStepStats}, Csize_t, Ref{Int64}),
+              h, Int64(first), Int64(n), pointer(stats), Csize_t(sizeof(CyclicTimeStepStats)), written)
     end
     check(status)
     return resize!(stats, written[])
@@ -599,9 +601,9 @@ end
 
 """`cyclic_relay_summary(h::Cyclic) -> CyclicRelaySummary` (`flatmem_cyclic_relay_summary_get`)."""
 function cyclic_relay_summary(h::Cyclic)
-    summary = Ref(CyclicRelaySummary(Csize_t(sizeof(CyclicRelaySummary)), 0, 0, 0, 0, 0, 0, 0, 0))
-    check(ccall((:flatmem_cyclic_relay_summary_get, libflatmem), Cint, (Ptr{CyclicHandle}, Ref{CyclicRelaySummary}),
-                ensure_open(h), summary))
+    summary = Ref{CyclicRelaySummary}()
+    check(ccall((:flatmem_cyclic_relay_summary_get, libflatmem), Cint, (Ptr{CyclicHandle}, Ref{CyclicRelaySummary}, Csize_t),
+                ensure_open(h), summary, Csize_t(sizeof(CyclicRelaySummary))))
     return summary[]
 end
 
@@ -617,8 +619,8 @@ function cyclic_relay_stats(h::Cyclic; first::Integer=0, count::Union{Nothing,In
     written = Ref{Int64}(0)
     status = GC.@preserve stats begin
         ccall((:flatmem_cyclic_relay_stats, libflatmem), Cint,
-              (Ptr{CyclicHandle}, Int64, Int64, Csize_t, Ptr{CyclicRelayTimeStep}, Ref{Int64}),
-              h, Int64(first), Int64(n), Csize_t(sizeof(CyclicRelayTimeStep)), pointer(stats), written)
+              (Ptr{CyclicHandle}, Int64, Int64, Ptr{CyclicRelayTimeStep}, Csize_t, Ref{Int64}),
+              h, Int64(first), Int64(n), pointer(stats), Csize_t(sizeof(CyclicRelayTimeStep)), written)
     end
     check(status)
     return resize!(stats, written[])
@@ -779,13 +781,13 @@ function cyclic_stages_actions(s::CyclicStagesSchedule, stage::Integer, time_ste
     j, t = int32_arg(stage, "stage"), Int64(time_step)
     count = Ref{Int32}(0)
     check(ccall((:flatmem_cyclic_stages_schedule_actions, libflatmem), Cint,
-                (Ref{CyclicStagesSchedule}, Int32, Int64, Ptr{CyclicStagesAction}, Int32, Ref{Int32}),
-                s, j, t, Ptr{CyclicStagesAction}(C_NULL), Int32(0), count))
+                (Ref{CyclicStagesSchedule}, Int32, Int64, Ptr{CyclicStagesAction}, Csize_t, Int32, Ref{Int32}),
+                s, j, t, Ptr{CyclicStagesAction}(C_NULL), Csize_t(sizeof(CyclicStagesAction)), Int32(0), count))
     actions = Vector{CyclicStagesAction}(undef, count[])
     status = GC.@preserve actions begin
         ccall((:flatmem_cyclic_stages_schedule_actions, libflatmem), Cint,
-              (Ref{CyclicStagesSchedule}, Int32, Int64, Ptr{CyclicStagesAction}, Int32, Ref{Int32}),
-              s, j, t, pointer(actions), Int32(length(actions)), count)
+              (Ref{CyclicStagesSchedule}, Int32, Int64, Ptr{CyclicStagesAction}, Csize_t, Int32, Ref{Int32}),
+              s, j, t, pointer(actions), Csize_t(sizeof(CyclicStagesAction)), Int32(length(actions)), count)
     end
     check(status)
     return resize!(actions, count[])
@@ -795,7 +797,8 @@ end
 function cyclic_stages_occupancy(s::CyclicStagesSchedule, stage::Integer)
     occupancy = Ref{CyclicStagesOccupancy}()
     check(ccall((:flatmem_cyclic_stages_schedule_occupancy, libflatmem), Cint,
-                (Ref{CyclicStagesSchedule}, Int32, Ref{CyclicStagesOccupancy}), s, int32_arg(stage, "stage"), occupancy))
+                (Ref{CyclicStagesSchedule}, Int32, Ref{CyclicStagesOccupancy}, Csize_t),
+                s, int32_arg(stage, "stage"), occupancy, Csize_t(sizeof(CyclicStagesOccupancy))))
     return occupancy[]
 end
 
@@ -859,7 +862,8 @@ mutable struct CyclicStages
         bytes = int64_entries(activation_bytes, stages, "activation_bytes", "one per stage")
         null = Ptr{Int64}(C_NULL)
         options = Ref{CyclicStagesOptions}()
-        check(ccall((:flatmem_cyclic_stages_options_init, libflatmem), Cint, (Ref{CyclicStagesOptions},), options))
+        check(ccall((:flatmem_cyclic_stages_options_init, libflatmem), Cint, (Ref{CyclicStagesOptions}, Csize_t),
+                    options, Csize_t(sizeof(CyclicStagesOptions))))
         out = Ref{Ptr{CyclicStagesHandle}}(C_NULL)
         status = GC.@preserve comm bounds bytes begin
             options[] = CyclicStagesOptions(options[].struct_size, Int32(stages), int32_arg(micro_batches, "micro_batches"),
@@ -923,7 +927,8 @@ function cyclic_stages_next!(h::CyclicStages)
     ensure_open(h)
     action = Ref{CyclicStagesAction}()
     status = @gc_safe ccall((:flatmem_cyclic_stages_next, libflatmem), Cint,
-                            (Ptr{CyclicStagesHandle}, Ref{CyclicStagesAction}), h, action)
+                            (Ptr{CyclicStagesHandle}, Ref{CyclicStagesAction}, Csize_t),
+                            h, action, Csize_t(sizeof(CyclicStagesAction)))
     check(status)
     return action[]
 end
@@ -1101,7 +1106,8 @@ end
 function cyclic_schedule(h::CyclicStages)
     schedule = Ref{CyclicStagesSchedule}()
     check(ccall((:flatmem_cyclic_stages_get_schedule, libflatmem), Cint,
-                (Ptr{CyclicStagesHandle}, Ref{CyclicStagesSchedule}), ensure_open(h), schedule))
+                (Ptr{CyclicStagesHandle}, Ref{CyclicStagesSchedule}, Csize_t),
+                ensure_open(h), schedule, Csize_t(sizeof(CyclicStagesSchedule))))
     return schedule[]
 end
 
@@ -1109,7 +1115,8 @@ end
 function cyclic_stages_summary(h::CyclicStages)
     summary = Ref{CyclicStagesSummary}()
     check(ccall((:flatmem_cyclic_stages_summary_get, libflatmem), Cint,
-                (Ptr{CyclicStagesHandle}, Ref{CyclicStagesSummary}), ensure_open(h), summary))
+                (Ptr{CyclicStagesHandle}, Ref{CyclicStagesSummary}, Csize_t),
+                ensure_open(h), summary, Csize_t(sizeof(CyclicStagesSummary))))
     return summary[]
 end
 
@@ -1125,8 +1132,8 @@ function cyclic_stages_stats(h::CyclicStages; first::Integer=0, count::Union{Not
     written = Ref{Int64}(0)
     status = GC.@preserve stats begin
         ccall((:flatmem_cyclic_stages_stats, libflatmem), Cint,
-              (Ptr{CyclicStagesHandle}, Int64, Int64, Ptr{CyclicStagesTimeStepStats}, Ref{Int64}),
-              h, Int64(first), Int64(n), pointer(stats), written)
+              (Ptr{CyclicStagesHandle}, Int64, Int64, Ptr{CyclicStagesTimeStepStats}, Csize_t, Ref{Int64}),
+              h, Int64(first), Int64(n), pointer(stats), Csize_t(sizeof(CyclicStagesTimeStepStats)), written)
     end
     check(status)
     return resize!(stats, written[])
