@@ -182,8 +182,9 @@ impl CommOptions {
     /// The C options struct (`flatmem_comm_options_init` + fields).
     pub fn to_raw(&self) -> Result<sys::flatmem_comm_options> {
         let mut raw = sys::flatmem_comm_options::default();
-        // SAFETY: a writable options struct of this declaration.
-        check(unsafe { sys::flatmem_comm_options_init(&mut raw) })?;
+        let size = std::mem::size_of::<sys::flatmem_comm_options>();
+        // SAFETY: a writable options struct of this declaration, of `size` bytes.
+        check(unsafe { sys::flatmem_comm_options_init(&mut raw, size) })?;
         raw.timeout_ms = timeout_ms("options.timeout", self.timeout)?;
         raw.connect_timeout_ms = timeout_ms("options.connect_timeout", self.connect_timeout)?;
         Ok(raw)

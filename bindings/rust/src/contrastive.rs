@@ -136,9 +136,9 @@ impl Options {
             comm: std::ptr::null_mut(),
             logit_cache_bytes: 0,
         };
-        // SAFETY: a valid, writable options struct of this declaration.
-        check(unsafe { sys::flatmem_contrastive_options_init(&mut raw) })?;
-        raw.struct_size = std::mem::size_of::<sys::flatmem_contrastive_options>();
+        let size = std::mem::size_of::<sys::flatmem_contrastive_options>();
+        // SAFETY: a valid, writable options struct of this declaration, of `size` bytes.
+        check(unsafe { sys::flatmem_contrastive_options_init(&mut raw, size) })?;
         raw.loss = self.loss.raw();
         raw.num_threads = int32("options.num_threads", self.threads)?;
         raw.tile_rows = int32("options.tile_rows", self.tile_rows)?;

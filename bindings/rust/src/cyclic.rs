@@ -262,8 +262,9 @@ impl Schedule {
             activations_held: 0,
             phase: -1,
         };
-        // SAFETY: a valid schedule and a writable action struct.
-        check(unsafe { sys::flatmem_cyclic_schedule_action(&self.to_raw(), rank, time_step, &mut raw) })?;
+        let size = std::mem::size_of::<sys::flatmem_cyclic_action>();
+        // SAFETY: a valid schedule and a writable action struct of `size` bytes.
+        check(unsafe { sys::flatmem_cyclic_schedule_action(&self.to_raw(), rank, time_step, &mut raw, size) })?;
         Action::from_raw(&raw)
     }
 
@@ -388,8 +389,9 @@ impl CyclicOptions {
 
     fn to_raw(&self) -> Result<sys::flatmem_cyclic_options> {
         let mut raw = sys::flatmem_cyclic_options::default();
-        // SAFETY: a writable options struct of this declaration.
-        check(unsafe { sys::flatmem_cyclic_options_init(&mut raw) })?;
+        let size = std::mem::size_of::<sys::flatmem_cyclic_options>();
+        // SAFETY: a writable options struct of this declaration, of `size` bytes.
+        check(unsafe { sys::flatmem_cyclic_options_init(&mut raw, size) })?;
         raw.stages = int32("options.stages", self.stages)?;
         raw.steps = int64("options.steps", self.steps)?;
         raw.rule = self.rule.raw();
@@ -551,8 +553,9 @@ impl<'c, T: Element> Cyclic<'c, T> {
     #[allow(clippy::should_implement_trait)] // flatmem_cyclic_next; fallible, not an Iterator
     pub fn next(&mut self) -> Result<TimeStep<T>> {
         let mut raw = sys::flatmem_cyclic_action::default();
-        // SAFETY: a live handle and a writable action.
-        check(unsafe { sys::flatmem_cyclic_next(self.handle.as_mut_ptr(), &mut raw) })?;
+        let size = std::mem::size_of::<sys::flatmem_cyclic_action>();
+        // SAFETY: a live handle and a writable action of `size` bytes.
+        check(unsafe { sys::flatmem_cyclic_next(self.handle.as_mut_ptr(), &mut raw, size) })?;
         let action = Action::from_raw(&raw)?;
         self.current = Some(action);
         let averaged = match action.update {
@@ -650,14 +653,14 @@ impl<'c, T: Element> Cyclic<'c, T> {
     /// Statistics of the time steps still kept (the last `history` begun),
     /// oldest first (`flatmem_cyclic_stats`).
     pub fn stats(&self) -> Result<Vec<sys::flatmem_cyclic_time_step_stats>> {
-        let mut summary = sys::flatmem_cyclic_summary::default();
-        // SAFETY: a live handle and a writable summary.
-        check(unsafe { sys::flatmem_cyclic_summary_get(self.handle.as_ptr(), &mut summary) })?;
-        let count = summary.time_steps.max(0);
+        let count = self.summary()?.time_steps.max(0);
         let mut stats = vec![sys::flatmem_cyclic_time_step_stats::default(); count as usize];
         let mut written = 0i64;
-        // SAFETY: room for `count` entries.
-        check(unsafe { sys::flatmem_cyclic_stats(self.handle.as_ptr(), 0, count, stats.as_mut_ptr(), &mut written) })?;
+        let size = std::mem::size_of::<sys::flatmem_cyclic_time_step_stats>();
+        // SAFETY: room for `count` entries of `size` bytes.
+        check(unsafe {
+            sys::flatmem_cyclic_stats(self.handle.as_ptr(), 0, count, stats.as_mut_ptr(), size, &mut written)
+        })?;
         stats.truncate(written.max(0) as usize);
         Ok(stats)
     }
@@ -665,8 +668,9 @@ impl<'c, T: Element> Cyclic<'c, T> {
     /// Totals since create (`flatmem_cyclic_summary_get`).
     pub fn summary(&self) -> Result<sys::flatmem_cyclic_summary> {
         let mut summary = sys::flatmem_cyclic_summary::default();
-        // SAFETY: a live handle and a writable summary.
-        check(unsafe { sys::flatmem_cyclic_summary_get(self.handle.as_ptr(), &mut summary) })?;
+        let size = std::mem::size_of::<sys::flatmem_cyclic_summary>();
+        // SAFETY: a live handle and a writable summary of `size` bytes.
+        check(unsafe { sys::flatmem_cyclic_summary_get(self.handle.as_ptr(), &mut summary, size) })?;
         Ok(summary)
     }
 
@@ -798,7 +802,7 @@ impl<'c, T: Element> Cyclic<'c, T> {
         let size = std::mem::size_of::<sys::flatmem_cyclic_relay_time_step>();
         // SAFETY: room for `count` entries of `size` bytes.
         check(unsafe {
-            sys::flatmem_cyclic_relay_stats(self.handle.as_ptr(), 0, count, size, stats.as_mut_ptr(), &mut written)
+            sys::flatmem_cyclic_relay_stats(self.handle.as_ptr(), 0, count, stats.as_mut_ptr(), size, &mut written)
         })?;
         stats.truncate(written.max(0) as usize);
         Ok(stats)
@@ -807,12 +811,10 @@ impl<'c, T: Element> Cyclic<'c, T> {
     /// RELAYED: shard, replica and staging sizes and the relay totals
     /// (`flatmem_cyclic_relay_summary_get`).
     pub fn relay_summary(&self) -> Result<sys::flatmem_cyclic_relay_summary> {
-        let mut summary = sys::flatmem_cyclic_relay_summary {
-            struct_size: std::mem::size_of::<sys::flatmem_cyclic_relay_summary>(),
-            ..Default::default()
-        };
-        // SAFETY: a live handle and a writable summary of struct_size bytes.
-        check(unsafe { sys::flatmem_cyclic_relay_summary_get(self.handle.as_ptr(), &mut summary) })?;
+        let mut summary = sys::flatmem_cyclic_relay_summary::default();
+        let size = std::mem::size_of::<sys::flatmem_cyclic_relay_summary>();
+        // SAFETY: a live handle and a writable summary of `size` bytes.
+        check(unsafe { sys::flatmem_cyclic_relay_summary_get(self.handle.as_ptr(), &mut summary, size) })?;
         Ok(summary)
     }
 }

@@ -241,15 +241,32 @@ impl StageSchedule {
     pub fn actions(&self, stage: usize, time_step: u64) -> Result<Vec<StageAction>> {
         let (stage, time_step) = (int32("stage", stage)?, int64("time_step", time_step)?);
         let raw = self.to_raw();
+        let size = std::mem::size_of::<sys::flatmem_cyclic_stages_action>();
         let mut count = 0i32;
         // SAFETY: capacity 0 with no array asks for the count.
         check(unsafe {
-            sys::flatmem_cyclic_stages_schedule_actions(&raw, stage, time_step, std::ptr::null_mut(), 0, &mut count)
+            sys::flatmem_cyclic_stages_schedule_actions(
+                &raw,
+                stage,
+                time_step,
+                std::ptr::null_mut(),
+                size,
+                0,
+                &mut count,
+            )
         })?;
         let mut all = vec![sys::flatmem_cyclic_stages_action::default(); count.max(0) as usize];
-        // SAFETY: room for `count` actions.
+        // SAFETY: room for `count` actions of `size` bytes.
         check(unsafe {
-            sys::flatmem_cyclic_stages_schedule_actions(&raw, stage, time_step, all.as_mut_ptr(), count, &mut count)
+            sys::flatmem_cyclic_stages_schedule_actions(
+                &raw,
+                stage,
+                time_step,
+                all.as_mut_ptr(),
+                size,
+                count,
+                &mut count,
+            )
         })?;
         all.truncate(count.max(0) as usize);
         all.iter().map(StageAction::from_raw).collect()
@@ -269,8 +286,9 @@ impl StageSchedule {
     pub fn occupancy(&self, stage: usize) -> Result<Occupancy> {
         let stage = int32("stage", stage)?;
         let mut o = sys::flatmem_cyclic_stages_occupancy::default();
-        // SAFETY: a valid schedule and a writable output.
-        check(unsafe { sys::flatmem_cyclic_stages_schedule_occupancy(&self.to_raw(), stage, &mut o) })?;
+        let size = std::mem::size_of::<sys::flatmem_cyclic_stages_occupancy>();
+        // SAFETY: a valid schedule and a writable output of `size` bytes.
+        check(unsafe { sys::flatmem_cyclic_stages_schedule_occupancy(&self.to_raw(), stage, &mut o, size) })?;
         Ok(Occupancy {
             busy_fraction: o.busy_fraction,
             peak_actions: o.peak_actions.max(0) as usize,
@@ -345,8 +363,9 @@ impl StagesOptions {
 
     fn to_raw(&self) -> Result<sys::flatmem_cyclic_stages_options> {
         let mut raw = sys::flatmem_cyclic_stages_options::default();
-        // SAFETY: a writable options struct of this declaration.
-        check(unsafe { sys::flatmem_cyclic_stages_options_init(&mut raw) })?;
+        let size = std::mem::size_of::<sys::flatmem_cyclic_stages_options>();
+        // SAFETY: a writable options struct of this declaration, of `size` bytes.
+        check(unsafe { sys::flatmem_cyclic_stages_options_init(&mut raw, size) })?;
         raw.stages = int32("options.stages", self.stages)?;
         raw.micro_batches = int32("options.micro_batches", self.micro_batches)?;
         raw.steps = int64("options.steps", self.steps)?;
@@ -478,8 +497,9 @@ impl<'c, T: Element> CyclicStages<'c, T> {
         // options (the arrays copied by create).
         let handle = OwnedHandle::create(|out| unsafe { sys::flatmem_cyclic_stages_create(out, comm.as_raw(), &raw) })?;
         let mut schedule = STAGES_SCHEDULE_INIT;
-        // SAFETY: a live handle and a writable schedule.
-        check(unsafe { sys::flatmem_cyclic_stages_get_schedule(handle.as_ptr(), &mut schedule) })?;
+        let size = std::mem::size_of::<sys::flatmem_cyclic_stages_schedule>();
+        // SAFETY: a live handle and a writable schedule of `size` bytes.
+        check(unsafe { sys::flatmem_cyclic_stages_get_schedule(handle.as_ptr(), &mut schedule, size) })?;
         Ok(CyclicStages {
             handle,
             schedule: StageSchedule::from_raw(&schedule)?,
@@ -508,8 +528,9 @@ impl<'c, T: Element> CyclicStages<'c, T> {
     #[allow(clippy::should_implement_trait)] // fallible, not an Iterator
     pub fn next(&mut self) -> Result<StageAction> {
         let mut raw = sys::flatmem_cyclic_stages_action::default();
-        // SAFETY: a live handle and a writable action.
-        check(unsafe { sys::flatmem_cyclic_stages_next(self.handle.as_mut_ptr(), &mut raw) })?;
+        let size = std::mem::size_of::<sys::flatmem_cyclic_stages_action>();
+        // SAFETY: a live handle and a writable action of `size` bytes.
+        check(unsafe { sys::flatmem_cyclic_stages_next(self.handle.as_mut_ptr(), &mut raw, size) })?;
         StageAction::from_raw(&raw)
     }
 
@@ -645,9 +666,10 @@ impl<'c, T: Element> CyclicStages<'c, T> {
         let count = self.summary()?.time_steps.max(0);
         let mut stats = vec![sys::flatmem_cyclic_stages_time_step_stats::default(); count as usize];
         let mut written = 0i64;
-        // SAFETY: room for `count` entries.
+        let size = std::mem::size_of::<sys::flatmem_cyclic_stages_time_step_stats>();
+        // SAFETY: room for `count` entries of `size` bytes.
         check(unsafe {
-            sys::flatmem_cyclic_stages_stats(self.handle.as_ptr(), 0, count, stats.as_mut_ptr(), &mut written)
+            sys::flatmem_cyclic_stages_stats(self.handle.as_ptr(), 0, count, stats.as_mut_ptr(), size, &mut written)
         })?;
         stats.truncate(written.max(0) as usize);
         Ok(stats)
@@ -656,8 +678,9 @@ impl<'c, T: Element> CyclicStages<'c, T> {
     /// Totals since create (`flatmem_cyclic_stages_summary_get`).
     pub fn summary(&self) -> Result<sys::flatmem_cyclic_stages_summary> {
         let mut summary = sys::flatmem_cyclic_stages_summary::default();
-        // SAFETY: a live handle and a writable summary.
-        check(unsafe { sys::flatmem_cyclic_stages_summary_get(self.handle.as_ptr(), &mut summary) })?;
+        let size = std::mem::size_of::<sys::flatmem_cyclic_stages_summary>();
+        // SAFETY: a live handle and a writable summary of `size` bytes.
+        check(unsafe { sys::flatmem_cyclic_stages_summary_get(self.handle.as_ptr(), &mut summary, size) })?;
         Ok(summary)
     }
 }

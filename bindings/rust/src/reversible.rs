@@ -719,9 +719,9 @@ impl BlockOptions {
             layer_norm_eps: 0.0,
             math: 0,
         };
-        // SAFETY: a valid, writable options struct of this declaration.
-        check(unsafe { sys::flatmem_block_options_init(&mut raw) })?;
-        raw.struct_size = std::mem::size_of::<sys::flatmem_block_options>();
+        let size = std::mem::size_of::<sys::flatmem_block_options>();
+        // SAFETY: a valid, writable options struct of this declaration, of `size` bytes.
+        check(unsafe { sys::flatmem_block_options_init(&mut raw, size) })?;
         raw.kind = match self.kind {
             BlockKind::Attention => sys::FLATMEM_BLOCK_ATTENTION,
             BlockKind::Mlp => sys::FLATMEM_BLOCK_MLP,
@@ -1062,9 +1062,9 @@ impl SegmentOptions {
     /// The C options struct (`flatmem_reversible_options_init` + fields).
     pub fn to_raw(&self) -> Result<sys::flatmem_reversible_options> {
         let mut raw = sys::flatmem_reversible_options { struct_size: 0, mode: 0, num_threads: 0 };
-        // SAFETY: a valid, writable options struct of this declaration.
-        check(unsafe { sys::flatmem_reversible_options_init(&mut raw) })?;
-        raw.struct_size = std::mem::size_of::<sys::flatmem_reversible_options>();
+        let size = std::mem::size_of::<sys::flatmem_reversible_options>();
+        // SAFETY: a valid, writable options struct of this declaration, of `size` bytes.
+        check(unsafe { sys::flatmem_reversible_options_init(&mut raw, size) })?;
         raw.mode = self.mode.raw();
         raw.num_threads = int32("options.num_threads", self.threads)?;
         Ok(raw)

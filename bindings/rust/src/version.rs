@@ -44,7 +44,7 @@ pub fn version() -> Version {
     Version::from_packed(unsafe { sys::flatmem_version() })
 }
 
-/// The loaded library's `flatmem_version_string()`, e.g. `"0.1.0"`.
+/// The loaded library's `flatmem_version_string()`, e.g. `"0.2.0"`.
 pub fn version_string() -> &'static str {
     // SAFETY: a static NUL-terminated string.
     unsafe { CStr::from_ptr(sys::flatmem_version_string()) }.to_str().unwrap_or("")

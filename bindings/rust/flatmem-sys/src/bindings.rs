@@ -2,9 +2,11 @@
 
 pub const DLPACK_VERSION: u32 = 60;
 pub const FLATMEM_VERSION_MAJOR: u32 = 0;
-pub const FLATMEM_VERSION_MINOR: u32 = 1;
+pub const FLATMEM_VERSION_MINOR: u32 = 2;
 pub const FLATMEM_VERSION_PATCH: u32 = 0;
-pub const FLATMEM_VERSION: u32 = 100;
+pub const FLATMEM_VERSION: u32 = 200;
+pub const FLATMEM_ABI_VERSION: u32 = 1;
+pub const FLATMEM_MAX_STRUCT_SIZE: u32 = 4096;
 pub const FLATMEM_BLOCK_NUM_PARAMETERS: u32 = 6;
 pub const FLATMEM_COMM_UNIQUE_ID_BYTES: u32 = 128;
 pub type __uint8_t = ::std::os::raw::c_uchar;
@@ -746,10 +748,12 @@ impl Default for flatmem_contrastive_options {
     }
 }
 extern "C" {
-    #[doc = " Fill *options with the defaults and struct_size (for languages that"]
-    #[doc = "  cannot expand the macro). Thread-safe."]
+    #[doc = " Fill the struct_size bytes at options with the defaults, struct_size ="]
+    #[doc = "  struct_size (pass sizeof(*options); for languages that cannot expand the"]
+    #[doc = "  macro). Writes nothing on error. Thread-safe."]
     pub fn flatmem_contrastive_options_init(
         options: *mut flatmem_contrastive_options,
+        struct_size: usize,
     ) -> flatmem_status;
 }
 extern "C" {
@@ -967,7 +971,8 @@ pub type flatmem_reversible_phase = ::std::os::raw::c_uint;
 #[derive(Debug, Copy, Clone, PartialEq)]
 pub struct flatmem_reversible_context {
     #[doc = " sizeof(flatmem_reversible_context) of the library; fields are only"]
-    #[doc = "  ever appended."]
+    #[doc = "  ever appended. A callback compiled against a newer header reads a field"]
+    #[doc = "  appended after ABI 1 only when struct_size covers it."]
     pub struct_size: usize,
     #[doc = " Block index k in [0, n)."]
     pub block: i32,
@@ -1232,7 +1237,7 @@ pub type flatmem_reversible_residual_size_fn = ::std::option::Option<
         bytes: *mut usize,
     ) -> flatmem_status,
 >;
-#[doc = " One sub-function F_k or G_k."]
+#[doc = " One sub-function F_k or G_k. Frozen: never changes (see flatmem.h)."]
 #[repr(C)]
 #[derive(Debug, Copy, Clone, PartialEq)]
 pub struct flatmem_reversible_function {
@@ -1485,9 +1490,11 @@ impl Default for flatmem_reversible_options {
     }
 }
 extern "C" {
-    #[doc = " Fill *options with the defaults and struct_size. Thread-safe."]
+    #[doc = " Fill the struct_size bytes at options with the defaults, struct_size ="]
+    #[doc = "  struct_size (pass sizeof(*options)). Thread-safe."]
     pub fn flatmem_reversible_options_init(
         options: *mut flatmem_reversible_options,
+        struct_size: usize,
     ) -> flatmem_status;
 }
 extern "C" {
@@ -1801,8 +1808,12 @@ impl Default for flatmem_block_options {
     }
 }
 extern "C" {
-    #[doc = " Fill *options with the defaults and struct_size. Thread-safe."]
-    pub fn flatmem_block_options_init(options: *mut flatmem_block_options) -> flatmem_status;
+    #[doc = " Fill the struct_size bytes at options with the defaults, struct_size ="]
+    #[doc = "  struct_size (pass sizeof(*options)). Thread-safe."]
+    pub fn flatmem_block_options_init(
+        options: *mut flatmem_block_options,
+        struct_size: usize,
+    ) -> flatmem_status;
 }
 extern "C" {
     #[doc = " Create a built-in block. Its parameters must be set before use."]
@@ -1972,8 +1983,12 @@ fn bindgen_test_layout_flatmem_comm_options() {
     test_field_connect_timeout_ms();
 }
 extern "C" {
-    #[doc = " Fill *options with defaults and struct_size. Thread-safe."]
-    pub fn flatmem_comm_options_init(options: *mut flatmem_comm_options) -> flatmem_status;
+    #[doc = " Fill the struct_size bytes at options with the defaults, struct_size ="]
+    #[doc = "  struct_size (pass sizeof(*options)). Thread-safe."]
+    pub fn flatmem_comm_options_init(
+        options: *mut flatmem_comm_options,
+        struct_size: usize,
+    ) -> flatmem_status;
 }
 extern "C" {
     #[doc = " Rank 0: open a UCX listener and describe it in *id."]
@@ -2571,12 +2586,14 @@ extern "C" {
 }
 extern "C" {
     #[doc = " The action of `rank` at global time step time_step >= 0 (DONE at and after"]
-    #[doc = "  the schedule's length). Pure and thread-safe: no handle needed."]
+    #[doc = "  the schedule's length). action_size = sizeof(*action). Pure and"]
+    #[doc = "  thread-safe: no handle needed."]
     pub fn flatmem_cyclic_schedule_action(
         schedule: *const flatmem_cyclic_schedule,
         rank: i32,
         time_step: i64,
         action: *mut flatmem_cyclic_action,
+        action_size: usize,
     ) -> flatmem_status;
 }
 #[doc = " Default. Every rank holds all L stages and updates them itself."]
@@ -2850,8 +2867,12 @@ impl Default for flatmem_cyclic_options {
     }
 }
 extern "C" {
-    #[doc = " Fill *options with defaults and struct_size. Thread-safe."]
-    pub fn flatmem_cyclic_options_init(options: *mut flatmem_cyclic_options) -> flatmem_status;
+    #[doc = " Fill the struct_size bytes at options with the defaults, struct_size ="]
+    #[doc = "  struct_size (pass sizeof(*options)). Thread-safe."]
+    pub fn flatmem_cyclic_options_init(
+        options: *mut flatmem_cyclic_options,
+        struct_size: usize,
+    ) -> flatmem_status;
 }
 extern "C" {
     #[doc = " Create the runtime of this rank (collective over the communicator: every"]
@@ -2877,10 +2898,12 @@ extern "C" {
     pub fn flatmem_cyclic_destroy(handle: *mut flatmem_cyclic_t) -> flatmem_status;
 }
 extern "C" {
-    #[doc = " The handle's schedule (world size, stages, steps, rule)."]
+    #[doc = " The handle's schedule (world size, stages, steps, rule), struct_size ="]
+    #[doc = "  schedule_size (pass sizeof(*schedule))."]
     pub fn flatmem_cyclic_get_schedule(
         handle: *const flatmem_cyclic_t,
         schedule: *mut flatmem_cyclic_schedule,
+        schedule_size: usize,
     ) -> flatmem_status;
 }
 extern "C" {
@@ -2894,9 +2917,11 @@ extern "C" {
     #[doc = " BACKWARD whose gradient was not handed over. After the last time step it"]
     #[doc = " returns DONE (again on every later call). On a failure the handle is"]
     #[doc = " poisoned (see the top of this header); *action is then not written."]
+    #[doc = " action_size = sizeof(*action)."]
     pub fn flatmem_cyclic_next(
         handle: *mut flatmem_cyclic_t,
         action: *mut flatmem_cyclic_action,
+        action_size: usize,
     ) -> flatmem_status;
 }
 extern "C" {
@@ -3305,20 +3330,23 @@ extern "C" {
     #[doc = " kept (the last options.history ones begun so far) into stats[0 .. *written-1]."]
     #[doc = " Ask for first = 0 and a large count to get all that are kept; *written says"]
     #[doc = " how many were copied (the first copied one is stats[0]; check its"]
-    #[doc = " time_step)."]
+    #[doc = " time_step). element_size = sizeof(flatmem_cyclic_time_step_stats) as the"]
+    #[doc = " caller was compiled: element i lies at (char *)stats + i * element_size."]
     pub fn flatmem_cyclic_stats(
         handle: *const flatmem_cyclic_t,
         first: i64,
         count: i64,
         stats: *mut flatmem_cyclic_time_step_stats,
+        element_size: usize,
         written: *mut i64,
     ) -> flatmem_status;
 }
 extern "C" {
-    #[doc = " The totals since create."]
+    #[doc = " The totals since create. summary_size = sizeof(*summary)."]
     pub fn flatmem_cyclic_summary_get(
         handle: *const flatmem_cyclic_t,
         summary: *mut flatmem_cyclic_summary,
+        summary_size: usize,
     ) -> flatmem_status;
 }
 extern "C" {
@@ -3488,16 +3516,15 @@ fn bindgen_test_layout_flatmem_cyclic_relay_time_step() {
     test_field_relay_bytes_sent();
 }
 extern "C" {
-    #[doc = " RELAYED: as flatmem_cyclic_stats, for the relay. struct_size ="]
+    #[doc = " RELAYED: as flatmem_cyclic_stats, for the relay. element_size ="]
     #[doc = " sizeof(flatmem_cyclic_relay_time_step) as the caller was compiled: element"]
-    #[doc = " i lies at (char *)stats + i * struct_size and gets min(struct_size,"]
-    #[doc = " sizeof) bytes, so the struct may grow."]
+    #[doc = " i lies at (char *)stats + i * element_size."]
     pub fn flatmem_cyclic_relay_stats(
         handle: *const flatmem_cyclic_t,
         first: i64,
         count: i64,
-        struct_size: usize,
         stats: *mut flatmem_cyclic_relay_time_step,
+        element_size: usize,
         written: *mut i64,
     ) -> flatmem_status;
 }
@@ -3505,8 +3532,6 @@ extern "C" {
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq)]
 pub struct flatmem_cyclic_relay_summary {
-    #[doc = " sizeof(flatmem_cyclic_relay_summary) as the caller was compiled."]
-    pub struct_size: usize,
     #[doc = " This rank's shards, all stages (bytes)."]
     pub shard_bytes: i64,
     #[doc = " One replica of all stages (bytes): what REPLICATED holds per rank."]
@@ -3525,7 +3550,7 @@ pub struct flatmem_cyclic_relay_summary {
 fn bindgen_test_layout_flatmem_cyclic_relay_summary() {
     assert_eq!(
         ::std::mem::size_of::<flatmem_cyclic_relay_summary>(),
-        72usize,
+        64usize,
         concat!("Size of: ", stringify!(flatmem_cyclic_relay_summary))
     );
     assert_eq!(
@@ -3533,23 +3558,6 @@ fn bindgen_test_layout_flatmem_cyclic_relay_summary() {
         8usize,
         concat!("Alignment of ", stringify!(flatmem_cyclic_relay_summary))
     );
-    fn test_field_struct_size() {
-        assert_eq!(
-            unsafe {
-                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_relay_summary>::uninit();
-                let ptr = uninit.as_ptr();
-                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
-            },
-            0usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(flatmem_cyclic_relay_summary),
-                "::",
-                stringify!(struct_size)
-            )
-        );
-    }
-    test_field_struct_size();
     fn test_field_shard_bytes() {
         assert_eq!(
             unsafe {
@@ -3557,7 +3565,7 @@ fn bindgen_test_layout_flatmem_cyclic_relay_summary() {
                 let ptr = uninit.as_ptr();
                 ::std::ptr::addr_of!((*ptr).shard_bytes) as usize - ptr as usize
             },
-            8usize,
+            0usize,
             concat!(
                 "Offset of field: ",
                 stringify!(flatmem_cyclic_relay_summary),
@@ -3574,7 +3582,7 @@ fn bindgen_test_layout_flatmem_cyclic_relay_summary() {
                 let ptr = uninit.as_ptr();
                 ::std::ptr::addr_of!((*ptr).replicated_bytes) as usize - ptr as usize
             },
-            16usize,
+            8usize,
             concat!(
                 "Offset of field: ",
                 stringify!(flatmem_cyclic_relay_summary),
@@ -3591,7 +3599,7 @@ fn bindgen_test_layout_flatmem_cyclic_relay_summary() {
                 let ptr = uninit.as_ptr();
                 ::std::ptr::addr_of!((*ptr).staging_buffers) as usize - ptr as usize
             },
-            24usize,
+            16usize,
             concat!(
                 "Offset of field: ",
                 stringify!(flatmem_cyclic_relay_summary),
@@ -3608,7 +3616,7 @@ fn bindgen_test_layout_flatmem_cyclic_relay_summary() {
                 let ptr = uninit.as_ptr();
                 ::std::ptr::addr_of!((*ptr).staging_bytes) as usize - ptr as usize
             },
-            32usize,
+            24usize,
             concat!(
                 "Offset of field: ",
                 stringify!(flatmem_cyclic_relay_summary),
@@ -3625,7 +3633,7 @@ fn bindgen_test_layout_flatmem_cyclic_relay_summary() {
                 let ptr = uninit.as_ptr();
                 ::std::ptr::addr_of!((*ptr).peak_parameter_bytes) as usize - ptr as usize
             },
-            40usize,
+            32usize,
             concat!(
                 "Offset of field: ",
                 stringify!(flatmem_cyclic_relay_summary),
@@ -3642,7 +3650,7 @@ fn bindgen_test_layout_flatmem_cyclic_relay_summary() {
                 let ptr = uninit.as_ptr();
                 ::std::ptr::addr_of!((*ptr).peak_parameter_bytes_scheduled) as usize - ptr as usize
             },
-            48usize,
+            40usize,
             concat!(
                 "Offset of field: ",
                 stringify!(flatmem_cyclic_relay_summary),
@@ -3659,7 +3667,7 @@ fn bindgen_test_layout_flatmem_cyclic_relay_summary() {
                 let ptr = uninit.as_ptr();
                 ::std::ptr::addr_of!((*ptr).relay_bytes_sent) as usize - ptr as usize
             },
-            56usize,
+            48usize,
             concat!(
                 "Offset of field: ",
                 stringify!(flatmem_cyclic_relay_summary),
@@ -3676,7 +3684,7 @@ fn bindgen_test_layout_flatmem_cyclic_relay_summary() {
                 let ptr = uninit.as_ptr();
                 ::std::ptr::addr_of!((*ptr).relay_messages_sent) as usize - ptr as usize
             },
-            64usize,
+            56usize,
             concat!(
                 "Offset of field: ",
                 stringify!(flatmem_cyclic_relay_summary),
@@ -3688,10 +3696,11 @@ fn bindgen_test_layout_flatmem_cyclic_relay_summary() {
     test_field_relay_messages_sent();
 }
 extern "C" {
-    #[doc = " RELAYED: fills min(summary->struct_size, sizeof) bytes (set struct_size)."]
+    #[doc = " RELAYED: the summary. summary_size = sizeof(*summary)."]
     pub fn flatmem_cyclic_relay_summary_get(
         handle: *const flatmem_cyclic_t,
         summary: *mut flatmem_cyclic_relay_summary,
+        summary_size: usize,
     ) -> flatmem_status;
 }
 #[doc = " The shape of a stage-parallel schedule."]
@@ -4134,13 +4143,16 @@ extern "C" {
 extern "C" {
     #[doc = " The actions of `stage` at global time step time_step >= 0, in the order the"]
     #[doc = " handle returns them: up to `capacity` into actions[0 ..], *count = how many"]
-    #[doc = " there are (call with capacity 0 to ask). An IDLE time step has none; at and"]
-    #[doc = " after the schedule's length *count = 0 too. Pure and thread-safe."]
+    #[doc = " there are (call with capacity 0 to ask). element_size ="]
+    #[doc = " sizeof(flatmem_cyclic_stages_action) as the caller was compiled: element i"]
+    #[doc = " lies at (char *)actions + i * element_size. An IDLE time step has none; at"]
+    #[doc = " and after the schedule's length *count = 0 too. Pure and thread-safe."]
     pub fn flatmem_cyclic_stages_schedule_actions(
         schedule: *const flatmem_cyclic_stages_schedule,
         stage: i32,
         time_step: i64,
         actions: *mut flatmem_cyclic_stages_action,
+        element_size: usize,
         capacity: i32,
         count: *mut i32,
     ) -> flatmem_status;
@@ -4242,10 +4254,12 @@ fn bindgen_test_layout_flatmem_cyclic_stages_occupancy() {
 }
 extern "C" {
     #[doc = " The steady-state occupancy of `stage` under the schedule."]
+    #[doc = "  occupancy_size = sizeof(*occupancy)."]
     pub fn flatmem_cyclic_stages_schedule_occupancy(
         schedule: *const flatmem_cyclic_stages_schedule,
         stage: i32,
         occupancy: *mut flatmem_cyclic_stages_occupancy,
+        occupancy_size: usize,
     ) -> flatmem_status;
 }
 #[repr(C)]
@@ -4477,9 +4491,11 @@ impl Default for flatmem_cyclic_stages_options {
     }
 }
 extern "C" {
-    #[doc = " Fill *options with defaults and struct_size. Thread-safe."]
+    #[doc = " Fill the struct_size bytes at options with the defaults, struct_size ="]
+    #[doc = "  struct_size (pass sizeof(*options)). Thread-safe."]
     pub fn flatmem_cyclic_stages_options_init(
         options: *mut flatmem_cyclic_stages_options,
+        struct_size: usize,
     ) -> flatmem_status;
 }
 extern "C" {
@@ -4503,10 +4519,12 @@ extern "C" {
     pub fn flatmem_cyclic_stages_destroy(handle: *mut flatmem_cyclic_stages_t) -> flatmem_status;
 }
 extern "C" {
-    #[doc = " The handle's schedule."]
+    #[doc = " The handle's schedule, struct_size = schedule_size (pass"]
+    #[doc = "  sizeof(*schedule))."]
     pub fn flatmem_cyclic_stages_get_schedule(
         handle: *const flatmem_cyclic_stages_t,
         schedule: *mut flatmem_cyclic_stages_schedule,
+        schedule_size: usize,
     ) -> flatmem_status;
 }
 extern "C" {
@@ -4516,9 +4534,11 @@ extern "C" {
     #[doc = " receive, send or accumulate was not done. Before DONE it waits (<= timeout)"]
     #[doc = " until this rank's sends have left; DONE again on every later call. On a"]
     #[doc = " failure the handle is poisoned; *action is then not written."]
+    #[doc = " action_size = sizeof(*action)."]
     pub fn flatmem_cyclic_stages_next(
         handle: *mut flatmem_cyclic_stages_t,
         action: *mut flatmem_cyclic_stages_action,
+        action_size: usize,
     ) -> flatmem_status;
 }
 extern "C" {
@@ -4999,19 +5019,22 @@ fn bindgen_test_layout_flatmem_cyclic_stages_summary() {
 }
 extern "C" {
     #[doc = " Copy the statistics of time steps first .. first + count - 1 that are still"]
-    #[doc = " kept into stats[0 .. *written - 1] (as flatmem_cyclic_stats)."]
+    #[doc = " kept into stats[0 .. *written - 1] (as flatmem_cyclic_stats; element i"]
+    #[doc = " at (char *)stats + i * element_size)."]
     pub fn flatmem_cyclic_stages_stats(
         handle: *const flatmem_cyclic_stages_t,
         first: i64,
         count: i64,
         stats: *mut flatmem_cyclic_stages_time_step_stats,
+        element_size: usize,
         written: *mut i64,
     ) -> flatmem_status;
 }
 extern "C" {
-    #[doc = " The totals since create."]
+    #[doc = " The totals since create. summary_size = sizeof(*summary)."]
     pub fn flatmem_cyclic_stages_summary_get(
         handle: *const flatmem_cyclic_stages_t,
         summary: *mut flatmem_cyclic_stages_summary,
+        summary_size: usize,
     ) -> flatmem_status;
 }

@@ -10,6 +10,8 @@
 //! Rust enums: the C side may hand back any value. What the header keeps
 //! behind `FLATMEM_EXPERIMENTAL` is not declared. Initialiser macros
 //! (`FLATMEM_*_INIT`) are not either: call the `*_options_init` functions.
+//! Every function that fills a struct takes its size after the pointer (an
+//! array, the element size): pass `size_of` of the declaration here.
 //!
 //! The build script finds the library with `pkg-config flatmem` and links it
 //! (see build.rs); the safe API is the `flatmem` crate.
