@@ -114,11 +114,11 @@ std::string run_rank(const test::RankSetup &s, const test::TrainSetup &setup, in
   });
   if (!error.empty()) return error;
   flatmem_cyclic_summary summary{};
-  flatmem_cyclic_summary_get(h, &summary);
+  flatmem_cyclic_summary_get(h, &summary, sizeof(flatmem_cyclic_summary));
   const std::int64_t T = summary.time_steps;
   std::vector<flatmem_cyclic_time_step_stats> stats(static_cast<std::size_t>(T));
   std::int64_t written = 0;
-  flatmem_cyclic_stats(h, 0, T, stats.data(), &written);
+  flatmem_cyclic_stats(h, 0, T, stats.data(), sizeof(flatmem_cyclic_time_step_stats), &written);
   flatmem_cyclic_destroy(h);
   if (written != T || std::int64_t(ends.size()) != T) return "stats incomplete";
 

@@ -16,10 +16,7 @@
 //                     bubble, the picture's second panel). MEASURED.
 //   dp cyclic         flatmem_cyclic_t DELAY1 on N fork()ed ranks. MEASURED.
 //   zero relay        flatmem_cyclic_t DELAY1 with RELAYED parameters on N
-//                     fork()ed ranks, MEASURED -- where the tree has the relay
-//                     mode (<flatmem/cyclic.h> defines
-//                     FLATMEM_CYCLIC_RELAY_SUMMARY_INIT); else the row prints
-//                     "n/a (not built)".
+//                     fork()ed ranks, MEASURED.
 //
 // Columns (steady window, P = the period: stage-parallel and naive time steps
 // [P, P (S-1)) -- every micro-batch's steps 1 .. S-2 and nothing of step 0 or
@@ -204,9 +201,9 @@ std::string run_stage_rank(const test::RankSetup &rs, const test::TrainSetup &se
   flatmem_cyclic_stages_summary summary{};
   std::vector<flatmem_cyclic_stages_time_step_stats> stats;
   std::int64_t written = 0;
-  if (error.empty() && flatmem_cyclic_stages_summary_get(h, &summary) == FLATMEM_STATUS_SUCCESS) {
+  if (error.empty() && flatmem_cyclic_stages_summary_get(h, &summary, sizeof(flatmem_cyclic_stages_summary)) == FLATMEM_STATUS_SUCCESS) {
     stats.resize(std::size_t(summary.time_steps));
-    flatmem_cyclic_stages_stats(h, 0, summary.time_steps, stats.data(), &written);
+    flatmem_cyclic_stages_stats(h, 0, summary.time_steps, stats.data(), sizeof(flatmem_cyclic_stages_time_step_stats), &written);
   }
   flatmem_cyclic_stages_destroy(h);
   flatmem_comm_destroy(comm);
@@ -247,9 +244,9 @@ std::string run_dp_rank(const test::RankSetup &rs, const test::TrainSetup &setup
   flatmem_cyclic_summary summary{};
   std::vector<flatmem_cyclic_time_step_stats> stats;
   std::int64_t written = 0;
-  if (error.empty() && flatmem_cyclic_summary_get(h, &summary) == FLATMEM_STATUS_SUCCESS) {
+  if (error.empty() && flatmem_cyclic_summary_get(h, &summary, sizeof(flatmem_cyclic_summary)) == FLATMEM_STATUS_SUCCESS) {
     stats.resize(std::size_t(summary.time_steps));
-    flatmem_cyclic_stats(h, 0, summary.time_steps, stats.data(), &written);
+    flatmem_cyclic_stats(h, 0, summary.time_steps, stats.data(), sizeof(flatmem_cyclic_time_step_stats), &written);
   }
   flatmem_cyclic_destroy(h);
   flatmem_comm_destroy(comm);
@@ -268,8 +265,6 @@ std::string run_dp_rank(const test::RankSetup &rs, const test::TrainSetup &setup
   return write_trace(trace_path(dir, rs.rank), t);
 }
 
-#ifdef FLATMEM_CYCLIC_RELAY_SUMMARY_INIT  // the ZeRO relay mode of flatmem_cyclic_t is in this tree
-constexpr bool have_relay = true;
 // Data-parallel rank r of N with RELAYED parameters: trains through
 // flatmem_cyclic_t (support/cyclic_train's relayed loop) and records. Bytes
 // per time step: the gradient chains (as the protocol assigns them) plus the
@@ -298,16 +293,16 @@ std::string run_relay_rank(const test::RankSetup &rs, const test::TrainSetup &se
       t.actions.push_back({a.time_step, a.step, -1, int(a.kind), rs.rank});
   });
   flatmem_cyclic_summary summary{};
-  flatmem_cyclic_relay_summary relay = FLATMEM_CYCLIC_RELAY_SUMMARY_INIT;
+  flatmem_cyclic_relay_summary relay{};
   std::vector<flatmem_cyclic_time_step_stats> stats;
   std::vector<flatmem_cyclic_relay_time_step> relay_stats;
   std::int64_t written = 0, relay_written = 0;
-  if (error.empty() && flatmem_cyclic_summary_get(h, &summary) == FLATMEM_STATUS_SUCCESS &&
-      flatmem_cyclic_relay_summary_get(h, &relay) == FLATMEM_STATUS_SUCCESS) {
+  if (error.empty() && flatmem_cyclic_summary_get(h, &summary, sizeof(flatmem_cyclic_summary)) == FLATMEM_STATUS_SUCCESS &&
+      flatmem_cyclic_relay_summary_get(h, &relay, sizeof(flatmem_cyclic_relay_summary)) == FLATMEM_STATUS_SUCCESS) {
     stats.resize(std::size_t(summary.time_steps));
     relay_stats.resize(std::size_t(summary.time_steps));
-    flatmem_cyclic_stats(h, 0, summary.time_steps, stats.data(), &written);
-    flatmem_cyclic_relay_stats(h, 0, summary.time_steps, sizeof(flatmem_cyclic_relay_time_step), relay_stats.data(),
+    flatmem_cyclic_stats(h, 0, summary.time_steps, stats.data(), sizeof(flatmem_cyclic_time_step_stats), &written);
+    flatmem_cyclic_relay_stats(h, 0, summary.time_steps, relay_stats.data(), sizeof(flatmem_cyclic_relay_time_step),
                                &relay_written);
   }
   flatmem_cyclic_destroy(h);
@@ -329,9 +324,6 @@ std::string run_relay_rank(const test::RankSetup &rs, const test::TrainSetup &se
   t.parameter_bytes_measured = relay.peak_parameter_bytes;
   return write_trace(trace_path(dir, rs.rank), t);
 }
-#else
-constexpr bool have_relay = false;
-#endif
 
 // Runs `world` fork()ed ranks that each write a trace; reads them back.
 template <typename Rank>
@@ -364,7 +356,7 @@ Expected expected_stage(const flatmem_cyclic_stages_schedule &s, int stage, std:
   std::vector<flatmem_cyclic_stages_action> buffer(std::size_t(2 * s.micro_batches + 2));
   for (std::int64_t tau = 0; tau < T; ++tau) {
     std::int32_t count = 0;
-    flatmem_cyclic_stages_schedule_actions(&s, stage, tau, buffer.data(), std::int32_t(buffer.size()), &count);
+    flatmem_cyclic_stages_schedule_actions(&s, stage, tau, buffer.data(), sizeof(flatmem_cyclic_stages_action), std::int32_t(buffer.size()), &count);
     std::int64_t bytes = 0, held = 0;
     for (std::int32_t i = 0; i < count; ++i) {
       const auto &a = buffer[std::size_t(i)];
@@ -436,7 +428,7 @@ std::string check_dp_run(const std::vector<RankTrace> &traces, const flatmem_cyc
     std::size_t k = 0;
     for (std::int64_t tau = 0; tau < T; ++tau) {
       flatmem_cyclic_action a{};
-      flatmem_cyclic_schedule_action(&s, r, tau, &a);
+      flatmem_cyclic_schedule_action(&s, r, tau, &a, sizeof(flatmem_cyclic_action));
       const bool busy = a.kind == FLATMEM_CYCLIC_FORWARD || a.kind == FLATMEM_CYCLIC_BACKWARD;
       if (t.steps[std::size_t(tau)].actions != (busy ? 1 : 0) ||
           (busy && (k >= t.actions.size() || t.actions[k].time_step != tau || t.actions[k++].kind != int(a.kind))))
@@ -724,7 +716,7 @@ int main(int argc, char **argv) {
       // The window's busy fraction is the schedule's steady occupancy, stage by stage.
       for (int j = 0; j < L; ++j) {
         flatmem_cyclic_stages_occupancy occ{};
-        flatmem_cyclic_stages_schedule_occupancy(&sched, j, &occ);
+        flatmem_cyclic_stages_schedule_occupancy(&sched, j, &occ, sizeof(flatmem_cyclic_stages_occupancy));
         std::int64_t busy = 0;
         for (std::int64_t tau = P; tau < P * (o.steps - 1); ++tau) busy += traces[std::size_t(j)].steps[std::size_t(tau)].actions > 0;
         const double measured = double(busy) / double(P * (o.steps - 2));
@@ -744,12 +736,6 @@ int main(int argc, char **argv) {
     Row zero;
     for (const bool relayed : {false, true}) {
       const std::string layout = relayed ? "zero relay delay1" : "dp cyclic delay1";
-      if (relayed && !have_relay) {
-        zero.layout = layout;
-        zero.how = "n/a";
-        print_row(zero, N, csv);
-        continue;
-      }
       test::TrainSetup setup = base;
       setup.rule = FLATMEM_CYCLIC_DELAY1;
       flatmem_cyclic_schedule sched = FLATMEM_CYCLIC_SCHEDULE_INIT;
@@ -759,9 +745,7 @@ int main(int argc, char **argv) {
       sched.rule = FLATMEM_CYCLIC_DELAY1;
       std::vector<RankTrace> traces;
       std::string failed = run_traced(N, limit, [&](const test::RankSetup &s, const std::string &dir) {
-#ifdef FLATMEM_CYCLIC_RELAY_SUMMARY_INIT
         if (relayed) return run_relay_rank(s, setup, dir);
-#endif
         return run_dp_rank(s, setup, dir);
       }, traces);
       if (failed.empty()) failed = check_dp_run(traces, sched);

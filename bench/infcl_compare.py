@@ -69,7 +69,7 @@ class Flatmem:
         self.lib = ctypes.CDLL(path)
         self.lib.flatmem_last_error.restype = ctypes.c_char_p
         opts = Options()
-        self.check(self.lib.flatmem_contrastive_options_init(ctypes.byref(opts)))
+        self.check(self.lib.flatmem_contrastive_options_init(ctypes.byref(opts), ctypes.c_size_t(ctypes.sizeof(opts))))
         opts.nonfinite = FLATMEM_NONFINITE_PROPAGATE
         self.handle = ctypes.c_void_p()
         self.check(self.lib.flatmem_contrastive_create(ctypes.byref(self.handle), ctypes.byref(opts)))

@@ -352,7 +352,7 @@ def info_worker(args, out) -> int:
         import flatmem_jax
 
         out.write(f"flatmem_jax={flatmem_jax.__version__} ({flatmem_jax.library_path})\n")
-        libs.append(("jax", ctypes.CDLL("libflatmem.so.0")))  # the one flatmem_jax's RUNPATH found
+        libs.append(("jax", ctypes.CDLL("libflatmem.so.1")))  # the one flatmem_jax's RUNPATH found
     except Exception as e:  # noqa: BLE001 -- reported; the flatmem-jax rows then fail themselves
         out.write(f"flatmem_jax=not importable: {str(e).splitlines()[0]}\n")
     if args.c_lib:

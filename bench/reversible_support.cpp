@@ -121,7 +121,7 @@ void initial_inputs(float *x, float *dy1, float *dy2, std::int64_t n, std::int64
 
 flatmem_block_options block_options(flatmem_block_kind kind, const SegmentOptions &o, flatmem_block_math math) {
   flatmem_block_options opt;
-  FM_CHECK(flatmem_block_options_init(&opt));
+  FM_CHECK(flatmem_block_options_init(&opt, sizeof(flatmem_block_options)));
   opt.kind = kind;
   opt.width = o.width;
   opt.heads = o.heads;
@@ -139,7 +139,7 @@ BlockPtr create_block(const flatmem_block_options &options) {
 SegmentPtr make_segment(const std::vector<flatmem_reversible_block> &blocks, int depth,
                         flatmem_reversible_mode mode, int num_threads) {
   flatmem_reversible_options opt;
-  FM_CHECK(flatmem_reversible_options_init(&opt));
+  FM_CHECK(flatmem_reversible_options_init(&opt, sizeof(flatmem_reversible_options)));
   opt.mode = mode;
   opt.num_threads = num_threads;
   flatmem_reversible_t *h = nullptr;

@@ -103,9 +103,8 @@ RankReport run(const RankConfig &c) {
     const double t2 = bench::now_seconds();
     if (step < 0) continue;
     flatmem_contrastive_ring_stats f{}, g{};
-    f.struct_size = g.struct_size = sizeof f;
-    check(flatmem_contrastive_ring_stats_get(h, 0, &f), "stats");
-    check(flatmem_contrastive_ring_stats_get(h, 1, &g), "stats");
+    check(flatmem_contrastive_ring_stats_get(h, 0, &f, sizeof(flatmem_contrastive_ring_stats)), "stats");
+    check(flatmem_contrastive_ring_stats_get(h, 1, &g, sizeof(flatmem_contrastive_ring_stats)), "stats");
     report.forward_seconds += (t1 - t0) / c.steps;
     report.backward_seconds += (t2 - t1) / c.steps;
     report.step_seconds += (t2 - t0) / c.steps;

@@ -73,7 +73,7 @@ static void make_block(Block *b, flatmem_block_kind kind) {
   const int64_t dims[FLATMEM_BLOCK_NUM_PARAMETERS][2] = {
       {0, WIDTH}, {0, WIDTH}, {WIDTH, inner}, {0, inner}, {second, WIDTH}, {0, WIDTH}};
   int i;
-  CHECK(flatmem_block_options_init(&o));
+  CHECK(flatmem_block_options_init(&o, sizeof(flatmem_block_options)));
   o.kind = kind;
   o.width = WIDTH;
   o.heads = HEADS;
@@ -130,7 +130,7 @@ int main(void) {
     CHECK(flatmem_block_function(attention[k].block, &blocks[k].f));
     CHECK(flatmem_block_function(mlp[k].block, &blocks[k].g));
   }
-  CHECK(flatmem_reversible_options_init(&options));
+  CHECK(flatmem_reversible_options_init(&options, sizeof(flatmem_reversible_options)));
   options.mode = FLATMEM_REVERSIBLE_OVERLAPPED;
   CHECK(flatmem_reversible_create(&overlapped, blocks, DEPTH, &options));
   options.mode = FLATMEM_REVERSIBLE_VANILLA;

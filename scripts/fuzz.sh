@@ -3,7 +3,7 @@
 # library instrumented too) in build-fuzz/ and runs one of them for SECONDS.
 # Usage: bash scripts/fuzz.sh TARGET SECONDS [libFuzzer flags...]
 #   TARGET: fuzz_contrastive fuzz_sigmoid fuzz_reversible fuzz_cyclic fuzz_cyclic_stages
-#           fuzz_comm_id fuzz_comm_env
+#           fuzz_comm_id fuzz_comm_env fuzz_abi
 #   The corpus grows in build-fuzz/corpus/TARGET (seeded from tests/fuzz/corpus/TARGET);
 #   crashes, leaks and timeouts land in build-fuzz/artifacts/TARGET/ and fail the run
 #   (reproduce one with: bash scripts/fuzz.sh TARGET 0 build-fuzz/artifacts/TARGET/crash-...).

@@ -26,6 +26,7 @@ packages=(
   clang libclang-rt-14-dev    # the libFuzzer targets (build-fuzz/; libFuzzer is only a Recommends of clang)
   valgrind                    # memcheck over the examples and a two-rank UCX run
   doxygen                     # docs/: the C API reference from include/flatmem/*.h
+  abigail-tools               # tests/abi/: abidiff of the library against the ABI baseline
   librust-cmake-dev           # flatmem-sys's `bundled` feature: the cmake crate (and cc), offline
 )
 

@@ -11,7 +11,7 @@ cd "$FLATMEM_ROOT"
 
 seconds=${FLATMEM_FUZZ_SECONDS:-15}
 targets=(fuzz_contrastive fuzz_sigmoid fuzz_reversible fuzz_cyclic fuzz_cyclic_stages fuzz_comm_id
-         fuzz_comm_env)
+         fuzz_comm_env fuzz_abi)
 summary=()
 for target in "${targets[@]}"; do
   status=0

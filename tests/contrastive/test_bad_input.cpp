@@ -930,7 +930,8 @@ TEST_CASE("contrastive/bad-input/options-tile-out-of-range") {
 TEST_CASE("contrastive/bad-input/options-struct_size-prefix-and-larger") {
   // Not an error: an older caller's shorter struct (only the fields up to
   // num_threads) is read up to its struct_size, the rest defaulted; a newer
-  // caller's larger struct is read up to the library's sizeof.
+  // caller's larger struct is read up to the library's sizeof when the bytes
+  // past it are 0, and refused (UNSUPPORTED, never ignored) when one is set.
   struct Older {
     std::size_t struct_size;
     flatmem_contrastive_loss loss;
@@ -955,8 +956,13 @@ TEST_CASE("contrastive/bad-input/options-struct_size-prefix-and-larger") {
   Newer newer{};
   newer.current = FLATMEM_CONTRASTIVE_OPTIONS_INIT;
   newer.current.struct_size = sizeof(Newer);
-  newer.future_field = -1;
+  newer.future_field = 0;
   h = nullptr;
   CHECK_MESSAGE(flatmem_contrastive_create(&h, &newer.current) == FLATMEM_STATUS_SUCCESS, flatmem_last_error());
   CHECK(flatmem_contrastive_destroy(h) == FLATMEM_STATUS_SUCCESS);
+  newer.future_field = -1;
+  h = nullptr;
+  CHECK(flatmem_contrastive_create(&h, &newer.current) == FLATMEM_STATUS_UNSUPPORTED);
+  CHECK(h == nullptr);
+  CHECK(std::string(flatmem_last_error()).find("newer flatmem.h") != std::string::npos);
 }

@@ -24,7 +24,7 @@ flatmem_status failing_call() {
 // A call that succeeds.
 flatmem_status succeeding_call() {
   flatmem_contrastive_options o;
-  return flatmem_contrastive_options_init(&o);
+  return flatmem_contrastive_options_init(&o, sizeof(flatmem_contrastive_options));
 }
 
 }  // namespace
@@ -174,7 +174,7 @@ TEST_CASE("core/options/init-function-equals-init-macro") {
   flatmem_contrastive_options from_macro = FLATMEM_CONTRASTIVE_OPTIONS_INIT;
   flatmem_contrastive_options from_function;
   std::memset(&from_function, 0x5A, sizeof from_function);
-  REQUIRE(flatmem_contrastive_options_init(&from_function) == FLATMEM_STATUS_SUCCESS);
+  REQUIRE(flatmem_contrastive_options_init(&from_function, sizeof(flatmem_contrastive_options)) == FLATMEM_STATUS_SUCCESS);
   CHECK(from_function.struct_size == sizeof(flatmem_contrastive_options));
   CHECK(from_macro.struct_size == sizeof(flatmem_contrastive_options));
   CHECK(from_function.loss == from_macro.loss);
@@ -195,7 +195,7 @@ TEST_CASE("core/options/init-function-equals-init-macro") {
 }
 
 TEST_CASE("core/options/init-NULL-is-invalid") {
-  CHECK(flatmem_contrastive_options_init(nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(flatmem_contrastive_options_init(nullptr, sizeof(flatmem_contrastive_options)) == FLATMEM_STATUS_INVALID_ARGUMENT);
   CHECK(std::string(flatmem_last_error()).find("options") != std::string::npos);
 }
 

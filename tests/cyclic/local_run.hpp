@@ -41,10 +41,10 @@ LocalTraining<T> train_local(const TrainSetup &setup, int world, std::int64_t ti
         return;
       }
       out.errors[i] = train_rank<T>(h, setup, r, world, out.runs[i]);
-      flatmem_cyclic_summary_get(h, &out.summaries[i]);
+      flatmem_cyclic_summary_get(h, &out.summaries[i], sizeof(flatmem_cyclic_summary));
       out.stats[i].resize(std::size_t(out.summaries[i].time_steps));
       std::int64_t written = 0;
-      flatmem_cyclic_stats(h, 0, std::int64_t(out.stats[i].size()), out.stats[i].data(), &written);
+      flatmem_cyclic_stats(h, 0, std::int64_t(out.stats[i].size()), out.stats[i].data(), sizeof(flatmem_cyclic_time_step_stats), &written);
       out.stats[i].resize(std::size_t(written));
       flatmem_cyclic_destroy(h);
     });

@@ -117,7 +117,7 @@ void drive_ramp(flatmem_cyclic_t *h, int rank, RampBuffers<T> &buffers, RampRank
                 const RampHandOver &hand_over = nullptr) {
   for (;;) {
     flatmem_cyclic_action a{};
-    const flatmem_status st = flatmem_cyclic_next(h, &a);
+    const flatmem_status st = flatmem_cyclic_next(h, &a, sizeof(flatmem_cyclic_action));
     if (st != FLATMEM_STATUS_SUCCESS) {
       out.error = call_failed("flatmem_cyclic_next", st);
       return;
@@ -172,7 +172,7 @@ bool run_ramp_rank(const RampSetup &s, int r, flatmem_comm_t *comm, const RampRa
   const std::unique_ptr<RampBuffers<T>> buffers =
       rank_setup.buffers ? rank_setup.buffers(r) : std::make_unique<HostRampBuffers<T>>(s.stages);
   flatmem_cyclic_options o;
-  flatmem_cyclic_options_init(&o);
+  flatmem_cyclic_options_init(&o, sizeof(flatmem_cyclic_options));
   o.stages = s.stages;
   o.steps = s.steps;
   o.rule = s.rule;

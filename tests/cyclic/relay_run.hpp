@@ -58,7 +58,7 @@ RelayTraining<T> train_local_relayed(const TrainSetup &setup, int world, std::in
   out.errors.assign(n, "");
   out.stats.resize(n);
   out.relay_stats.resize(n);
-  out.summaries.assign(n, flatmem_cyclic_relay_summary FLATMEM_CYCLIC_RELAY_SUMMARY_INIT);
+  out.summaries.assign(n, flatmem_cyclic_relay_summary{});
   std::vector<flatmem_comm_t *> comms(n, nullptr);
   if (flatmem_comm_create_local(comms.data(), world, nullptr) != FLATMEM_STATUS_SUCCESS) {
     out.errors[0] = std::string("flatmem_comm_create_local: ") + flatmem_last_error();
@@ -77,16 +77,15 @@ RelayTraining<T> train_local_relayed(const TrainSetup &setup, int world, std::in
       out.errors[i] = train_rank_relayed<T>(h, setup, r, world, out.runs[i], hook ? hook(r) : nullptr,
                                              calls ? calls(r) : RelayCalls{});
       flatmem_cyclic_summary summary{};
-      flatmem_cyclic_summary_get(h, &summary);
+      flatmem_cyclic_summary_get(h, &summary, sizeof(flatmem_cyclic_summary));
       std::int64_t written = 0;
       out.stats[i].resize(std::size_t(summary.time_steps));
-      flatmem_cyclic_stats(h, 0, summary.time_steps, out.stats[i].data(), &written);
+      flatmem_cyclic_stats(h, 0, summary.time_steps, out.stats[i].data(), sizeof(flatmem_cyclic_time_step_stats), &written);
       out.stats[i].resize(std::size_t(written));
       out.relay_stats[i].resize(std::size_t(summary.time_steps));
-      flatmem_cyclic_relay_stats(h, 0, summary.time_steps, sizeof(flatmem_cyclic_relay_time_step),
-                                 out.relay_stats[i].data(), &written);
+      flatmem_cyclic_relay_stats(h, 0, summary.time_steps, out.relay_stats[i].data(), sizeof(flatmem_cyclic_relay_time_step), &written);
       out.relay_stats[i].resize(std::size_t(written));
-      flatmem_cyclic_relay_summary_get(h, &out.summaries[i]);
+      flatmem_cyclic_relay_summary_get(h, &out.summaries[i], sizeof(flatmem_cyclic_relay_summary));
       flatmem_cyclic_destroy(h);
     });
   for (auto &t : threads) t.join();

@@ -29,7 +29,7 @@ template <typename T>
 std::string run_stage_ramp(flatmem_cyclic_stages_t *h, RampBuffers<T> &buffers, std::vector<RampUpdate<T>> &updates) {
   for (;;) {
     flatmem_cyclic_stages_action a{};
-    flatmem_status s = flatmem_cyclic_stages_next(h, &a);
+    flatmem_status s = flatmem_cyclic_stages_next(h, &a, sizeof(flatmem_cyclic_stages_action));
     if (s != FLATMEM_STATUS_SUCCESS) return call_failed("flatmem_cyclic_stages_next", s);
     if (a.kind == FLATMEM_CYCLIC_DONE) return "";
     if (a.update_step >= 0) {

@@ -37,7 +37,7 @@ struct Group {
 flatmem_cyclic_options options(int stages, std::int64_t steps, flatmem_cyclic_rule rule,
                                std::int64_t timeout_ms = 5000) {
   flatmem_cyclic_options o;
-  REQUIRE(flatmem_cyclic_options_init(&o) == FLATMEM_STATUS_SUCCESS);
+  REQUIRE(flatmem_cyclic_options_init(&o, sizeof(flatmem_cyclic_options)) == FLATMEM_STATUS_SUCCESS);
   o.stages = stages;
   o.steps = steps;
   o.rule = rule;
@@ -51,7 +51,7 @@ DLTensor vec(void *data, std::int64_t *shape, DLDataTypeCode code = kDLFloat, in
 
 flatmem_cyclic_action next_of(flatmem_cyclic_t *h) {
   flatmem_cyclic_action a{};
-  REQUIRE_MESSAGE(flatmem_cyclic_next(h, &a) == FLATMEM_STATUS_SUCCESS, flatmem_last_error());
+  REQUIRE_MESSAGE(flatmem_cyclic_next(h, &a, sizeof(flatmem_cyclic_action)) == FLATMEM_STATUS_SUCCESS, flatmem_last_error());
   return a;
 }
 
@@ -151,8 +151,8 @@ TEST_CASE("cyclic/errors/reduce and next: misuse is INVALID_ARGUMENT and changes
   REQUIRE(first.kind == FLATMEM_CYCLIC_FORWARD);
   CHECK(flatmem_cyclic_reduce(h, 0, &t) == FLATMEM_STATUS_INVALID_ARGUMENT);
   CHECK(error_has("not a BACKWARD"));
-  CHECK(flatmem_cyclic_next(nullptr, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(flatmem_cyclic_next(h, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(flatmem_cyclic_next(nullptr, nullptr, sizeof(flatmem_cyclic_action)) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(flatmem_cyclic_next(h, nullptr, sizeof(flatmem_cyclic_action)) == FLATMEM_STATUS_INVALID_ARGUMENT);
   CHECK(error_has("action"));
 
   const flatmem_cyclic_action back = next_backward(h);
@@ -176,7 +176,7 @@ TEST_CASE("cyclic/errors/reduce and next: misuse is INVALID_ARGUMENT and changes
   // next() before the hand-over: refused, the clock does not move.
   flatmem_cyclic_action a{};
   a.time_step = -77;
-  CHECK(flatmem_cyclic_next(h, &a) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(flatmem_cyclic_next(h, &a, sizeof(flatmem_cyclic_action)) == FLATMEM_STATUS_INVALID_ARGUMENT);
   CHECK(error_has("stage 1, step 0"));
   CHECK(a.time_step == -77);
   REQUIRE(flatmem_cyclic_reduce(h, 1, &t) == FLATMEM_STATUS_SUCCESS);
@@ -218,30 +218,30 @@ TEST_CASE("cyclic/errors/the schedule ends in DONE, again and again, stats argum
   CHECK(next_of(h).kind == FLATMEM_CYCLIC_DONE);
   std::int64_t written = -1;
   flatmem_cyclic_time_step_stats stats[8];
-  CHECK(flatmem_cyclic_stats(h, 0, -1, stats, &written) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(flatmem_cyclic_stats(h, 0, -1, stats, sizeof(flatmem_cyclic_time_step_stats), &written) == FLATMEM_STATUS_INVALID_ARGUMENT);
   CHECK(error_has("count"));
-  CHECK(flatmem_cyclic_stats(h, 0, 8, nullptr, &written) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(flatmem_cyclic_stats(h, 0, 8, stats, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(flatmem_cyclic_stats(h, 0, 8, stats, &written) == FLATMEM_STATUS_SUCCESS);
+  CHECK(flatmem_cyclic_stats(h, 0, 8, nullptr, sizeof(flatmem_cyclic_time_step_stats), &written) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(flatmem_cyclic_stats(h, 0, 8, stats, sizeof(flatmem_cyclic_time_step_stats), nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(flatmem_cyclic_stats(h, 0, 8, stats, sizeof(flatmem_cyclic_time_step_stats), &written) == FLATMEM_STATUS_SUCCESS);
   CHECK(written == 5);
-  CHECK(flatmem_cyclic_stats(h, 3, 8, stats, &written) == FLATMEM_STATUS_SUCCESS);
+  CHECK(flatmem_cyclic_stats(h, 3, 8, stats, sizeof(flatmem_cyclic_time_step_stats), &written) == FLATMEM_STATUS_SUCCESS);
   CHECK(written == 2);
   CHECK(stats[0].time_step == 3);
   // The extremes of first / count: no overflow (found by fuzz_cyclic under UBSan).
   const std::int64_t lowest = std::numeric_limits<std::int64_t>::min();
   const std::int64_t highest = std::numeric_limits<std::int64_t>::max();
-  CHECK(flatmem_cyclic_stats(h, lowest, 8, stats, &written) == FLATMEM_STATUS_SUCCESS);
+  CHECK(flatmem_cyclic_stats(h, lowest, 8, stats, sizeof(flatmem_cyclic_time_step_stats), &written) == FLATMEM_STATUS_SUCCESS);
   CHECK(written == 0);
-  CHECK(flatmem_cyclic_stats(h, lowest, highest, stats, &written) == FLATMEM_STATUS_SUCCESS);
+  CHECK(flatmem_cyclic_stats(h, lowest, highest, stats, sizeof(flatmem_cyclic_time_step_stats), &written) == FLATMEM_STATUS_SUCCESS);
   CHECK(written == 0);  // [INT64_MIN, -1): before time step 0
-  CHECK(flatmem_cyclic_stats(h, -3, highest, stats, &written) == FLATMEM_STATUS_SUCCESS);
+  CHECK(flatmem_cyclic_stats(h, -3, highest, stats, sizeof(flatmem_cyclic_time_step_stats), &written) == FLATMEM_STATUS_SUCCESS);
   CHECK(written == 5);
-  CHECK(flatmem_cyclic_stats(h, highest, 8, stats, &written) == FLATMEM_STATUS_SUCCESS);
+  CHECK(flatmem_cyclic_stats(h, highest, 8, stats, sizeof(flatmem_cyclic_time_step_stats), &written) == FLATMEM_STATUS_SUCCESS);
   CHECK(written == 0);
-  CHECK(flatmem_cyclic_summary_get(h, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(flatmem_cyclic_summary_get(nullptr, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(flatmem_cyclic_summary_get(h, nullptr, sizeof(flatmem_cyclic_summary)) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(flatmem_cyclic_summary_get(nullptr, nullptr, sizeof(flatmem_cyclic_summary)) == FLATMEM_STATUS_INVALID_ARGUMENT);
   flatmem_cyclic_schedule s{};
-  CHECK(flatmem_cyclic_get_schedule(h, &s) == FLATMEM_STATUS_SUCCESS);
+  CHECK(flatmem_cyclic_get_schedule(h, &s, sizeof(flatmem_cyclic_schedule)) == FLATMEM_STATUS_SUCCESS);
   CHECK(s.world_size == 1);
   CHECK(s.stages == 1);
   CHECK(s.steps == 2);
@@ -262,10 +262,10 @@ TEST_CASE("cyclic/errors/history keeps the most recent time steps") {
   RankRun<double> run{StageMlp<double>::make(setup.widths, setup.seed), {}};
   REQUIRE(train_rank<double>(h, setup, 0, 1, run) == "");
   flatmem_cyclic_summary summary{};
-  REQUIRE(flatmem_cyclic_summary_get(h, &summary) == FLATMEM_STATUS_SUCCESS);
+  REQUIRE(flatmem_cyclic_summary_get(h, &summary, sizeof(flatmem_cyclic_summary)) == FLATMEM_STATUS_SUCCESS);
   flatmem_cyclic_time_step_stats stats[8];
   std::int64_t written = 0;
-  REQUIRE(flatmem_cyclic_stats(h, 0, 1000, stats, &written) == FLATMEM_STATUS_SUCCESS);
+  REQUIRE(flatmem_cyclic_stats(h, 0, 1000, stats, sizeof(flatmem_cyclic_time_step_stats), &written) == FLATMEM_STATUS_SUCCESS);
   CHECK(written == 3);
   CHECK(stats[2].time_step == summary.time_steps - 1);
   flatmem_cyclic_destroy(h);
@@ -285,7 +285,7 @@ TEST_CASE("cyclic/errors/a NaN gradient: NON_FINITE naming stage, step and eleme
       std::int64_t shape = 4;
       for (;;) {
         flatmem_cyclic_action a{};
-        const flatmem_status st = flatmem_cyclic_next(h, &a);
+        const flatmem_status st = flatmem_cyclic_next(h, &a, sizeof(flatmem_cyclic_action));
         if (st != FLATMEM_STATUS_SUCCESS) {
           errors[std::size_t(r)] = std::string(flatmem_status_string(st)) + ": " + flatmem_last_error();
           break;
@@ -325,7 +325,7 @@ TEST_CASE("cyclic/errors/a wedged rank: the waiting rank times out naming stage,
       if (r == 1) {
         // Rank 1 stops after its first forward and sits there for 2 s.
         flatmem_cyclic_action a{};
-        do REQUIRE(flatmem_cyclic_next(h, &a) == FLATMEM_STATUS_SUCCESS);
+        do REQUIRE(flatmem_cyclic_next(h, &a, sizeof(flatmem_cyclic_action)) == FLATMEM_STATUS_SUCCESS);
         while (a.kind != FLATMEM_CYCLIC_FORWARD);
         std::this_thread::sleep_for(std::chrono::seconds(2));
       } else {

@@ -54,7 +54,7 @@ TEST_CASE("cyclic/reduce/a misaligned gradient is refused and the handle goes on
   flatmem_cyclic_t *handle = nullptr;
   REQUIRE(flatmem_cyclic_create(&handle, comm, &o) == FLATMEM_STATUS_SUCCESS);
   flatmem_cyclic_action a{};
-  do REQUIRE(flatmem_cyclic_next(handle, &a) == FLATMEM_STATUS_SUCCESS);
+  do REQUIRE(flatmem_cyclic_next(handle, &a, sizeof(flatmem_cyclic_action)) == FLATMEM_STATUS_SUCCESS);
   while (a.kind != FLATMEM_CYCLIC_BACKWARD);
   std::vector<float> storage(9, 1.0f);
   std::int64_t shape[1] = {8};
@@ -69,7 +69,7 @@ TEST_CASE("cyclic/reduce/a misaligned gradient is refused and the handle goes on
   CHECK(std::string(flatmem_last_error()).find("aligned") != std::string::npos);
   g.byte_offset = 4;  // aligned: accepted
   CHECK(flatmem_cyclic_reduce(handle, a.stage, &g) == FLATMEM_STATUS_SUCCESS);
-  do REQUIRE(flatmem_cyclic_next(handle, &a) == FLATMEM_STATUS_SUCCESS);
+  do REQUIRE(flatmem_cyclic_next(handle, &a, sizeof(flatmem_cyclic_action)) == FLATMEM_STATUS_SUCCESS);
   while (a.kind != FLATMEM_CYCLIC_DONE);
   CHECK(flatmem_cyclic_destroy(handle) == FLATMEM_STATUS_SUCCESS);
   flatmem_comm_destroy(comm);
@@ -98,7 +98,7 @@ TEST_CASE("cyclic stages/accumulate/a misaligned gradient is refused and the han
   int backwards = 0;
   for (;;) {
     flatmem_cyclic_stages_action a{};
-    REQUIRE(flatmem_cyclic_stages_next(handle, &a) == FLATMEM_STATUS_SUCCESS);
+    REQUIRE(flatmem_cyclic_stages_next(handle, &a, sizeof(flatmem_cyclic_stages_action)) == FLATMEM_STATUS_SUCCESS);
     if (a.kind == FLATMEM_CYCLIC_DONE) break;
     if (a.kind != FLATMEM_CYCLIC_BACKWARD) continue;
     ++backwards;
@@ -155,7 +155,7 @@ TEST_CASE("cyclic relay/set_shard/staging that cannot be allocated: OUT_OF_MEMOR
     CHECK(std::string(flatmem_last_error()).find("options.parameter_count") != std::string::npos);
   }
   flatmem_cyclic_action a{};
-  CHECK(flatmem_cyclic_next(handle, &a) == FLATMEM_STATUS_INVALID_ARGUMENT);  // stage 0 has no shard
+  CHECK(flatmem_cyclic_next(handle, &a, sizeof(flatmem_cyclic_action)) == FLATMEM_STATUS_INVALID_ARGUMENT);  // stage 0 has no shard
   CHECK(flatmem_cyclic_destroy(handle) == FLATMEM_STATUS_SUCCESS);
   flatmem_comm_destroy(comm);
 }

@@ -26,7 +26,7 @@ bool has(const std::string &text, const char *part) { return text.find(part) != 
 
 flatmem_cyclic_options options_with(flatmem_cyclic_memory memory, std::int64_t timeout_ms = 5000) {
   flatmem_cyclic_options o;
-  REQUIRE(flatmem_cyclic_options_init(&o) == FLATMEM_STATUS_SUCCESS);
+  REQUIRE(flatmem_cyclic_options_init(&o, sizeof(flatmem_cyclic_options)) == FLATMEM_STATUS_SUCCESS);
   o.stages = 2;
   o.steps = 3;
   o.timeout_ms = timeout_ms;
@@ -47,7 +47,7 @@ struct One {
 void check_host_handle_works(flatmem_comm_t *comm) {
   CHECK(flatmem_comm_health(comm) == FLATMEM_STATUS_SUCCESS);
   flatmem_cyclic_options o;
-  REQUIRE(flatmem_cyclic_options_init(&o) == FLATMEM_STATUS_SUCCESS);
+  REQUIRE(flatmem_cyclic_options_init(&o, sizeof(flatmem_cyclic_options)) == FLATMEM_STATUS_SUCCESS);
   o.stages = 2;
   o.steps = 2;
   flatmem_cyclic_t *h = nullptr;
@@ -158,7 +158,7 @@ TEST_CASE("cyclic/memory/create: ranks that pass different options.memory all fa
     for (int r = 0; r < 2; ++r)
       threads.emplace_back([&, r] {
         flatmem_cyclic_options o;
-        flatmem_cyclic_options_init(&o);
+        flatmem_cyclic_options_init(&o, sizeof(flatmem_cyclic_options));
         o.stages = 2;
         o.steps = 3;
         o.timeout_ms = timeout_ms;

@@ -66,7 +66,7 @@ struct OneRank {
   ~OneRank() { flatmem_cyclic_destroy(h); }
   flatmem_cyclic_action next() {
     flatmem_cyclic_action a{};
-    REQUIRE_MESSAGE(flatmem_cyclic_next(h, &a) == FLATMEM_STATUS_SUCCESS, flatmem_last_error());
+    REQUIRE_MESSAGE(flatmem_cyclic_next(h, &a, sizeof(flatmem_cyclic_action)) == FLATMEM_STATUS_SUCCESS, flatmem_last_error());
     return a;
   }
 };
@@ -174,7 +174,7 @@ TEST_CASE("cyclic/relay/errors/set_shard and shard_range: wrong size, type, stag
   // Stage 1 is still missing: next() refuses without advancing.
   flatmem_cyclic_action a{};
   a.time_step = 99;
-  CHECK(flatmem_cyclic_next(one.h, &a) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(flatmem_cyclic_next(one.h, &a, sizeof(flatmem_cyclic_action)) == FLATMEM_STATUS_INVALID_ARGUMENT);
   CHECK(error_has("stage 1 has no shard"));
   CHECK(a.time_step == 99);
   // Ranges: the header's formula; bad arguments named.
@@ -208,7 +208,7 @@ TEST_CASE("cyclic/relay/errors/parameters: out of order, wrong buffer, missing, 
   REQUIRE(a.stage == 0);
   // Forgetting the parameters: next() refuses, naming the call, and does not advance.
   flatmem_cyclic_action b{};
-  CHECK(flatmem_cyclic_next(one.h, &b) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(flatmem_cyclic_next(one.h, &b, sizeof(flatmem_cyclic_action)) == FLATMEM_STATUS_INVALID_ARGUMENT);
   CHECK_MESSAGE(error_has("call flatmem_cyclic_parameters before the FORWARD"), flatmem_last_error());
   // Wrong size / dtype / device: named, nothing written.
   std::int64_t wrong = 10;
@@ -257,17 +257,18 @@ TEST_CASE("cyclic/relay/errors/parameters: out of order, wrong buffer, missing, 
   CHECK(refused_gradient);
   CHECK(flatmem_cyclic_parameters(one.h, &t) == FLATMEM_STATUS_INVALID_ARGUMENT);
   CHECK(error_has("not a FORWARD or BACKWARD"));
-  // Statistics: struct_size checked; a replicated-only call on the stats of a relayed handle works.
+  // Statistics: element_size checked; a replicated-only call on the stats of a relayed handle works.
   flatmem_cyclic_relay_time_step rs[4];
   std::int64_t written = -1;
-  CHECK(flatmem_cyclic_relay_stats(one.h, 0, 4, 0, rs, &written) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(error_has("struct_size"));
-  CHECK(flatmem_cyclic_relay_stats(one.h, 0, 4, sizeof rs[0], rs, &written) == FLATMEM_STATUS_SUCCESS);
+  CHECK(flatmem_cyclic_relay_stats(one.h, 0, 4, rs, 0, &written) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(error_has("element_size"));
+  CHECK(written == -1);
+  CHECK(flatmem_cyclic_relay_stats(one.h, 0, 4, rs, sizeof rs[0], &written) == FLATMEM_STATUS_SUCCESS);
   CHECK(written == 4);
   // A caller compiled with the first two fields only: elements 16 bytes apart, nothing beyond.
   std::int64_t older[5][2];  // the fifth: past the 4 asked for, must stay untouched
   std::memset(older, 0xff, sizeof older);
-  CHECK(flatmem_cyclic_relay_stats(one.h, 1, 4, sizeof older[0], reinterpret_cast<flatmem_cyclic_relay_time_step *>(older),
+  CHECK(flatmem_cyclic_relay_stats(one.h, 1, 4, reinterpret_cast<flatmem_cyclic_relay_time_step *>(older), sizeof older[0],
                                    &written) == FLATMEM_STATUS_SUCCESS);
   CHECK(written == 4);
   for (int i = 0; i < 4; ++i) {
@@ -277,8 +278,8 @@ TEST_CASE("cyclic/relay/errors/parameters: out of order, wrong buffer, missing, 
   CHECK(older[4][0] == -1);
   CHECK(older[4][1] == -1);
   flatmem_cyclic_relay_summary summary{};
-  CHECK(flatmem_cyclic_relay_summary_get(one.h, &summary) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(error_has("struct_size"));
+  CHECK(flatmem_cyclic_relay_summary_get(one.h, &summary, 0) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(error_has("summary_size"));
 }
 
 TEST_CASE("cyclic/relay/errors/replicated handle: the relay calls are refused, naming the mode") {
@@ -295,9 +296,9 @@ TEST_CASE("cyclic/relay/errors/replicated handle: the relay calls are refused, n
   CHECK(error_has("REPLICATED"));
   flatmem_cyclic_relay_time_step rs[1];
   std::int64_t written = 0;
-  CHECK(flatmem_cyclic_relay_stats(h, 0, 1, sizeof rs[0], rs, &written) == FLATMEM_STATUS_INVALID_ARGUMENT);
-  flatmem_cyclic_relay_summary summary = FLATMEM_CYCLIC_RELAY_SUMMARY_INIT;
-  CHECK(flatmem_cyclic_relay_summary_get(h, &summary) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(flatmem_cyclic_relay_stats(h, 0, 1, rs, sizeof rs[0], &written) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  flatmem_cyclic_relay_summary summary{};
+  CHECK(flatmem_cyclic_relay_summary_get(h, &summary, sizeof(flatmem_cyclic_relay_summary)) == FLATMEM_STATUS_INVALID_ARGUMENT);
   CHECK(flatmem_cyclic_parameters(nullptr, &t) == FLATMEM_STATUS_INVALID_ARGUMENT);
   CHECK(error_has("handle"));
   flatmem_cyclic_destroy(h);
@@ -341,7 +342,7 @@ TEST_CASE("cyclic/relay/errors/a relay that never arrives: the waiting ranks fai
       seconds[std::size_t(r)] = double(now - stopped_ns.load()) * 1e-9;
       if (r != 1) ++failed;
       flatmem_cyclic_action a{};
-      later[std::size_t(r)] = flatmem_status_string(flatmem_cyclic_next(h, &a));
+      later[std::size_t(r)] = flatmem_status_string(flatmem_cyclic_next(h, &a, sizeof(flatmem_cyclic_action)));
       flatmem_cyclic_destroy(h);
     });
   for (auto &t : threads) t.join();

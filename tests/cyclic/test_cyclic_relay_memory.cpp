@@ -79,7 +79,7 @@ void check_device_tensors_refused(const TrainSetup &setup, int world) {
       // (stage 0: none registered yet; the last stage: all the others are).
       if (stage == 0 || stage == L - 1) {
         flatmem_cyclic_action a{};
-        out.unregistered.push_back(outcome(flatmem_cyclic_next(h, &a)));
+        out.unregistered.push_back(outcome(flatmem_cyclic_next(h, &a, sizeof(flatmem_cyclic_action))));
       }
       return flatmem_cyclic_set_shard(h, stage, shard);
     };

@@ -41,8 +41,8 @@ std::string train_and_compare(const RankSetup &s, const TrainSetup &setup) {
   test::RelayRun<T> run = test::RelayRun<T>::initial(setup, s.rank, s.world);
   const std::string error = test::train_rank_relayed<T>(h, setup, s.rank, s.world, run);
   RANK_EXPECT(error.empty(), error);
-  flatmem_cyclic_relay_summary summary = FLATMEM_CYCLIC_RELAY_SUMMARY_INIT;
-  RANK_OK(flatmem_cyclic_relay_summary_get(h, &summary));
+  flatmem_cyclic_relay_summary summary{};
+  RANK_OK(flatmem_cyclic_relay_summary_get(h, &summary, sizeof(flatmem_cyclic_relay_summary)));
   RANK_OK(flatmem_cyclic_destroy(h));
   RANK_OK(flatmem_comm_destroy(comm));
   const auto want = test::simulate<T>(setup, s.world);
@@ -112,7 +112,7 @@ TEST_CASE("cyclic/relay/ucx/a rank killed mid-step: the others fail within the t
     RANK_EXPECT(took < 5.0, "failed " << took << " s after its last action; timeout 3 s: " << error);
     std::fprintf(stderr, "rank %d saw: %s (after %.2f s)\n", s.rank, error.c_str(), took);
     flatmem_cyclic_action a{};
-    RANK_EXPECT(flatmem_cyclic_next(h, &a) == FLATMEM_STATUS_COMM_POISONED, flatmem_last_error());
+    RANK_EXPECT(flatmem_cyclic_next(h, &a, sizeof(flatmem_cyclic_action)) == FLATMEM_STATUS_COMM_POISONED, flatmem_last_error());
     RANK_OK(flatmem_cyclic_destroy(h));
     RANK_OK(flatmem_comm_abort(comm));
     return "";

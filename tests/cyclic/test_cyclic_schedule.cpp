@@ -244,7 +244,7 @@ Simulation simulate(const Model &m) {
 flatmem_cyclic_action lib_action(const flatmem_cyclic_schedule &s, int r, std::int64_t tau) {
   flatmem_cyclic_action a;
   std::memset(&a, 0x5a, sizeof a);
-  const flatmem_status st = flatmem_cyclic_schedule_action(&s, r, tau, &a);
+  const flatmem_status st = flatmem_cyclic_schedule_action(&s, r, tau, &a, sizeof(flatmem_cyclic_action));
   REQUIRE_MESSAGE(st == FLATMEM_STATUS_SUCCESS, describe(s), " rank ", r, " time step ", tau, ": ",
                   flatmem_last_error());
   return a;
@@ -498,7 +498,7 @@ void expect_schedule_refused(const flatmem_cyclic_schedule &bad, const char *nee
   flatmem_cyclic_action a, before;
   std::memset(&a, 0x3c, sizeof a);
   std::memcpy(&before, &a, sizeof a);
-  expect_invalid(flatmem_cyclic_schedule_action(&bad, 0, 0, &a), needle);
+  expect_invalid(flatmem_cyclic_schedule_action(&bad, 0, 0, &a, sizeof(flatmem_cyclic_action)), needle);
   CHECK(std::memcmp(&a, &before, sizeof a) == 0);
 }
 
@@ -678,7 +678,7 @@ TEST_CASE("cyclic/schedule/bad-input/null-schedule") {
   expect_invalid(flatmem_cyclic_schedule_offset(nullptr, 0, &offset), "schedule");
   expect_invalid(flatmem_cyclic_schedule_delay(nullptr, 0, 0, &delay), "schedule");
   expect_invalid(flatmem_cyclic_schedule_length(nullptr, &length), "schedule");
-  expect_invalid(flatmem_cyclic_schedule_action(nullptr, 0, 0, &a), "schedule");
+  expect_invalid(flatmem_cyclic_schedule_action(nullptr, 0, 0, &a, sizeof(flatmem_cyclic_action)), "schedule");
   CHECK(offset == -12345);
   CHECK(delay == -12345);
   CHECK(length == -12345);
@@ -690,7 +690,7 @@ TEST_CASE("cyclic/schedule/bad-input/null-output") {
   expect_invalid(flatmem_cyclic_schedule_offset(&s, 0, nullptr), "offset");
   expect_invalid(flatmem_cyclic_schedule_delay(&s, 0, 0, nullptr), "delay");
   expect_invalid(flatmem_cyclic_schedule_length(&s, nullptr), "time_steps");
-  expect_invalid(flatmem_cyclic_schedule_action(&s, 0, 0, nullptr), "action");
+  expect_invalid(flatmem_cyclic_schedule_action(&s, 0, 0, nullptr, sizeof(flatmem_cyclic_action)), "action");
 }
 
 TEST_CASE("cyclic/schedule/bad-input/struct_size-0") {
@@ -735,7 +735,7 @@ TEST_CASE("cyclic/schedule/bad-input/rank") {
     flatmem_cyclic_action a, before;
     std::memset(&a, 0x3c, sizeof a);
     std::memcpy(&before, &a, sizeof a);
-    expect_invalid(flatmem_cyclic_schedule_action(&s, rank, 0, &a), "rank");
+    expect_invalid(flatmem_cyclic_schedule_action(&s, rank, 0, &a, sizeof(flatmem_cyclic_action)), "rank");
     CHECK(std::memcmp(&a, &before, sizeof a) == 0);
   }
 }
@@ -758,7 +758,7 @@ TEST_CASE("cyclic/schedule/bad-input/time_step") {
     flatmem_cyclic_action a, before;
     std::memset(&a, 0x3c, sizeof a);
     std::memcpy(&before, &a, sizeof a);
-    expect_invalid(flatmem_cyclic_schedule_action(&s, 0, tau, &a), "time_step");
+    expect_invalid(flatmem_cyclic_schedule_action(&s, 0, tau, &a, sizeof(flatmem_cyclic_action)), "time_step");
     CHECK(std::memcmp(&a, &before, sizeof a) == 0);
   }
   // A good call afterwards clears the message.

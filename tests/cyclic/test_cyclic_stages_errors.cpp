@@ -105,7 +105,7 @@ TEST_CASE("cyclic_stages/errors/bad options are refused naming the field") {
   with([](StageOptions &o) { o.options.timeout_ms = -1; }, "options.timeout_ms");
   with([](StageOptions &o) { o.options.history = -1; }, "options.history");
   flatmem_cyclic_stages_options init{};
-  REQUIRE(flatmem_cyclic_stages_options_init(&init) == FLATMEM_STATUS_SUCCESS);
+  REQUIRE(flatmem_cyclic_stages_options_init(&init, sizeof(flatmem_cyclic_stages_options)) == FLATMEM_STATUS_SUCCESS);
   CHECK(init.struct_size == sizeof init);
   CHECK(init.rule == FLATMEM_CYCLIC_DELAY1);
   for (auto *c : comms) flatmem_comm_destroy(c);
@@ -149,14 +149,14 @@ TEST_CASE("cyclic_stages/errors/calls out of order, wrong sizes and device tenso
   // Before the first next: nothing to send.
   refused(flatmem_cyclic_stages_send(h0, &t), FLATMEM_STATUS_INVALID_ARGUMENT, "sends nothing");
   flatmem_cyclic_stages_action a{};
-  REQUIRE(flatmem_cyclic_stages_next(h0, &a) == FLATMEM_STATUS_SUCCESS);
+  REQUIRE(flatmem_cyclic_stages_next(h0, &a, sizeof(flatmem_cyclic_stages_action)) == FLATMEM_STATUS_SUCCESS);
   REQUIRE(a.kind == FLATMEM_CYCLIC_FORWARD);
   CHECK(a.sends == 1);
   CHECK(a.receives == 0);
   refused(flatmem_cyclic_stages_receive(h0, &t), FLATMEM_STATUS_INVALID_ARGUMENT, "receives nothing");
   refused(flatmem_cyclic_stages_accumulate(h0, &t), FLATMEM_STATUS_INVALID_ARGUMENT, "not a BACKWARD");
   refused(flatmem_cyclic_stages_average(h0, &t), FLATMEM_STATUS_INVALID_ARGUMENT, "no update");
-  refused(flatmem_cyclic_stages_next(h0, &a), FLATMEM_STATUS_INVALID_ARGUMENT, "flatmem_cyclic_stages_send");
+  refused(flatmem_cyclic_stages_next(h0, &a, sizeof(flatmem_cyclic_stages_action)), FLATMEM_STATUS_INVALID_ARGUMENT, "flatmem_cyclic_stages_send");
   refused(flatmem_cyclic_stages_send(h0, &tb), FLATMEM_STATUS_INVALID_ARGUMENT, "options.boundary_bytes[0]");
   refused(flatmem_cyclic_stages_send(h0, nullptr), FLATMEM_STATUS_INVALID_ARGUMENT, "tensor");
   DLTensor device = t;
@@ -168,7 +168,7 @@ TEST_CASE("cyclic_stages/errors/calls out of order, wrong sizes and device tenso
   refused(flatmem_cyclic_stages_send(h0, &t), FLATMEM_STATUS_INVALID_ARGUMENT, "already sent");
   // Stage 1 receives into one element too many: both sizes named, nothing written, poisoned.
   flatmem_cyclic_stages_t *h1 = g.handles[1];
-  REQUIRE(flatmem_cyclic_stages_next(h1, &a) == FLATMEM_STATUS_SUCCESS);
+  REQUIRE(flatmem_cyclic_stages_next(h1, &a, sizeof(flatmem_cyclic_stages_action)) == FLATMEM_STATUS_SUCCESS);
   REQUIRE(a.receives == 1);
   const std::vector<double> before = big;
   const flatmem_status st = flatmem_cyclic_stages_receive(h1, &tb);
@@ -178,9 +178,9 @@ TEST_CASE("cyclic_stages/errors/calls out of order, wrong sizes and device tenso
   CHECK_MESSAGE(contains(message, std::to_string((boundary + 1) * 8).c_str()), message);
   CHECK_MESSAGE(contains(message, "stage 1, micro-batch 0, step 0"), message);
   CHECK(big == before);
-  refused(flatmem_cyclic_stages_next(h1, &a), FLATMEM_STATUS_COMM_POISONED, "failed earlier");
+  refused(flatmem_cyclic_stages_next(h1, &a, sizeof(flatmem_cyclic_stages_action)), FLATMEM_STATUS_COMM_POISONED, "failed earlier");
   // Stage 0's next wait (the gradient from stage 1) fails at once: the group is poisoned.
-  REQUIRE(flatmem_cyclic_stages_next(h0, &a) == FLATMEM_STATUS_SUCCESS);  // its backward
+  REQUIRE(flatmem_cyclic_stages_next(h0, &a, sizeof(flatmem_cyclic_stages_action)) == FLATMEM_STATUS_SUCCESS);  // its backward
   REQUIRE(a.kind == FLATMEM_CYCLIC_BACKWARD);
   const auto begun = Clock::now();
   CHECK(flatmem_cyclic_stages_receive(h0, &t) != FLATMEM_STATUS_SUCCESS);
@@ -206,7 +206,7 @@ TEST_CASE("cyclic_stages/errors/accumulate and average check dtype and size") {
   // forward m0, forward m1, backward m0 ... (L = 1, N = 2: offsets 0 and 1)
   int backwards = 0;
   for (;;) {
-    REQUIRE(flatmem_cyclic_stages_next(h, &a) == FLATMEM_STATUS_SUCCESS);
+    REQUIRE(flatmem_cyclic_stages_next(h, &a, sizeof(flatmem_cyclic_stages_action)) == FLATMEM_STATUS_SUCCESS);
     if (a.kind == FLATMEM_CYCLIC_DONE) break;
     if (a.update_step >= 0) {
       refused(flatmem_cyclic_stages_average(h, &g4), FLATMEM_STATUS_INVALID_ARGUMENT, "out");
@@ -219,7 +219,7 @@ TEST_CASE("cyclic_stages/errors/accumulate and average check dtype and size") {
       REQUIRE(flatmem_cyclic_stages_accumulate(h, &g5) == FLATMEM_STATUS_SUCCESS);
       refused(flatmem_cyclic_stages_accumulate(h, &g5), FLATMEM_STATUS_INVALID_ARGUMENT, "already");
     } else {
-      refused(flatmem_cyclic_stages_next(h, &a), FLATMEM_STATUS_INVALID_ARGUMENT, "flatmem_cyclic_stages_accumulate");
+      refused(flatmem_cyclic_stages_next(h, &a, sizeof(flatmem_cyclic_stages_action)), FLATMEM_STATUS_INVALID_ARGUMENT, "flatmem_cyclic_stages_accumulate");
       refused(flatmem_cyclic_stages_accumulate(h, &g4), FLATMEM_STATUS_INVALID_ARGUMENT, "first gradient had 5");
       refused(flatmem_cyclic_stages_accumulate(h, &f5), FLATMEM_STATUS_INVALID_ARGUMENT, "first gradient had 5");
       REQUIRE(flatmem_cyclic_stages_accumulate(h, &g5) == FLATMEM_STATUS_SUCCESS);
@@ -227,7 +227,7 @@ TEST_CASE("cyclic_stages/errors/accumulate and average check dtype and size") {
   }
   CHECK(backwards == 4);
   // DONE again, and destroy after DONE is quiet.
-  REQUIRE(flatmem_cyclic_stages_next(h, &a) == FLATMEM_STATUS_SUCCESS);
+  REQUIRE(flatmem_cyclic_stages_next(h, &a, sizeof(flatmem_cyclic_stages_action)) == FLATMEM_STATUS_SUCCESS);
   CHECK(a.kind == FLATMEM_CYCLIC_DONE);
 }
 
@@ -274,7 +274,7 @@ TEST_CASE("cyclic_stages/errors/a handle destroyed mid-run: the neighbour fails 
     error = train_stage<double>(g.handles[0], setup, 2, 0, run);
   });
   flatmem_cyclic_stages_action a{};
-  REQUIRE(flatmem_cyclic_stages_next(g.handles[1], &a) == FLATMEM_STATUS_SUCCESS);
+  REQUIRE(flatmem_cyclic_stages_next(g.handles[1], &a, sizeof(flatmem_cyclic_stages_action)) == FLATMEM_STATUS_SUCCESS);
   CHECK(flatmem_cyclic_stages_destroy(g.handles[1]) == FLATMEM_STATUS_SUCCESS);
   g.handles[1] = nullptr;
   other.join();

@@ -85,10 +85,10 @@ std::vector<flatmem_cyclic_stages_action> library_actions(const Case &c, int j, 
   std::vector<flatmem_cyclic_stages_action> all;
   for (std::int64_t tau = 0; tau < length + 3; ++tau) {
     int32_t count = -1;
-    REQUIRE(flatmem_cyclic_stages_schedule_actions(&sc, j, tau, nullptr, 0, &count) == FLATMEM_STATUS_SUCCESS);
+    REQUIRE(flatmem_cyclic_stages_schedule_actions(&sc, j, tau, nullptr, sizeof(flatmem_cyclic_stages_action), 0, &count) == FLATMEM_STATUS_SUCCESS);
     std::vector<flatmem_cyclic_stages_action> here(static_cast<std::size_t>(count));
     int32_t again = -1;
-    REQUIRE(flatmem_cyclic_stages_schedule_actions(&sc, j, tau, here.data(), count, &again) == FLATMEM_STATUS_SUCCESS);
+    REQUIRE(flatmem_cyclic_stages_schedule_actions(&sc, j, tau, here.data(), sizeof(flatmem_cyclic_stages_action), count, &again) == FLATMEM_STATUS_SUCCESS);
     REQUIRE(again == count);
     if (tau >= length) REQUIRE(count == 0);
     for (int i = 0; i < count; ++i) {
@@ -188,7 +188,7 @@ void check_case(const Case &c) {
     // Occupancy against the brute-force timeline over a full period in steady state.
     if (c.S >= 5) {
       flatmem_cyclic_stages_occupancy o{};
-      REQUIRE(flatmem_cyclic_stages_schedule_occupancy(&sc, j, &o) == FLATMEM_STATUS_SUCCESS);
+      REQUIRE(flatmem_cyclic_stages_schedule_occupancy(&sc, j, &o, sizeof(flatmem_cyclic_stages_occupancy)) == FLATMEM_STATUS_SUCCESS);
       std::map<std::int64_t, int> per_tau;
       for (const Phase &p : brute[std::size_t(j)]) ++per_tau[p.tau];
       int busy = 0, peak = 0, peak_held = 0;
@@ -246,7 +246,7 @@ TEST_CASE("cyclic_stages/schedule/N = L keeps every stage busy, N = 2L twice (L 
     sc.steps = 10;
     for (int j = 0; j < 4; ++j) {
       flatmem_cyclic_stages_occupancy o{};
-      REQUIRE(flatmem_cyclic_stages_schedule_occupancy(&sc, j, &o) == FLATMEM_STATUS_SUCCESS);
+      REQUIRE(flatmem_cyclic_stages_schedule_occupancy(&sc, j, &o, sizeof(flatmem_cyclic_stages_occupancy)) == FLATMEM_STATUS_SUCCESS);
       CHECK(o.busy_fraction == 1.0);
       CHECK(o.peak_actions == N / 4);
       // mean held = N (2L - 2j) / 2L
@@ -272,9 +272,9 @@ TEST_CASE("cyclic_stages/schedule/queries refuse bad arguments, naming them") {
   refused(flatmem_cyclic_stages_schedule_length(&sc, nullptr), "time_steps");
   refused(flatmem_cyclic_stages_schedule_offset(&sc, 4, &v), "micro_batch");
   refused(flatmem_cyclic_stages_schedule_versions_kept(&sc, 3, &k), "stage");
-  refused(flatmem_cyclic_stages_schedule_actions(&sc, 0, -1, nullptr, 0, &count), "time_step");
-  refused(flatmem_cyclic_stages_schedule_actions(&sc, 0, 0, nullptr, 2, &count), "actions");
-  refused(flatmem_cyclic_stages_schedule_actions(&sc, 0, 0, nullptr, -1, &count), "capacity");
+  refused(flatmem_cyclic_stages_schedule_actions(&sc, 0, -1, nullptr, sizeof(flatmem_cyclic_stages_action), 0, &count), "time_step");
+  refused(flatmem_cyclic_stages_schedule_actions(&sc, 0, 0, nullptr, sizeof(flatmem_cyclic_stages_action), 2, &count), "actions");
+  refused(flatmem_cyclic_stages_schedule_actions(&sc, 0, 0, nullptr, sizeof(flatmem_cyclic_stages_action), -1, &count), "capacity");
   flatmem_cyclic_stages_schedule bad = sc;
   bad.micro_batches = 65536;
   refused(flatmem_cyclic_stages_schedule_period(&bad, &v), "micro_batches");

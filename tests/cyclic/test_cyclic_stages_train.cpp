@@ -112,7 +112,7 @@ TEST_CASE("cyclic_stages/train/the accounting follows the schedule") {
       CAPTURE(j);
       const flatmem_cyclic_stages_summary &s = got.summaries[std::size_t(j)];
       flatmem_cyclic_stages_occupancy o{};
-      REQUIRE(flatmem_cyclic_stages_schedule_occupancy(&sc, j, &o) == FLATMEM_STATUS_SUCCESS);
+      REQUIRE(flatmem_cyclic_stages_schedule_occupancy(&sc, j, &o, sizeof(flatmem_cyclic_stages_occupancy)) == FLATMEM_STATUS_SUCCESS);
       // 2N actions per step, plus the update-only ones after the last step (1 or 2)
       CHECK(s.actions >= 2 * n * setup.steps + 1);
       CHECK(s.actions <= 2 * n * setup.steps + 2);
@@ -133,11 +133,11 @@ TEST_CASE("cyclic_stages/train/the accounting follows the schedule") {
         CAPTURE(r.time_step);
         CHECK(r.time_step == std::int64_t(t));
         std::int32_t count = 0;
-        REQUIRE(flatmem_cyclic_stages_schedule_actions(&sc, j, r.time_step, nullptr, 0, &count) == FLATMEM_STATUS_SUCCESS);
+        REQUIRE(flatmem_cyclic_stages_schedule_actions(&sc, j, r.time_step, nullptr, sizeof(flatmem_cyclic_stages_action), 0, &count) == FLATMEM_STATUS_SUCCESS);
         CHECK(r.actions == count);
         busy += count > 0;
         std::vector<flatmem_cyclic_stages_action> acts(static_cast<std::size_t>(count));
-        flatmem_cyclic_stages_schedule_actions(&sc, j, r.time_step, acts.data(), count, &count);
+        flatmem_cyclic_stages_schedule_actions(&sc, j, r.time_step, acts.data(), sizeof(flatmem_cyclic_stages_action), count, &count);
         std::int64_t bytes = 0;
         for (const auto &a : acts)
           if (a.sends) bytes += a.kind == FLATMEM_CYCLIC_FORWARD ? message : message_back;

@@ -99,7 +99,7 @@ TEST_CASE("cyclic_stages/ucx/a stage rank killed mid-step: its neighbours fail w
     RANK_EXPECT(took < 5.0, "failed " << took << " s after its last action; timeout 3 s: " << error);
     std::fprintf(stderr, "stage %d saw: %s (after %.2f s)\n", s.rank, error.c_str(), took);
     flatmem_cyclic_stages_action a{};
-    RANK_EXPECT(flatmem_cyclic_stages_next(h, &a) == FLATMEM_STATUS_COMM_POISONED, flatmem_last_error());
+    RANK_EXPECT(flatmem_cyclic_stages_next(h, &a, sizeof(flatmem_cyclic_stages_action)) == FLATMEM_STATUS_COMM_POISONED, flatmem_last_error());
     RANK_OK(flatmem_cyclic_stages_destroy(h));
     RANK_OK(flatmem_comm_abort(comm));
     return "";

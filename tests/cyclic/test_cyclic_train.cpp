@@ -136,7 +136,7 @@ TEST_CASE("cyclic/train/accounting: activations from the schedule, bytes from th
         std::int64_t bytes = 0, peak = 0;
         for (std::int64_t t = 0; t < length; ++t) {
           flatmem_cyclic_action a{};
-          REQUIRE(flatmem_cyclic_schedule_action(&sched, r, t, &a) == FLATMEM_STATUS_SUCCESS);
+          REQUIRE(flatmem_cyclic_schedule_action(&sched, r, t, &a, sizeof(flatmem_cyclic_action)) == FLATMEM_STATUS_SUCCESS);
           const auto &s = stats[std::size_t(t)];
           CHECK(s.time_step == t);
           CHECK(s.kind == a.kind);

@@ -42,7 +42,7 @@ std::string train_and_compare(const RankSetup &s, const TrainSetup &setup) {
   const std::string error = test::train_rank<T>(h, setup, s.rank, s.world, run);
   RANK_EXPECT(error.empty(), error);
   flatmem_cyclic_summary summary{};
-  RANK_OK(flatmem_cyclic_summary_get(h, &summary));
+  RANK_OK(flatmem_cyclic_summary_get(h, &summary, sizeof(flatmem_cyclic_summary)));
   RANK_OK(flatmem_cyclic_destroy(h));
   RANK_OK(flatmem_comm_destroy(comm));
   if (setup.rule == FLATMEM_CYCLIC_SYNC) {
@@ -115,7 +115,7 @@ TEST_CASE("cyclic/ucx/a rank killed mid-step: the others fail within the timeout
     std::fprintf(stderr, "rank %d saw: %s (after %.2f s)\n", s.rank, error.c_str(), took);
     // Later calls fail fast.
     flatmem_cyclic_action a{};
-    RANK_EXPECT(flatmem_cyclic_next(h, &a) == FLATMEM_STATUS_COMM_POISONED, flatmem_last_error());
+    RANK_EXPECT(flatmem_cyclic_next(h, &a, sizeof(flatmem_cyclic_action)) == FLATMEM_STATUS_COMM_POISONED, flatmem_last_error());
     RANK_OK(flatmem_cyclic_destroy(h));
     RANK_OK(flatmem_comm_abort(comm));
     return "";

@@ -72,7 +72,7 @@ void walk(const flatmem_cyclic_schedule &s, std::int32_t rank, std::int64_t leng
   std::vector<std::int64_t> forwards(std::size_t(s.stages), 0), backwards(std::size_t(s.stages), 0);
   for (std::int64_t t = 0; t < length; ++t) {
     flatmem_cyclic_action a{};
-    if (!check_status(flatmem_cyclic_schedule_action(&s, rank, t, &a), "flatmem_cyclic_schedule_action"))
+    if (!check_status(flatmem_cyclic_schedule_action(&s, rank, t, &a, sizeof(flatmem_cyclic_action)), "flatmem_cyclic_schedule_action"))
       violation("flatmem_cyclic_schedule_action", "refused time step " + std::to_string(t) +
                                                       " < length " + std::to_string(length));
     check_action(a, s, "flatmem_cyclic_schedule_action");
@@ -113,7 +113,7 @@ void fuzz_schedule(Reader &in, const Plan &p) {
   const bool offset_ok = check_status(flatmem_cyclic_schedule_offset(arg, rank, &offset), "flatmem_cyclic_schedule_offset");
   const bool delay_ok = check_status(flatmem_cyclic_schedule_delay(arg, rank, stage, &delay), "flatmem_cyclic_schedule_delay");
   const bool length_ok = check_status(flatmem_cyclic_schedule_length(arg, &length), "flatmem_cyclic_schedule_length");
-  const bool action_ok = check_status(flatmem_cyclic_schedule_action(arg, rank, time_step, &action), "flatmem_cyclic_schedule_action");
+  const bool action_ok = check_status(flatmem_cyclic_schedule_action(arg, rank, time_step, &action, sizeof(flatmem_cyclic_action)), "flatmem_cyclic_schedule_action");
   if (!offset_ok && offset != -7) violation("flatmem_cyclic_schedule_offset", "failed but wrote *offset");
   if (!delay_ok && delay != -7) violation("flatmem_cyclic_schedule_delay", "failed but wrote *delay");
   if (!length_ok && length != -7) violation("flatmem_cyclic_schedule_length", "failed but wrote *time_steps");
@@ -197,16 +197,16 @@ class Relay {
     const std::int64_t count = size == 0 ? 0 : std::int64_t(buffer.size() / size);
     std::int64_t written = -7;
     const bool ok = check_status(
-        flatmem_cyclic_relay_stats(handle_, 0, std::min<std::int64_t>(count, 64), size,
-                                   reinterpret_cast<flatmem_cyclic_relay_time_step *>(buffer.data()), &written),
+        flatmem_cyclic_relay_stats(handle_, 0, std::min<std::int64_t>(count, 64),
+                                   reinterpret_cast<flatmem_cyclic_relay_time_step *>(buffer.data()), size, &written),
         "flatmem_cyclic_relay_stats");
     if (ok && !relayed_) violation("flatmem_cyclic_relay_stats", "answered for a REPLICATED handle");
     if (ok && (written < 0 || written > std::min<std::int64_t>(count, 64)))
       violation("flatmem_cyclic_relay_stats", "*written = " + std::to_string(written));
-    flatmem_cyclic_relay_summary summary = FLATMEM_CYCLIC_RELAY_SUMMARY_INIT;
-    summary.struct_size = hostile_struct_size(p_.relay_misuse / 32, sizeof summary);
-    const bool summary_ok = check_status(flatmem_cyclic_relay_summary_get(handle_, &summary),
-                                         "flatmem_cyclic_relay_summary_get");
+    flatmem_cyclic_relay_summary summary{};
+    const bool summary_ok = check_status(
+        flatmem_cyclic_relay_summary_get(handle_, &summary, hostile_struct_size(p_.relay_misuse / 32, sizeof summary)),
+        "flatmem_cyclic_relay_summary_get");
     if (summary_ok && !relayed_) violation("flatmem_cyclic_relay_summary_get", "answered for a REPLICATED handle");
   }
 
@@ -276,8 +276,8 @@ void fuzz_runtime(Reader &in, const Plan &p) {
   Relay relay(in, p, handle, relayed, o, dtypes[p.gradient_dtype % 3]);
   if (created) {
     flatmem_cyclic_schedule s{};
-    s.struct_size = hostile_struct_size(p.schedule_size, sizeof s);
-    check_status(flatmem_cyclic_get_schedule(handle, &s), "flatmem_cyclic_get_schedule");
+    check_status(flatmem_cyclic_get_schedule(handle, &s, hostile_struct_size(p.schedule_size, sizeof s)),
+                 "flatmem_cyclic_get_schedule");
     // A short run: next, and reduce on each backward (a mutated gradient sometimes).
     relay.register_shards();
     std::vector<std::unique_ptr<FuzzTensor>> gradients;
@@ -286,7 +286,7 @@ void fuzz_runtime(Reader &in, const Plan &p) {
       flatmem_cyclic_action a, untouched;
       std::memset(&a, kSentinel, sizeof a);
       std::memcpy(&untouched, &a, sizeof a);
-      const bool ok = check_status(flatmem_cyclic_next(handle, &a), "flatmem_cyclic_next");
+      const bool ok = check_status(flatmem_cyclic_next(handle, &a, sizeof(flatmem_cyclic_action)), "flatmem_cyclic_next");
       if (!ok) {
         if (std::memcmp(&a, &untouched, sizeof a) != 0)
           violation("flatmem_cyclic_next", "failed but wrote *action");
@@ -309,11 +309,11 @@ void fuzz_runtime(Reader &in, const Plan &p) {
     const std::int64_t count = std::int64_t(pick(in, p.stats_count, {64, 1, 0, -1, std::numeric_limits<std::int64_t>::min()}));
     std::int64_t written = -7;
     const bool stats_ok = check_status(flatmem_cyclic_stats(handle, first, std::min<std::int64_t>(count, 64),
-                                                            stats.data(), &written), "flatmem_cyclic_stats");
+                                                            stats.data(), sizeof(flatmem_cyclic_time_step_stats), &written), "flatmem_cyclic_stats");
     if (stats_ok && (written < 0 || written > std::min<std::int64_t>(count, 64)))
       violation("flatmem_cyclic_stats", "*written = " + std::to_string(written) + " for count " + std::to_string(count));
     flatmem_cyclic_summary summary{};
-    check_status(flatmem_cyclic_summary_get(handle, &summary), "flatmem_cyclic_summary_get");
+    check_status(flatmem_cyclic_summary_get(handle, &summary, sizeof(flatmem_cyclic_summary)), "flatmem_cyclic_summary_get");
     relay.statistics();
     check_status(flatmem_cyclic_destroy(handle), "flatmem_cyclic_destroy");
   }

@@ -118,7 +118,7 @@ void walk(const flatmem_cyclic_stages_schedule &sched, const Shape &s, std::int3
   std::vector<flatmem_cyclic_stages_action> actions(std::size_t(2 * s.N + s.S + 2));
   for (std::int64_t tau = 0; tau < length + 2; ++tau) {
     std::int32_t count = -7;
-    if (!check_status(flatmem_cyclic_stages_schedule_actions(&sched, stage, tau, actions.data(),
+    if (!check_status(flatmem_cyclic_stages_schedule_actions(&sched, stage, tau, actions.data(), sizeof(flatmem_cyclic_stages_action),
                                                              std::int32_t(actions.size()), &count), call))
       violation(call, "refused time step " + std::to_string(tau) + " of a valid schedule");
     if (count < 0 || count > std::int32_t(actions.size())) violation(call, "count " + std::to_string(count));
@@ -175,10 +175,10 @@ void fuzz_schedule(Reader &in, const Plan &p) {
                                       "flatmem_cyclic_stages_schedule_length");
   const bool kept_ok = check_status(flatmem_cyclic_stages_schedule_versions_kept(arg, stage, &kept),
                                     "flatmem_cyclic_stages_schedule_versions_kept");
-  const bool occupancy_ok = check_status(flatmem_cyclic_stages_schedule_occupancy(arg, stage, &occupancy),
+  const bool occupancy_ok = check_status(flatmem_cyclic_stages_schedule_occupancy(arg, stage, &occupancy, sizeof(flatmem_cyclic_stages_occupancy)),
                                          "flatmem_cyclic_stages_schedule_occupancy");
   const bool actions_ok = check_status(
-      flatmem_cyclic_stages_schedule_actions(arg, stage, tau, capacity > 0 ? actions.data() + 1 : nullptr,
+      flatmem_cyclic_stages_schedule_actions(arg, stage, tau, capacity > 0 ? actions.data() + 1 : nullptr, sizeof(flatmem_cyclic_stages_action),
                                              std::min<std::int32_t>(capacity, 16), &count),
       "flatmem_cyclic_stages_schedule_actions");
   if (!offset_ok && offset != -7) violation("flatmem_cyclic_stages_schedule_offset", "failed but wrote *offset");
@@ -260,8 +260,8 @@ void fuzz_runtime(Reader &in, const Plan &p) {
   if (!created && handle != nullptr) violation("flatmem_cyclic_stages_create", "failed but set *out");
   if (created) {
     flatmem_cyclic_stages_schedule s{};
-    s.struct_size = hostile_struct_size(p.schedule_size, sizeof s);
-    check_status(flatmem_cyclic_stages_get_schedule(handle, &s), "flatmem_cyclic_stages_get_schedule");
+    check_status(flatmem_cyclic_stages_get_schedule(handle, &s, hostile_struct_size(p.schedule_size, sizeof s)),
+                 "flatmem_cyclic_stages_get_schedule");
     static const DLDataType dtypes[] = {f32(), f64(), f16()};
     std::vector<std::unique_ptr<FuzzTensor>> tensors;
     const auto tensor = [&](bool mutate) {
@@ -278,7 +278,7 @@ void fuzz_runtime(Reader &in, const Plan &p) {
       flatmem_cyclic_stages_action a, untouched;
       std::memset(&a, kSentinel, sizeof a);
       std::memcpy(&untouched, &a, sizeof a);
-      const bool ok = check_status(flatmem_cyclic_stages_next(handle, &a), "flatmem_cyclic_stages_next");
+      const bool ok = check_status(flatmem_cyclic_stages_next(handle, &a, sizeof(flatmem_cyclic_stages_action)), "flatmem_cyclic_stages_next");
       if (!ok) {
         if (std::memcmp(&a, &untouched, sizeof a) != 0) violation("flatmem_cyclic_stages_next", "failed but wrote *action");
         if (p.misuse % 8 != 7) break;  // a skipped accumulate: next refuses; do it now
@@ -304,12 +304,12 @@ void fuzz_runtime(Reader &in, const Plan &p) {
     const std::int64_t count = pick(in, p.stats_count, {64, 1, 0, -1, std::numeric_limits<std::int64_t>::min()});
     std::int64_t written = -7;
     const bool stats_ok = check_status(flatmem_cyclic_stages_stats(handle, first, std::min<std::int64_t>(count, 64),
-                                                                   stats.data(), &written),
+                                                                   stats.data(), sizeof(flatmem_cyclic_stages_time_step_stats), &written),
                                        "flatmem_cyclic_stages_stats");
     if (stats_ok && (written < 0 || written > std::min<std::int64_t>(count, 64)))
       violation("flatmem_cyclic_stages_stats", "*written = " + std::to_string(written));
     flatmem_cyclic_stages_summary summary{};
-    check_status(flatmem_cyclic_stages_summary_get(handle, &summary), "flatmem_cyclic_stages_summary_get");
+    check_status(flatmem_cyclic_stages_summary_get(handle, &summary, sizeof(flatmem_cyclic_stages_summary)), "flatmem_cyclic_stages_summary_get");
     check_status(flatmem_cyclic_stages_destroy(handle), "flatmem_cyclic_stages_destroy");
   }
   // The handle may have poisoned the group (destroy before DONE): abort is always allowed.

@@ -37,6 +37,7 @@ PLANS = {
                            "stats_count nan").split(),
     "fuzz_comm_id": "source address flips rank_world connect_timeout timeout struct_size".split(),
     "fuzz_comm_env": [f"choice{i}" for i in range(13)] + ["connect_timeout"],
+    "fuzz_abi": "function size tail fill count".split(),
 }
 SEEDS = {
     "fuzz_contrastive": {
@@ -139,6 +140,14 @@ SEEDS = {
         "torchrun_variables": {"choice1": 1, "choice2": 1, "choice9": 2, "choice10": 2},
         "no_coordinator": {"choice0": 1},
         "bad_timeout_variable": {"choice12": 3},
+    },
+    # One seed per function of the target (its switch), at the library's size, a newer
+    # caller's and a zero size; reads with set bytes past the library's sizeof.
+    "fuzz_abi": {
+        **{f"function{f}_exact": {"function": f, "count": 3} for f in range(14)},
+        **{f"function{f}_newer": {"function": f, "size": 1, "fill": 0xA5, "count": 2} for f in range(14)},
+        **{f"function{f}_zero_size": {"function": f, "size": 3} for f in range(14)},
+        **{f"read{f}_unknown_field": {"function": f, "size": 1, "tail": 1} for f in (6, 7, 8)},
     },
 }
 

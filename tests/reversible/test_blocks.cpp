@@ -292,7 +292,7 @@ TEST_CASE("blocks/bad input/options") {
   CHECK(last_error_names("options: NULL"));
   CHECK(flatmem_block_create(nullptr, &o) == FLATMEM_STATUS_INVALID_ARGUMENT);
   CHECK(last_error_names("out"));
-  CHECK(flatmem_block_options_init(nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(flatmem_block_options_init(nullptr, sizeof(flatmem_block_options)) == FLATMEM_STATUS_INVALID_ARGUMENT);
   CHECK(last_error_names("options"));
 
   auto bad = o;
@@ -611,7 +611,7 @@ TEST_CASE("blocks/segment/attention + MLP blocks in a reversible segment match h
   for (auto mode : {FLATMEM_REVERSIBLE_STANDARD, FLATMEM_REVERSIBLE_VANILLA, FLATMEM_REVERSIBLE_OVERLAPPED}) {
     INFO("mode ", int(mode));
     flatmem_reversible_options o;
-    REQUIRE(flatmem_reversible_options_init(&o) == FLATMEM_STATUS_SUCCESS);
+    REQUIRE(flatmem_reversible_options_init(&o, sizeof(flatmem_reversible_options)) == FLATMEM_STATUS_SUCCESS);
     o.mode = mode;
     o.num_threads = 3;
     flatmem_reversible_t *h = nullptr;

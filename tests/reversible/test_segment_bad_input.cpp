@@ -88,7 +88,7 @@ TEST_CASE("reversible/bad_input/create") {
   CHECK(message_has("struct_size"));
   CHECK(h == reinterpret_cast<flatmem_reversible_t *>(0x1));  // untouched on error
   CHECK(flatmem_reversible_destroy(nullptr) == FLATMEM_STATUS_SUCCESS);
-  CHECK(flatmem_reversible_options_init(nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(flatmem_reversible_options_init(nullptr, sizeof(flatmem_reversible_options)) == FLATMEM_STATUS_INVALID_ARGUMENT);
 }
 
 // An older caller's smaller options struct: the library reads only its part.

@@ -44,7 +44,7 @@ std::string describe(const BlockConfig &c) {
 
 flatmem_block_options block_options(const BlockConfig &c, flatmem_block_math math) {
   flatmem_block_options o;
-  REQUIRE(flatmem_block_options_init(&o) == FLATMEM_STATUS_SUCCESS);
+  REQUIRE(flatmem_block_options_init(&o, sizeof(flatmem_block_options)) == FLATMEM_STATUS_SUCCESS);
   o.kind = c.kind == BlockKind::attention ? FLATMEM_BLOCK_ATTENTION : FLATMEM_BLOCK_MLP;
   o.width = std::int32_t(c.width);
   o.heads = c.kind == BlockKind::attention ? std::int32_t(c.heads) : 0;

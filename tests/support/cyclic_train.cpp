@@ -111,7 +111,7 @@ std::string drive(flatmem_cyclic_t *handle, const TrainSetup &setup, int rank, i
   }
   for (;;) {
     flatmem_cyclic_action a{};
-    const flatmem_status st = flatmem_cyclic_next(handle, &a);
+    const flatmem_status st = flatmem_cyclic_next(handle, &a, sizeof(flatmem_cyclic_action));
     if (st != FLATMEM_STATUS_SUCCESS) return call_failed("flatmem_cyclic_next", st);
     if (a.kind == FLATMEM_CYCLIC_DONE) return "";
     if (a.update_stage >= 0)
@@ -280,7 +280,7 @@ CyclicOptions relayed_options(const TrainSetup &setup, std::size_t element_bytes
 
 CyclicOptions cyclic_options(const TrainSetup &setup, std::size_t element_bytes, std::int64_t timeout_ms) {
   CyclicOptions c{};
-  flatmem_cyclic_options_init(&c.options);
+  flatmem_cyclic_options_init(&c.options, sizeof(flatmem_cyclic_options));
   for (int j = 0; j < setup.stages(); ++j)
     c.activation_bytes.push_back(std::int64_t(setup.rows) * setup.widths[std::size_t(j) + 1] *
                                  std::int64_t(element_bytes));

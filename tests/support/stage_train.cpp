@@ -37,7 +37,7 @@ std::string train_stage(flatmem_cyclic_stages_t *h, const TrainSetup &setup, int
   const std::size_t in = std::size_t(setup.widths[std::size_t(j)]), out = std::size_t(setup.widths[std::size_t(j) + 1]);
   StageMlp<T> model = StageMlp<T>::make(setup.widths, setup.seed);
   flatmem_cyclic_stages_schedule schedule = FLATMEM_CYCLIC_STAGES_SCHEDULE_INIT;
-  STAGE_CALL(flatmem_cyclic_stages_get_schedule(h, &schedule));
+  STAGE_CALL(flatmem_cyclic_stages_get_schedule(h, &schedule, sizeof(flatmem_cyclic_stages_schedule)));
   std::int32_t K = 0;
   STAGE_CALL(flatmem_cyclic_stages_schedule_versions_kept(&schedule, j, &K));
   run.versions_kept = K;
@@ -60,7 +60,7 @@ std::string train_stage(flatmem_cyclic_stages_t *h, const TrainSetup &setup, int
   };
   for (;;) {
     flatmem_cyclic_stages_action a{};
-    STAGE_CALL(flatmem_cyclic_stages_next(h, &a));
+    STAGE_CALL(flatmem_cyclic_stages_next(h, &a, sizeof(flatmem_cyclic_stages_action)));
     if (a.kind == FLATMEM_CYCLIC_DONE) break;
     if (a.update_step >= 0) {
       const std::int64_t v = a.update_step;
@@ -140,7 +140,7 @@ std::string train_stage(flatmem_cyclic_stages_t *h, const TrainSetup &setup, int
 StageOptions stage_options(const TrainSetup &setup, int micro_batches, std::size_t element_bytes,
                            std::int64_t timeout_ms) {
   StageOptions o{};
-  flatmem_cyclic_stages_options_init(&o.options);
+  flatmem_cyclic_stages_options_init(&o.options, sizeof(flatmem_cyclic_stages_options));
   const int L = setup.stages();
   for (int j = 0; j < L; ++j) {
     const std::int64_t rows = setup.rows, e = std::int64_t(element_bytes);
@@ -184,10 +184,10 @@ StageTraining<T> train_stages_local(const TrainSetup &setup, int micro_batches, 
       }
       out.errors[i] = train_stage<T>(h, setup, micro_batches, j, out.runs[i], hook ? hook(j) : nullptr,
                                      calls ? calls(j) : StageCalls{});
-      flatmem_cyclic_stages_summary_get(h, &out.summaries[i]);
+      flatmem_cyclic_stages_summary_get(h, &out.summaries[i], sizeof(flatmem_cyclic_stages_summary));
       out.stats[i].resize(std::size_t(out.summaries[i].time_steps));
       std::int64_t written = 0;
-      flatmem_cyclic_stages_stats(h, 0, std::int64_t(out.stats[i].size()), out.stats[i].data(), &written);
+      flatmem_cyclic_stages_stats(h, 0, std::int64_t(out.stats[i].size()), out.stats[i].data(), sizeof(flatmem_cyclic_stages_time_step_stats), &written);
       out.stats[i].resize(std::size_t(written));
       flatmem_cyclic_stages_destroy(h);
     });

@@ -109,7 +109,7 @@ void flatmem_jax_contrastive_pool_stats(int64_t *handles, int64_t *cached_backwa
 int flatmem_jax_comm_create_from_env(int64_t timeout_ms, int64_t connect_timeout_ms,
                                      int64_t *slot, char *message, size_t message_size) {
   flatmem_comm_options options;
-  flatmem_status status = flatmem_comm_options_init(&options);
+  flatmem_status status = flatmem_comm_options_init(&options, sizeof(flatmem_comm_options));
   flatmem_comm_t *comm = nullptr;
   if (status == FLATMEM_STATUS_SUCCESS) {
     options.timeout_ms = timeout_ms;

@@ -74,7 +74,7 @@ PooledHandle::PooledHandle(const PoolKey &key, Inputs inputs) : key_(key) {
     }
   }
   flatmem_contrastive_options options;
-  status_ = flatmem_contrastive_options_init(&options);
+  status_ = flatmem_contrastive_options_init(&options, sizeof(flatmem_contrastive_options));
   if (status_ != FLATMEM_STATUS_SUCCESS) return;
   options.loss = key_.loss;
   options.num_threads = pool_num_threads();

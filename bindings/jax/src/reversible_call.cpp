@@ -93,7 +93,7 @@ Segment *make_segment(const Config &c, Failure &failure) {
     for (int part = 0; part < 2; ++part) {
       flatmem_block_options o;
       flatmem_block_t *b = nullptr;
-      if (!failure.check(flatmem_block_options_init(&o), "flatmem_block_options_init")) break;
+      if (!failure.check(flatmem_block_options_init(&o, sizeof(flatmem_block_options)), "flatmem_block_options_init")) break;
       o.kind = part == 0 ? FLATMEM_BLOCK_ATTENTION : FLATMEM_BLOCK_MLP;
       o.width = c.width;
       o.heads = part == 0 ? c.heads : 0;
@@ -110,7 +110,7 @@ Segment *make_segment(const Config &c, Failure &failure) {
   }
   if (failure.status == FLATMEM_STATUS_SUCCESS) {
     flatmem_reversible_options o;
-    if (failure.check(flatmem_reversible_options_init(&o), "flatmem_reversible_options_init")) {
+    if (failure.check(flatmem_reversible_options_init(&o, sizeof(flatmem_reversible_options)), "flatmem_reversible_options_init")) {
       o.mode = static_cast<flatmem_reversible_mode>(c.mode);
       o.num_threads = c.num_threads;
       failure.check(flatmem_reversible_create(&s->handle, fg.data(), c.depth, &o),

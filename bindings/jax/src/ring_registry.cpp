@@ -101,7 +101,7 @@ flatmem_status RingLease::handle(flatmem_contrastive_loss loss, flatmem_contrast
   flatmem_contrastive_t *&handle = slot_->handle(loss);
   if (handle == nullptr) {
     flatmem_contrastive_options options;
-    flatmem_status status = flatmem_contrastive_options_init(&options);
+    flatmem_status status = flatmem_contrastive_options_init(&options, sizeof(flatmem_contrastive_options));
     if (status != FLATMEM_STATUS_SUCCESS) return status;
     options.loss = loss;
     options.num_threads = pool_num_threads();

@@ -184,7 +184,7 @@ void train_rank_on_device(flatmem_cyclic_t *h, const TrainSetup &setup, int rank
   bool tried_wrong_size = false;
   for (;;) {
     flatmem_cyclic_action a{};
-    if (const flatmem_status st = flatmem_cyclic_next(h, &a); st != FLATMEM_STATUS_SUCCESS) {
+    if (const flatmem_status st = flatmem_cyclic_next(h, &a, sizeof(flatmem_cyclic_action)); st != FLATMEM_STATUS_SUCCESS) {
       out.error = call_failed("flatmem_cyclic_next", st);
       return;
     }

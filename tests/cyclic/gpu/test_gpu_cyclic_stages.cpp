@@ -283,7 +283,7 @@ DeviceTraining<T> train_stages_device(const TrainSetup &setup, int n, bool strea
         if (!out.errors[i].empty()) hold_until_others_end();
         out.oversize[i] = calls.oversize_result;
         out.oversize_at[i] = calls.oversize_at;
-        flatmem_cyclic_stages_summary_get(h, &out.summaries[i]);
+        flatmem_cyclic_stages_summary_get(h, &out.summaries[i], sizeof(flatmem_cyclic_stages_summary));
         flatmem_cyclic_stages_destroy(h);
         if (!out.errors[i].empty()) flatmem_comm_abort(comms[i]);  // a failed rank leaves its group
       } catch (const std::exception &e) {

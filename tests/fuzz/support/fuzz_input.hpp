@@ -65,8 +65,9 @@ Plan read_plan(Reader &in) {
 bool check_status(flatmem_status status, const char *call);
 
 // An options struct as a hostile caller fills it: the library must read only
-// min(struct_size, sizeof) of it. `choice` 0 keeps sizeof(T); other values give 0, a
-// smaller size (fields past it must read as defaults), or a larger one.
+// min(struct_size, sizeof) of it. `choice` 0 keeps sizeof(T); other values give 0 or a
+// smaller size (fields past it must read as defaults). A larger one (a newer caller) makes
+// the library read the bytes past the struct, so it is fuzz_abi's, over a roomy block.
 std::size_t hostile_struct_size(std::uint8_t choice, std::size_t size);
 
 // Whether FLATMEM_FUZZ_BREAK_ORACLE=1 is set: the targets' oracles then expect a wrong

@@ -290,7 +290,7 @@ std::vector<SegmentResults> run_segment(const std::vector<std::unique_ptr<Block>
   std::vector<flatmem_reversible_block> blocks;
   for (std::size_t k = 0; k < f.size(); ++k) blocks.push_back({f[k]->fn, g[k]->fn});
   flatmem_reversible_options o;
-  REQUIRE(flatmem_reversible_options_init(&o) == FLATMEM_STATUS_SUCCESS);
+  REQUIRE(flatmem_reversible_options_init(&o, sizeof(flatmem_reversible_options)) == FLATMEM_STATUS_SUCCESS);
   o.mode = mode;
   o.num_threads = 2;
   flatmem_reversible_t *h = nullptr;
@@ -565,7 +565,7 @@ TEST_CASE("gpu/blocks/memory/peak device memory is flat in depth (vanilla, overl
     for (int depth : {4, 16, 64}) {
       const std::vector<flatmem_reversible_block> blocks(std::size_t(depth), flatmem_reversible_block{f.fn, g.fn});
       flatmem_reversible_options o;
-      REQUIRE(flatmem_reversible_options_init(&o) == FLATMEM_STATUS_SUCCESS);
+      REQUIRE(flatmem_reversible_options_init(&o, sizeof(flatmem_reversible_options)) == FLATMEM_STATUS_SUCCESS);
       o.mode = mode;
       flatmem_reversible_t *h = nullptr;
       REQUIRE(flatmem_reversible_create(&h, blocks.data(), depth, &o) == FLATMEM_STATUS_SUCCESS);
