@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 
 #include "core/error.hpp"
 
@@ -80,8 +79,10 @@ void init_struct(Struct *out, std::size_t size, Struct defaults, const char *wha
   put_struct(out, size, defaults);
 }
 
-// An output array of structs of a caller-given element size: checked whole
-// before the first element is written.
+// An output array of structs of a caller-given element size, checked before
+// the first element is written. `capacity` is the caller's count: an upper
+// bound ("a large count for all that are kept" is fine), never more elements
+// than the call returns are written.
 template <typename Struct>
 class StructArrayOut {
  public:
@@ -91,8 +92,6 @@ class StructArrayOut {
     if (capacity < 0) invalid("count: ", capacity, "; expected >= 0");
     check_struct_size(element_size, size_name);
     if (capacity > 0 && base == nullptr) invalid(what, ": NULL with count ", capacity);
-    if (std::uint64_t(capacity) > std::numeric_limits<std::size_t>::max() / element_size)
-      invalid("count: ", capacity, " elements of ", element_size, " bytes overflow the address space");
   }
   void put(std::int64_t i, const Struct &value) const {
     put_struct(base_ + std::size_t(i) * element_size_, element_size_, value);
