@@ -7,7 +7,8 @@
 // rebuilds its input in the backward, and OVERLAPPED gives VANILLA's bits;
 // blocks made with BLOCK_MATH_TF32 give the FP32 bits on the CPU and a math
 // value outside the enum is refused; the cyclic schedule queries follow the
-// closed forms of cyclic.h; ContrastiveOptions.logit_cache_bytes gives the
+// closed forms of cyclic.h, the stage-parallel ones (structs the library fills
+// with the wrapper's sizes, ABI 1) those of cyclic_stages.h; ContrastiveOptions.logit_cache_bytes gives the
 // bits of a handle without it; the CPU instruction set can be read and set
 // (CpuIsa), and one above the processor's best is refused; the sigmoid (SigLIP)
 // loss's five outputs against ContrastiveReference.Sigmoid, and its refusals.
@@ -23,6 +24,9 @@ import flatmem.CyclicAction;
 import flatmem.CyclicActionKind;
 import flatmem.CyclicRule;
 import flatmem.CyclicSchedule;
+import flatmem.CyclicStagesAction;
+import flatmem.CyclicStagesOccupancy;
+import flatmem.CyclicStagesSchedule;
 import flatmem.Flatmem;
 import flatmem.FlatmemArgumentException;
 import flatmem.Reversible;
@@ -324,6 +328,55 @@ public final class FlatmemTest {
                   "schedule.world_size: 0");
   }
 
+  /** CyclicStagesSchedule: the actions (an array the library fills with the
+   *  wrapper's element size) and the occupancy (a struct it fills with the
+   *  wrapper's sizeof) against cyclic_stages.h's closed forms, L = N = 2, one
+   *  step: micro-batch m starts at offset m * 2L / N = 2m; stage j runs its
+   *  forward at 2m + j and its backward at 2m + 2L - 1 - j, and the update of
+   *  step 0 (an IDLE action with update_step 0) one time step after its last
+   *  backward. */
+  private static void cyclicStagesSchedule() {
+    check(Flatmem.ABI_VERSION == 1 && Flatmem.MAX_STRUCT_SIZE == 4096, "ABI_VERSION 1, MAX_STRUCT_SIZE 4096");
+    final int stages = 2;
+    // Not AutoCloseable: cyclic_stages.i's javainterfaces typemap comes after the struct's declaration.
+    final CyclicStagesSchedule s = new CyclicStagesSchedule(stages, 2, 1, CyclicRule.CYCLIC_DELAY1.swigValue());
+    try {
+      boolean ok = s.period() == 4 && s.length() == 7;
+      for (int j = 0; j < stages; ++j) {
+        for (long t = 0; t < s.length(); ++t) {
+          final long update = 2 + 2 * stages - j;
+          int expected = t == update ? 1 : 0;
+          for (int m = 0; m < 2; ++m)
+            if (t == 2 * m + j || t == 2 * m + 2 * stages - 1 - j) ++expected;
+          ok = ok && s.action_count(j, t) == expected;
+          for (int i = 0; i < expected; ++i) {
+            CyclicStagesAction a = s.action(j, t, i);
+            ok = ok && a.getTime_step() == t && a.getStage() == j && a.getIndex_in_time_step() == i
+                 && a.getActions_in_time_step() == expected;
+            if (t == update) {
+              ok = ok && a.getKind() == CyclicActionKind.CYCLIC_IDLE && a.getUpdate_step() == 0;
+              continue;
+            }
+            boolean forward = a.getKind() == CyclicActionKind.CYCLIC_FORWARD;
+            ok = ok && a.getStep() == 0 && a.getVersion() == 0 && a.getUpdate_step() == -1
+                 && t == 2L * a.getMicro_batch() + (forward ? j : 2 * stages - 1 - j)
+                 && a.getReceives() == (forward == (j > 0) ? 1 : 0) && a.getSends() == (forward == (j == 0) ? 1 : 0)
+                 && a.getAccumulates() == (forward ? 0 : 1);
+          }
+        }
+        CyclicStagesOccupancy o = s.occupancy(j);
+        // N = L: one action every time step; mean held = N (2L - 2j) / P.
+        ok = ok && o.getBusy_fraction() == 1.0 && o.getPeak_actions() == 1
+             && o.getMean_activations_held() == 2.0 * (2 * stages - 2 * j) / 4;
+      }
+      check(ok, "CyclicStagesSchedule: actions and occupancy follow cyclic_stages.h (length " + s.length() + ")");
+      expectFailure("CyclicStagesSchedule.action past the count", () -> s.action(0, 0, 1),
+                    IllegalArgumentException.class, "index 1; stage 0 has 1 action(s) at time step 0");
+    } finally {
+      s.delete();
+    }
+  }
+
   /** Forward + backward (every output) of one handle made with `options`. */
   private static double[] contrastiveRun(ContrastiveOptions options, Tensor q, Tensor k, Tensor s) {
     final long b = q.shape(0), d = q.shape(1);
@@ -600,6 +653,7 @@ public final class FlatmemTest {
     reversibleSegment();
     blockMath();
     cyclicSchedule();
+    cyclicStagesSchedule();
     logitCache();
     sigmoidLoss();
     cpuIsa();

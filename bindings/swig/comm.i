@@ -891,7 +891,7 @@ struct flatmem_swig_cyclic {};
   flatmem_cyclic_schedule schedule() {
     flatmem_cyclic_schedule s = FLATMEM_CYCLIC_SCHEDULE_INIT;
     flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.schedule");
-    if (h) flatmem_swig_check(flatmem_cyclic_get_schedule(h, &s));
+    if (h) flatmem_swig_check(flatmem_cyclic_get_schedule(h, &s, sizeof s));
     return s;
   }
   /* flatmem_cyclic_next: may wait (start token, the update's average). */
@@ -899,7 +899,7 @@ struct flatmem_swig_cyclic {};
     flatmem_cyclic_action a;
     flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.next");
     memset(&a, 0, sizeof a);
-    if (h) flatmem_swig_check(flatmem_cyclic_next(h, &a));
+    if (h) flatmem_swig_check(flatmem_cyclic_next(h, &a, sizeof a));
     return a;
   }
   /* flatmem_cyclic_reduce: the buffer belongs to the handle until next()
@@ -925,7 +925,7 @@ struct flatmem_swig_cyclic {};
     if (!h) return 0;
     buffer = (flatmem_cyclic_time_step_stats *)flatmem_swig_results(count, sizeof *buffer, "Cyclic.load_stats");
     if (!buffer) return 0;
-    if (!flatmem_swig_check(flatmem_cyclic_stats(h, first, count, buffer, &written))) {
+    if (!flatmem_swig_check(flatmem_cyclic_stats(h, first, count, buffer, sizeof *buffer, &written))) {
       free(buffer);
       return 0;
     }
@@ -948,7 +948,7 @@ struct flatmem_swig_cyclic {};
     flatmem_cyclic_summary s;
     flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.summary");
     memset(&s, 0, sizeof s);
-    if (h) flatmem_swig_check(flatmem_cyclic_summary_get(h, &s));
+    if (h) flatmem_swig_check(flatmem_cyclic_summary_get(h, &s, sizeof s));
     return s;
   }
 
@@ -1004,7 +1004,7 @@ struct flatmem_swig_cyclic {};
     if (!h) return 0;
     buffer = (flatmem_cyclic_relay_time_step *)flatmem_swig_results(count, sizeof *buffer, "Cyclic.load_relay_stats");
     if (!buffer) return 0;
-    if (!flatmem_swig_check(flatmem_cyclic_relay_stats(h, first, count, sizeof *buffer, buffer, &written))) {
+    if (!flatmem_swig_check(flatmem_cyclic_relay_stats(h, first, count, buffer, sizeof *buffer, &written))) {
       free(buffer);
       return 0;
     }
@@ -1024,9 +1024,10 @@ struct flatmem_swig_cyclic {};
     return s;
   }
   flatmem_cyclic_relay_summary relay_summary() {
-    flatmem_cyclic_relay_summary s = FLATMEM_CYCLIC_RELAY_SUMMARY_INIT;
+    flatmem_cyclic_relay_summary s;
     flatmem_cyclic_t *h = flatmem_swig_cyclic_open($self, "Cyclic.relay_summary");
-    if (h) flatmem_swig_check(flatmem_cyclic_relay_summary_get(h, &s));
+    memset(&s, 0, sizeof s);
+    if (h) flatmem_swig_check(flatmem_cyclic_relay_summary_get(h, &s, sizeof s));
     return s;
   }
 }

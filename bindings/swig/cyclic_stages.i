@@ -187,7 +187,8 @@ static void flatmem_swig_cyclic_stages_release(flatmem_swig_cyclic_stages *s) {
   /* How many actions `stage` runs at `time_step` (0 when none or past the end). */
   int32_t get_action_count(int32_t stage, int64_t time_step) const {
     int32_t count = 0;
-    flatmem_swig_check(flatmem_cyclic_stages_schedule_actions($self, stage, time_step, NULL, 0, &count));
+    flatmem_swig_check(flatmem_cyclic_stages_schedule_actions($self, stage, time_step, NULL,
+                                                              sizeof(flatmem_cyclic_stages_action), 0, &count));
     return count;
   }
   /* The index-th of them (0 .. action_count - 1), in the handle's order. */
@@ -195,7 +196,7 @@ static void flatmem_swig_cyclic_stages_release(flatmem_swig_cyclic_stages *s) {
     flatmem_cyclic_stages_action a, *all;
     int32_t count = 0;
     memset(&a, 0, sizeof a);
-    if (!flatmem_swig_check(flatmem_cyclic_stages_schedule_actions($self, stage, time_step, NULL, 0, &count)))
+    if (!flatmem_swig_check(flatmem_cyclic_stages_schedule_actions($self, stage, time_step, NULL, sizeof a, 0, &count)))
       return a;
     if (index < 0 || index >= count) {
       flatmem_swig_fail(FLATMEM_STATUS_INVALID_ARGUMENT,
@@ -205,7 +206,8 @@ static void flatmem_swig_cyclic_stages_release(flatmem_swig_cyclic_stages *s) {
     }
     all = (flatmem_cyclic_stages_action *)flatmem_swig_results(count, sizeof *all, "CyclicStagesSchedule.action");
     if (!all) return a;
-    if (flatmem_swig_check(flatmem_cyclic_stages_schedule_actions($self, stage, time_step, all, count, &count)))
+    if (flatmem_swig_check(
+            flatmem_cyclic_stages_schedule_actions($self, stage, time_step, all, sizeof *all, count, &count)))
       a = all[index];
     free(all);
     return a;
@@ -214,7 +216,7 @@ static void flatmem_swig_cyclic_stages_release(flatmem_swig_cyclic_stages *s) {
   flatmem_cyclic_stages_occupancy get_occupancy(int32_t stage) const {
     flatmem_cyclic_stages_occupancy o;
     memset(&o, 0, sizeof o);
-    flatmem_swig_check(flatmem_cyclic_stages_schedule_occupancy($self, stage, &o));
+    flatmem_swig_check(flatmem_cyclic_stages_schedule_occupancy($self, stage, &o, sizeof o));
     return o;
   }
 }
@@ -324,7 +326,7 @@ struct flatmem_swig_cyclic_stages {};
   flatmem_cyclic_stages_schedule schedule() {
     flatmem_cyclic_stages_schedule s = FLATMEM_CYCLIC_STAGES_SCHEDULE_INIT;
     flatmem_cyclic_stages_t *h = flatmem_swig_cyclic_stages_open($self, "CyclicStages.schedule");
-    if (h) flatmem_swig_check(flatmem_cyclic_stages_get_schedule(h, &s));
+    if (h) flatmem_swig_check(flatmem_cyclic_stages_get_schedule(h, &s, sizeof s));
     return s;
   }
   /* flatmem_cyclic_stages_next: may wait (before DONE, for the last sends). */
@@ -332,7 +334,7 @@ struct flatmem_swig_cyclic_stages {};
     flatmem_cyclic_stages_action a;
     flatmem_cyclic_stages_t *h = flatmem_swig_cyclic_stages_open($self, "CyclicStages.next");
     memset(&a, 0, sizeof a);
-    if (h) flatmem_swig_check(flatmem_cyclic_stages_next(h, &a));
+    if (h) flatmem_swig_check(flatmem_cyclic_stages_next(h, &a, sizeof a));
     return a;
   }
   /* The current action's boundary tensor out (copied; may wait for staging). */
@@ -390,7 +392,7 @@ struct flatmem_swig_cyclic_stages {};
     buffer = (flatmem_cyclic_stages_time_step_stats *)flatmem_swig_results(count, sizeof *buffer,
                                                                           "CyclicStages.load_stats");
     if (!buffer) return 0;
-    if (!flatmem_swig_check(flatmem_cyclic_stages_stats(h, first, count, buffer, &written))) {
+    if (!flatmem_swig_check(flatmem_cyclic_stages_stats(h, first, count, buffer, sizeof *buffer, &written))) {
       free(buffer);
       return 0;
     }
@@ -413,7 +415,7 @@ struct flatmem_swig_cyclic_stages {};
     flatmem_cyclic_stages_summary s;
     flatmem_cyclic_stages_t *h = flatmem_swig_cyclic_stages_open($self, "CyclicStages.summary");
     memset(&s, 0, sizeof s);
-    if (h) flatmem_swig_check(flatmem_cyclic_stages_summary_get(h, &s));
+    if (h) flatmem_swig_check(flatmem_cyclic_stages_summary_get(h, &s, sizeof s));
     return s;
   }
 }

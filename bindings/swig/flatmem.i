@@ -8,6 +8,7 @@
  * What the target language sees (flatmem_ / FLATMEM_ prefixes stripped):
  *   version(), version_string(), last_error(), status_string(int)
  *   VERSION, VERSION_MAJOR/MINOR/PATCH      the header this wrapper was built from
+ *   ABI_VERSION, MAX_STRUCT_SIZE            its ABI (libflatmem.so.ABI_VERSION) and size limit
  *   STATUS_*, NONFINITE_*, CONTRASTIVE_*     enum values
  *   CPU_ISA_*, cpu_isa_in_use(), cpu_isa_best(), cpu_isa_set(isa), cpu_isa_name(isa)
  *                        the CPU instruction set (flatmem_cpu_isa_get / _set / _name;
@@ -34,6 +35,11 @@
  * RuntimeException) or, for Python, into flatmem's own exception classes
  * (Error and its subclasses, which also derive from ValueError, MemoryError,
  * ... and carry .status).
+ *
+ * Struct sizes. Every struct the library fills (an init function's options,
+ * an action, a schedule, a summary, an array of statistics) is passed with
+ * sizeof it as this wrapper was compiled (arrays: the element's), as
+ * flatmem.h's conventions ask; the target language never passes a size.
  *
  * Versions. Loading the module compares FLATMEM_VERSION (the header compiled
  * into this wrapper) with flatmem_version() (the library actually loaded) and
@@ -862,7 +868,6 @@ const char *flatmem_swig_version_mismatch(void);
 %ignore flatmem_cyclic_parameters_stream;
 %ignore flatmem_cyclic_relay_stats;
 %ignore flatmem_cyclic_relay_summary_get;
-%ignore FLATMEM_CYCLIC_RELAY_SUMMARY_INIT;
 %ignore FLATMEM_CYCLIC_PARAMETER_MODE_MAX;
 %ignore FLATMEM_CYCLIC_MEMORY_MAX;
 %rename(CyclicRelayTimeStep) flatmem_cyclic_relay_time_step;
@@ -1234,7 +1239,7 @@ flatmem_swig_tensor *flatmem_swig_tensor_from_dlpack(PyObject *capsule) {
       flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "ContrastiveOptions: out of memory");
       return NULL;
     }
-    if (!flatmem_swig_check(flatmem_contrastive_options_init(o))) {
+    if (!flatmem_swig_check(flatmem_contrastive_options_init(o, sizeof *o))) {
       free(o);
       return NULL;
     }
@@ -1302,7 +1307,7 @@ flatmem_swig_tensor *flatmem_swig_tensor_from_dlpack(PyObject *capsule) {
   flatmem_cyclic_action get_action(int32_t rank, int64_t time_step) const {
     flatmem_cyclic_action action;
     memset(&action, 0, sizeof action);
-    flatmem_swig_check(flatmem_cyclic_schedule_action($self, rank, time_step, &action));
+    flatmem_swig_check(flatmem_cyclic_schedule_action($self, rank, time_step, &action, sizeof action));
     return action;
   }
 }
@@ -1340,7 +1345,7 @@ struct flatmem_contrastive_s {};
     }
     if (!flatmem_swig_comm_open(comm, "Contrastive: comm")) return NULL;
     if (options) o = *options;
-    else if (!flatmem_swig_check(flatmem_contrastive_options_init(&o))) return NULL;
+    else if (!flatmem_swig_check(flatmem_contrastive_options_init(&o, sizeof o))) return NULL;
     o.comm = comm->handle;
     if (!flatmem_swig_check(flatmem_contrastive_create(&handle, &o))) return NULL;
     if (!flatmem_swig_comm_user_add(handle, comm)) {
@@ -1485,7 +1490,7 @@ struct flatmem_block_s {};
                   float layer_norm_eps = 0.0f, int32_t math = 0) {
     flatmem_block_options options;
     flatmem_block_t *block = NULL;
-    if (!flatmem_swig_check(flatmem_block_options_init(&options))) return NULL;
+    if (!flatmem_swig_check(flatmem_block_options_init(&options, sizeof options))) return NULL;
     options.kind = (flatmem_block_kind)kind;
     options.width = width;
     options.heads = heads;
@@ -1774,7 +1779,7 @@ struct flatmem_swig_reversible {};
       flatmem_swig_fail(FLATMEM_STATUS_OUT_OF_MEMORY, "Reversible: out of memory");
       return NULL;
     }
-    if (!flatmem_swig_check(flatmem_reversible_options_init(&s->options))) {
+    if (!flatmem_swig_check(flatmem_reversible_options_init(&s->options, sizeof s->options))) {
       free(s->slots);
       free(s->blocks);
       free(s);
