@@ -1,7 +1,8 @@
 # Install rules of the Python wheel (FLATMEM_PYTHON_WHEEL=ON; pyproject.toml sets it and
 # scikit-build-core installs into the wheel's platlib folder). Instead of lib/ and include/:
-#   flatmem/libflatmem.so.0        the library, one file (a wheel holds no symlinks, so no
-#                                  libflatmem.so.0.1.0 + links: the VERSION property is dropped)
+#   flatmem/libflatmem.so.1        the library (its SONAME, libflatmem.so.${FLATMEM_ABI_VERSION}), one
+#                                  file (a wheel holds no symlinks, so no libflatmem.so.0.2.0 + links:
+#                                  the VERSION property is dropped)
 #   flatmem/_capi*.so, capi.py     the SWIG extension (bindings/python/CMakeLists.txt)
 #   flatmem_jax/libflatmem_jax.so  the XLA FFI plugin (bindings/jax/CMakeLists.txt), when the
 #                                  building interpreter has jaxlib (FLATMEM_PYTHON_JAX)

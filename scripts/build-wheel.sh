@@ -42,7 +42,7 @@ repaired=$(ls "$out"/repaired/flatmem-*manylinux*.whl) || fail "auditwheel wrote
 "$deps/bin/auditwheel" show "$repaired"
 listing=$(unzip -l "$repaired")
 echo "$listing" | grep -E 'flatmem(_jax)?/[^/]*\.so|flatmem\.libs/' || true
-for member in 'flatmem/libflatmem\.so\.0' 'flatmem/_capi\..*\.so' 'flatmem/capi\.py' \
+for member in 'flatmem/libflatmem\.so\.[0-9]+' 'flatmem/_capi\..*\.so' 'flatmem/capi\.py' \
               'flatmem_jax/libflatmem_jax\.so' 'flatmem_jax/__init__\.py' 'flatmem/torch/__init__\.py'; do
   echo "$listing" | grep -Eq " $member\$" || fail "the wheel holds no $member"
 done
@@ -73,7 +73,8 @@ torch_loss = float(flatmem.torch.clip_loss(torch.from_numpy(q), torch.from_numpy
 print(f"build-wheel: clip loss {float(numpy_loss):.6f} (NumPy), {jax_loss:.6f} (JAX), {torch_loss:.6f} (torch)")
 assert abs(jax_loss - float(numpy_loss)) < 1e-5 and abs(torch_loss - float(numpy_loss)) < 1e-5
 libraries = set(re.findall(r"(/\S*/libflatmem\.so[.\d]*)$", open("/proc/self/maps").read(), re.M))
-assert libraries == {os.path.join(site, "flatmem", "libflatmem.so.0")}, libraries
+# the SONAME libflatmem.so.<FLATMEM_ABI_VERSION> of the header the extension was built with
+assert libraries == {os.path.join(site, "flatmem", f"libflatmem.so.{flatmem.capi.ABI_VERSION}")}, libraries
 print("build-wheel: libflatmem from", libraries.pop())
 PYTHON
 echo "build-wheel: OK $repaired"

@@ -2,7 +2,7 @@
 # The JAX binding's check, against the INSTALLED wheel (scripts/build-wheel.sh installs it into
 # the fresh venv $FLATMEM_WHEEL_VENV, default build/wheel-venv):
 #   1. flatmem_jax and flatmem.jax import from the installed wheel, and its libflatmem_jax.so
-#      (RUNPATH $ORIGIN/../flatmem) loads the wheel's libflatmem.so.0;
+#      (RUNPATH $ORIGIN/../flatmem) loads the wheel's libflatmem.so.<FLATMEM_ABI_VERSION>;
 #   2. pytest -v bindings/jax/tests against the installed packages (no PYTHONPATH, no
 #      FLATMEM_JAX_LIBRARY); the ring tests launch 1 to 4 Python processes over UCX on
 #      loopback, each under a hard deadline, and examples/jax/run_two_tower.sh (loop, and
@@ -35,9 +35,11 @@ echo "check-jax: flatmem_jax installed in $package"
 (cd / && env -u PYTHONPATH "$python" -c "import flatmem.jax; print('check-jax: flatmem.jax ->', flatmem.jax.clip_loss.__module__)") ||
   fail "import flatmem.jax fails"
 echo "check-jax: RUNPATH $(readelf -d "$library" | sed -n 's/.*R\(UN\)\{0,1\}PATH.*\[\(.*\)\]/\2/p')"
+# FLATMEM_ABI_VERSION of the header flatmem was built with: the library's SONAME.
+abi=$(cd / && env -u PYTHONPATH "$python" -c 'import flatmem; print(flatmem.capi.ABI_VERSION)')
 resolved=$(ldd "$library" | sed -n 's/^[[:space:]]*libflatmem\.so\.[0-9]* => \([^ ]*\).*/\1/p')
-[ "$(readlink -f "$resolved")" = "$flatmem_dir/libflatmem.so.0" ] ||
-  { ldd "$library"; fail "libflatmem resolves to '$resolved', not to $flatmem_dir/libflatmem.so.0"; }
+[ "$(readlink -f "$resolved")" = "$flatmem_dir/libflatmem.so.$abi" ] ||
+  { ldd "$library"; fail "libflatmem resolves to '$resolved', not to $flatmem_dir/libflatmem.so.$abi"; }
 
 step "pytest bindings/jax/tests (installed flatmem_jax and flatmem)"
 test_env=(FLATMEM_JAX_EXPECT_PREFIX="$flatmem_dir" FLATMEM_JAX_EXPECT_INSTALLED=1)

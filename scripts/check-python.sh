@@ -2,7 +2,7 @@
 # The Python binding's check, against the INSTALLED wheel (scripts/build-wheel.sh installs it
 # into the fresh venv $FLATMEM_WHEEL_VENV, default build/wheel-venv):
 #   1. the installed flatmem is the wheel's (not bindings/python/src) and its extension loads
-#      the libflatmem.so.0 inside the installed package;
+#      the libflatmem.so.<FLATMEM_ABI_VERSION> inside the installed package;
 #   2. pytest bindings/python/tests, verbose (NumPy, DLPack, flatmem.torch, the torchrun ring,
 #      the example), with no PYTHONPATH;
 #   3. the numeric tests once per CPU instruction set this processor runs.
@@ -19,8 +19,10 @@ echo "check-python: flatmem installed in $installed"
 case "$installed" in
   "$(cd "$FLATMEM_ROOT" && pwd -P)"/bindings/*) echo "check-python: FAIL: flatmem imports from the checkout" >&2; exit 1 ;;
 esac
-ldd "$installed"/_capi*.so | grep -F "$installed/libflatmem.so.0" ||
-  { echo "check-python: FAIL: the extension does not load the wheel's libflatmem.so.0" >&2; exit 1; }
+# FLATMEM_ABI_VERSION of the header the extension was built with: the library's SONAME.
+abi=$(cd / && env -u PYTHONPATH "$python" -c 'import flatmem; print(flatmem.capi.ABI_VERSION)')
+ldd "$installed"/_capi*.so | grep -F "$installed/libflatmem.so.$abi (" ||
+  { echo "check-python: FAIL: the extension does not load the wheel's libflatmem.so.$abi" >&2; exit 1; }
 
 step "pytest bindings/python/tests"
 cd "$FLATMEM_ROOT"
