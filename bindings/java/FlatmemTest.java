@@ -338,9 +338,7 @@ public final class FlatmemTest {
   private static void cyclicStagesSchedule() {
     check(Flatmem.ABI_VERSION == 1 && Flatmem.MAX_STRUCT_SIZE == 4096, "ABI_VERSION 1, MAX_STRUCT_SIZE 4096");
     final int stages = 2;
-    // Not AutoCloseable: cyclic_stages.i's javainterfaces typemap comes after the struct's declaration.
-    final CyclicStagesSchedule s = new CyclicStagesSchedule(stages, 2, 1, CyclicRule.CYCLIC_DELAY1.swigValue());
-    try {
+    try (CyclicStagesSchedule s = new CyclicStagesSchedule(stages, 2, 1, CyclicRule.CYCLIC_DELAY1.swigValue())) {
       boolean ok = s.period() == 4 && s.length() == 7;
       for (int j = 0; j < stages; ++j) {
         for (long t = 0; t < s.length(); ++t) {
@@ -372,8 +370,6 @@ public final class FlatmemTest {
       check(ok, "CyclicStagesSchedule: actions and occupancy follow cyclic_stages.h (length " + s.length() + ")");
       expectFailure("CyclicStagesSchedule.action past the count", () -> s.action(0, 0, 1),
                     IllegalArgumentException.class, "index 1; stage 0 has 1 action(s) at time step 0");
-    } finally {
-      s.delete();
     }
   }
 

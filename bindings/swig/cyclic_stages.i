@@ -120,6 +120,13 @@ static void flatmem_swig_cyclic_stages_release(flatmem_swig_cyclic_stages *s) {
 %immutable flatmem_cyclic_stages_summary::steady_busy_fraction;
 %immutable flatmem_cyclic_stages_summary::wait_seconds;
 %immutable flatmem_cyclic_stages_summary::seconds;
+#ifdef SWIGJAVA
+/* Before the struct's declaration (a class typemap applies to what follows). */
+%typemap(javainterfaces) struct flatmem_cyclic_stages_schedule "AutoCloseable"
+%typemap(javacode) struct flatmem_cyclic_stages_schedule %{
+  @Override public void close() { delete(); }
+%}
+#endif
 %include <flatmem/cyclic_stages.h>
 
 /* ------------------------------------------------------------------------ */
@@ -235,7 +242,6 @@ static void flatmem_swig_cyclic_stages_release(flatmem_swig_cyclic_stages *s) {
 
 #ifdef SWIGJAVA
 %typemap(javainterfaces) struct flatmem_swig_cyclic_stages "AutoCloseable"
-%typemap(javainterfaces) struct flatmem_cyclic_stages_schedule "AutoCloseable"
 %typemap(javacode) struct flatmem_swig_cyclic_stages %{
   /** The runtime (collective) with a CyclicRule and a CyclicMemory: HOST (CPU
    *  Tensors) or CUDA (kDLCUDA Tensors on the communicator's device, over NCCL:
@@ -247,9 +253,6 @@ static void flatmem_swig_cyclic_stages_release(flatmem_swig_cyclic_stages *s) {
     this(comm, stages, micro_batches, steps, rule == null ? -1 : rule.swigValue(), boundary_bytes, null, timeout_ms,
          0, memory == null ? -1 : memory.swigValue());
   }
-%}
-%typemap(javacode) struct flatmem_cyclic_stages_schedule %{
-  @Override public void close() { delete(); }
 %}
 %typemap(javaclassmodifiers) struct flatmem_swig_cyclic_stages "/**
  * The stage-parallel cyclic runtime (cyclic_stages.h) of this stage rank over
