@@ -2,7 +2,7 @@
 # The install check: installs an already built tree into a temporary prefix and uses it
 # the two ways a consumer would, with nothing from the source or build tree:
 #   (a) examples/clip_loss.c built with `cc ... $(pkg-config --cflags --libs flatmem)`;
-#   (b) tests/install/find_package/, a CMake project doing find_package(flatmem 0.1 REQUIRED).
+#   (b) tests/install/find_package/, a CMake project doing find_package(flatmem 0.2 REQUIRED).
 # Also checks the SONAME, the .pc paths and that no installed file names the build tree.
 # Usage: bash scripts/check-install.sh [BUILD_DIR]   (default build/, must be built)
 set -euo pipefail
@@ -61,11 +61,11 @@ cc -std=c99 -pedantic -Wall -Wextra -Werror "$FLATMEM_ROOT/examples/reversible_t
 (cd "$tmp" && LD_LIBRARY_PATH=$libdir ./pc_reversible >/dev/null) || fail "examples/reversible_transformer failed"
 echo "check-install: (a) examples/clip_loss.c and reversible_transformer.c built with pkg-config and ran"
 
-# (b) CMake consumer: find_package(flatmem 0.1 REQUIRED) + flatmem::flatmem.
+# (b) CMake consumer: find_package(flatmem 0.2 REQUIRED) + flatmem::flatmem.
 unset PKG_CONFIG_PATH
 cmake -S "$FLATMEM_ROOT/tests/install/find_package" -B "$tmp/fp" -DCMAKE_PREFIX_PATH="$prefix" \
       -DCMAKE_BUILD_TYPE=Release >"$tmp/fp.log" 2>&1 || { cat "$tmp/fp.log"; fail "find_package consumer: configure"; }
 cmake --build "$tmp/fp" >>"$tmp/fp.log" 2>&1 || { cat "$tmp/fp.log"; fail "find_package consumer: build"; }
 (cd "$tmp" && "$tmp/fp/consumer") || fail "find_package consumer failed"
-echo "check-install: (b) find_package(flatmem 0.1) consumer built and ran"
+echo "check-install: (b) find_package(flatmem 0.2) consumer built and ran"
 echo "check-install: OK"

@@ -61,7 +61,7 @@ def test_the_installed_package_with_its_own_library():
 
 def test_versions_agree():
     lib = flatmem_jax._lib
-    assert lib.flatmem_jax_header_version() == lib.flatmem_jax_library_version() == 100
+    assert lib.flatmem_jax_header_version() == lib.flatmem_jax_library_version() == 200  # 0.2.0
 
 
 def lowered(f, *args, platform):
