@@ -109,6 +109,20 @@ static void check_struct(const void *p, size_t known, size_t size, int line) {
     }                                                                                \
   } while (0)
 
+/* A CPU fp32 tensor of `ndim` dimensions (0: a scalar). */
+static DLTensor tensor_f32(float *data, int32_t ndim, int64_t *shape) {
+  DLTensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.device.device_type = kDLCPU;
+  t.ndim = ndim;
+  t.dtype.code = kDLFloat;
+  t.dtype.bits = 32;
+  t.dtype.lanes = 1;
+  t.shape = shape;
+  return t;
+}
+
 static void contrastive(void) {
   flatmem_contrastive_options *o = caller_struct(SIZE(flatmem_contrastive_options));
   flatmem_contrastive_t *h = NULL;
@@ -125,27 +139,8 @@ static void contrastive(void) {
     /* A real call: loss of two aligned pairs, the handle works. */
     float q[2 * 3] = {1, 0, 0, 0, 1, 0}, scale = 1.0f, loss = -1.0f, row_lse[2], col_lse[2];
     int64_t shape[2] = {2, 3}, two = 2;
-    DLTensor tq, ts, tl, tr, tc;
-    memset(&tq, 0, sizeof tq);
-    tq.data = q;
-    tq.device.device_type = kDLCPU;
-    tq.ndim = 2;
-    tq.dtype.code = kDLFloat;
-    tq.dtype.bits = 32;
-    tq.dtype.lanes = 1;
-    tq.shape = shape;
-    ts = tq;
-    ts.data = &scale;
-    ts.ndim = 0;
-    ts.shape = NULL;
-    tl = ts;
-    tl.data = &loss;
-    tr = tq;
-    tr.data = row_lse;
-    tr.ndim = 1;
-    tr.shape = &two;
-    tc = tr;
-    tc.data = col_lse;
+    DLTensor tq = tensor_f32(q, 2, shape), ts = tensor_f32(&scale, 0, NULL), tl = tensor_f32(&loss, 0, NULL),
+             tr = tensor_f32(row_lse, 1, &two), tc = tensor_f32(col_lse, 1, &two);
     OK(flatmem_contrastive_forward(h, &tq, &tq, NULL, &ts, &tl, &tr, &tc, NULL, 0, NULL));
     CHECK(loss > 0.0f && loss < 1.0f); /* 2 pairs at s = 1, cos 1 vs 0: log(1 + e^-1) = 0.313 */
   }
@@ -180,19 +175,6 @@ static void reversible(void) {
   OK(flatmem_block_destroy(g));
   free(ro);
   free(bo);
-}
-
-static DLTensor vector_f32(float *data, int64_t *n) {
-  DLTensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.device.device_type = kDLCPU;
-  t.ndim = 1;
-  t.dtype.code = kDLFloat;
-  t.dtype.bits = 32;
-  t.dtype.lanes = 1;
-  t.shape = n;
-  return t;
 }
 
 /* Cyclic DP over a group of one: schedule queries, a whole run through
@@ -235,7 +217,7 @@ static void cyclic(flatmem_comm_t *comm) {
     CHECK_STRUCT(a, flatmem_cyclic_action);
     if (a->kind == FLATMEM_CYCLIC_DONE) break;
     if (a->kind == FLATMEM_CYCLIC_BACKWARD) {
-      t = vector_f32(gradient[a->stage][a->step % 2], &n);
+      t = tensor_f32(gradient[a->stage][a->step % 2], 1, &n);
       OK(flatmem_cyclic_reduce(h, a->stage, &t));
       ++backwards;
     }
