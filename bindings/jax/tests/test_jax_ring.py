@@ -88,7 +88,10 @@ def test_a_killed_rank_fails_the_others_within_the_timeout():
         elapsed, message = seen["killed-peer"]
         # timeout_ms = 5000: the error comes at the latest at the deadline (+ scheduling).
         assert elapsed < 15, (elapsed, message)
-        assert any(s in message for s in ("FLATMEM_STATUS_PEER_FAILURE", "FLATMEM_STATUS_TIMEOUT")), message
+        # PEER_FAILURE / TIMEOUT when the forward itself meets the death; COMM_POISONED when the
+        # communicator's progress saw it first (a loaded machine) -- then the reason names the rank.
+        assert any(s in message for s in ("FLATMEM_STATUS_PEER_FAILURE", "FLATMEM_STATUS_TIMEOUT")) or (
+            "FLATMEM_STATUS_COMM_POISONED" in message and "rank 2" in message), message
         assert "flatmem_contrastive_forward" in message, message
         # Later calls fail at once on the poisoned communicator.
         elapsed, message = seen["after"]
