@@ -22,7 +22,9 @@ void check_out(const void *p, const char *name) {
 extern "C" {
 
 flatmem_status flatmem_block_options_init(flatmem_block_options *options, size_t struct_size) {
-  return guarded([&] { init_struct(options, struct_size, flatmem_block_options FLATMEM_BLOCK_OPTIONS_INIT, "options"); });
+  return guarded([&] {
+    init_struct(options, struct_size, flatmem_block_options FLATMEM_BLOCK_OPTIONS_INIT, "options");
+  });
 }
 
 flatmem_status flatmem_block_create(flatmem_block_t **out, const flatmem_block_options *options) {

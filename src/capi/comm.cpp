@@ -144,7 +144,9 @@ DeviceTransport &device_transport(Communicator &c, const char *function) {
 extern "C" {
 
 flatmem_status flatmem_comm_options_init(flatmem_comm_options *options, size_t struct_size) {
-  return guarded([&] { init_struct(options, struct_size, flatmem_comm_options FLATMEM_COMM_OPTIONS_INIT, "options"); });
+  return guarded([&] {
+    init_struct(options, struct_size, flatmem_comm_options FLATMEM_COMM_OPTIONS_INIT, "options");
+  });
 }
 
 flatmem_status flatmem_comm_unique_id_create(const char *address, flatmem_comm_unique_id *id) {

@@ -100,11 +100,9 @@ flatmem_status flatmem_cyclic_schedule_action(const flatmem_cyclic_schedule *sch
                                               size_t action_size) {
   return guarded([&] {
     const cyclic::Schedule s = cyclic::read_schedule(schedule);
-    require(action, "action");
-    check_struct_size(action_size, "action_size");
     check_rank(s, rank);
     if (time_step < 0) invalid("time_step: ", time_step, "; expected >= 0");
-    put_struct(action, action_size, s.action(rank, time_step));
+    write_struct(action, action_size, s.action(rank, time_step), "action", "action_size");
   });
 }
 
@@ -149,7 +147,7 @@ flatmem_status flatmem_cyclic_next(flatmem_cyclic_t *handle, flatmem_cyclic_acti
   return guarded([&] {
     Runtime &r = runtime_of(handle);
     require(action, "action");
-    check_struct_size(action_size, "action_size");
+    check_struct_size(action_size, "action_size");  // before next(), which advances the handle
     put_struct(action, action_size, r.next());
   });
 }

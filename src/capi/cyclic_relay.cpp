@@ -62,11 +62,9 @@ flatmem_status flatmem_cyclic_relay_summary_get(const flatmem_cyclic_t *handle,
                                                 size_t summary_size) {
   return guarded([&] {
     const Runtime &r = runtime_of(handle);
-    if (summary == nullptr) invalid("summary: NULL");
-    check_struct_size(summary_size, "summary_size");
     flatmem_cyclic_relay_summary out{};
     r.relay_summary(out);
-    put_struct(summary, summary_size, out);
+    write_struct(summary, summary_size, out, "summary", "summary_size");
   });
 }
 

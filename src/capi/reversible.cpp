@@ -90,7 +90,9 @@ std::size_t backward_bytes(const StateLayout &s, const ResidualPlan &r,
 extern "C" {
 
 flatmem_status flatmem_reversible_options_init(flatmem_reversible_options *options, size_t struct_size) {
-  return guarded([&] { init_struct(options, struct_size, flatmem_reversible_options FLATMEM_REVERSIBLE_OPTIONS_INIT, "options"); });
+  return guarded([&] {
+    init_struct(options, struct_size, flatmem_reversible_options FLATMEM_REVERSIBLE_OPTIONS_INIT, "options");
+  });
 }
 
 uint64_t flatmem_reversible_block_seed(uint64_t seed, int32_t block, int32_t part) {

@@ -145,10 +145,8 @@ flatmem_status flatmem_cyclic_stages_schedule_occupancy(const flatmem_cyclic_sta
                                                         size_t occupancy_size) {
   return guarded([&] {
     const StageSchedule s = cyclic::stages::read_stage_schedule(schedule);
-    require(occupancy, "occupancy");
-    check_struct_size(occupancy_size, "occupancy_size");
     check_stage(s, stage);
-    put_struct(occupancy, occupancy_size, s.occupancy(stage));
+    write_struct(occupancy, occupancy_size, s.occupancy(stage), "occupancy", "occupancy_size");
   });
 }
 
@@ -196,7 +194,7 @@ flatmem_status flatmem_cyclic_stages_next(flatmem_cyclic_stages_t *handle,
   return guarded([&] {
     StageRuntime &r = runtime(handle);
     require(action, "action");
-    check_struct_size(action_size, "action_size");
+    check_struct_size(action_size, "action_size");  // before next(), which advances the handle
     put_struct(action, action_size, r.next());
   });
 }
