@@ -116,13 +116,15 @@ struct Creates {
   std::vector<flatmem_comm_t *> comms;
   std::vector<flatmem_status> status;
   std::vector<std::string> message;
-  std::vector<bool> untouched;
+  // one byte per rank: each rank's thread writes its own element, and the
+  // bits of a std::vector<bool> share bytes (a data race that failed CI)
+  std::vector<char> untouched;
   double seconds = 0;
   Creates(int world, const std::function<flatmem_cyclic_memory(int)> &memory, std::int64_t timeout_ms) {
     comms.assign(std::size_t(world), nullptr);
     status.assign(std::size_t(world), FLATMEM_STATUS_INTERNAL);
     message.assign(std::size_t(world), "");
-    untouched.assign(std::size_t(world), false);
+    untouched.assign(std::size_t(world), 0);
     REQUIRE(flatmem_comm_create_local(comms.data(), world, nullptr) == FLATMEM_STATUS_SUCCESS);
     const TrainSetup setup = mlp_setup(world, 3, FLATMEM_CYCLIC_DELAY1);
     const auto start = std::chrono::steady_clock::now();
@@ -135,7 +137,7 @@ struct Creates {
         flatmem_cyclic_stages_t *h = sentinel;
         status[i] = flatmem_cyclic_stages_create(&h, comms[i], &o.options);
         message[i] = flatmem_last_error();
-        untouched[i] = h == sentinel;
+        untouched[i] = char(h == sentinel);
         if (h != sentinel) flatmem_cyclic_stages_destroy(h);
       });
     for (std::thread &t : threads) t.join();
