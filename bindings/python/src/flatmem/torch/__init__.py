@@ -22,11 +22,14 @@ except ImportError as e:  # pragma: no cover - exercised by a test that hides to
     raise ImportError("flatmem.torch needs PyTorch (pip install torch); the rest of flatmem works without "
                       "it") from e
 
+from .cyclic import CyclicDataParallel
+from .cyclic_stages import CyclicStageParallel
+from ._stages import split_sequential
 from .distributed import communicator, communicator_from_env
 from .losses import ClipLoss, SigLipLoss, clip_loss, infonce_loss, sigmoid_loss
 from .reversible import ReversibleSequence
 from .transformer import ReversibleTransformer
 
-__all__ = ["ClipLoss", "ReversibleSequence", "ReversibleTransformer", "SigLipLoss", "clip_loss", "communicator",
-           "communicator_from_env", "infonce_loss", "sigmoid_loss"]
+__all__ = ["ClipLoss", "CyclicDataParallel", "CyclicStageParallel", "ReversibleSequence", "ReversibleTransformer", "SigLipLoss", "clip_loss", "communicator",
+           "communicator_from_env", "infonce_loss", "sigmoid_loss", "split_sequential"]
 del _torch
