@@ -1,0 +1,38 @@
+"""flatmem.torch.CyclicDataParallel in real processes under torchrun (torch's launcher, 1 to 4 on
+this machine), the communicator from torch.distributed's process group: the rules against one
+process on the concatenated batch, a small transformer's losses against DistributedDataParallel's,
+and a rank that disappears. The checks are in torch_cyclic_worker.py; each launch is held to a
+deadline and its output read."""
+import pytest
+
+from test_torch_ring import torchrun_worker
+
+
+def launch(mode, ranks, timeout=300):
+    return torchrun_worker("torch_cyclic_worker.py", mode, ranks, timeout)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])  # 3: the killed test; 1 .. 4 in-process: test_torch_cyclic.py
+def test_sync_and_delay1_equal_one_process_under_torchrun(ranks):
+    rc, out = launch("sync", ranks)
+    assert rc == 0, out
+    for r in range(ranks):
+        assert f"rank {r}: sync ok" in out, out
+
+
+def test_a_transformer_trains_as_under_distributed_data_parallel():
+    rc, out = launch("transformer", 4)
+    assert rc == 0, out
+    for r in range(4):
+        assert f"rank {r}: transformer ok" in out, out
+
+
+def test_a_rank_that_disappears_fails_the_others_without_a_hang():
+    rc, out = launch("killed", 3, timeout=120)
+    for r in (0, 2):
+        line = next((x for x in out.splitlines() if x.startswith(f"rank {r}: failed as expected")), None)
+        assert line is not None, out
+        assert "rank 1" in line or "peer 1" in line, line
+        seconds = float(line.split("after ")[1].split(" s")[0])
+        assert seconds < 30, line
+    del rc  # torchrun reports the vanished rank's exit its own way; the lines above are the check
