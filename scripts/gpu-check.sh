@@ -38,7 +38,7 @@
 #                  segments) under jit and grad against references on the GPU (jax.log); --pack
 #                  builds libflatmem_jax.so against the XLA FFI headers of the image's jaxlib
 #   8. torch       the Python package built there (the carried SWIG wheel, the image's Python)
-#                  and flatmem.torch's CUDA tests, bindings/python/tests/test_torch_cuda.py (torch.log)
+#                  and flatmem.torch's CUDA tests, bindings/python/tests/test_torch_cuda.py and test_torch_cyclic_cuda.py (torch.log)
 #   9. reversible  reversible_cuda_bench, width 768, 12 heads, MLP 3072, depths 12 and 24,
 #                  batches 8..128, TF32 then FP32 (rows of both in one CSV)
 #  10. contrastive-large  the same bench at d 768, b 262144 and d 512, b 16384..262144
@@ -577,7 +577,7 @@ torch_step() {
   PYTHONPATH=$site/tools cmake --build "$site/cmake" -j "$(nproc)" >/dev/null || return 1
   cmake --install "$site/cmake" --prefix "$site/py" >/dev/null || return 1
   (cd "$FLATMEM_ROOT/bindings/python/tests" &&
-     PYTHONPATH=$site/py python3 -m pytest -q -p no:cacheprovider -rs test_torch_cuda.py)
+     PYTHONPATH=$site/py python3 -m pytest -q -p no:cacheprovider -rs test_torch_cuda.py test_torch_cyclic_cuda.py)
 }
 export -f torch_step
 export carry build

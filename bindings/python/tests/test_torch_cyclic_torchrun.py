@@ -3,9 +3,13 @@ this machine), the communicator from torch.distributed's process group: the rule
 process on the concatenated batch, a small transformer's losses against DistributedDataParallel's,
 and a rank that disappears. The checks are in torch_cyclic_worker.py; each launch is held to a
 deadline and its output read."""
+import pathlib
+
 import pytest
 
 from test_torch_ring import torchrun_worker
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "examples" / "torch" / "cyclic_transformer.py"
 
 
 def launch(mode, ranks, timeout=300):
@@ -36,3 +40,9 @@ def test_a_rank_that_disappears_fails_the_others_without_a_hang():
         seconds = float(line.split("after ")[1].split(" s")[0])
         assert seconds < 30, line
     del rc  # torchrun reports the vanished rank's exit its own way; the lines above are the check
+
+
+def test_the_example_runs_relayed_under_torchrun():
+    rc, out = torchrun_worker(str(EXAMPLE), "--parameters", 2, 300, "relayed", "--steps", "4", "--stages", "2")
+    assert rc == 0, out
+    assert "step   3  loss" in out and "parameters per rank: shards" in out, out

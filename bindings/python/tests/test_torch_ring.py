@@ -25,16 +25,16 @@ def torchrun(mode, ranks=4, timeout=240):
     return torchrun_worker(WORKER.name, mode, ranks, timeout)
 
 
-def torchrun_worker(worker, mode, ranks, timeout):
-    """python -m torch.distributed.run of tests/`worker` `mode` on `ranks` processes; (exit status,
-    output)."""
+def torchrun_worker(worker, mode, ranks, timeout, *more):
+    """python -m torch.distributed.run of `worker` (a path, or a file of tests/) `mode` `more...` on
+    `ranks` processes; (exit status, output)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1")
     env.pop("FLATMEM_COORDINATOR", None)
     port = free_port()
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks),
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--master-addr", "127.0.0.1",
-               "--master-port", str(port), str(HERE / worker), mode]
+               "--master-port", str(port), str(HERE / worker), mode, *more]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     return done.returncode, done.stdout + done.stderr
 

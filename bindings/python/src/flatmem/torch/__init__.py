@@ -10,11 +10,14 @@ loss modules, flatmem communicators from torch.distributed, and reversible segme
     seq = fmt.ReversibleSequence([(F1, G1), (F2, G2)], mode="auto")          # nn.Modules, O(1) activations
     y1, y2 = seq(x1, x2)
     model = fmt.ReversibleTransformer(width=384, heads=6, depth=12)           # flatmem's built-in blocks
+    cdp = fmt.CyclicDataParallel(fmt.split_sequential(net, 4), opt, loss_fn, comm, steps=S)
+    loss = cdp.step(inputs, target)   # cyclic data parallelism: staggered ranks, per-stage reduce chains
 
 ``import flatmem`` does not need torch; ``import flatmem.torch`` does. The losses are documented in
 flatmem.torch.losses, the communicators (and the gradient convention under DDP) in
 flatmem.torch.distributed, the reversible segments in flatmem.torch.reversible and
-flatmem.torch.transformer.
+flatmem.torch.transformer, cyclic data parallelism in flatmem.torch.cyclic (data-parallel ranks) and
+flatmem.torch.cyclic_stages (one rank per stage).
 """
 try:
     import torch as _torch
