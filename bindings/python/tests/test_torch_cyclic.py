@@ -70,6 +70,9 @@ def test_relayed_equals_replicated(world, stages):
         assert [float(x) for x in relayed[r]["losses"]] == [float(x) for x in replicated[r]["losses"]]
         for j, (where, shard) in relayed[r]["shards"].items():
             assert torch.equal(shard, replicated[r]["flat"][j][where]), (r, j)
+        # the relayed graph saves no parameter tensor (it would count as an activation here): the
+        # weights the backward needs are re-read from the relay's copy for the backward
+        assert relayed[r]["peak"] == replicated[r]["peak"]
         relay = relayed[r]["relay"]
         # each rank keeps ~1/N of the parameters (ceil(n_j / N) elements of every stage at most), plus
         # the relay's staging of full stages (K buffers of the largest; bench/torch_cdp_bench.py weighs it)
