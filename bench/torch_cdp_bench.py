@@ -51,9 +51,8 @@ launcher, prints the table with ratios to DDP measured in the same run and write
   The target is checked on "during". Stage-parallel: the sum over its L stage ranks likewise (several
   actions may share a time step there; "during" takes the most after any of them); a boundary
   activation is counted on both ranks that hold it (the sender keeps its output, the receiver its
-  copy). CyclicStageParallel's own meter counts the parameter versions it saves for the backward as
-  activations (a flatmem.torch bug: its meter excludes nothing); this bench excludes them before
-  every forward (a subclass overriding _forward), as CyclicDataParallel excludes its parameters.
+  copy). The parameter versions a stage rank keeps are excluded by its meter, as CyclicDataParallel's
+  parameters are by its own.
 - Parameter memory per rank (parameters only; gradients and optimizer state are not counted):
   DDP, CDP sync / replicated: every parameter. FSDP: this rank's shards plus the most unsharded
   parameter bytes (FSDP's all-gather outputs still allocated) seen at the stage hooks. CDP relayed:
@@ -442,7 +441,7 @@ def run_cdp(o, kind, rank, N, model, stages, data):
     summ = cdp.summary()
     out["summary"] = summ._asdict()
     if parameters == "relayed":
-        for rs in cdp._cyc.relay_stats():  # the wrapper has relay_summary() only
+        for rs in cdp.relay_stats():
             sent[rs.time_step] = sent.get(rs.time_step, 0) + rs.relay_bytes_sent
             scheduled[rs.time_step] = scheduled.get(rs.time_step, 0) + rs.relay_bytes_sent
         r = cdp.relay_summary()
@@ -470,16 +469,7 @@ def run_stages(o, rank, N, model, stages, data):
         raise SystemExit(f"stage-parallel: {comm.world_size} ranks for {L} stages")
     stage = stages[rank]
     micro = o.ranks  # the data-parallel ranks' batches as micro-batches: the same global batch
-    class StageParallel(fmt.CyclicStageParallel):
-        """Works around a flatmem.torch bug: CyclicStageParallel's meter excludes no parameters, so the
-        parameter versions it saves for backward (the leaves of _versions) count as activations; this
-        excludes them before every forward, as CyclicDataParallel excludes its parameters."""
-
-        def _forward(self, a):
-            self.meter.exclude = {t.untyped_storage().data_ptr() for v in self._versions.values() for t in v}
-            return super()._forward(a)
-
-    sp = StageParallel(stage, lambda ps: torch.optim.AdamW(ps, lr=o.lr, weight_decay=0.01), loss_fn, comm,
+    sp = fmt.CyclicStageParallel(stage, lambda ps: torch.optim.AdamW(ps, lr=o.lr, weight_decay=0.01), loss_fn, comm,
                                  micro_batches=micro, steps=o.steps,
                                  boundary_shapes=[(o.batch, o.seq, o.width)] * (L - 1), rule="delay1")
     own = param_bytes(stage)

@@ -205,3 +205,11 @@ def test_split_sequential_balances_parameters_and_keeps_activations_with_their_l
     assert [len(p) for p in parts] == [3, 3]  # [Tanh, Linear 500, ReLU] [Linear 404, Linear 20, Tanh]
     assert parts[0][1] is model[1]  # the layers themselves, not copies
     assert len(fmt.split_sequential(model, 3)) == 3
+
+
+def test_stage_parallel_counts_no_parameter_as_an_activation():
+    # one stage, one micro-batch: the stage rank saves what a data-parallel rank saves, except that
+    # its weights are kept versions (copies); neither counts them
+    dp = train_data_parallel(1, 1, 2, "delay1", sgd(0.1), hidden=(64, 64))
+    sp = train_stage_parallel(1, 1, 2, "delay1", sgd(0.1), hidden=(64, 64))
+    assert sp[0]["peak"] == dp[0]["peak"] > 0

@@ -341,7 +341,12 @@ class CyclicDataParallel:
         return self._cyc.stats(first, count)
 
     def relay_summary(self):
+        """Relayed: flatmem.CyclicRelaySummary (shard, replica and staging bytes, peaks)."""
         return self._cyc.relay_summary()
+
+    def relay_stats(self, first=0, count=None):
+        """Relayed: per time step parameter bytes held and relay bytes sent (flatmem.CyclicRelayTimeStep)."""
+        return self._cyc.relay_stats(first, count)
 
     def close(self):
         """Release the runtime (before the schedule ends this poisons the communicator: the

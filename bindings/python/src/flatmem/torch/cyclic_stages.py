@@ -76,6 +76,7 @@ class CyclicStageParallel:
         self.micro_batches, self.steps = int(micro_batches), int(steps)
         self._versions = {0: [p.detach().clone() for p in self.flat.params]}
         self.meter = SavedBytes()
+        self._exclude_parameters()
         self._trace: list[tuple[int, int]] = []
         self._kept: dict = {}  # (step, micro-batch) -> (input leaf, output, parameter leaves)
         self._data: dict = {}  # step -> the caller's micro-batches
@@ -170,6 +171,12 @@ class CyclicStageParallel:
         keep = self._h.schedule.versions_kept(self.stage)
         for old in [u for u in self._versions if u <= v + 1 - keep]:
             del self._versions[old]
+        self._exclude_parameters()
+
+    def _exclude_parameters(self):
+        """The meter counts activations: the parameter versions the forwards save are not."""
+        self.meter.exclude = {t.untyped_storage().data_ptr() for v in self._versions.values() for t in v} | {
+            p.untyped_storage().data_ptr() for p in self.flat.params}
 
     def _forward(self, a):
         key = (a.step, a.micro_batch)
