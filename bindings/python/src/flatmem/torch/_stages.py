@@ -11,6 +11,8 @@ one flat vector, the optimizers, and the measured activation bytes.
   None, so a per-parameter optimizer -- SGD, Adam, AdamW, ... -- steps as it would per stage).
 * ``SavedBytes``: the bytes autograd keeps for the backward of each stage in flight, measured by
   ``torch.autograd.graph.saved_tensors_hooks`` (distinct storages, parameters excluded).
+* ``CyclicRunner``: the state both wrappers keep around their runtime handle (failed / done /
+  closed, the meter and its trace, the CUDA stream) and the queries they pass through.
 """
 from __future__ import annotations
 
@@ -210,3 +212,78 @@ class SavedBytes:
             if entry[1] == 0:
                 del self._storages[ptr]
                 self.held -= entry[0]
+
+
+class CyclicRunner:
+    """The part of a cyclic wrapper around its flatmem runtime handle `_runtime` (flatmem.Cyclic or
+    flatmem.CyclicStages): a failure is kept and raised again by every later call, the meter and
+    its per-action trace, the stream device work is handed over on, and the pass-through queries.
+    Subclasses call _start(...) in their constructor and drop what they hold in flight in _drop()."""
+
+    def _start(self, runtime, device):
+        self._runtime = runtime
+        self.device = device
+        self.meter = SavedBytes()
+        self._trace: list[tuple[int, int]] = []  # (global time step, activation bytes held) per action
+        self._done = False
+        self._error = None
+
+    def _drop(self):
+        """Forget what is in flight (kept graphs, held gradients)."""
+
+    def _stream(self):
+        """The cudaStream_t device tensors are handed over on (torch's current stream); None on the CPU."""
+        return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else None
+
+    def _traced(self, time_step):
+        self._trace.append((time_step, self.meter.held))
+
+    def _guarded(self, run):
+        """run(); any exception fails the wrapper for good (kept, raised again by later calls)."""
+        try:
+            return run()
+        except BaseException as e:
+            if self._error is None:
+                self._error = e
+            self._drop()
+            raise
+
+    def _check_usable(self):
+        name = type(self).__name__
+        if self._error is not None:
+            raise RuntimeError(f"{name} failed earlier: {type(self._error).__name__}: {self._error}") from self._error
+        if self._runtime.closed:
+            raise RuntimeError(f"{name}: closed")
+        if self._done:
+            raise RuntimeError(f"{name}: finish() ran; the schedule is done")
+
+    @property
+    def schedule(self):
+        return self._runtime.schedule
+
+    @property
+    def activation_peak_bytes(self):
+        """The most activation bytes this rank held at once (measured)."""
+        return self.meter.peak
+
+    def activation_trace(self):
+        """[(global time step, activation bytes held after each action)] for this rank."""
+        return list(self._trace)
+
+    def summary(self):
+        return self._runtime.summary()
+
+    def stats(self, first=0, count=None):
+        return self._runtime.stats(first, count)
+
+    def close(self):
+        """Release the runtime (before the schedule ends this poisons the communicator: the peers fail
+        naming this rank)."""
+        self._drop()
+        self._runtime.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

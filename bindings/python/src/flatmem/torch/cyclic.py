@@ -68,7 +68,7 @@ import torch
 from torch import nn
 
 from ..cyclic import Cyclic
-from ._stages import FlatStage, SavedBytes, StageOptimizers, split_sequential
+from ._stages import CyclicRunner, FlatStage, StageOptimizers, split_sequential
 
 
 class _RelayedWeights:
@@ -90,11 +90,7 @@ class _RelayedWeights:
         return self.buffer.as_strided(*marker)
 
 
-class _Failed(RuntimeError):
-    pass
-
-
-class CyclicDataParallel:
+class CyclicDataParallel(CyclicRunner):
     """One rank of cyclic data-parallel training of `stages` (a list of L nn.Modules: stage j+1
     takes stage j's output) with `optimizer` and `loss_fn(output, target) -> scalar`, over the
     flatmem.Communicator `comm` (flatmem.torch.communicator()). Creation is collective.
@@ -120,18 +116,17 @@ class CyclicDataParallel:
         devices = {f.device for f in self._flat}
         if len(devices) != 1:
             raise TypeError(f"stages: every stage on one device expected, got {sorted(map(str, devices))}")
-        self.device = devices.pop()
+        device = devices.pop()
         self.relayed = parameters == "relayed"
         if parameters not in ("replicated", "relayed"):
             raise ValueError(f"parameters: {parameters!r}; expected 'replicated' or 'relayed'")
-        if self.relayed and not callable(optimizer) or self.relayed and isinstance(optimizer, torch.optim.Optimizer):
+        if self.relayed and (isinstance(optimizer, torch.optim.Optimizer) or not callable(optimizer)):
             raise TypeError("optimizer: parameters='relayed' needs a factory params -> Optimizer (it is made "
                             "over this rank's shards)")
-        on_cuda = self.device.type == "cuda"
-        self._cyc = Cyclic(comm, stages=len(self.stages), steps=steps, rule=rule, timeout_ms=timeout_ms,
+        self._start(Cyclic(comm, stages=len(self.stages), steps=steps, rule=rule, timeout_ms=timeout_ms,
                            nonfinite=nonfinite, history=history, parameters=parameters,
                            parameter_count=[f.numel for f in self._flat] if self.relayed else None,
-                           memory="cuda" if on_cuda else "host")
+                           memory="cuda" if device.type == "cuda" else "host"), device)
         self.comm, self.steps, self.rule = comm, int(steps), rule
         try:
             if self.relayed:
@@ -140,31 +135,24 @@ class CyclicDataParallel:
             else:
                 self._optim = StageOptimizers(optimizer, [f.params for f in self._flat])
         except BaseException:
-            self._cyc.close()
+            self._runtime.close()
             raise
-        self.meter = SavedBytes()
         self.meter.exclude = {p.untyped_storage().data_ptr() for f in self._flat for p in f.params}
-        self._trace: list[tuple[int, int]] = []  # (time step, activation bytes held) per action
         self._kept: dict = {}  # stage -> (input leaf or None, output, relayed stand-in)
         self._held: dict = {}  # (stage, step) -> the flat gradient the runtime averages
         self._input = self._target = None
         self._dy = None
         self._loss = None
         self._started = 0
-        self._done = False
-        self._error = None
 
     # ---- setup -------------------------------------------------------------------------
-
-    def _stream(self):
-        return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else None
 
     def _make_shards(self):
         shards = []
         for j, f in enumerate(self._flat):
             full = f.flat()
-            shard = nn.Parameter(full[self._cyc.shard_range(j)].clone())
-            self._cyc.set_shard(j, shard.detach(), stream=self._stream())
+            shard = nn.Parameter(full[self._runtime.shard_range(j)].clone())
+            self._runtime.set_shard(j, shard.detach(), stream=self._stream())
             shards.append(shard)
             for p in f.params:  # the module's copy is the relay's now
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
@@ -179,20 +167,20 @@ class CyclicDataParallel:
             raise RuntimeError(f"CyclicDataParallel.step: all {self.steps} steps were run (steps= at construction)")
         self._input, self._target = inputs, target
         try:
-            while True:
-                a = self._advance()
-                if a.kind == "done":
-                    raise RuntimeError("CyclicDataParallel.step: the schedule ended before this step's backward")
-                if a.kind == "backward" and a.stage == 0:
-                    break
-        except BaseException as e:
-            self._fail(e)
-            raise
+            self._guarded(self._run_step)
         finally:
             self._input = self._target = None
         self._started += 1
         loss, self._loss = self._loss, None
         return loss
+
+    def _run_step(self):
+        while True:
+            a = self._advance()
+            if a.kind == "done":
+                raise RuntimeError("CyclicDataParallel.step: the schedule ended before this step's backward")
+            if a.kind == "backward" and a.stage == 0:
+                return
 
     def finish(self):
         """Run the time steps after this rank's last backward: the last updates (every step() must
@@ -200,17 +188,16 @@ class CyclicDataParallel:
         self._check_usable()
         if self._started < self.steps:
             raise RuntimeError(f"CyclicDataParallel.finish: {self._started} of {self.steps} steps were run")
-        try:
-            while self._advance().kind != "done":
-                pass
-        except BaseException as e:
-            self._fail(e)
-            raise
+        self._guarded(lambda: self._advance_to("done"))
         self._done = True
         return self
 
+    def _advance_to(self, kind):
+        while self._advance().kind != kind:
+            pass
+
     def _advance(self):
-        a = self._cyc.next()
+        a = self._runtime.next()
         if a.update_stage is not None:
             self._update(a.update_stage, a.update_step)
         if a.kind == "forward":
@@ -218,13 +205,13 @@ class CyclicDataParallel:
         elif a.kind == "backward":
             self._backward(a.stage, a.step)
         if a.kind != "done":
-            self._trace.append((a.time_step, self.meter.held))
+            self._traced(a.time_step)
         return a
 
     def _update(self, j, v):
         flat = self._held.pop((j, v))
         if self.relayed:
-            self._shards[j].grad = flat[self._cyc.shard_range(j)]
+            self._shards[j].grad = flat[self._runtime.shard_range(j)]
         else:
             self._flat[j].set_grads(self._flat[j].params, flat)
         self._optim.step(j)
@@ -240,7 +227,7 @@ class CyclicDataParallel:
         with torch.enable_grad():
             if self.relayed:
                 full = torch.empty(self._flat[j].numel, dtype=self._flat[j].dtype, device=self.device)
-                self._cyc.parameters(full, stream=self._stream())
+                self._runtime.parameters(full, stream=self._stream())
                 full.requires_grad_()
                 stand_in = _RelayedWeights(full)
                 with self.meter.record((j, s), stand_in):
@@ -268,7 +255,7 @@ class CyclicDataParallel:
         if self.relayed:
             full = stand_in.leaf
             buffer = torch.empty(self._flat[j].numel, dtype=self._flat[j].dtype, device=self.device)
-            self._cyc.parameters(buffer, stream=self._stream())
+            self._runtime.parameters(buffer, stream=self._stream())
             full.data = buffer
             stand_in.buffer = buffer
             torch.autograd.backward(y, grad_out)
@@ -283,32 +270,21 @@ class CyclicDataParallel:
         self._dy = leaf.grad if leaf is not None else None
         del leaf, y
         self.meter.release((j, s))
-        self._cyc.reduce(j, flat, stream=self._stream())
+        self._runtime.reduce(j, flat, stream=self._stream())
         self._held[(j, s)] = flat
 
     # ---- state -------------------------------------------------------------------------
 
-    def _fail(self, e):
-        if self._error is None:
-            self._error = e
+    def _drop(self):
         self._kept.clear()
         self._held.clear()
         self._dy = None
-
-    def _check_usable(self):
-        if self._error is not None:
-            raise _Failed(f"CyclicDataParallel failed earlier: {type(self._error).__name__}: {self._error}") \
-                from self._error
-        if self._cyc.closed:
-            raise RuntimeError("CyclicDataParallel: closed")
-        if self._done:
-            raise RuntimeError("CyclicDataParallel: finish() ran; the schedule is done")
 
     def shards(self):
         """Relayed: {stage: (slice of the stage's flat parameters, this rank's shard)}."""
         if not self.relayed:
             raise RuntimeError("CyclicDataParallel.shards: parameters='relayed' only")
-        return {j: (self._cyc.shard_range(j), s.detach()) for j, s in enumerate(self._shards)}
+        return {j: (self._runtime.shard_range(j), s.detach()) for j, s in enumerate(self._shards)}
 
     def flat_parameters(self, stage):
         """Replicated: stage `stage`'s parameters end to end (a copy)."""
@@ -321,45 +297,13 @@ class CyclicDataParallel:
         """The optimizer of each stage (the same object L times for a shared one)."""
         return [self._optim[j] for j in range(len(self.stages))]
 
-    @property
-    def schedule(self):
-        return self._cyc.schedule
-
-    @property
-    def activation_peak_bytes(self):
-        """The most activation bytes this rank held at once (measured)."""
-        return self.meter.peak
-
-    def activation_trace(self):
-        """[(global time step, activation bytes held after its action)] for this rank."""
-        return list(self._trace)
-
-    def summary(self):
-        return self._cyc.summary()
-
-    def stats(self, first=0, count=None):
-        return self._cyc.stats(first, count)
-
     def relay_summary(self):
         """Relayed: flatmem.CyclicRelaySummary (shard, replica and staging bytes, peaks)."""
-        return self._cyc.relay_summary()
+        return self._runtime.relay_summary()
 
     def relay_stats(self, first=0, count=None):
         """Relayed: per time step parameter bytes held and relay bytes sent (flatmem.CyclicRelayTimeStep)."""
-        return self._cyc.relay_stats(first, count)
-
-    def close(self):
-        """Release the runtime (before the schedule ends this poisons the communicator: the
-        peers fail naming this rank)."""
-        self._kept.clear()
-        self._held.clear()
-        self._cyc.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        return self._runtime.relay_stats(first, count)
 
 
 __all__ = ["CyclicDataParallel", "split_sequential"]

@@ -38,10 +38,10 @@ import math
 import torch
 
 from ..cyclic_stages import CyclicStages
-from ._stages import FlatStage, SavedBytes, StageOptimizers
+from ._stages import CyclicRunner, FlatStage, StageOptimizers
 
 
-class CyclicStageParallel:
+class CyclicStageParallel(CyclicRunner):
     """This rank's stage (comm.rank) of stage-parallel cyclic training; creation is collective.
 
     stage            this rank's nn.Module (stage j maps the output of stage j - 1)
@@ -63,32 +63,24 @@ class CyclicStageParallel:
                              "between stages)")
         self.boundary_shapes = shapes
         item = self.flat.params[0].element_size()
-        self.device = self.flat.device
-        on_cuda = self.device.type == "cuda"
-        self._h = CyclicStages(comm, micro_batches=micro_batches, steps=steps,
-                               boundary_bytes=[math.prod(s) * item for s in shapes], rule=rule,
-                               timeout_ms=timeout_ms, history=history, memory="cuda" if on_cuda else "host")
+        self._start(CyclicStages(comm, micro_batches=micro_batches, steps=steps,
+                                 boundary_bytes=[math.prod(s) * item for s in shapes], rule=rule,
+                                 timeout_ms=timeout_ms, history=history,
+                                 memory="cuda" if self.flat.device.type == "cuda" else "host"), self.flat.device)
         try:
             self._optim = StageOptimizers(optimizer, [self.flat.params])
         except BaseException:
-            self._h.close()
+            self._runtime.close()
             raise
         self.micro_batches, self.steps = int(micro_batches), int(steps)
         self._versions = {0: [p.detach().clone() for p in self.flat.params]}
-        self.meter = SavedBytes()
         self._exclude_parameters()
-        self._trace: list[tuple[int, int]] = []
         self._kept: dict = {}  # (step, micro-batch) -> (input leaf, output, parameter leaves)
         self._data: dict = {}  # step -> the caller's micro-batches
         self._pending = None  # an action taken from next() that waits for a later step's data
         self._backwards_done: dict = {}  # step -> backwards run
         self._losses: dict = {}  # step -> {micro-batch: loss}
         self._given = 0
-        self._done = False
-        self._error = None
-
-    def _stream(self):
-        return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else None
 
     def _buffer(self, shape):
         t = torch.empty(shape, dtype=self.flat.dtype, device=self.device)
@@ -109,49 +101,42 @@ class CyclicStageParallel:
             raise ValueError(f"batches: {len(batches)} micro-batches; expected {self.micro_batches}")
         self._data[s] = batches
         self._given += 1
-        try:
-            while self._backwards_done.get(s, 0) < self.micro_batches:
-                a = self._pending or self._next()
-                self._pending = None
-                if a.kind == "done":
-                    raise RuntimeError("CyclicStageParallel.step: the schedule ended before this step's backwards")
-                if a.step is not None and a.step >= self._given and self._needs_data(a):
-                    self._pending = a
-                    break
-                self._act(a)
-        except BaseException as e:
-            self._fail(e)
-            raise
+        self._guarded(lambda: self._run_step(s))
         self._data.pop(s - 1, None)
         return self._losses.pop(s, {}) if self.stage == self.stages - 1 else {}
+
+    def _run_step(self, s):
+        while self._backwards_done.get(s, 0) < self.micro_batches:
+            a = self._take()
+            if a.kind == "done":
+                raise RuntimeError("CyclicStageParallel.step: the schedule ended before this step's backwards")
+            if a.step is not None and a.step >= self._given and self._needs_data(a):
+                self._pending = a  # taken up again by the next step() call, with its data
+                return
+            self._act(a)
+
+    def _take(self):
+        """The action held back for lack of data, else the handle's next one."""
+        a, self._pending = self._pending, None
+        return a or self._runtime.next()
 
     def finish(self):
         """Run this stage to the end of the schedule (every step must have been given)."""
         self._check_usable()
         if self._given < self.steps:
             raise RuntimeError(f"CyclicStageParallel.finish: {self._given} of {self.steps} steps were given")
-        try:
-            while True:
-                a = self._pending or self._next()
-                self._pending = None
-                if a.kind == "done":
-                    break
-                self._act(a)
-        except BaseException as e:
-            self._fail(e)
-            raise
+        self._guarded(self._run_to_done)
         self._done = True
-        losses = {}
-        for s in sorted(self._losses):
-            losses[s] = self._losses.pop(s)
+        losses, self._losses = dict(sorted(self._losses.items())), {}
         return losses
+
+    def _run_to_done(self):
+        while (a := self._take()).kind != "done":
+            self._act(a)
 
     def _needs_data(self, a):
         # stage 0's forward reads the inputs, the last stage's the targets; nothing else reads data
         return a.kind == "forward" and (self.stage == 0 or self.stage == self.stages - 1)
-
-    def _next(self):
-        return self._h.next()
 
     def _act(self, a):
         if a.update_step is not None:
@@ -160,15 +145,15 @@ class CyclicStageParallel:
             self._forward(a)
         elif a.kind == "backward":
             self._backward(a)
-        self._trace.append((a.time_step, self.meter.held))
+        self._traced(a.time_step)
 
     def _update(self, v):
         average, view = self._buffer((self.flat.numel,))
-        self._h.average(view, stream=self._stream())
+        self._runtime.average(view, stream=self._stream())
         self.flat.set_grads(self.flat.params, average)
         self._optim.step(0)
         self._versions[v + 1] = [p.detach().clone() for p in self.flat.params]
-        keep = self._h.schedule.versions_kept(self.stage)
+        keep = self._runtime.schedule.versions_kept(self.stage)
         for old in [u for u in self._versions if u <= v + 1 - keep]:
             del self._versions[old]
         self._exclude_parameters()
@@ -183,7 +168,7 @@ class CyclicStageParallel:
         last = self.stage == self.stages - 1
         if a.receives:
             x, view = self._buffer(self.boundary_shapes[self.stage - 1])
-            self._h.receive(view, stream=self._stream())
+            self._runtime.receive(view, stream=self._stream())
             x.requires_grad_()
         else:
             x = self._data[a.step][a.micro_batch][0]
@@ -197,7 +182,7 @@ class CyclicStageParallel:
         else:
             self.meter.add(key, y)
         if a.sends:
-            self._h.send(y.detach().contiguous(), stream=self._stream())
+            self._runtime.send(y.detach().contiguous(), stream=self._stream())
         self._kept[key] = (x if a.receives else None, y, leaves)
 
     def _backward(self, a):
@@ -206,59 +191,20 @@ class CyclicStageParallel:
         dy = None
         if a.receives:
             dy, view = self._buffer(self.boundary_shapes[self.stage])
-            self._h.receive(view, stream=self._stream())
+            self._runtime.receive(view, stream=self._stream())
         torch.autograd.backward(y, dy)
-        self._h.accumulate(self.flat.flat_grad(leaves), stream=self._stream())
+        self._runtime.accumulate(self.flat.flat_grad(leaves), stream=self._stream())
         if a.sends:
-            self._h.send(x.grad.contiguous(), stream=self._stream())
+            self._runtime.send(x.grad.contiguous(), stream=self._stream())
         del x, y, leaves
         self.meter.release(key)
         self._backwards_done[a.step] = self._backwards_done.get(a.step, 0) + 1
 
     # ---- state -------------------------------------------------------------------------
 
-    def _fail(self, e):
-        if self._error is None:
-            self._error = e
+    def _drop(self):
         self._kept.clear()
         self._pending = None
-
-    def _check_usable(self):
-        if self._error is not None:
-            raise RuntimeError(f"CyclicStageParallel failed earlier: {type(self._error).__name__}: {self._error}") \
-                from self._error
-        if self._h.closed:
-            raise RuntimeError("CyclicStageParallel: closed")
-        if self._done:
-            raise RuntimeError("CyclicStageParallel: finish() ran; the schedule is done")
-
-    @property
-    def schedule(self):
-        return self._h.schedule
-
-    @property
-    def activation_peak_bytes(self):
-        return self.meter.peak
-
-    def activation_trace(self):
-        """[(global time step, activation bytes held after the action)] for this stage."""
-        return list(self._trace)
-
-    def summary(self):
-        return self._h.summary()
-
-    def stats(self, first=0, count=None):
-        return self._h.stats(first, count)
-
-    def close(self):
-        self._kept.clear()
-        self._h.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 __all__ = ["CyclicStageParallel"]
