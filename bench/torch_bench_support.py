@@ -211,6 +211,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def torchrun(script: str, ranks: int, args: Sequence[str], *, threads: int, timeout: Optional[float],
+             echo: bool = False, note_lines=("error",)) -> dict:
+    """`script --result PATH args...` on `ranks` processes under torchrun (python -m
+    torch.distributed.run, c10d rendezvous on 127.0.0.1 at a free port; OMP_NUM_THREADS=threads,
+    bench/ on PYTHONPATH, FLATMEM_COMM_TIMEOUT_MS=600000 unless set, no FLATMEM_COORDINATOR).
+    Rank 0 writes its JSON result to PATH. Returns {"status": "ok", "wall_s": ..., **result}, or
+    status "failed" with a note: the last three output lines holding any of `note_lines`."""
+    import json
+    import sys
+    import time
+
+    port = free_port()
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as tmp:
+        result_path = os.path.join(tmp, "result.json")
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(ranks),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--master-addr", "127.0.0.1",
+                "--master-port", str(port), os.path.abspath(script), *args, "--result", result_path]
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads),
+                   PYTHONPATH=os.pathsep.join([here] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        env.setdefault("FLATMEM_COMM_TIMEOUT_MS", "600000")
+        env.pop("FLATMEM_COORDINATOR", None)
+        started = time.monotonic()
+        rc, output, _ = spawn(argv, env=env, timeout=timeout, echo=echo)
+        row = {"status": "ok", "wall_s": time.monotonic() - started}
+        result = None
+        if os.path.exists(result_path):
+            with open(result_path) as f:
+                result = json.load(f)
+    if rc != 0 or result is None:
+        lines = [x for x in output.splitlines() if any(k in x.lower() for k in note_lines)]
+        row.update(status="failed", note=" | ".join(lines[-3:]) or tail(output) or f"exit status {rc}")
+        return row
+    row.update(result)
+    return row
+
+
 # ---------------------------------------------------------------------------
 # Formatting
 # ---------------------------------------------------------------------------

@@ -627,32 +627,12 @@ def worker(o):
 
 
 def launch(o, kind) -> dict:
-    port = sup.free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        result_path = os.path.join(tmp, "result.json")
-        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(o.ranks),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--master-addr", "127.0.0.1",
-                "--master-port", str(port), os.path.abspath(__file__), "--worker", kind, "--result", result_path]
-        for k in ("steps", "warmup", "stages", "depth", "width", "heads", "vocab", "seq", "batch", "threads", "seed"):
-            argv += [f"--{k}", str(getattr(o, k))]
-        argv += ["--lr", repr(o.lr), "--ranks", str(o.ranks)]
-        env = dict(os.environ, OMP_NUM_THREADS=str(o.threads),
-                   PYTHONPATH=os.pathsep.join([HERE] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-        env.setdefault("FLATMEM_COMM_TIMEOUT_MS", "600000")
-        env.pop("FLATMEM_COORDINATOR", None)
-        started = time.monotonic()
-        rc, output, _ = sup.spawn(argv, env=env, timeout=o.timeout, echo=o.verbose)
-        row = {"config": kind, "name": CONFIGS[kind], "status": "ok", "wall_s": time.monotonic() - started}
-        result = None
-        if os.path.exists(result_path):
-            with open(result_path) as f:
-                result = json.load(f)
-    if rc != 0 or result is None:
-        lines = [x for x in output.splitlines() if "error" in x.lower()]
-        row.update(status="failed", note=" | ".join(lines[-3:]) or sup.tail(output) or f"exit status {rc}")
-        return row
-    row.update(result)
-    return row
+    args = ["--worker", kind]
+    for k in ("steps", "warmup", "stages", "depth", "width", "heads", "vocab", "seq", "batch", "threads", "seed"):
+        args += [f"--{k}", str(getattr(o, k))]
+    args += ["--lr", repr(o.lr), "--ranks", str(o.ranks)]
+    row = sup.torchrun(__file__, o.ranks, args, threads=o.threads, timeout=o.timeout, echo=o.verbose)
+    return {"config": kind, "name": CONFIGS[kind], **row}
 
 
 def progress(row):

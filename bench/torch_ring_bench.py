@@ -195,31 +195,10 @@ def planned_bytes(impl: str, b: int, d: int, world: int) -> float:
 
 
 def launch(o, impl: str, b: int) -> dict:
-    port = sup.free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        result_path = os.path.join(tmp, "result.json")
-        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(o.ranks),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--master-addr", "127.0.0.1",
-                "--master-port", str(port), os.path.abspath(__file__), "--worker", impl, "--batch", str(b),
-                "--dim", str(o.dim), "--steps", str(o.steps), "--large-steps", str(o.large_steps),
-                "--threads", str(o.threads), "--scale", repr(o.scale), "--result", result_path]
-        env = dict(os.environ, OMP_NUM_THREADS=str(o.threads),
-                   PYTHONPATH=os.pathsep.join([HERE] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-        env.setdefault("FLATMEM_COMM_TIMEOUT_MS", "600000")
-        env.pop("FLATMEM_COORDINATOR", None)
-        started = time.monotonic()
-        rc, output, _ = sup.spawn(argv, env=env, timeout=o.timeout, echo=o.verbose)
-        row = {"status": "ok", "wall_s": time.monotonic() - started}
-        result = None
-        if os.path.exists(result_path):
-            with open(result_path) as f:
-                result = json.load(f)
-    if rc != 0 or result is None:
-        lines = [x for x in output.splitlines() if "rank" in x.lower() or "error" in x.lower()]
-        row.update(status="failed", note=" | ".join(lines[-3:]) or sup.tail(output) or f"exit status {rc}")
-        return row
-    row.update(result)
-    return row
+    args = ["--worker", impl, "--batch", str(b), "--dim", str(o.dim), "--steps", str(o.steps),
+            "--large-steps", str(o.large_steps), "--threads", str(o.threads), "--scale", repr(o.scale)]
+    return sup.torchrun(__file__, o.ranks, args, threads=o.threads, timeout=o.timeout, echo=o.verbose,
+                        note_lines=("rank", "error"))
 
 
 def progress(row):
