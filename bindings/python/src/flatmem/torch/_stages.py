@@ -259,6 +259,7 @@ class CyclicRunner:
 
     @property
     def schedule(self):
+        """The runtime's schedule (flatmem.CyclicSchedule / CyclicStagesSchedule)."""
         return self._runtime.schedule
 
     @property
@@ -271,9 +272,11 @@ class CyclicRunner:
         return list(self._trace)
 
     def summary(self):
+        """The runtime's totals since creation (bytes and messages sent, the busiest time step, waits)."""
         return self._runtime.summary()
 
     def stats(self, first=0, count=None):
+        """The runtime's per-time-step statistics still kept (bytes sent, waits), from time step `first` on."""
         return self._runtime.stats(first, count)
 
     def close(self):
