@@ -10,7 +10,7 @@
 // closed forms of cyclic.h, the stage-parallel ones (structs the library fills
 // with the wrapper's sizes, ABI 1) those of cyclic_stages.h; ContrastiveOptions.logit_cache_bytes gives the
 // bits of a handle without it; the CPU instruction set can be read and set
-// (CpuIsa), and one above the processor's best is refused; the sigmoid (SigLIP)
+// (CpuIsa, avx512bf16 included), and those above the processor's best are refused; the sigmoid (SigLIP)
 // loss's five outputs against ContrastiveReference.Sigmoid, and its refusals.
 // Built and run by scripts/check-java.sh; exits 1 on failure.
 import flatmem.Block;
@@ -512,10 +512,14 @@ public final class FlatmemTest {
 
   /** cpu_isa_in_use / _best / _set / _name (flatmem_cpu_isa_*): every
    *  instruction set up to the best can be selected, DEFAULT goes back to
-   *  where the process started, one above the best is refused. */
+   *  where the process started, those above the best (avx512bf16 on AVX2-only
+   *  and AVX-512-without-BF16 processors) are refused. */
   private static void cpuIsa() {
     CpuIsa start = Flatmem.cpu_isa_in_use(), best = Flatmem.cpu_isa_best();
-    check(Flatmem.cpu_isa_name(CpuIsa.CPU_ISA_AVX512).equals("avx512")
+    check(CpuIsa.CPU_ISA_AVX512BF16.swigValue() == 4 && CpuIsa.CPU_ISA_AVX512.swigValue() == 3,
+          "CpuIsa values");
+    check(Flatmem.cpu_isa_name(CpuIsa.CPU_ISA_AVX512BF16).equals("avx512bf16")
+              && Flatmem.cpu_isa_name(CpuIsa.CPU_ISA_AVX512).equals("avx512")
               && Flatmem.cpu_isa_name(CpuIsa.CPU_ISA_AVX2).equals("avx2")
               && Flatmem.cpu_isa_name(CpuIsa.CPU_ISA_BASELINE).equals("baseline")
               && Flatmem.cpu_isa_name(CpuIsa.CPU_ISA_DEFAULT).equals("default"),
@@ -523,7 +527,8 @@ public final class FlatmemTest {
     check(start.swigValue() >= 1 && start.swigValue() <= best.swigValue(),
           "cpu_isa_in_use " + Flatmem.cpu_isa_name(start) + " <= cpu_isa_best " + Flatmem.cpu_isa_name(best));
     try {
-      for (CpuIsa isa : new CpuIsa[] {CpuIsa.CPU_ISA_BASELINE, CpuIsa.CPU_ISA_AVX2, CpuIsa.CPU_ISA_AVX512}) {
+      for (CpuIsa isa : new CpuIsa[] {CpuIsa.CPU_ISA_BASELINE, CpuIsa.CPU_ISA_AVX2, CpuIsa.CPU_ISA_AVX512,
+                                      CpuIsa.CPU_ISA_AVX512BF16}) {
         if (isa.swigValue() > best.swigValue()) {
           CpuIsa before = Flatmem.cpu_isa_in_use();
           expectFailure("cpu_isa_set(" + isa + ") above the best is refused", () -> Flatmem.cpu_isa_set(isa),

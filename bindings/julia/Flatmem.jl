@@ -78,6 +78,7 @@ const FLATMEM_CPU_ISA_DEFAULT = Cint(0)
 const FLATMEM_CPU_ISA_BASELINE = Cint(1)
 const FLATMEM_CPU_ISA_AVX2 = Cint(2)
 const FLATMEM_CPU_ISA_AVX512 = Cint(3)
+const FLATMEM_CPU_ISA_AVX512BF16 = Cint(4)
 
 # flatmem_fp32_precision (CUDA tensor cores; the CPU always multiplies in fp32)
 const FLATMEM_FP32_PRECISION_DEFAULT = Cint(0)
@@ -262,19 +263,23 @@ end
 # The CPU kernels (the contrastive loss's exponentials and reductions, the
 # built-in blocks' LayerNorm, softmax and GELU) are compiled once per
 # instruction set and one runs for the whole process: the best this processor
-# supports, capped by the environment variable FLATMEM_CPU_ISA (avx512, avx2,
-# baseline; empty or auto = the best) when the process first asks, unless
-# set_cpu_isa! chose one since. Results are bitwise reproducible for one
-# instruction set, not across them.
+# supports, capped by the environment variable FLATMEM_CPU_ISA (avx512bf16,
+# avx512, avx2, baseline, any case; empty or auto = the best) when the process
+# first asks, unless set_cpu_isa! chose one since. avx512bf16 is avx512's
+# element-wise kernels plus the contrastive tile products of bf16 inputs on
+# vdpbf16ps (fp32 accumulation); on CPUs without it the bf16 inputs are widened
+# to fp32 for sgemm. Results are bitwise reproducible for one instruction set,
+# not across them.
 
-const CPU_ISAS = (baseline = FLATMEM_CPU_ISA_BASELINE, avx2 = FLATMEM_CPU_ISA_AVX2, avx512 = FLATMEM_CPU_ISA_AVX512)
+const CPU_ISAS = (baseline = FLATMEM_CPU_ISA_BASELINE, avx2 = FLATMEM_CPU_ISA_AVX2, avx512 = FLATMEM_CPU_ISA_AVX512,
+                  avx512bf16 = FLATMEM_CPU_ISA_AVX512BF16)
 
 """
     cpu_isa() -> (in_use, best)
 
 The instruction set the CPU kernels run with now and the best this processor supports
-(`flatmem_cpu_isa_get`), as Symbols: `:baseline`, `:avx2` or `:avx512`, least capable
-first. Throws a `FlatmemError` when `FLATMEM_CPU_ISA` is malformed
+(`flatmem_cpu_isa_get`), as Symbols: `:baseline`, `:avx2`, `:avx512` or `:avx512bf16`,
+least capable first. Throws a `FlatmemError` when `FLATMEM_CPU_ISA` is malformed
 (`FLATMEM_STATUS_INVALID_ARGUMENT`) or asks for more than `best`
 (`FLATMEM_STATUS_UNSUPPORTED`), unless `set_cpu_isa!` chose one since.
 """
@@ -290,7 +295,7 @@ end
     set_cpu_isa!(nothing)
 
 Selects the instruction set of the CPU kernels for the whole process
-(`flatmem_cpu_isa_set`): `:baseline`, `:avx2` or `:avx512`; `nothing` goes back to the
+(`flatmem_cpu_isa_set`): `:baseline`, `:avx2`, `:avx512` or `:avx512bf16`; `nothing` goes back to the
 default (`FLATMEM_CPU_ISA`, else the best). One above the best of `cpu_isa()` throws a
 `FlatmemError` (`FLATMEM_STATUS_UNSUPPORTED`) and changes nothing. Select before
 computing when the bits matter: a call already running may finish with the previous one.
@@ -310,7 +315,7 @@ end
     cpu_isa_name(isa) -> String
 
 The library's name of an instruction set (`flatmem_cpu_isa_name`), given as a Symbol of
-`cpu_isa()` or a `FLATMEM_CPU_ISA_*` value: "avx512", "avx2", "baseline", "default";
+`cpu_isa()` or a `FLATMEM_CPU_ISA_*` value: "avx512bf16", "avx512", "avx2", "baseline", "default";
 "unknown" for other values.
 """
 cpu_isa_name(isa::Symbol) = cpu_isa_name(cpu_isa_value(isa))

@@ -892,7 +892,10 @@ const char *flatmem_status_string_of(int status) {
  * cpu_isa_set(isa): flatmem_cpu_isa_set, for the whole process (CPU_ISA_DEFAULT:
  * back to FLATMEM_CPU_ISA or the best); UNSUPPORTED, and nothing changes, for
  * an instruction set this processor lacks. cpu_isa_name(isa) is the
- * library's own ("avx512", "avx2", "baseline", "default"). */
+ * library's own ("avx512bf16", "avx512", "avx2", "baseline", "default").
+ * CPU_ISA_AVX512BF16 (4) = AVX512 plus AVX512_BF16: the element-wise kernels
+ * of AVX512, and the contrastive tile products of bf16 inputs on vdpbf16ps
+ * (fp32 accumulation); below it bf16 inputs are widened to fp32 for sgemm. */
 %rename(cpu_isa_in_use) flatmem_swig_cpu_isa_in_use;
 %rename(cpu_isa_best) flatmem_swig_cpu_isa_best;
 %rename(cpu_isa_set) flatmem_swig_cpu_isa_set;

@@ -184,12 +184,13 @@ typedef enum flatmem_nonfinite_policy {
 /*
  * The CPU backend's element-wise kernels (the exponentials and reductions of
  * the contrastive loss, LayerNorm, softmax and GELU of the built-in blocks)
- * are compiled once per instruction set; one of them runs, for the whole
- * process:
+ * are compiled once per instruction set, and the contrastive tile products of
+ * bf16 inputs have their own kernels for AVX512_BF16; one instruction set
+ * runs, for the whole process:
  *  - by default the best this processor (and its OS) supports;
  *  - else the one the environment variable FLATMEM_CPU_ISA names when the
- *    process first asks (avx512, avx2, baseline, any case; empty or "auto" = the
- *    best), the way ONEDNN_MAX_CPU_ISA or OPENBLAS_CORETYPE cap theirs;
+ *    process first asks (avx512bf16, avx512, avx2, baseline, any case;
+ *    empty or "auto" = the best), the way ONEDNN_MAX_CPU_ISA or OPENBLAS_CORETYPE cap theirs;
  *  - else the one flatmem_cpu_isa_set() chose last (it overrides the
  *    variable).
  * A value that names an instruction set the processor lacks is an error,
@@ -201,7 +202,8 @@ typedef enum flatmem_nonfinite_policy {
  * Results are bitwise reproducible for one instruction set; different ones
  * round differently (fused multiply-adds, vector widths), within the error
  * bounds each function states. The BLAS (sgemm) picks its own kernels and is
- * not covered by this setting.
+ * not covered by this setting; below AVX512BF16 every contrastive tile
+ * product (fp32, bf16 widened to fp32, fp16 widened) is an sgemm.
  */
 typedef enum flatmem_cpu_isa {
   /** flatmem_cpu_isa_set(DEFAULT): back to FLATMEM_CPU_ISA, or the best. */
@@ -212,6 +214,12 @@ typedef enum flatmem_cpu_isa {
   FLATMEM_CPU_ISA_AVX2 = 2,
   /** x86-64-v4: AVX-512 F, BW, DQ and VL, 512-bit vectors. */
   FLATMEM_CPU_ISA_AVX512 = 3,
+  /** AVX512 plus AVX512_BF16 (Cooper Lake, Sapphire Rapids and later Xeons;
+   *  AMD Zen 4 and later): the contrastive tile products of bf16 inputs run
+   *  on vdpbf16ps (bf16 products, fp32 accumulation) instead of widening to
+   *  fp32 for sgemm; the element-wise kernels are those of AVX512. See
+   *  "16-bit inputs on the CPU" below flatmem_contrastive_options. */
+  FLATMEM_CPU_ISA_AVX512BF16 = 4,
   FLATMEM_CPU_ISA_MAX = 0x7fffffff
 } flatmem_cpu_isa;
 
@@ -228,7 +236,8 @@ FLATMEM_API flatmem_status flatmem_cpu_isa_get(flatmem_cpu_isa *in_use, flatmem_
  *  reproducibility matters. */
 FLATMEM_API flatmem_status flatmem_cpu_isa_set(flatmem_cpu_isa isa);
 
-/** "avx512", "avx2", "baseline", "default"; "unknown" for other values.
+/** "avx512bf16", "avx512", "avx2", "baseline", "default"; "unknown" for
+ *  other values.
  *  A static string. Thread-safe. */
 FLATMEM_API const char *flatmem_cpu_isa_name(flatmem_cpu_isa isa);
 
@@ -279,7 +288,8 @@ typedef struct flatmem_comm_s flatmem_comm_t;
  *
  * Dtypes: q and k are both fp32, both bf16 (kDLBfloat, 16) or both fp16
  * (kDLFloat, 16). Products are accumulated in fp32; bf16/fp16 tiles are
- * widened tile by tile (no fp32 copy of the inputs). logit_scale, loss,
+ * widened tile by tile (no fp32 copy of the inputs), except bf16 at the CPU
+ * ISA level avx512bf16 (see "bf16 products on the CPU" below). logit_scale, loss,
  * row_lse, col_lse, dloss and dlogit_scale are fp32. dq and dk are fp32 or the
  * input dtype; with the input dtype being 16-bit they are accumulated in an
  * fp32 buffer inside the workspace ((b + c) * d * 4 bytes) and rounded once
@@ -425,16 +435,24 @@ typedef enum flatmem_contrastive_loss {
   FLATMEM_CONTRASTIVE_LOSS_MAX = 0x7fffffff
 } flatmem_contrastive_loss;
 
-/** How products of fp32 inputs are formed on CUDA tensor cores. The CPU
- *  backend always multiplies in full fp32 (any value is accepted there). */
+/** How fp32 operands enter reduced-precision products: on CUDA tensor cores
+ *  the fp32 inputs (and, in the backward, the recomputed G); on the CPU at
+ *  ISA level avx512bf16, the recomputed G of bf16 inputs, which meets bf16
+ *  features in vdpbf16ps (see "bf16 products on the CPU" below). Elsewhere
+ *  the CPU multiplies in full fp32 (any value is accepted). */
 typedef enum flatmem_fp32_precision {
-  /** 0: the default, TF32. */
+  /** 0: the default: TF32 on CUDA; FULL on the CPU. */
   FLATMEM_FP32_PRECISION_DEFAULT = 0,
   /** TF32 products (10-bit mantissas, fp32 accumulation): each logit errs
-   *  by up to about 2^-10 * s * sum_t |q_it k_jt|. */
+   *  by up to about 2^-10 * s * sum_t |q_it k_jt|. On the CPU's bf16 path:
+   *  G rounded once to bf16 (each entry off by up to 2^-8 of itself), the
+   *  backward's two gradient products at the full bf16 rate. */
   FLATMEM_FP32_PRECISION_TF32 = 1,
   /** About full fp32 ("3xTF32": operands split in two TF32 parts, three
-   *  tensor-core products), about 3x the time of TF32. */
+   *  tensor-core products), about 3x the time of TF32. On the CPU's bf16
+   *  path: G split in hi + lo = bf16(G) + bf16(G - hi) (residual at most
+   *  2^-16 |G|, below fp32 accumulation's n 2^-24 for n >= 256 terms), two
+   *  bf16 products each, about the time of fp32 FMAs. */
   FLATMEM_FP32_PRECISION_FULL = 2,
   FLATMEM_FP32_PRECISION_MAX = 0x7fffffff
 } flatmem_fp32_precision;
@@ -495,6 +513,35 @@ typedef struct flatmem_contrastive_options {
  * time, checked by the backward); otherwise, or after a failed forward, it
  * recomputes as without the cache. A call with kDLCUDA tensors neither
  * fills nor uses it (the CUDA backend always recomputes).
+ */
+
+/*
+ * bf16 products on the CPU (CPU ISA level avx512bf16: AVX512_BF16, i.e. AMD
+ * Zen 4 and later, Intel Cooper Lake, Sapphire Rapids and later; see
+ * flatmem_cpu_isa). With bf16 q and k the three tile products run on
+ * flatmem's own vdpbf16ps kernels on the bf16 rows in place, instead of
+ * widening tiles to fp32 for sgemm (every other ISA level, and fp16 or fp32
+ * inputs everywhere, keep sgemm):
+ *  - logits <q_i, k_j>: exact bf16 x bf16 products added in fp32, the same
+ *    error bound as before (gamma_d * sum_t |q_it k_jt|); the loss, row_lse
+ *    and col_lse keep their fp32 accuracy, only the summation order changes.
+ *  - dq = s G k and dk = s G^T q: G (fp32) enters as options.fp32_precision
+ *    says: DEFAULT / FULL split in two bf16 parts (about fp32: an extra
+ *    2^-16 + gamma_n times sum |s G_ij| |k_jt|), TF32 rounded once (an extra
+ *    2^-8 times the same sum: bf16-accurate gradients, like the frameworks'
+ *    bf16 autograd; the fastest). ds is formed from fp32 G and is unchanged.
+ *  - Denormal bf16 inputs and fp32 partial sums below 2^-126 are flushed to
+ *    zero by the instruction (absolute error <= 2^-126 per term).
+ *  - Everything else (log-sum-exp folds, the element-wise passes, the ring,
+ *    the sigmoid loss's terms) is as on the other levels. Results are
+ *    bitwise identical whatever the thread count and from run to run at one
+ *    ISA; across ISA levels they differ within the bounds above.
+ *  - Workspace: the same query at every level (for bf16 inputs the thread's
+ *    16-bit scratch is the larger of the widened rows, (tile_rows +
+ *    tile_cols) d floats, and the kernels' packing, about tile_rows *
+ *    tile_cols + 32 max(d, tile_rows, tile_cols) 32-bit words).
+ *  The reversible blocks' products are not covered (they stay sgemm), nor
+ *  AMX tiles (not built: no AMX machine has run flatmem).
  */
 
 /** Fill the struct_size bytes at options with the defaults, struct_size =
@@ -629,7 +676,8 @@ FLATMEM_API flatmem_status flatmem_contrastive_backward(
  * Workspace (CPU): flatmem_contrastive_sigmoid_workspace_size gives the bytes
  * for the call with these dq / dk (NULL for the forward, or for a gradient not
  * requested): per thread one tile (tile_rows x tile_cols fp32) plus, for
- * 16-bit inputs, the widened rows; 3 doubles per row group; the 16-bit
+ * 16-bit inputs, the widened rows (bf16: or the bf16 kernels' packing, when
+ * larger); 3 doubles per row group; the 16-bit
  * gradient accumulators. workspace NULL: the handle's own buffer is used.
  *
  * CUDA tensors: as for the softmax losses ("CUDA tensors" above: device

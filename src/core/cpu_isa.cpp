@@ -16,7 +16,8 @@ Isa detect() {
 #if FLATMEM_ISA_VARIANTS
   __builtin_cpu_init();
   // GCC's checks include the OS's XSAVE support of the wider registers.
-  if (__builtin_cpu_supports("x86-64-v4")) return Isa::avx512;
+  if (__builtin_cpu_supports("x86-64-v4"))
+    return __builtin_cpu_supports("avx512bf16") ? Isa::avx512bf16 : Isa::avx512;
   if (__builtin_cpu_supports("x86-64-v3")) return Isa::avx2;
 #endif
   return Isa::baseline;
@@ -37,13 +38,14 @@ EnvironmentChoice from_environment() {
   // Case-insensitive, as users write ISA names both ways (AVX2, avx2).
   if (value == nullptr || value[0] == '\0' || strcasecmp(value, "auto") == 0) return c;
   Isa wanted;
-  if (strcasecmp(value, "avx512") == 0) wanted = Isa::avx512;
+  if (strcasecmp(value, "avx512bf16") == 0) wanted = Isa::avx512bf16;
+  else if (strcasecmp(value, "avx512") == 0) wanted = Isa::avx512;
   else if (strcasecmp(value, "avx2") == 0) wanted = Isa::avx2;
   else if (strcasecmp(value, "baseline") == 0) wanted = Isa::baseline;
   else {
     c.status = FLATMEM_STATUS_INVALID_ARGUMENT;
     c.message = std::string("environment variable FLATMEM_CPU_ISA='") + value +
-                "': expected avx512, avx2, baseline or auto";
+                "': expected avx512bf16, avx512, avx2, baseline or auto";
     return c;
   }
   if (int(wanted) > int(best)) {
@@ -97,6 +99,7 @@ void reset() { selected.store(0, std::memory_order_relaxed); }
 
 const char *name(Isa isa) {
   switch (isa) {
+    case Isa::avx512bf16: return "avx512bf16";
     case Isa::avx512: return "avx512";
     case Isa::avx2: return "avx2";
     case Isa::baseline: return "baseline";

@@ -2,7 +2,7 @@
 // file is compiled once per ISA (core/compile_per_isa.inc) and one place,
 // active(), picks the variant at run time:
 //   the best the processor (and OS) supports among those compiled, or
-//   the one FLATMEM_CPU_ISA=avx512|avx2|baseline names (like oneDNN's
+//   the one FLATMEM_CPU_ISA=avx512bf16|avx512|avx2|baseline names (like oneDNN's
 //   ONEDNN_MAX_CPU_ISA or OPENBLAS_CORETYPE), or
 //   the one set by flatmem_cpu_isa_set().
 // Asking for an ISA the processor lacks is an error (FLATMEM_STATUS_UNSUPPORTED),
@@ -15,6 +15,8 @@ enum class Isa : int {
   baseline = 1,  // x86-64 (SSE2), or the portable build on other processors
   avx2 = 2,      // x86-64-v3: AVX2, FMA, BMI1/2, F16C
   avx512 = 3,    // x86-64-v4: AVX-512 F, BW, DQ, VL
+  avx512bf16 = 4,  // avx512 + AVX512_BF16: bf16 tile products on vdpbf16ps
+                   // (contrastive/cpu/bf16_gemm.hpp); element-wise kernels as avx512
 };
 
 // The best ISA this processor runs among those compiled into the library.
@@ -35,6 +37,6 @@ Isa for_kernels() noexcept;
 void select(Isa isa);
 void reset();
 
-const char *name(Isa isa);  // "avx512", "avx2", "baseline"
+const char *name(Isa isa);  // "avx512bf16", "avx512", "avx2", "baseline"
 
 }  // namespace flatmem::cpu_isa

@@ -1,8 +1,9 @@
 /* isa_run ISA PROGRAM [ARGS...]: runs PROGRAM with FLATMEM_CPU_ISA=ISA
- * (avx512 | avx2 | baseline), or exits 77 -- CTest's skip code for the
- * per-ISA runs (label isa) -- when this processor lacks ISA, so that one
- * registration serves every x86-64 machine: an AVX-512 CI machine runs the
- * numeric suites three times, an AVX2-only one twice.
+ * (avx512bf16 | avx512 | avx2 | baseline), or exits 77 -- CTest's skip code
+ * for the per-ISA runs (label isa) -- when this processor lacks ISA, so that
+ * one registration serves every x86-64 machine: an AVX512_BF16 CI machine
+ * runs the numeric suites four times, an AVX-512 one without BF16 three
+ * times, an AVX2-only one twice.
  * Exit status: PROGRAM's, 77 (skipped), or 2 (bad usage / exec failure). */
 #define _POSIX_C_SOURCE 200809L
 #include <flatmem/flatmem.h>
@@ -13,7 +14,8 @@
 #include <unistd.h>
 
 static int parse(const char *name, flatmem_cpu_isa *isa) {
-  const flatmem_cpu_isa all[] = {FLATMEM_CPU_ISA_BASELINE, FLATMEM_CPU_ISA_AVX2, FLATMEM_CPU_ISA_AVX512};
+  const flatmem_cpu_isa all[] = {FLATMEM_CPU_ISA_BASELINE, FLATMEM_CPU_ISA_AVX2, FLATMEM_CPU_ISA_AVX512,
+                                 FLATMEM_CPU_ISA_AVX512BF16};
   size_t i;
   for (i = 0; i < sizeof all / sizeof all[0]; ++i) {
     if (strcmp(name, flatmem_cpu_isa_name(all[i])) == 0) {
@@ -27,7 +29,7 @@ static int parse(const char *name, flatmem_cpu_isa *isa) {
 int main(int argc, char **argv) {
   flatmem_cpu_isa wanted, best;
   if (argc < 3 || !parse(argv[1], &wanted)) {
-    fprintf(stderr, "usage: isa_run avx512|avx2|baseline PROGRAM [ARGS...]\n");
+    fprintf(stderr, "usage: isa_run avx512bf16|avx512|avx2|baseline PROGRAM [ARGS...]\n");
     return 2;
   }
   /* What the processor has, whatever the caller's environment asks for. */

@@ -17,8 +17,10 @@ using namespace flatmem_test;
 
 namespace {
 
-const std::array<flatmem_cpu_isa, 3> kIsas = {FLATMEM_CPU_ISA_BASELINE, FLATMEM_CPU_ISA_AVX2,
-                                              FLATMEM_CPU_ISA_AVX512};
+// Least capable first; the last is the highest level there is.
+const std::array<flatmem_cpu_isa, 4> kIsas = {FLATMEM_CPU_ISA_BASELINE, FLATMEM_CPU_ISA_AVX2,
+                                              FLATMEM_CPU_ISA_AVX512, FLATMEM_CPU_ISA_AVX512BF16};
+constexpr flatmem_cpu_isa kHighest = FLATMEM_CPU_ISA_AVX512BF16;
 
 flatmem_cpu_isa best_isa() {
   flatmem_cpu_isa best = FLATMEM_CPU_ISA_DEFAULT;
@@ -73,13 +75,19 @@ TEST_CASE("core/cpu-isa/names") {
   CHECK(std::string(flatmem_cpu_isa_name(FLATMEM_CPU_ISA_BASELINE)) == "baseline");
   CHECK(std::string(flatmem_cpu_isa_name(FLATMEM_CPU_ISA_AVX2)) == "avx2");
   CHECK(std::string(flatmem_cpu_isa_name(FLATMEM_CPU_ISA_AVX512)) == "avx512");
+  CHECK(std::string(flatmem_cpu_isa_name(FLATMEM_CPU_ISA_AVX512BF16)) == "avx512bf16");
+  // the levels are ordered: each one runs everything the one below it does
+  CHECK(int(FLATMEM_CPU_ISA_BASELINE) == 1);
+  CHECK(int(FLATMEM_CPU_ISA_AVX2) == 2);
+  CHECK(int(FLATMEM_CPU_ISA_AVX512) == 3);
+  CHECK(int(FLATMEM_CPU_ISA_AVX512BF16) == 4);
 }
 
 TEST_CASE("core/cpu-isa/get-reports-the-isa-in-use-within-the-best") {
   flatmem_cpu_isa in_use = FLATMEM_CPU_ISA_DEFAULT, best = FLATMEM_CPU_ISA_DEFAULT;
   REQUIRE(flatmem_cpu_isa_get(&in_use, &best) == FLATMEM_STATUS_SUCCESS);
   CHECK(int(best) >= int(FLATMEM_CPU_ISA_BASELINE));
-  CHECK(int(best) <= int(FLATMEM_CPU_ISA_AVX512));
+  CHECK(int(best) <= int(kHighest));
   CHECK(int(in_use) >= int(FLATMEM_CPU_ISA_BASELINE));
   CHECK(int(in_use) <= int(best));
   CHECK(flatmem_cpu_isa_get(nullptr, nullptr) == FLATMEM_STATUS_INVALID_ARGUMENT);
@@ -105,17 +113,40 @@ TEST_CASE("core/cpu-isa/set-selects-every-isa-up-to-the-best") {
 
 TEST_CASE("core/cpu-isa/set-above-the-best-is-unsupported-and-changes-nothing") {
   const flatmem_cpu_isa best = best_isa();
-  if (best == FLATMEM_CPU_ISA_AVX512) {
-    MESSAGE("this processor has AVX-512, the highest ISA: nothing above it to refuse here "
-            "(AVX2-only machines run this case)");
+  if (best == kHighest) {
+    MESSAGE("this processor has AVX512_BF16, the highest ISA: nothing above it to refuse here "
+            "(AVX2-only and AVX-512-without-BF16 machines run this case)");
     return;
   }
   const flatmem_cpu_isa before = isa_in_use();
-  const flatmem_cpu_isa above = flatmem_cpu_isa(int(best) + 1);
-  CHECK(flatmem_cpu_isa_set(above) == FLATMEM_STATUS_UNSUPPORTED);
-  const std::string message = flatmem_last_error();
-  CHECK(message.find(flatmem_cpu_isa_name(above)) != std::string::npos);
-  CHECK(message.find(flatmem_cpu_isa_name(best)) != std::string::npos);
+  for (flatmem_cpu_isa above : kIsas) {
+    if (int(above) <= int(best)) continue;
+    CAPTURE(flatmem_cpu_isa_name(above));
+    CHECK(flatmem_cpu_isa_set(above) == FLATMEM_STATUS_UNSUPPORTED);
+    const std::string message = flatmem_last_error();
+    CHECK(message.find(flatmem_cpu_isa_name(above)) != std::string::npos);
+    CHECK(message.find(flatmem_cpu_isa_name(best)) != std::string::npos);
+    CHECK(isa_in_use() == before);
+  }
+}
+
+TEST_CASE("core/cpu-isa/avx512bf16-is-selectable-exactly-where-the-processor-has-it") {
+  // The one level every machine answers differently: AVX2-only and
+  // AVX-512-without-BF16 processors refuse it, AVX512_BF16 ones run it.
+  const flatmem_cpu_isa best = best_isa();
+  const flatmem_cpu_isa before = isa_in_use();
+  if (best == FLATMEM_CPU_ISA_AVX512BF16) {
+    SelectedIsa selected(FLATMEM_CPU_ISA_AVX512BF16);
+    CHECK(isa_in_use() == FLATMEM_CPU_ISA_AVX512BF16);
+    // bf16 inputs take the vdpbf16ps tile products here: reproducible whatever the thread count
+    const BitwiseProblem p({FLATMEM_CONTRASTIVE_SYMMETRIC, Dtype::bf16, 37, 37, 29});
+    check_identical(p.run(2), p.run(1), true);
+  } else {
+    CHECK(flatmem_cpu_isa_set(FLATMEM_CPU_ISA_AVX512BF16) == FLATMEM_STATUS_UNSUPPORTED);
+    const std::string message = flatmem_last_error();
+    CHECK(message.find("avx512bf16") != std::string::npos);
+    CHECK(message.find(flatmem_cpu_isa_name(best)) != std::string::npos);
+  }
   CHECK(isa_in_use() == before);
 }
 
@@ -126,7 +157,7 @@ TEST_CASE("core/cpu-isa/set-and-name-take-any-int-a-c-caller-passes") {
   const auto set = reinterpret_cast<flatmem_status (*)(std::int32_t)>(&flatmem_cpu_isa_set);
   const auto name = reinterpret_cast<const char *(*)(std::int32_t)>(&flatmem_cpu_isa_name);
   const flatmem_cpu_isa before = isa_in_use();
-  for (std::int32_t value : {-1, 4, 0x7fffffff, -0x7fffffff - 1}) {
+  for (std::int32_t value : {-1, 5, 0x7fffffff, -0x7fffffff - 1}) {
     CAPTURE(value);
     CHECK(set(value) == FLATMEM_STATUS_INVALID_ARGUMENT);
     CHECK(std::string(flatmem_last_error()).find("isa: " + std::to_string(value)) != std::string::npos);
@@ -148,10 +179,21 @@ TEST_CASE("core/cpu-isa/environment-caps-a-fresh-process") {
   // names are case-insensitive
   CHECK(probe("BASELINE").line == expected_success(FLATMEM_CPU_ISA_BASELINE, best));
   CHECK(probe("Auto").line == expected_success(best, best));
+  for (const char *word : {"AVX512BF16", "Avx512Bf16", "avx512BF16"}) {
+    CAPTURE(word);
+    const Probe p = probe(word);
+    if (best == FLATMEM_CPU_ISA_AVX512BF16) {
+      CHECK(p.line == expected_success(FLATMEM_CPU_ISA_AVX512BF16, best));
+    } else {  // a known word this processor cannot run: unsupported, not invalid
+      CHECK(p.line.find("get=FLATMEM_STATUS_UNSUPPORTED") != std::string::npos);
+      CHECK(p.error.find("avx512bf16") != std::string::npos);
+    }
+  }
 }
 
 TEST_CASE("core/cpu-isa/environment-with-an-unknown-word-fails-every-entry-point") {
-  for (const char *value : {"avx1024", "sse2", "avx-512", " avx2"}) {
+  for (const char *value : {"avx1024", "sse2", "avx-512", " avx2", "avx512bf", "avx512_bf16", "avx512-bf16",
+                            "avx512bf16 ", "bf16"}) {
     CAPTURE(value);
     const Probe p = probe(value);
     CHECK(p.line.find("get=FLATMEM_STATUS_INVALID_ARGUMENT") != std::string::npos);
@@ -159,20 +201,27 @@ TEST_CASE("core/cpu-isa/environment-with-an-unknown-word-fails-every-entry-point
     CHECK(p.line.find("block_create=FLATMEM_STATUS_INVALID_ARGUMENT") != std::string::npos);
     CHECK(p.error.find("FLATMEM_CPU_ISA") != std::string::npos);
     CHECK(p.error.find(value) != std::string::npos);
+    CHECK(p.error.find("avx512bf16") != std::string::npos);  // the words it takes
   }
 }
 
 TEST_CASE("core/cpu-isa/environment-above-the-best-fails-every-entry-point") {
   const flatmem_cpu_isa best = best_isa();
-  if (best == FLATMEM_CPU_ISA_AVX512) {
-    MESSAGE("this processor has AVX-512: nothing above it to ask for (AVX2-only machines run this case)");
+  if (best == kHighest) {
+    MESSAGE("this processor has AVX512_BF16: nothing above it to ask for "
+            "(AVX2-only and AVX-512-without-BF16 machines run this case)");
     return;
   }
-  const char *above = flatmem_cpu_isa_name(flatmem_cpu_isa(int(best) + 1));
-  const Probe p = probe(above);
-  CHECK(p.line.find("get=FLATMEM_STATUS_UNSUPPORTED") != std::string::npos);
-  CHECK(p.line.find("contrastive_create=FLATMEM_STATUS_UNSUPPORTED") != std::string::npos);
-  CHECK(p.line.find("block_create=FLATMEM_STATUS_UNSUPPORTED") != std::string::npos);
-  CHECK(p.error.find("FLATMEM_CPU_ISA") != std::string::npos);
-  CHECK(p.error.find(flatmem_cpu_isa_name(best)) != std::string::npos);
+  for (flatmem_cpu_isa isa : kIsas) {
+    if (int(isa) <= int(best)) continue;
+    const char *above = flatmem_cpu_isa_name(isa);
+    CAPTURE(above);
+    const Probe p = probe(above);
+    CHECK(p.line.find("get=FLATMEM_STATUS_UNSUPPORTED") != std::string::npos);
+    CHECK(p.line.find("contrastive_create=FLATMEM_STATUS_UNSUPPORTED") != std::string::npos);
+    CHECK(p.line.find("block_create=FLATMEM_STATUS_UNSUPPORTED") != std::string::npos);
+    CHECK(p.error.find("FLATMEM_CPU_ISA") != std::string::npos);
+    CHECK(p.error.find(above) != std::string::npos);
+    CHECK(p.error.find(flatmem_cpu_isa_name(best)) != std::string::npos);
+  }
 }

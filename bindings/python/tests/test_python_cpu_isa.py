@@ -1,8 +1,10 @@
 """The CPU instruction set (flatmem.cpu_isa / set_cpu_isa over
 flatmem_cpu_isa_get / _set / _name): names, the round trip, every instruction
-set up to the best selectable and computing, one above the best refused, and
-FLATMEM_CPU_ISA honoured and checked. Every test puts the process back on the
-environment's choice."""
+set up to the best selectable and computing, those above the best refused
+(avx512bf16 on AVX2-only and AVX-512-without-BF16 processors), and
+FLATMEM_CPU_ISA honoured and checked. Expectations follow the processor's
+best, so the tests pass on AVX2, AVX-512 and AVX512_BF16 machines alike.
+Every test puts the process back on the environment's choice."""
 import os
 import subprocess
 import sys
@@ -10,12 +12,12 @@ import textwrap
 
 import numpy as np
 import pytest
-from python_support import features, raises_flatmem
+from python_support import BFLOAT16, features, raises_flatmem
 
 import flatmem
 from flatmem import capi
 
-RANK = {name: i for i, name in enumerate(reversed(flatmem.CPU_ISAS))}  # baseline 0 .. avx512 2
+RANK = {name: i for i, name in enumerate(reversed(flatmem.CPU_ISAS))}  # baseline 0 .. avx512bf16 3
 
 
 @pytest.fixture(autouse=True)
@@ -26,9 +28,11 @@ def back_to_default():
 
 
 def test_names_and_values():
-    assert flatmem.CPU_ISAS == ("avx512", "avx2", "baseline")
-    assert (capi.CPU_ISA_DEFAULT, capi.CPU_ISA_BASELINE, capi.CPU_ISA_AVX2, capi.CPU_ISA_AVX512) == (0, 1, 2, 3)
-    assert [capi.cpu_isa_name(v) for v in range(5)] == ["default", "baseline", "avx2", "avx512", "unknown"]
+    assert flatmem.CPU_ISAS == ("avx512bf16", "avx512", "avx2", "baseline")
+    assert (capi.CPU_ISA_DEFAULT, capi.CPU_ISA_BASELINE, capi.CPU_ISA_AVX2, capi.CPU_ISA_AVX512,
+            capi.CPU_ISA_AVX512BF16) == (0, 1, 2, 3, 4)
+    assert ([capi.cpu_isa_name(v) for v in range(6)]
+            == ["default", "baseline", "avx2", "avx512", "avx512bf16", "unknown"])
     in_use, best = flatmem.cpu_isa()
     assert in_use in flatmem.CPU_ISAS and best in flatmem.CPU_ISAS
     assert RANK[in_use] <= RANK[best]
@@ -74,25 +78,58 @@ def test_names_are_case_insensitive_and_default_is_none():
     assert flatmem.cpu_isa() == (in_use, best)
     flatmem.set_cpu_isa(capi.CPU_ISA_BASELINE)
     assert flatmem.cpu_isa()[0] == "baseline"
+    flatmem.set_cpu_isa(None)
+    for word in ("AVX512BF16", "Avx512Bf16"):  # a known name in any case: selected, or refused as above the best
+        if best == "avx512bf16":
+            flatmem.set_cpu_isa(word)
+            assert flatmem.cpu_isa() == ("avx512bf16", best)
+            flatmem.set_cpu_isa(None)
+        else:
+            with raises_flatmem(flatmem.UnsupportedError, capi.STATUS_UNSUPPORTED, "avx512bf16"):
+                flatmem.set_cpu_isa(word)
+            assert flatmem.cpu_isa() == (in_use, best)
 
 
-@pytest.mark.skipif(capi.cpu_isa_best() == capi.CPU_ISA_AVX512,
-                    reason="this processor has AVX-512: no instruction set above its best")
+@pytest.mark.skipif(capi.cpu_isa_best() == capi.CPU_ISA_AVX512BF16,
+                    reason="this processor has AVX512_BF16: no instruction set above its best")
 def test_above_the_best_is_refused():
     in_use, best = flatmem.cpu_isa()
-    above = flatmem.CPU_ISAS[flatmem.CPU_ISAS.index(best) - 1]
-    with raises_flatmem(flatmem.UnsupportedError, capi.STATUS_UNSUPPORTED, above) as info:
-        flatmem.set_cpu_isa(above)
-    assert isinstance(info.value, NotImplementedError)
-    assert flatmem.cpu_isa() == (in_use, best)  # nothing changed
+    above = [name for name in flatmem.CPU_ISAS if RANK[name] > RANK[best]]
+    assert above and above[0] == "avx512bf16"
+    for name in above:
+        with raises_flatmem(flatmem.UnsupportedError, capi.STATUS_UNSUPPORTED, name) as info:
+            flatmem.set_cpu_isa(name)
+        assert isinstance(info.value, NotImplementedError)
+        assert best in str(info.value)
+        assert flatmem.cpu_isa() == (in_use, best)  # nothing changed
+
+
+@pytest.mark.skipif(capi.cpu_isa_best() != capi.CPU_ISA_AVX512BF16,
+                    reason="this processor lacks AVX512_BF16 (test_above_the_best_is_refused covers it)")
+def test_avx512bf16_bf16_tile_products_agree_with_widening():
+    """bf16 inputs: vdpbf16ps tile products (fp32 accumulation) under
+    avx512bf16, widened to fp32 for sgemm under avx512; each bitwise
+    reproducible, the two within bf16 rounding of each other."""
+    rng = np.random.default_rng(3)
+    q, k = features(rng, 40, 24, BFLOAT16), features(rng, 40, 24, BFLOAT16)
+    results = {}
+    for name in ("avx512bf16", "avx512"):
+        flatmem.set_cpu_isa(name)
+        first, again = _loss_and_grads(q, k), _loss_and_grads(q, k)
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(first, again)), name
+        results[name] = first
+    for a, b in zip(results["avx512bf16"], results["avx512"]):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=2e-2, atol=1e-3)
 
 
 def test_not_an_isa():
-    with raises_flatmem(flatmem.InvalidArgumentError, capi.STATUS_INVALID_ARGUMENT,
-                        "isa: 7 is not a flatmem_cpu_isa value"):
-        flatmem.set_cpu_isa(7)
-    with pytest.raises(ValueError, match="'sse4' is not one of"):
-        flatmem.set_cpu_isa("sse4")
+    for value in (5, 7, -1):
+        with raises_flatmem(flatmem.InvalidArgumentError, capi.STATUS_INVALID_ARGUMENT,
+                            f"isa: {value} is not a flatmem_cpu_isa value"):
+            flatmem.set_cpu_isa(value)
+    for word in ("sse4", "avx512_bf16", "bf16"):
+        with pytest.raises(ValueError, match=f"'{word}' is not one of"):
+            flatmem.set_cpu_isa(word)
 
 
 def _child(env_value, code):
@@ -124,10 +161,10 @@ def test_malformed_environment_variable():
     assert lines[2] == "after set: baseline"
 
 
-@pytest.mark.parametrize("name", ["baseline", "avx2", "avx512"])
-def test_environment_variable_selects(name):
-    best = flatmem.cpu_isa()[1]
-    done = _child(name, "import flatmem; print(*flatmem.cpu_isa())")
+@pytest.mark.parametrize("word", ["baseline", "avx2", "avx512", "avx512bf16", "AVX512BF16", "Avx512"])
+def test_environment_variable_selects(word):
+    name, best = word.lower(), flatmem.cpu_isa()[1]
+    done = _child(word, "import flatmem; print(*flatmem.cpu_isa())")
     if RANK[name] <= RANK[best]:
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == [name, best]
@@ -135,3 +172,4 @@ def test_environment_variable_selects(name):
         assert done.returncode != 0
         assert "UnsupportedError: FLATMEM_STATUS_UNSUPPORTED" in done.stderr
         assert "FLATMEM_CPU_ISA" in done.stderr
+        assert name in done.stderr and best in done.stderr

@@ -4,9 +4,12 @@
 //! of the contrastive loss, the built-in blocks' LayerNorm, softmax and
 //! GELU) are compiled once per instruction set, and one of them runs for
 //! the whole process: by default the best this processor supports, capped
-//! by the environment variable `FLATMEM_CPU_ISA` (`avx512`, `avx2`,
-//! `baseline`; empty or `auto` = the best) when the process first asks,
-//! unless [`set_cpu_isa`] chose one since.
+//! by the environment variable `FLATMEM_CPU_ISA` (`avx512bf16`, `avx512`,
+//! `avx2`, `baseline`, any case; empty or `auto` = the best) when the
+//! process first asks, unless [`set_cpu_isa`] chose one since.
+//! `avx512bf16` is `avx512`'s element-wise kernels plus the contrastive tile
+//! products of bf16 inputs on `vdpbf16ps` (fp32 accumulation); on CPUs
+//! without it the bf16 inputs are widened to fp32 for sgemm.
 //!
 //! Results are bitwise reproducible for one instruction set; different ones
 //! round differently, within the error bounds of each function. Select the
@@ -21,7 +24,7 @@ use crate::error::{check, Error, Result, Status};
 use crate::sys;
 
 /// An instruction set of the CPU kernels, ordered from the least to the
-/// most capable (`Baseline < Avx2 < Avx512`), so that `isa <= best` says
+/// most capable (`Baseline < Avx2 < Avx512 < Avx512Bf16`), so that `isa <= best` says
 /// whether this processor can run it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CpuIsa {
@@ -31,11 +34,16 @@ pub enum CpuIsa {
     Avx2,
     /// x86-64-v4: AVX-512 F, BW, DQ and VL, 512-bit vectors.
     Avx512,
+    /// `Avx512` plus AVX512_BF16 (Cooper Lake, Sapphire Rapids and later
+    /// Xeons; AMD Zen 4 and later): the element-wise kernels of `Avx512`,
+    /// and the contrastive tile products of bf16 inputs on `vdpbf16ps` (bf16
+    /// products, fp32 accumulation) instead of widening to fp32 for sgemm.
+    Avx512Bf16,
 }
 
 impl CpuIsa {
     /// Every instruction set, least capable first.
-    pub const ALL: [CpuIsa; 3] = [CpuIsa::Baseline, CpuIsa::Avx2, CpuIsa::Avx512];
+    pub const ALL: [CpuIsa; 4] = [CpuIsa::Baseline, CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Avx512Bf16];
 
     /// The raw `flatmem_cpu_isa` value.
     pub fn raw(self) -> sys::flatmem_cpu_isa {
@@ -43,6 +51,7 @@ impl CpuIsa {
             CpuIsa::Baseline => sys::FLATMEM_CPU_ISA_BASELINE,
             CpuIsa::Avx2 => sys::FLATMEM_CPU_ISA_AVX2,
             CpuIsa::Avx512 => sys::FLATMEM_CPU_ISA_AVX512,
+            CpuIsa::Avx512Bf16 => sys::FLATMEM_CPU_ISA_AVX512BF16,
         }
     }
 
@@ -63,7 +72,8 @@ impl CpuIsa {
     }
 
     /// The library's name for it (`flatmem_cpu_isa_name`): `"baseline"`,
-    /// `"avx2"` or `"avx512"`, the words `FLATMEM_CPU_ISA` accepts.
+    /// `"avx2"`, `"avx512"` or `"avx512bf16"`, the words `FLATMEM_CPU_ISA`
+    /// accepts.
     pub fn name(self) -> &'static str {
         raw_name(self.raw())
     }

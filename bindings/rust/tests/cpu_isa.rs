@@ -43,11 +43,41 @@ fn best() -> CpuIsa {
 #[test]
 fn names_and_order() {
     let names: Vec<&str> = CpuIsa::ALL.iter().map(|isa| isa.name()).collect();
-    assert_eq!(names, ["baseline", "avx2", "avx512"]);
+    assert_eq!(names, ["baseline", "avx2", "avx512", "avx512bf16"]);
     assert_eq!(CpuIsa::Avx512.to_string(), "avx512");
-    assert!(CpuIsa::Baseline < CpuIsa::Avx2 && CpuIsa::Avx2 < CpuIsa::Avx512);
+    assert_eq!(CpuIsa::Avx512Bf16.to_string(), "avx512bf16");
+    assert!(CpuIsa::Baseline < CpuIsa::Avx2 && CpuIsa::Avx2 < CpuIsa::Avx512 && CpuIsa::Avx512 < CpuIsa::Avx512Bf16);
     let raw: Vec<sys::flatmem_cpu_isa> = CpuIsa::ALL.iter().map(|isa| isa.raw()).collect();
-    assert_eq!(raw, [sys::FLATMEM_CPU_ISA_BASELINE, sys::FLATMEM_CPU_ISA_AVX2, sys::FLATMEM_CPU_ISA_AVX512]);
+    assert_eq!(
+        raw,
+        [
+            sys::FLATMEM_CPU_ISA_BASELINE,
+            sys::FLATMEM_CPU_ISA_AVX2,
+            sys::FLATMEM_CPU_ISA_AVX512,
+            sys::FLATMEM_CPU_ISA_AVX512BF16
+        ]
+    );
+    assert_eq!(raw, [1, 2, 3, 4]);
+}
+
+#[test]
+fn avx512bf16_exactly_where_the_processor_has_it() {
+    // The level machines answer differently: AVX2-only and AVX-512 processors
+    // without BF16 refuse it (nothing changes), AVX512_BF16 ones select it.
+    let _selecting = Selecting::start();
+    let (in_use, best) = cpu_isa().unwrap();
+    match set_cpu_isa(Some(CpuIsa::Avx512Bf16)) {
+        Ok(()) => {
+            assert_eq!(best, CpuIsa::Avx512Bf16);
+            assert_eq!(cpu_isa().unwrap(), (CpuIsa::Avx512Bf16, best));
+        }
+        Err(err) => {
+            assert!(best < CpuIsa::Avx512Bf16, "best {} but avx512bf16 refused: {}", best, err);
+            assert_eq!(err.status(), Status::Unsupported, "{}", err);
+            assert!(err.message().contains("avx512bf16") && err.message().contains(best.name()), "{}", err);
+            assert_eq!(cpu_isa().unwrap(), (in_use, best));
+        }
+    }
 }
 
 #[test]
@@ -59,7 +89,7 @@ fn set_and_get_round_trip() {
         set_cpu_isa(Some(isa)).unwrap_or_else(|e| panic!("{} (best {}): {}", isa, best, e));
         assert_eq!(cpu_isa().unwrap(), (isa, best));
     }
-    // Above the best (none when the processor runs AVX-512): refused, and
+    // Above the best (none when the processor runs AVX512_BF16): refused, and
     // the one in use stays.
     let in_use = cpu_isa().unwrap().0;
     for &isa in CpuIsa::ALL.iter().filter(|&&isa| isa > best) {
@@ -206,11 +236,23 @@ fn environment_variable() {
     }
     assert_eq!(report["get after set"], ok(CpuIsa::Baseline));
     assert_eq!(report["create after set"], "Ok ()");
-    // More than this processor has (nothing above AVX-512 exists).
+    // More than this processor has (nothing above AVX512_BF16 exists).
     for &isa in CpuIsa::ALL.iter().filter(|&&isa| isa > best) {
         let report = child(isa.name());
         assert_refused(&report, "get", Status::Unsupported, isa.name());
         assert_refused(&report, "create", Status::Unsupported, isa.name());
+        assert_eq!(report["get after set"], ok(CpuIsa::Baseline));
+    }
+    // The words in any case: AVX512BF16 as avx512bf16 (selected, or refused
+    // as above the best).
+    for value in ["AVX512BF16", "Avx512Bf16"] {
+        let report = child(value);
+        if best == CpuIsa::Avx512Bf16 {
+            assert_eq!(report["get"], ok(CpuIsa::Avx512Bf16), "FLATMEM_CPU_ISA={:?}", value);
+        } else {
+            assert_refused(&report, "get", Status::Unsupported, value);
+            assert!(report["get"].contains("avx512bf16"), "{:?}", report["get"]);
+        }
         assert_eq!(report["get after set"], ok(CpuIsa::Baseline));
     }
 }

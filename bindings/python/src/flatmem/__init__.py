@@ -19,7 +19,7 @@
     with flatmem.CyclicStages(comm, micro_batches=8, steps=3,           # one rank per stage
                               boundary_bytes=[4096] * 3) as h: ...
 
-    flatmem.cpu_isa()                  # ('avx512', 'avx512'): CPU instruction set in use, best
+    flatmem.cpu_isa()                  # ('avx512bf16', 'avx512bf16'): CPU instruction set in use, best
     flatmem.set_cpu_isa("avx2")        # for the whole process; None: back to $FLATMEM_CPU_ISA
 
 flatmem.capi is the SWIG module generated from bindings/swig/flatmem.i (the C

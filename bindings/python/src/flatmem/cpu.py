@@ -1,7 +1,7 @@
 """The CPU instruction set flatmem's element-wise kernels run with
 (flatmem_cpu_isa_get / _set / _name of include/flatmem/flatmem.h).
 
-    flatmem.cpu_isa()            # ('avx512', 'avx512'): (in use, best this processor has)
+    flatmem.cpu_isa()            # ('avx512bf16', 'avx512bf16'): (in use, best this processor has)
     flatmem.set_cpu_isa("avx2")  # every later call of this process, any thread
     flatmem.set_cpu_isa(None)    # back to $FLATMEM_CPU_ISA, or the best
 
@@ -9,27 +9,28 @@ The kernels (the exponentials and reductions of the contrastive loss, the
 built-in blocks' LayerNorm, softmax and GELU) are compiled once per
 instruction set; one of them runs for the whole process: the best the
 processor supports, capped by the environment variable FLATMEM_CPU_ISA
-(avx512, avx2, baseline; read when the process first asks), overridden by
-set_cpu_isa(). Results are bitwise reproducible for one instruction set;
-different ones round differently, within each function's error bounds. The
-BLAS (sgemm) picks its own kernels and is not covered.
+(avx512bf16, avx512, avx2, baseline, any case; read when the process first
+asks), overridden by set_cpu_isa(). avx512bf16 is avx512's element-wise
+kernels plus the contrastive tile products of bf16 inputs on vdpbf16ps (fp32
+accumulation); on CPUs without it the bf16 inputs are widened to fp32 for
+sgemm. Results are bitwise reproducible for one instruction set; different
+ones round differently, within each function's error bounds. The BLAS
+(sgemm) picks its own kernels and is not covered.
 """
 from __future__ import annotations
 
 from . import capi
 
 #: The instruction sets, from the most capable down, by their flatmem names.
-CPU_ISAS = tuple(capi.cpu_isa_name(isa)
-                 for isa in (capi.CPU_ISA_AVX512, capi.CPU_ISA_AVX2, capi.CPU_ISA_BASELINE))
-_BY_NAME = {capi.cpu_isa_name(isa): isa
-            for isa in (capi.CPU_ISA_AVX512, capi.CPU_ISA_AVX2, capi.CPU_ISA_BASELINE,
-                        capi.CPU_ISA_DEFAULT)}
+_LEVELS = (capi.CPU_ISA_AVX512BF16, capi.CPU_ISA_AVX512, capi.CPU_ISA_AVX2, capi.CPU_ISA_BASELINE)
+CPU_ISAS = tuple(capi.cpu_isa_name(isa) for isa in _LEVELS)
+_BY_NAME = {capi.cpu_isa_name(isa): isa for isa in (*_LEVELS, capi.CPU_ISA_DEFAULT)}
 
 
 def cpu_isa():
     """(in_use, best): the instruction set the CPU kernels run with now and
     the best this processor supports among those compiled into libflatmem,
-    as names ("avx512", "avx2" or "baseline").
+    as names ("avx512bf16", "avx512", "avx2" or "baseline").
 
     Raises flatmem.InvalidArgumentError when $FLATMEM_CPU_ISA is not one of
     those names (or empty / "auto"), flatmem.UnsupportedError when it names
@@ -41,9 +42,10 @@ def cpu_isa():
 
 def set_cpu_isa(isa):
     """Selects the instruction set of the CPU kernels for the whole process:
-    "avx512", "avx2", "baseline", or None (also "default") to go back to
-    $FLATMEM_CPU_ISA, or the best when it is unset. It overrides the
-    variable. An integer is passed on as a flatmem_cpu_isa value.
+    "avx512bf16", "avx512", "avx2", "baseline" (any case), or None (also
+    "default") to go back to $FLATMEM_CPU_ISA, or the best when it is unset.
+    It overrides the variable. An integer is passed on as a flatmem_cpu_isa
+    value.
 
     Raises flatmem.UnsupportedError, and nothing changes, when this processor
     lacks that instruction set (flatmem.InvalidArgumentError for an integer

@@ -476,7 +476,17 @@ pub const FLATMEM_CPU_ISA_BASELINE: flatmem_cpu_isa = 1;
 pub const FLATMEM_CPU_ISA_AVX2: flatmem_cpu_isa = 2;
 #[doc = " x86-64-v4: AVX-512 F, BW, DQ and VL, 512-bit vectors."]
 pub const FLATMEM_CPU_ISA_AVX512: flatmem_cpu_isa = 3;
-#[doc = " x86-64-v4: AVX-512 F, BW, DQ and VL, 512-bit vectors."]
+#[doc = " AVX512 plus AVX512_BF16 (Cooper Lake, Sapphire Rapids and later Xeons;"]
+#[doc = "  AMD Zen 4 and later): the contrastive tile products of bf16 inputs run"]
+#[doc = "  on vdpbf16ps (bf16 products, fp32 accumulation) instead of widening to"]
+#[doc = "  fp32 for sgemm; the element-wise kernels are those of AVX512. See"]
+#[doc = "  \"16-bit inputs on the CPU\" below flatmem_contrastive_options."]
+pub const FLATMEM_CPU_ISA_AVX512BF16: flatmem_cpu_isa = 4;
+#[doc = " AVX512 plus AVX512_BF16 (Cooper Lake, Sapphire Rapids and later Xeons;"]
+#[doc = "  AMD Zen 4 and later): the contrastive tile products of bf16 inputs run"]
+#[doc = "  on vdpbf16ps (bf16 products, fp32 accumulation) instead of widening to"]
+#[doc = "  fp32 for sgemm; the element-wise kernels are those of AVX512. See"]
+#[doc = "  \"16-bit inputs on the CPU\" below flatmem_contrastive_options."]
 pub const FLATMEM_CPU_ISA_MAX: flatmem_cpu_isa = 2147483647;
 pub type flatmem_cpu_isa = ::std::os::raw::c_uint;
 extern "C" {
@@ -498,7 +508,8 @@ extern "C" {
     pub fn flatmem_cpu_isa_set(isa: flatmem_cpu_isa) -> flatmem_status;
 }
 extern "C" {
-    #[doc = " \"avx512\", \"avx2\", \"baseline\", \"default\"; \"unknown\" for other values."]
+    #[doc = " \"avx512bf16\", \"avx512\", \"avx2\", \"baseline\", \"default\"; \"unknown\" for"]
+    #[doc = "  other values."]
     #[doc = "  A static string. Thread-safe."]
     pub fn flatmem_cpu_isa_name(isa: flatmem_cpu_isa) -> *const ::std::os::raw::c_char;
 }
@@ -528,19 +539,30 @@ pub const FLATMEM_CONTRASTIVE_SIGMOID: flatmem_contrastive_loss = 3;
 #[doc = "  below, not flatmem_contrastive_forward / _backward."]
 pub const FLATMEM_CONTRASTIVE_LOSS_MAX: flatmem_contrastive_loss = 2147483647;
 pub type flatmem_contrastive_loss = ::std::os::raw::c_uint;
-#[doc = " 0: the default, TF32."]
+#[doc = " 0: the default: TF32 on CUDA; FULL on the CPU."]
 pub const FLATMEM_FP32_PRECISION_DEFAULT: flatmem_fp32_precision = 0;
 #[doc = " TF32 products (10-bit mantissas, fp32 accumulation): each logit errs"]
-#[doc = "  by up to about 2^-10 * s * sum_t |q_it k_jt|."]
+#[doc = "  by up to about 2^-10 * s * sum_t |q_it k_jt|. On the CPU's bf16 path:"]
+#[doc = "  G rounded once to bf16 (each entry off by up to 2^-8 of itself), the"]
+#[doc = "  backward's two gradient products at the full bf16 rate."]
 pub const FLATMEM_FP32_PRECISION_TF32: flatmem_fp32_precision = 1;
 #[doc = " About full fp32 (\"3xTF32\": operands split in two TF32 parts, three"]
-#[doc = "  tensor-core products), about 3x the time of TF32."]
+#[doc = "  tensor-core products), about 3x the time of TF32. On the CPU's bf16"]
+#[doc = "  path: G split in hi + lo = bf16(G) + bf16(G - hi) (residual at most"]
+#[doc = "  2^-16 |G|, below fp32 accumulation's n 2^-24 for n >= 256 terms), two"]
+#[doc = "  bf16 products each, about the time of fp32 FMAs."]
 pub const FLATMEM_FP32_PRECISION_FULL: flatmem_fp32_precision = 2;
 #[doc = " About full fp32 (\"3xTF32\": operands split in two TF32 parts, three"]
-#[doc = "  tensor-core products), about 3x the time of TF32."]
+#[doc = "  tensor-core products), about 3x the time of TF32. On the CPU's bf16"]
+#[doc = "  path: G split in hi + lo = bf16(G) + bf16(G - hi) (residual at most"]
+#[doc = "  2^-16 |G|, below fp32 accumulation's n 2^-24 for n >= 256 terms), two"]
+#[doc = "  bf16 products each, about the time of fp32 FMAs."]
 pub const FLATMEM_FP32_PRECISION_MAX: flatmem_fp32_precision = 2147483647;
-#[doc = " How products of fp32 inputs are formed on CUDA tensor cores. The CPU"]
-#[doc = "  backend always multiplies in full fp32 (any value is accepted there)."]
+#[doc = " How fp32 operands enter reduced-precision products: on CUDA tensor cores"]
+#[doc = "  the fp32 inputs (and, in the backward, the recomputed G); on the CPU at"]
+#[doc = "  ISA level avx512bf16, the recomputed G of bf16 inputs, which meets bf16"]
+#[doc = "  features in vdpbf16ps (see \"bf16 products on the CPU\" below). Elsewhere"]
+#[doc = "  the CPU multiplies in full fp32 (any value is accepted)."]
 pub type flatmem_fp32_precision = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, PartialEq)]
