@@ -12,6 +12,7 @@ packages=(
   libopenblas-pthread-dev     # the OpenBLAS archive linked privately into libflatmem (FLATMEM_BLAS=AUTO)
   libdlpack-dev               # <dlpack/dlpack.h>, included by the public header
   doctest-dev                 # the unit tests
+  libsimde-dev                # the bf16 kernel tests: AVX512_BF16 intrinsics emulated on any x86-64
   binutils                    # nm/readelf: exported-symbol test, SONAME check
   libasan8 libubsan1          # ASan/UBSan runtimes for build-asan/ (g++ normally pulls them in)
   python3 python3-numpy python3-matplotlib   # bench plots and Python-side checks (use /usr/bin/python3)

@@ -33,6 +33,7 @@ Plan make_plan(std::int64_t b, std::int64_t c, std::int64_t d, const Options &op
   p.tile_rows = fit_tile(b, options.tile_rows);
   p.tile_cols = fit_tile(c, options.tile_cols);
   const std::int64_t row_tiles = ceil_div(b, p.tile_rows), col_tiles = ceil_div(c, p.tile_cols);
+  p.split_gradient = options.fp32_precision != Fp32Precision::tf32;
   p.groups = std::max<std::int64_t>(1, std::min({max_groups, row_tiles, col_tiles}));
   return p;
 }

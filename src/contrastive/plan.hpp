@@ -25,6 +25,9 @@ struct Plan {
   std::int64_t b = 0, c = 0, d = 0;
   std::int64_t tile_rows = 0, tile_cols = 0;  // effective tile extents
   std::int64_t groups = 1;                    // G
+  // CPU bf16 kernels (avx512bf16): G enters the backward products as hi + lo
+  // bf16 parts (about fp32), or rounded once (FLATMEM_FP32_PRECISION_TF32).
+  bool split_gradient = true;
 
   // Rows (or columns) of group g: whole tiles, the last tile possibly short.
   Range row_group(std::int64_t g) const { return group_range(g, b, tile_rows); }

@@ -18,14 +18,16 @@ namespace flatmem::contrastive {
 enum class Loss { symmetric, infonce, sigmoid };
 
 // How fp32 products run on tensor cores (CUDA); the CPU is always full fp32.
-enum class Fp32Precision { tf32, full };
+// unspecified (FLATMEM_FP32_PRECISION_DEFAULT): TF32 on CUDA; on the CPU the
+// bf16 kernels' G as hi + lo (the CPU's products stay about full fp32).
+enum class Fp32Precision { unspecified, tf32, full };
 
 struct Options {
   Loss loss = Loss::symmetric;
   int num_threads = 1;
   int tile_rows = 512, tile_cols = 512;
   flatmem_nonfinite_policy nonfinite = FLATMEM_NONFINITE_ERROR;
-  Fp32Precision fp32_precision = Fp32Precision::tf32;
+  Fp32Precision fp32_precision = Fp32Precision::unspecified;
   flatmem_comm_t *comm = nullptr;  // non-null: the ring across its ranks (src/contrastive/ring/)
   std::size_t logit_cache_bytes = 0;  // CPU: raw logit tiles kept for the backward (cpu/logit_cache.hpp)
 };

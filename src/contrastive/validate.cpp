@@ -66,7 +66,7 @@ Options resolve_options(const flatmem_contrastive_options *given) {
     invalid("options.nonfinite: ", nonfinite, " is not a flatmem_nonfinite_policy");
   r.nonfinite = flatmem_nonfinite_policy(nonfinite);
   switch (o.fp32_precision) {
-    case FLATMEM_FP32_PRECISION_DEFAULT:
+    case FLATMEM_FP32_PRECISION_DEFAULT: r.fp32_precision = Fp32Precision::unspecified; break;
     case FLATMEM_FP32_PRECISION_TF32: r.fp32_precision = Fp32Precision::tf32; break;
     case FLATMEM_FP32_PRECISION_FULL: r.fp32_precision = Fp32Precision::full; break;
     default: invalid("options.fp32_precision: ", o.fp32_precision, " is not a flatmem_fp32_precision");

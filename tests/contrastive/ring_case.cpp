@@ -142,7 +142,7 @@ std::string check_rank(const RingCase &rc, const GlobalBatch &batch, const Refer
   const ReferenceProblem problem = reference_problem(rc.symmetric(), batch.q, batch.k,
                                                      rc.labels ? &batch.labels : nullptr, batch.scale, g);
   const ForwardTolerance ftol = forward_tolerance(problem, ref);
-  const BackwardTolerance btol = backward_tolerance(problem, ref, ftol, rc.grad_out, rc.grad_out);
+  const BackwardTolerance btol = backward_tolerance(problem, ref, ftol, rc.grad_out, rc.grad_out, rc.dtype);
   const std::int64_t row0 = batch.row_offset[std::size_t(rank)], col0 = batch.col_offset[std::size_t(rank)];
   std::string report = compare("loss", res.loss, {ref.loss}, {ftol.loss}, 0);
   if (report.empty()) report = compare("row_lse", res.row_lse, ref.row_lse, ftol.row_lse, row0);

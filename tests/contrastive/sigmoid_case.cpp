@@ -92,7 +92,7 @@ void check_against_reference(const SigmoidCase &c, const SigmoidOutputs &out, do
                              SigmoidChecks which) {
   const SigmoidProblem p = c.problem(dloss);
   const SigmoidResult r = sigmoid_reference(p);
-  const SigmoidTolerance t = sigmoid_tolerance(p, r, out.dq.dtype(), out.dk.dtype());
+  const SigmoidTolerance t = sigmoid_tolerance(p, r, out.dq.dtype(), out.dk.dtype(), c.q.dtype());
   if (which.loss) check_close("loss", out.loss, r.loss, t.loss);
   if (which.dq) check_close("dq", out.dq, r.dq, t.dq);
   if (which.dk) check_close("dk", out.dk, r.dk, t.dk);

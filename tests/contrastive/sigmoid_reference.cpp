@@ -58,7 +58,7 @@ SigmoidResult sigmoid_reference(const SigmoidProblem &p) {
 }
 
 SigmoidTolerance sigmoid_tolerance(const SigmoidProblem &p, const SigmoidResult &r, Dtype dq_out,
-                                   Dtype dk_out) {
+                                   Dtype dk_out, Dtype input) {
   SigmoidTolerance t;
   const double dx = p.scale * gamma_n(double(p.d + 2)) * r.max_abs_dot + u32 * std::fabs(p.bias);
   // sum |G| with g = 1 (r holds |g| times it)
@@ -72,7 +72,8 @@ SigmoidTolerance sigmoid_tolerance(const SigmoidProblem &p, const SigmoidResult 
     std::vector<double> tol(value.size());
     for (std::size_t n = 0; n < value.size(); ++n) {
       const double fp32 =
-          slack * p.scale * ((eps_g + gamma_n(terms)) * abs[n] + underflow * count[n]);
+          slack * p.scale * ((eps_g + gamma_n(terms) + gradient_entry_error(input, terms)) * abs[n] +
+                             underflow * count[n]);
       tol[n] = fp32 * (1.0 + output_rounding(out)) + output_rounding(out) * std::fabs(value[n]) +
                output_floor(out);
     }

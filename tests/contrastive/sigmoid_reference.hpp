@@ -76,8 +76,9 @@ struct SigmoidTolerance {
   std::vector<double> dq, dk;
 };
 
-// Bounds of section 2-4 above; dq_out / dk_out: the gradient outputs' dtypes.
+// Bounds of section 2-4 above; dq_out / dk_out: the gradient outputs' dtypes;
+// input: q's and k's (bf16 at avx512bf16 adds support/tolerance.hpp's note 7).
 SigmoidTolerance sigmoid_tolerance(const SigmoidProblem &p, const SigmoidResult &r, Dtype dq_out,
-                                   Dtype dk_out);
+                                   Dtype dk_out, Dtype input = Dtype::f32);
 
 }  // namespace flatmem_test

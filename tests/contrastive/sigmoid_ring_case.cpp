@@ -31,7 +31,7 @@ std::string compare_outputs(const char *call, const SigmoidRingCase &rc, const S
                             const SigmoidOutputs &out, double dloss, SigmoidChecks which, int rank) {
   const SigmoidProblem p = global.problem(dloss);
   const SigmoidResult ref = sigmoid_reference(p);
-  const SigmoidTolerance tol = sigmoid_tolerance(p, ref, out.dq.dtype(), out.dk.dtype());
+  const SigmoidTolerance tol = sigmoid_tolerance(p, ref, out.dq.dtype(), out.dk.dtype(), global.q.dtype());
   const std::int64_t d = rc.shape.d;
   std::string report;
   auto check = [&](bool wanted, const char *what, const HostTensor &got, const std::vector<double> &want,

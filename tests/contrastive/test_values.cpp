@@ -56,6 +56,7 @@ struct ValueCase {
   Workspace workspace = Workspace::handle;
   bool scalars_as_shape_1 = false;  // logit_scale, loss, dloss, dlogit_scale as shape (1,) instead of ndim 0
   int threads = 0;
+  std::int64_t fp32_precision = FLATMEM_FP32_PRECISION_DEFAULT;  // options.fp32_precision
   std::uint64_t seed = 1;
 };
 
@@ -195,7 +196,9 @@ void check_values(const ValueCase &vc) {
   const bool symmetric = is_symmetric(vc);
   const Inputs in = make_inputs(vc);
   const std::vector<double> q_before = in.q.values(), k_before = in.k.values();
-  Handle h = create_handle(make_options(vc.loss, vc.threads, vc.tile_rows, vc.tile_cols));
+  flatmem_contrastive_options options = make_options(vc.loss, vc.threads, vc.tile_rows, vc.tile_cols);
+  options.fp32_precision = vc.fp32_precision;
+  Handle h = create_handle(options);
 
   std::optional<HostTensor> dloss;
   if (vc.dloss) dloss = HostTensor::scalar(Dtype::f32, *vc.dloss, vc.scalars_as_shape_1);
@@ -219,7 +222,8 @@ void check_values(const ValueCase &vc) {
   // --- backward ------------------------------------------------------------
   const BackwardOut bwd =
       run_backward(h.get(), vc, in, fwd, dloss ? &*dloss : nullptr, vc.workspace, vc.dq_out, vc.dk_out);
-  const BackwardTolerance btol = backward_tolerance(problem, ref, ftol, vc.dq_out, vc.dk_out);
+  const BackwardTolerance btol =
+      backward_tolerance(problem, ref, ftol, vc.dq_out, vc.dk_out, vc.dtype, vc.fp32_precision);
   if (vc.want_dq) {
     check_close("dq", bwd.dq, ref.dq, btol.dq);
     CHECK_MESSAGE(bwd.dq.padding_untouched(), "dq: bytes between rows (row stride > d) were written");
@@ -294,7 +298,9 @@ void check_values(const ValueCase &vc) {
 void check_ds_by_finite_difference(const ValueCase &vc) {
   const bool symmetric = is_symmetric(vc);
   const Inputs in = make_inputs(vc);
-  Handle h = create_handle(make_options(vc.loss, vc.threads, vc.tile_rows, vc.tile_cols));
+  flatmem_contrastive_options options = make_options(vc.loss, vc.threads, vc.tile_rows, vc.tile_cols);
+  options.fp32_precision = vc.fp32_precision;
+  Handle h = create_handle(options);
   const ReferenceProblem problem =
       reference_problem(symmetric, in.q, in.k, in.has_labels ? &in.labels : nullptr, in.scale, 1.0);
   const ReferenceResult ref = reference_loss(problem);
@@ -615,6 +621,18 @@ TEST_CASE("contrastive/symmetric/bf16/b=263,d=97,tile=16x24,grad=bf16") {
 }
 TEST_CASE("contrastive/symmetric/bf16/b=263,d=97,tile=16x24,grad=fp32") {
   check_values(with(sym(263, 97, 16, 24), [](ValueCase &v) { v.dtype = Dtype::bf16; }));
+}
+// FLATMEM_FP32_PRECISION_TF32: at avx512bf16 G enters dq's and dk's products
+// rounded once to bf16 (the bound's 2^-8 term); elsewhere nothing changes.
+TEST_CASE("contrastive/symmetric/bf16/precision=tf32,b=263,d=97,tile=16x24") {
+  check_values(with(sym(263, 97, 16, 24), [](ValueCase &v) {
+    v.dtype = Dtype::bf16, v.fp32_precision = FLATMEM_FP32_PRECISION_TF32;
+  }));
+}
+TEST_CASE("contrastive/infonce/bf16/precision=tf32,labels=duplicates,b=97,c=263,d=31") {
+  check_values(with(nce(97, 263, 31, Labels::duplicates), [](ValueCase &v) {
+    v.dtype = v.dq_out = Dtype::bf16, v.fp32_precision = FLATMEM_FP32_PRECISION_TF32;
+  }));
 }
 TEST_CASE("contrastive/symmetric/bf16/grad=dq-bf16,dk-fp32,b=97,d=31") {
   check_values(with(sym(97, 31), [](ValueCase &v) { v.dtype = v.dq_out = Dtype::bf16; }));

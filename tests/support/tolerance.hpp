@@ -41,6 +41,12 @@
 //    the logits and gamma_{c+1} for the fp32 per-row sums.
 // 5. All bounds are first order; a factor `slack` = 2 covers the second-order
 //    terms (e^eps - 1 vs eps with eps < 1e-2) and products of errors.
+// 7. At the CPU ISA level avx512bf16, bf16 inputs' products run on vdpbf16ps:
+//    the logits' products stay exact (bf16 x bf16) with fp32 sums, so 1.-3.
+//    hold as they are; G (fp32) enters dq's and dk's products either split
+//    in two bf16 parts, hi + lo (FLATMEM_FP32_PRECISION_DEFAULT / FULL:
+//    residual <= 2^-16 |G|, and twice the terms, a second gamma_c), or
+//    rounded once (TF32: 2^-8 |G|). Either adds (rho + gamma_c) sum |G| |k|.
 // 6. 16-bit outputs are the fp32 result rounded once (RNE): add half an ulp,
 //    relative 2^-8 for bf16 (8 significant bits) and 2^-11 for fp16
 //    (11 bits), plus 2^-25 absolute for fp16 subnormals (spacing 2^-24).
@@ -52,7 +58,10 @@
 // the results by far more, e.g. a missing column changes an LSE by about 1/c.
 #pragma once
 
+#include <flatmem/flatmem.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "support/reference.hpp"
@@ -92,13 +101,34 @@ inline double output_rounding(Dtype out) {
 }
 inline double output_floor(Dtype out) { return out == Dtype::f16 ? 0x1p-25 : 0.0; }
 
+// Whether the CPU's bf16 kernels compute this process's bf16 products: the
+// ISA in use is avx512bf16, or a build with FLATMEM_BF16_EMULATED runs their
+// SIMDe emulation (FLATMEM_TEST_EMULATE_BF16=1, see src/contrastive/cpu/bf16_gemm.cpp).
+inline bool bf16_kernels_in_use() {
+  flatmem_cpu_isa in_use = FLATMEM_CPU_ISA_BASELINE;
+  if (flatmem_cpu_isa_get(&in_use, nullptr) == FLATMEM_STATUS_SUCCESS && in_use == FLATMEM_CPU_ISA_AVX512BF16)
+    return true;
+  const char *emulate = std::getenv("FLATMEM_TEST_EMULATE_BF16");
+  return emulate != nullptr && emulate[0] == '1';
+}
+
+// Note 7's relative error of G's entry into a product of `terms` terms (0
+// where the products are sgemm's on fp32 or widened rows).
+inline double gradient_entry_error(Dtype input, double terms,
+                                   std::int64_t fp32_precision = FLATMEM_FP32_PRECISION_DEFAULT) {
+  if (input != Dtype::bf16 || !bf16_kernels_in_use()) return 0.0;
+  return (fp32_precision == FLATMEM_FP32_PRECISION_TF32 ? 0x1p-8 : 0x1p-16) + gamma_n(terms);
+}
+
 struct BackwardTolerance {
   std::vector<double> dq, dk;
   double ds = 0.0;
 };
 
 inline BackwardTolerance backward_tolerance(const ReferenceProblem &p, const ReferenceResult &r,
-                                            const ForwardTolerance &f, Dtype dq_out, Dtype dk_out) {
+                                            const ForwardTolerance &f, Dtype dq_out, Dtype dk_out,
+                                            Dtype input = Dtype::f32,
+                                            std::int64_t fp32_precision = FLATMEM_FP32_PRECISION_DEFAULT) {
   BackwardTolerance t;
   const double eps_g = f.logit + f.max_lse + 8.0 * u32;
   const auto matrix_tol = [&](const std::vector<double> &weighted, const std::vector<double> &count,
@@ -107,7 +137,8 @@ inline BackwardTolerance backward_tolerance(const ReferenceProblem &p, const Ref
     std::vector<double> tol(value.size());
     for (std::size_t n = 0; n < value.size(); ++n) {
       const double fp32 = slack * (eps_g * weighted[n] + 2.0 * u32 * count[n] +
-                                   (gamma_n(terms) + 3.0 * u32) * abs[n]);
+                                   (gamma_n(terms) + 3.0 * u32 +
+                                    gradient_entry_error(input, terms, fp32_precision)) * abs[n]);
       // rounding a value that is already off by fp32 to 16 bits
       tol[n] = fp32 * (1.0 + output_rounding(out)) + output_rounding(out) * std::fabs(value[n]) +
                output_floor(out);

@@ -53,11 +53,11 @@ void gradient_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const 
                     const std::vector<ThreadScratch> &scratch, double *group_ds,
                     const CachedTiles &cache) {
   walk_tiles(pool, plan, in, scratch,
-             [&](std::int64_t row_group, Range rows, Range cols, const Fp32Rows &q,
-                 const Fp32Rows &k, const ThreadScratch &s) {
+             [&](std::int64_t row_group, Range rows, Range cols, const TileRows &q,
+                 const TileRows &k, const ThreadScratch &s, const TileProducts &engine) {
                const float *raw = cache.slot(rows, cols);  // the forward's tile, or recompute
                if (raw == nullptr) {
-                 tile_logits(q, k, rows.size(), cols.size(), plan.d, s.tile);
+                 tile_logits(q, k, rows.size(), cols.size(), plan.d, s.tile, s.pack);
                  raw = s.tile;
                }
                tile_positives(in, rows, cols, s.positives);
@@ -71,11 +71,11 @@ void gradient_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const 
                group_ds[row_group] += gradient_tile(raw, s.tile, rows.size(), cols.size(),
                                                     in.scale, terms, s.math);
                if (dq.data)
-                 accumulate_rows_times(s.tile, k, rows.size(), cols.size(), plan.d,
-                                       dq.row(rows.begin), dq.ld);
+                 accumulate_rows_times(engine, s.tile, k, rows.size(), cols.size(), plan.d,
+                                       dq.row(rows.begin), dq.ld, s.pack);
                if (dk.data)
-                 accumulate_cols_times(s.tile, q, rows.size(), cols.size(), plan.d,
-                                       dk.row(cols.begin), dk.ld);
+                 accumulate_cols_times(engine, s.tile, q, rows.size(), cols.size(), plan.d,
+                                       dk.row(cols.begin), dk.ld, s.pack);
              });
 }
 

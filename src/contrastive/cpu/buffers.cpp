@@ -1,5 +1,8 @@
 #include "contrastive/cpu/buffers.hpp"
 
+#include <algorithm>
+
+#include "contrastive/cpu/bf16_gemm.hpp"
 #include "contrastive/cpu/tile_math.hpp"
 
 namespace flatmem::contrastive::cpu {
@@ -7,11 +10,18 @@ namespace flatmem::contrastive::cpu {
 std::vector<ThreadScratch> carve_thread_scratch(WorkspaceCarver &carver, const Plan &plan,
                                                 Dtype input, int threads) {
   const bool widen = input != Dtype::f32;
+  const std::int64_t widened = (plan.tile_rows + plan.tile_cols) * plan.d;
+  const std::int64_t block =
+      input == Dtype::bf16 ? std::max(widened, bf16::scratch_words(plan.tile_rows, plan.tile_cols, plan.d))
+                           : widened;
   std::vector<ThreadScratch> out(static_cast<std::size_t>(threads));
   for (auto &t : out) {
     t.tile = carver.take<float>(plan.tile_rows * plan.tile_cols);
-    t.q_rows = widen ? carver.take<float>(plan.tile_rows * plan.d) : nullptr;
-    t.k_rows = widen ? carver.take<float>(plan.tile_cols * plan.d) : nullptr;
+    if (widen) {
+      t.q_rows = carver.take<float>(block);
+      t.k_rows = t.q_rows + plan.tile_rows * plan.d;
+      if (input == Dtype::bf16) t.pack = reinterpret_cast<std::uint32_t *>(t.q_rows);
+    }
     t.math = carver.take<float>(tile_math_scratch_floats(plan.tile_rows, plan.tile_cols));
     t.positives = carver.take<std::int64_t>(plan.tile_rows);
   }

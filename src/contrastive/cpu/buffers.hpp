@@ -11,10 +11,13 @@
 namespace flatmem::contrastive::cpu {
 
 // Per-thread tile scratch: O(tile_rows * tile_cols + (tile_rows + tile_cols) * d).
+// For 16-bit inputs one block serves either engine (the query does not depend
+// on the CPU ISA): the widened rows, or for bf16 the bf16 kernels' packing.
 struct ThreadScratch {
   float *tile = nullptr;             // tile_rows x tile_cols logits / gradients
   float *q_rows = nullptr;           // widened q rows (16-bit inputs only)
   float *k_rows = nullptr;           // widened k rows (16-bit inputs only)
+  std::uint32_t *pack = nullptr;     // bf16 inputs: bf16::scratch_words, over q_rows
   float *math = nullptr;             // tile_math_scratch_floats(tile_rows, tile_cols)
   std::int64_t *positives = nullptr; // tile_rows positive-column slots
 };

@@ -30,11 +30,11 @@ void fold_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const LseS
                 const LseStates &cols, float *positive_logit,
                 const std::vector<ThreadScratch> &scratch, const CachedTiles &cache) {
   walk_tiles(pool, plan, in, scratch,
-             [&](std::int64_t, Range r, Range c, const Fp32Rows &q, const Fp32Rows &k,
-                 const ThreadScratch &s) {
+             [&](std::int64_t, Range r, Range c, const TileRows &q, const TileRows &k,
+                 const ThreadScratch &s, const TileProducts &) {
                float *const slot = cache.slot(r, c);
                float *const raw = slot ? slot : s.tile;
-               tile_logits(q, k, r.size(), c.size(), plan.d, raw);
+               tile_logits(q, k, r.size(), c.size(), plan.d, raw, s.pack);
                tile_positives(in, r, c, s.positives);
                FoldTargets t;
                t.row_max = rows.max + r.begin;

@@ -38,9 +38,9 @@ void sigmoid_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const S
   tile.bias = terms.bias;
   tile.coef = terms.coef;
   walk_tiles(pool, plan, in, scratch,
-             [&](std::int64_t row_group, Range rows, Range cols, const Fp32Rows &q,
-                 const Fp32Rows &k, const ThreadScratch &s) {
-               tile_logits(q, k, rows.size(), cols.size(), plan.d, s.tile);
+             [&](std::int64_t row_group, Range rows, Range cols, const TileRows &q,
+                 const TileRows &k, const ThreadScratch &s, const TileProducts &engine) {
+               tile_logits(q, k, rows.size(), cols.size(), plan.d, s.tile, s.pack);
                tile_positives(in, rows, cols, s.positives);
                SigmoidTile t = tile;
                t.positive_col = s.positives;
@@ -50,11 +50,11 @@ void sigmoid_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const S
                sums.ds[row_group] += tile_sums.ds;
                sums.dt[row_group] += tile_sums.dt;
                if (dq.data)
-                 accumulate_rows_times(s.tile, k, rows.size(), cols.size(), plan.d,
-                                       dq.row(rows.begin), dq.ld);
+                 accumulate_rows_times(engine, s.tile, k, rows.size(), cols.size(), plan.d,
+                                       dq.row(rows.begin), dq.ld, s.pack);
                if (dk.data)
-                 accumulate_cols_times(s.tile, q, rows.size(), cols.size(), plan.d,
-                                       dk.row(cols.begin), dk.ld);
+                 accumulate_cols_times(engine, s.tile, q, rows.size(), cols.size(), plan.d,
+                                       dk.row(cols.begin), dk.ld, s.pack);
              });
 }
 

@@ -16,28 +16,48 @@ void widen_rows(const MatrixView &m, Range range, float *out, Widen widen) {
 
 }  // namespace
 
-Fp32Rows fp32_rows(const MatrixView &m, Range range, float *scratch) {
-  switch (m.dtype) {
-    case Dtype::bf16: widen_rows(m, range, scratch, bf16_to_f32); return {scratch, m.cols};
-    case Dtype::f16: widen_rows(m, range, scratch, f16_to_f32); return {scratch, m.cols};
-    default: return {m.row<const float>(range.begin), m.row_stride};
-  }
+TileProducts tile_products(const Plan &plan, Dtype input) {
+  TileProducts p;
+  p.bf16_kernels = input == Dtype::bf16 && bf16::active();
+  p.split_gradient = plan.split_gradient;
+  return p;
 }
 
-void tile_logits(const Fp32Rows &q, const Fp32Rows &k, std::int64_t rows, std::int64_t cols,
-                 std::int64_t d, float *raw) {
+TileRows tile_rows(const TileProducts &engine, const MatrixView &m, Range range, float *scratch) {
+  TileRows t;
+  if (engine.bf16_kernels) {
+    t.bf16 = {m.row<const std::uint16_t>(range.begin), m.row_stride};
+    return t;
+  }
+  switch (m.dtype) {
+    case Dtype::bf16: widen_rows(m, range, scratch, bf16_to_f32); t.data = scratch, t.ld = m.cols; break;
+    case Dtype::f16: widen_rows(m, range, scratch, f16_to_f32); t.data = scratch, t.ld = m.cols; break;
+    default: t.data = m.row<const float>(range.begin), t.ld = m.row_stride;
+  }
+  return t;
+}
+
+void tile_logits(const TileRows &q, const TileRows &k, std::int64_t rows, std::int64_t cols,
+                 std::int64_t d, float *raw, std::uint32_t *pack) {
+  if (q.bf16.data) return bf16::tile_logits(q.bf16, k.bf16, rows, cols, d, raw, pack);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(cols), int(d), 1.0f, q.data,
               int(q.ld), k.data, int(k.ld), 0.0f, raw, int(cols));
 }
 
-void accumulate_rows_times(const float *g, const Fp32Rows &k, std::int64_t rows, std::int64_t cols,
-                           std::int64_t d, float *out, std::int64_t out_ld) {
+void accumulate_rows_times(const TileProducts &engine, const float *g, const TileRows &k,
+                           std::int64_t rows, std::int64_t cols, std::int64_t d, float *out,
+                           std::int64_t out_ld, std::uint32_t *pack) {
+  if (k.bf16.data)
+    return bf16::accumulate_rows_times(g, k.bf16, rows, cols, d, out, out_ld, engine.split_gradient, pack);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(d), int(cols), 1.0f, g,
               int(cols), k.data, int(k.ld), 1.0f, out, int(out_ld));
 }
 
-void accumulate_cols_times(const float *g, const Fp32Rows &q, std::int64_t rows, std::int64_t cols,
-                           std::int64_t d, float *out, std::int64_t out_ld) {
+void accumulate_cols_times(const TileProducts &engine, const float *g, const TileRows &q,
+                           std::int64_t rows, std::int64_t cols, std::int64_t d, float *out,
+                           std::int64_t out_ld, std::uint32_t *pack) {
+  if (q.bf16.data)
+    return bf16::accumulate_cols_times(g, q.bf16, rows, cols, d, out, out_ld, engine.split_gradient, pack);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(cols), int(d), int(rows), 1.0f, g,
               int(cols), q.data, int(q.ld), 1.0f, out, int(out_ld));
 }

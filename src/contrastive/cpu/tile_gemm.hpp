@@ -1,32 +1,51 @@
-// The three tile products of the contrastive loss, through CBLAS sgemm (one
-// single-threaded call per tile; flatmem's own threads run tiles in parallel).
+// The three tile products of the contrastive loss: one single-threaded call
+// per tile (flatmem's own threads run tiles in parallel), through CBLAS sgemm
+// on fp32 rows, or, for bf16 inputs at the CPU ISA level avx512bf16, through
+// flatmem's own bf16 kernels (bf16_gemm.hpp) on the bf16 rows themselves.
 #pragma once
 
 #include <cstdint>
 
+#include "contrastive/cpu/bf16_gemm.hpp"
 #include "contrastive/plan.hpp"
 #include "core/tensor.hpp"
 
 namespace flatmem::contrastive::cpu {
 
-// Rows [range) of a feature matrix as fp32: points into the tensor when it is
-// fp32, else into `scratch` (range.size() * cols floats) after widening.
-struct Fp32Rows {
-  const float *data;
-  std::int64_t ld;  // leading dimension in elements
+// Rows [range) of a feature matrix as a product operand: either fp32 (data,
+// ld: into the tensor when it is fp32, else into the widening scratch) or,
+// when the bf16 kernels run, the bf16 rows in place (bf16.data set, data
+// null). Both operands of one product are of the same kind.
+struct TileRows {
+  const float *data = nullptr;
+  std::int64_t ld = 0;  // leading dimension in elements
+  bf16::Rows bf16;
 };
-Fp32Rows fp32_rows(const MatrixView &m, Range range, float *scratch);
 
+// Which engine a walk's tiles use: decided once per call (a concurrent
+// flatmem_cpu_isa_set cannot mix engines within a call).
+struct TileProducts {
+  bool bf16_kernels = false;   // bf16 inputs at avx512bf16
+  bool split_gradient = true;  // bf16 kernels: G as hi + lo (else rounded once)
+};
+TileProducts tile_products(const Plan &plan, Dtype input);
+
+// scratch: range.size() * cols floats for widening 16-bit rows.
+TileRows tile_rows(const TileProducts &engine, const MatrixView &m, Range range, float *scratch);
+
+// `pack`: the thread's bf16 kernel scratch (bf16::scratch_words), unused by sgemm.
 // raw (R x C, ld C) = Q_I (R x d) * K_J^T.
-void tile_logits(const Fp32Rows &q, const Fp32Rows &k, std::int64_t rows, std::int64_t cols,
-                 std::int64_t d, float *raw);
+void tile_logits(const TileRows &q, const TileRows &k, std::int64_t rows, std::int64_t cols,
+                 std::int64_t d, float *raw, std::uint32_t *pack);
 
 // out (R x d, ld out_ld) += G (R x C, ld C) * K_J (C x d).
-void accumulate_rows_times(const float *g, const Fp32Rows &k, std::int64_t rows, std::int64_t cols,
-                           std::int64_t d, float *out, std::int64_t out_ld);
+void accumulate_rows_times(const TileProducts &engine, const float *g, const TileRows &k,
+                           std::int64_t rows, std::int64_t cols, std::int64_t d, float *out,
+                           std::int64_t out_ld, std::uint32_t *pack);
 
 // out (C x d, ld out_ld) += G^T (C x R) * Q_I (R x d).
-void accumulate_cols_times(const float *g, const Fp32Rows &q, std::int64_t rows, std::int64_t cols,
-                           std::int64_t d, float *out, std::int64_t out_ld);
+void accumulate_cols_times(const TileProducts &engine, const float *g, const TileRows &q,
+                           std::int64_t rows, std::int64_t cols, std::int64_t d, float *out,
+                           std::int64_t out_ld, std::uint32_t *pack);
 
 }  // namespace flatmem::contrastive::cpu

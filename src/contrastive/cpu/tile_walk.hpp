@@ -10,11 +10,13 @@
 
 namespace flatmem::contrastive::cpu {
 
-// visit(row_group, rows, cols, q_rows, k_rows, scratch) with rows/cols the
-// tile's ranges and q_rows/k_rows its fp32 operands.
+// visit(row_group, rows, cols, q_rows, k_rows, scratch, engine) with
+// rows/cols the tile's ranges, q_rows/k_rows its product operands and engine
+// the products' engine, chosen once for the whole walk.
 template <typename Visit>
 void walk_tiles(ThreadPool &pool, const Plan &plan, const Inputs &in,
                 const std::vector<ThreadScratch> &scratch, Visit &&visit) {
+  const TileProducts engine = tile_products(plan, in.q.dtype);
   for (std::int64_t round = 0; round < plan.groups; ++round) {
     pool.run(plan.groups, [&](std::int64_t row_group, int thread) {
       const ThreadScratch &s = scratch[std::size_t(thread)];
@@ -22,11 +24,11 @@ void walk_tiles(ThreadPool &pool, const Plan &plan, const Inputs &in,
       const Range group_cols = plan.col_group(plan.partner(row_group, round));
       for (std::int64_t r0 = group_rows.begin; r0 < group_rows.end; r0 += plan.tile_rows) {
         const Range rows{r0, std::min(r0 + plan.tile_rows, group_rows.end)};
-        const Fp32Rows q = fp32_rows(in.q, rows, s.q_rows);
+        const TileRows q = tile_rows(engine, in.q, rows, s.q_rows);
         for (std::int64_t c0 = group_cols.begin; c0 < group_cols.end; c0 += plan.tile_cols) {
           const Range cols{c0, std::min(c0 + plan.tile_cols, group_cols.end)};
-          const Fp32Rows k = fp32_rows(in.k, cols, s.k_rows);
-          visit(row_group, rows, cols, q, k, s);
+          const TileRows k = tile_rows(engine, in.k, cols, s.k_rows);
+          visit(row_group, rows, cols, q, k, s, engine);
         }
       }
     });
