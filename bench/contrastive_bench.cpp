@@ -17,9 +17,26 @@
 //   tilegemm        OPENBLAS_NUM_THREADS=1: one single-threaded sgemm per tile
 //   flatmem-cache   as flatmem, with options.logit_cache_bytes = 4 b^2 (every
 //                   logit tile kept for the backward: 6 b^2 d FLOPs)
-// The flatmem variants run once per CPU ISA of --isas (default: avx512 and
-// avx2 where the CPU has them), the child started with FLATMEM_CPU_ISA set;
-// the BLAS variants do not depend on it and run once.
+// The flatmem variants run once per CPU ISA of --isas (default: avx512bf16,
+// avx512 and avx2 where the CPU has them), the child started with
+// FLATMEM_CPU_ISA set; the BLAS variants do not depend on it and run once. An
+// ISA above the CPU's best is skipped with the reason ("CPU lacks ...").
+//
+// --dtypes fp32,bf16 (the default: both): the flatmem variants (flatmem,
+// flatmem-cache, flatmem-blas1, sigmoid) run once per dtype as well. A bf16 row
+// passes the fp32 features rounded to bf16 (round to nearest even) as kDLBfloat
+// 16 tensors, with bf16 dq and dk (as a framework passes them); its "extra
+// memory" is over an inputs process holding the same (bf16 q, k, dq, dk and the
+// rounded values in fp32). The BLAS variants stay fp32: the bf16 rows' ratios
+// to naive and gemm4 are against those fp32 times.
+//
+// Loss error: for every (b, dtype) a child computes the loss of the very inputs
+// the rows used (bf16: the rounded values) in float64 (contrastive_variants.hpp:
+// reference, sigmoid-reference; dgemm in column strips, the loss in double, no
+// b x b matrix). Each row with a loss prints |L - L64| / |L64| beside its time.
+// It costs 2 b^2 d FLOPs in dgemm plus two exp per logit: ~1/3 of the naive
+// variant's work in double, a few seconds at b = 16384 on a 2-core machine, so it
+// runs at every size up to --ref-max-batch (default 65536; above: "n/a").
 // (flatmem built with FLATMEM_BLAS=SERIAL_STATIC carries its own serial
 // OpenBLAS, which the variable does not reach; both rows then read the same.)
 //
@@ -30,12 +47,19 @@
 //   sigmoid-naive   the materialised loss (1 GEMM, element-wise, 2 GEMMs)
 //   gemm3           the sigmoid's three GEMMs in column strips: its floor
 // (all three with OpenBLAS threading as flatmem / naive / gemm4).
+//
+// Target of the bf16 rows (issue 32), at b = 16384 on a CPU with AVX512_BF16:
+// flatmem bf16 [avx512bf16] at >= 1.7x the speed of flatmem fp32 (the fastest fp32
+// row of any ISA), its loss fp32-accurate (relative error against float64 <=
+// max(4x the fp32 row's, 2^-20)); "not measured: CPU lacks AVX512_BF16" elsewhere.
+// The other half (<= 0.5x open_clip's bf16 time) is bench/torch_loss_bench.py's.
 #include <flatmem/flatmem.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -62,6 +86,9 @@ constexpr std::int64_t memory_target_batch = 65536;
 constexpr double memory_target_bytes = 64.0 * MiB;
 // The sigmoid loss's targets (issue 17): against its three-GEMM floor, same memory target.
 constexpr double sigmoid_target_vs_gemm3 = 1.15;
+// bf16 (issue 32): flatmem bf16 >= 1.7x flatmem fp32's speed at b = 16384 under avx512bf16, with a
+// loss error against float64 of at most max(4x the fp32 row's, 2^-20): fp32-accurate.
+constexpr double bf16_target_speedup = 1.7, bf16_error_factor = 4.0, bf16_error_floor = 1.0 / 1048576.0;
 
 const std::vector<std::string> clip_variants{"flatmem", "flatmem-cache", "flatmem-blas1", "naive", "gemm4",
                                              "tilegemm"};
@@ -80,6 +107,8 @@ struct Options {
   int rounds = 2, large_rounds = 1;      // interleaved repetitions of all variants; "large": b > 16384
   std::vector<std::string> variants;  // empty: those of --loss
   std::vector<std::string> isas;  // FLATMEM_CPU_ISA values for the flatmem variants
+  std::vector<std::string> dtypes{"fp32", "bf16"};  // input dtypes of the flatmem variants
+  std::int64_t ref_max_batch = 65536;  // float64 reference loss up to this b (0: none)
   std::string csv;
   bool check = false;  // --check: sigmoid and sigmoid-naive must agree within derived bounds
 };
@@ -103,10 +132,37 @@ const VariantSpec specs[] = {
     {"sigmoid", "sigmoid", BlasEnv::all_cores, "flatmem sigmoid loss (value_and_grad)"},
     {"sigmoid-naive", "sigmoid-naive", BlasEnv::all_cores, "naive materialised sigmoid loss"},
     {"gemm3", "gemm3", BlasEnv::all_cores, "3 GEMMs in column strips"},
+    {"reference", "reference", BlasEnv::all_cores, "float64 CLIP loss (dgemm strips)"},
+    {"sigmoid-reference", "sigmoid-reference", BlasEnv::all_cores, "float64 sigmoid loss (dgemm strips)"},
 };
 
-// The variants that run flatmem's own kernels: once per CPU ISA.
+// The variants that run flatmem's own kernels: once per CPU ISA, and once per dtype.
 bool runs_per_isa(const std::string &variant) { return variant.rfind("flatmem", 0) == 0 || variant == "sigmoid"; }
+
+// The float64 reference of a variant's loss ("" for variants without a loss).
+std::string reference_of(const std::string &variant) {
+  if (variant == "flatmem" || variant == "flatmem-cache" || variant == "flatmem-blas1" || variant == "naive")
+    return "reference";
+  if (variant == "sigmoid" || variant == "sigmoid-naive") return "sigmoid-reference";
+  return "";
+}
+
+// FLATMEM_CPU_ISA names in flatmem_cpu_isa order (baseline = 1 ... avx512bf16 = 4).
+const char *const isa_names[] = {"baseline", "avx2", "avx512", "avx512bf16"};
+int isa_rank(const std::string &isa) {
+  for (int i = 0; i < 4; ++i)
+    if (isa == isa_names[i]) return i + 1;
+  return 0;
+}
+// What a CPU below `isa` lacks, for the skip notes.
+const char *isa_feature(const std::string &isa) {
+  return isa == "avx512bf16" ? "AVX512_BF16" : isa == "avx512" ? "AVX-512 (x86-64-v4)" : "AVX2 (x86-64-v3)";
+}
+flatmem_cpu_isa best_isa() {
+  flatmem_cpu_isa best = FLATMEM_CPU_ISA_BASELINE;
+  if (flatmem_cpu_isa_get(nullptr, &best) != FLATMEM_STATUS_SUCCESS) return FLATMEM_CPU_ISA_BASELINE;
+  return best;
+}
 
 const VariantSpec &spec(const std::string &name) {
   for (const auto &s : specs)
@@ -120,6 +176,7 @@ struct Run {
   std::int64_t b = 0;
   std::string variant, status = "ok", note;  // status: ok | skipped | failed
   std::string isa;                            // FLATMEM_CPU_ISA of a flatmem variant, else empty
+  std::string dtype = "fp32";                 // q, k (and dq, dk) dtype: fp32 | bf16
   double peak_bytes = NAN, extra_bytes = NAN, planned_bytes = NAN;
   std::map<std::string, double> values;
   double value(const std::string &key) const {
@@ -131,7 +188,7 @@ struct Run {
 
 double flops(const std::string &variant, std::int64_t b, std::int64_t d) {
   const double bbd = double(b) * double(b) * double(d);
-  if (variant == "inputs") return 0.0;
+  if (variant == "inputs" || variant == "reference" || variant == "sigmoid-reference") return 0.0;
   // naive and the cached flatmem do not recompute the logits, nor does the sigmoid loss
   const bool three_products = variant == "naive" || variant == "flatmem-cache" || variant == "sigmoid" ||
                               variant == "sigmoid-naive" || variant == "gemm3";
@@ -180,12 +237,14 @@ void set_blas_env(BlasEnv env) {
   if (env == BlasEnv::one) setenv("OPENBLAS_NUM_THREADS", "1", 1);
 }
 
-Run run_child(const Options &o, const std::string &variant, std::int64_t b, const std::string &isa = "") {
+Run run_child(const Options &o, const std::string &variant, std::int64_t b, const std::string &isa = "",
+              const std::string &dtype = "fp32") {
   const VariantSpec &s = spec(variant);
   Run run;
   run.b = b;
   run.variant = variant;
   run.isa = isa;
+  run.dtype = dtype;
   run.planned_bytes = bench::planned_extra_bytes(s.name, b, o.d, o.strip);
   int fds[2];
   if (pipe(fds) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
@@ -194,7 +253,8 @@ Run run_child(const Options &o, const std::string &variant, std::int64_t b, cons
                                    "--bias", format("%.9g", o.bias),
                                    "--min-time", format("%.9g", o.min_time), "--max-reps",
                                    std::to_string(o.max_reps), "--strip", std::to_string(o.strip),
-                                   "--tile", std::to_string(o.tile), "--result-fd", std::to_string(fds[1])};
+                                   "--tile", std::to_string(o.tile), "--result-fd", std::to_string(fds[1]),
+                                   "--dtype", dtype};
   if (variant == "flatmem-cache")
     args.insert(args.end(), {"--logit-cache-bytes", std::to_string(4 * b * b)});
   std::fflush(stdout);
@@ -258,6 +318,7 @@ int worker_main(int argc, char **argv) {
     else if (key == "--tile") c.tile = std::stoll(value);
     else if (key == "--result-fd") fd = std::stoi(value);
     else if (key == "--logit-cache-bytes") c.logit_cache_bytes = std::stoull(value);
+    else if (key == "--dtype") c.dtype = value;
   }
   FILE *out = fd >= 0 ? fdopen(fd, "w") : stdout;
   try {
@@ -278,7 +339,8 @@ void usage() {
       "usage: contrastive_bench [--loss clip|sigmoid|all] [--sizes B1,B2,...] [--dim D] [--quick] [--csv PATH]\n"
       "                         [--variants flatmem,flatmem-cache,flatmem-blas1,naive,gemm4,tilegemm,\n"
       "                                     sigmoid,sigmoid-naive,gemm3] [--bias T]\n"
-      "                         [--isas avx512,avx2,baseline]\n"
+      "                         [--isas avx512bf16,avx512,avx2,baseline] [--dtypes fp32,bf16]\n"
+      "                         [--ref-max-batch B]\n"
       "                         [--min-time S] [--max-reps N] [--mem-limit-gib G]\n"
       "                         [--strip W] [--tile T] [--tilegemm-max-batch B] [--scale S]\n"
       "                         [--rounds N] [--large-rounds N]\n"
@@ -288,8 +350,13 @@ void usage() {
       "  flatmem's GEMMs alone at its 512 x 512 tiles) up to b = 16384. All variants of one b\n"
       "  run in turn, --rounds times (default 2; --large-rounds, default 1, for b > 16384), and\n"
       "  each reports its fastest run: other work on the machine only ever adds time.\n"
-      "  flatmem variants run once per --isas entry (FLATMEM_CPU_ISA; default avx512 and avx2\n"
-      "  where the CPU has them, or the FLATMEM_CPU_ISA already set).\n"
+      "  flatmem variants run once per --isas entry (FLATMEM_CPU_ISA; default avx512bf16, avx512\n"
+      "  and avx2 where the CPU has them, or the FLATMEM_CPU_ISA already set; an ISA the CPU lacks\n"
+      "  is skipped with the reason) and once per --dtypes entry (default fp32,bf16: bf16 q, k, dq,\n"
+      "  dk, the fp32 features rounded to nearest even; the BLAS variants stay fp32).\n"
+      "  Every row with a loss prints its relative error against the float64 loss of the same\n"
+      "  inputs (bf16: the rounded values), computed in a child of its own for b <= --ref-max-batch\n"
+      "  (default 65536; 0: never; above: n/a).\n"
       "  --quick: sizes 1024,4096, min-time 0.3 s, 1 round.\n"
       "  --loss sigmoid: the sigmoid (SigLIP) loss instead, value and all gradients in one call:\n"
       "  variants sigmoid (flatmem, per --isas entry), sigmoid-naive (materialised), gemm3 (its\n"
@@ -299,13 +366,17 @@ void usage() {
       "  within bounds derived from their arithmetic (the CTest smoke test bench/sigmoid_smoke).\n");
 }
 
-// avx512 and avx2 where the CPU (and the library) has them, or the one
-// FLATMEM_CPU_ISA already names.
+// avx512bf16, avx512 and avx2 where the CPU (and the library) has them, or the
+// one FLATMEM_CPU_ISA already names.
 std::vector<std::string> default_isas() {
   const char *env = std::getenv("FLATMEM_CPU_ISA");
-  if (env && *env && std::string(env) != "auto") return {env};
-  flatmem_cpu_isa best = FLATMEM_CPU_ISA_BASELINE;
-  if (flatmem_cpu_isa_get(nullptr, &best) != FLATMEM_STATUS_SUCCESS) return {"baseline"};
+  if (env && *env && std::string(env) != "auto") {
+    std::string isa = env;
+    for (auto &ch : isa) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    return {isa};
+  }
+  const flatmem_cpu_isa best = best_isa();
+  if (best == FLATMEM_CPU_ISA_AVX512BF16) return {"avx512bf16", "avx512", "avx2"};
   if (best == FLATMEM_CPU_ISA_AVX512) return {"avx512", "avx2"};
   return {flatmem_cpu_isa_name(best)};
 }
@@ -345,6 +416,8 @@ Options parse(int argc, char **argv) {
     else if (a == "--large-rounds") o.large_rounds = std::stoi(value());
     else if (a == "--variants") o.variants = bench::split(value());
     else if (a == "--isas") o.isas = bench::split(value());
+    else if (a == "--dtypes") o.dtypes = bench::split(value());
+    else if (a == "--ref-max-batch") o.ref_max_batch = std::stoll(value());
     else if (a == "--csv") o.csv = value();
     else if (a == "--check") o.check = true;
     else throw std::runtime_error("unknown argument '" + a + "' (see --help)");
@@ -365,8 +438,15 @@ Options parse(int argc, char **argv) {
     throw std::runtime_error("--check compares sigmoid with sigmoid-naive: select both (--loss sigmoid)");
   if (o.isas.empty()) o.isas = default_isas();
   for (const auto &isa : o.isas)
-    if (isa != "avx512" && isa != "avx2" && isa != "baseline")
-      throw std::runtime_error("--isas: '" + isa + "'; expected avx512, avx2 or baseline");
+    if (isa_rank(isa) == 0)
+      throw std::runtime_error("--isas: '" + isa + "'; expected avx512bf16, avx512, avx2 or baseline");
+  for (auto &dtype : o.dtypes) {
+    if (dtype == "f32" || dtype == "float32") dtype = "fp32";
+    if (dtype == "bfloat16") dtype = "bf16";
+    if (dtype != "fp32" && dtype != "bf16")
+      throw std::runtime_error("--dtypes: '" + dtype + "'; expected fp32 or bf16");
+  }
+  if (o.dtypes.empty()) throw std::runtime_error("--dtypes: at least one of fp32, bf16");
   return o;
 }
 
@@ -382,13 +462,54 @@ double machine_ram_bytes() {
   return pages > 0 && page > 0 ? double(pages) * double(page) : NAN;
 }
 
-void print_progress(const Run &r, std::int64_t d) {
-  const std::string name = r.isa.empty() ? r.variant : r.variant + " [" + r.isa + "]";
-  std::printf("  %-24s ", name.c_str());
+// Variants with a dtype dimension: the flatmem ones, the inputs baselines, the references.
+bool has_dtype(const std::string &variant) {
+  return runs_per_isa(variant) || variant == "inputs" || variant == "reference" || variant == "sigmoid-reference";
+}
+
+// The run of `variant` at b; for a flatmem variant the one under `isa`; for one with a
+// dtype dimension the one of `dtype` (the BLAS variants are fp32 and serve every dtype).
+const Run *find(const std::vector<Run> &runs, std::int64_t b, const std::string &variant,
+                const std::string &isa = "", const std::string &dtype = "fp32") {
+  for (const auto &r : runs)
+    if (r.b == b && r.variant == variant && (!runs_per_isa(variant) || r.isa == isa) &&
+        (!has_dtype(variant) || r.dtype == dtype))
+      return &r;
+  return nullptr;
+}
+
+// |L - L64| / |L64|: a run's loss against the float64 loss of its inputs (NaN without either).
+double loss_error(const std::vector<Run> &runs, const Run *r) {
+  const std::string ref = r && r->ok() ? reference_of(r->variant) : "";
+  const Run *x = ref.empty() ? nullptr : find(runs, r->b, ref, "", r->dtype);
+  if (!x || !x->ok()) return NAN;
+  return std::fabs(r->value("loss") - x->value("loss")) / std::fabs(x->value("loss"));
+}
+
+// The error as a table cell: "n/a" where no reference was computed (--ref-max-batch).
+std::string error_cell(const std::vector<Run> &runs, const Run *r) {
+  if (!r || !r->ok()) return "-";
+  const double e = loss_error(runs, r);
+  if (std::isfinite(e)) return format("%.1e", e);
+  const Run *x = find(runs, r->b, reference_of(r->variant), "", r->dtype);
+  return x && x->status == "skipped" ? "n/a" : "-";
+}
+
+void print_progress(const Run &r, const Options &o, const std::vector<Run> &runs) {
+  std::string name = r.variant;
+  if (!r.isa.empty() || r.dtype != "fp32")
+    name += " [" + r.isa + (r.isa.empty() || r.dtype == "fp32" ? "" : ", ") + (r.dtype == "fp32" ? "" : r.dtype) + "]";
+  std::printf("  %-28s ", name.c_str());
   if (!r.ok()) {
     std::printf("%s: %s\n", r.status.c_str(), r.note.c_str());
     return;
   }
+  if (r.variant == "reference" || r.variant == "sigmoid-reference") {
+    std::printf("loss %.15g (float64, %s, strips of %.0f columns)\n", r.value("loss"), seconds(r.value("ref_s")).c_str(),
+                r.value("strip"));
+    return;
+  }
+  const std::int64_t d = o.d;
   const double total = r.value("total_s");
   if (std::isfinite(total)) {
     const bool split = r.value("fwd_s") > 0.0;  // tilegemm times only the whole
@@ -396,16 +517,10 @@ void print_progress(const Run &r, std::int64_t d) {
                 split ? seconds(r.value("fwd_s")).c_str() : "-", split ? seconds(r.value("bwd_s")).c_str() : "-",
                 seconds(total).c_str(), r.value("reps"), flops(r.variant, r.b, d) / total / 1e9);
   }
-  std::printf("peak %-10s extra %-10s %s\n", bytes(r.peak_bytes).c_str(),
+  std::printf("peak %-10s extra %-10s %s", bytes(r.peak_bytes).c_str(),
               r.variant == "inputs" ? "-" : bytes(r.extra_bytes).c_str(), blas_threading(r).c_str());
-}
-
-// The run of `variant` at b; for a flatmem variant the one under `isa`.
-const Run *find(const std::vector<Run> &runs, std::int64_t b, const std::string &variant,
-                const std::string &isa = "") {
-  for (const auto &r : runs)
-    if (r.b == b && r.variant == variant && (!runs_per_isa(variant) || r.isa == isa)) return &r;
-  return nullptr;
+  if (!reference_of(r.variant).empty()) std::printf("  loss err %s", error_cell(runs, &r).c_str());
+  std::printf("\n");
 }
 
 double total_of(const Run *r) { return r && r->ok() ? r->value("total_s") : NAN; }
@@ -428,7 +543,8 @@ void write_csv(const std::string &path, const std::vector<Run> &runs, const Opti
   std::ofstream out(path);
   if (!out) throw std::runtime_error("cannot write " + path);
   out << "batch,dim,variant,isa,status,fwd_s,bwd_s,total_s,reps,gflops,peak_rss_bytes,extra_bytes,"
-         "planned_extra_bytes,workspace_bytes,median_total_s,loss,blas_threads,blas_parallel,machine_ram_bytes,note\n";
+         "planned_extra_bytes,workspace_bytes,median_total_s,loss,blas_threads,blas_parallel,machine_ram_bytes,"
+         "dtype,loss_rel_err,reference_loss,reference_s,note\n";
   for (const auto &r : runs) {
     const double total = r.value("total_s");
     const double gflops = r.ok() && std::isfinite(total) && total > 0 ? flops(r.variant, r.b, o.d) / total / 1e9 : NAN;
@@ -441,7 +557,12 @@ void write_csv(const std::string &path, const std::vector<Run> &runs, const Opti
         << num(r.value("bwd_s")) << ',' << num(total) << ',' << num(r.value("reps")) << ',' << num(gflops)
         << ',' << num(r.peak_bytes) << ',' << num(r.extra_bytes) << ',' << num(r.planned_bytes) << ','
         << num(ws) << ',' << num(r.value("median_total_s")) << ',' << num(r.value("loss")) << ',' << num(r.value("blas_threads")) << ','
-        << num(r.value("blas_parallel")) << ',' << num(machine_ram_bytes()) << ',' << note << '\n';
+        << num(r.value("blas_parallel")) << ',' << num(machine_ram_bytes()) << ',' << r.dtype << ','
+        << num(loss_error(runs, &r)) << ',';
+    const std::string ref = reference_of(r.variant);
+    const Run *x = ref.empty() ? nullptr : find(runs, r.b, ref, "", r.dtype);
+    out << (x && x->ok() ? format("%.17g", x->value("loss")) : std::string()) << ',' << num(r.value("ref_s")) << ','
+        << note << '\n';
   }
 }
 
@@ -464,10 +585,10 @@ void print_memory_target(const std::vector<Run> &runs, const Options &o, const s
               !std::isfinite(mem) ? "not measured" : mem < memory_target_bytes ? "MET" : "MISSED");
 }
 
-// "loss, flatmem vs naive (same features): b=... [isa]: L vs L (rel. diff ...)".
+// "loss, flatmem vs naive (same features): b=... [isa]: L vs L (rel. diff ...)" (fp32 rows: naive is fp32).
 void print_loss_agreement(const std::vector<Run> &runs, const Options &o, const std::string &variant,
                           const std::string &naive) {
-  std::printf("\nloss, %s vs naive (same features):", variant.c_str());
+  std::printf("\nloss, %s vs naive (same features, fp32):", variant.c_str());
   for (auto b : o.sizes)
     for (const auto &isa : o.isas) {
       const Run *f = find(runs, b, variant, isa), *n = find(runs, b, naive);
@@ -478,45 +599,132 @@ void print_loss_agreement(const std::vector<Run> &runs, const Options &o, const 
   std::printf("\n");
 }
 
-void print_clip_tables(const std::vector<Run> &runs, const Options &o) {
-  std::printf("\n### Symmetric contrastive loss, forward + backward, fp32, d = %lld (%s, %d threads)\n\n",
-              (long long)o.d, cpu_model().c_str(), bench::hardware_threads());
-  std::printf("| b | CPU ISA | flatmem | flatmem, cache 4b^2 | naive (materialised) | 4 GEMMs (floor) "
-              "| flatmem / 4 GEMMs | cached / 4 GEMMs | flatmem / naive | flatmem GFLOP/s "
-              "| extra memory: flatmem | extra memory: cached | extra memory: naive | flatmem workspace |\n");
-  std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+// Every row's loss against the float64 loss of its own inputs (bf16 rows: the rounded values).
+void print_loss_errors(const std::vector<Run> &runs, const Options &o, const std::string &reference,
+                       const std::vector<std::string> &variants) {
+  std::printf("\nloss against float64 (%s of the same inputs; |L - L64| / |L64|):\n", reference.c_str());
   for (auto b : o.sizes)
-    for (const auto &isa : o.isas) {
-      const Run *f = find(runs, b, "flatmem", isa), *fc = find(runs, b, "flatmem-cache", isa),
-                *n = find(runs, b, "naive"), *g = find(runs, b, "gemm4");
-      const double tf = total_of(f), tc = total_of(fc), tn = total_of(n), tg = total_of(g);
-      const double ws = f && f->ok() ? std::fmax(f->value("workspace_forward"), f->value("workspace_backward")) : NAN;
-      std::printf("| %lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", (long long)b,
-                  isa.c_str(), time_cell(f).c_str(), time_cell(fc).c_str(), time_cell(n).c_str(),
-                  time_cell(g).c_str(), ratio(tf / tg).c_str(), ratio(tc / tg).c_str(), ratio(tf / tn).c_str(),
-                  std::isfinite(tf) ? format("%.0f", flops("flatmem", b, o.d) / tf / 1e9).c_str() : "-",
-                  memory_cell(f).c_str(), memory_cell(fc).c_str(), memory_cell(n).c_str(), bytes(ws).c_str());
+    for (const auto &dtype : o.dtypes) {
+      const Run *x = find(runs, b, reference, "", dtype);
+      if (!x) continue;
+      if (!x->ok()) {
+        std::printf("- b = %lld, %s: %s\n", (long long)b, dtype.c_str(), x->note.c_str());
+        continue;
+      }
+      std::printf("- b = %lld, %s inputs: L64 = %.12f;", (long long)b, dtype.c_str(), x->value("loss"));
+      for (const auto &v : variants) {
+        if (std::find(o.variants.begin(), o.variants.end(), v) == o.variants.end()) continue;
+        if (!runs_per_isa(v)) {
+          if (dtype != "fp32") continue;
+          const Run *r = find(runs, b, v);
+          if (r && r->ok()) std::printf("  %s %.1e", v.c_str(), loss_error(runs, r));
+          continue;
+        }
+        for (const auto &isa : o.isas) {
+          const Run *r = find(runs, b, v, isa, dtype);
+          if (r && r->ok()) std::printf("  %s [%s] %.1e", v.c_str(), isa.c_str(), loss_error(runs, r));
+        }
+      }
+      std::printf("\n");
     }
+}
+
+// Whether this CPU (as flatmem sees it) runs `isa`.
+bool isa_available(const std::string &isa) { return isa_rank(isa) <= int(best_isa()); }
+
+// The fastest fp32 run of `variant` at b over every ISA run (flatmem's own fp32 speed).
+const Run *fastest_fp32(const std::vector<Run> &runs, const Options &o, std::int64_t b, const std::string &variant) {
+  const Run *best = nullptr;
+  for (const auto &isa : o.isas) {
+    const Run *r = find(runs, b, variant, isa, "fp32");
+    if (r && r->ok() && (!best || r->value("total_s") < best->value("total_s"))) best = r;
+  }
+  return best;
+}
+
+// bf16 (issue 32): at b = 16384 under avx512bf16, flatmem bf16 >= 1.7x flatmem fp32's speed with an
+// fp32-accurate loss; "not measured: CPU lacks AVX512_BF16" where it does.
+void print_bf16_targets(const std::vector<Run> &runs, const Options &o, const std::string &variant,
+                        bool with_target) {
+  if (std::find(o.dtypes.begin(), o.dtypes.end(), "bf16") == o.dtypes.end()) return;
+  const std::string isa = "avx512bf16";
+  const char *label = with_target ? "" : " (no target; for information)";
+  if (!isa_available(isa)) {
+    std::printf("- [%s] %s bf16 >= %.1fx %s fp32's speed at b = %lld, fp32-accurate loss%s: not measured: CPU "
+                "lacks AVX512_BF16 (best ISA here: %s)\n", isa.c_str(), variant.c_str(), bf16_target_speedup,
+                variant.c_str(), (long long)target_batch, label, flatmem_cpu_isa_name(best_isa()));
+    return;
+  }
+  const Run *h = find(runs, target_batch, variant, isa, "bf16"), *f = fastest_fp32(runs, o, target_batch, variant);
+  const Run *same = find(runs, target_batch, variant, isa, "fp32");
+  const double speedup = total_of(f) / total_of(h);  // fp32 time / bf16 time
+  const double e16 = loss_error(runs, h), e32 = loss_error(runs, same && same->ok() ? same : f);
+  const double bound = std::fmax(bf16_error_factor * (std::isfinite(e32) ? e32 : 0.0), bf16_error_floor);
+  const bool speed_ok = std::isfinite(speedup) && speedup >= bf16_target_speedup;
+  const bool error_ok = std::isfinite(e16) && e16 <= bound;
+  std::printf("- [%s] %s bf16 >= %.1fx %s fp32's speed at b = %lld%s: bf16 %s, fp32 %s [%s] -> %s faster: %s\n",
+              isa.c_str(), variant.c_str(), bf16_target_speedup, variant.c_str(), (long long)target_batch, label,
+              seconds(total_of(h)).c_str(), seconds(total_of(f)).c_str(), f ? f->isa.c_str() : "-",
+              ratio(speedup).c_str(), !std::isfinite(speedup) ? "not measured" : speed_ok ? "MET" : "MISSED");
+  std::printf("- [%s] %s bf16 loss fp32-accurate at b = %lld (error vs float64 <= max(%.0fx fp32's %s, 2^-20)): "
+              "%s -> %s\n", isa.c_str(), variant.c_str(), (long long)target_batch, bf16_error_factor,
+              std::isfinite(e32) ? format("%.1e", e32).c_str() : "-", std::isfinite(e16) ? format("%.1e", e16).c_str() : "-",
+              !std::isfinite(e16) ? "not measured" : error_ok ? "MET" : "MISSED");
+  if (with_target)
+    std::printf("- [%s] flatmem bf16 <= 0.5x open_clip's bf16 time at b = %lld: measured by "
+                "bench/torch_loss_bench.py (open_clip runs there)\n", isa.c_str(), (long long)target_batch);
+}
+
+void print_clip_tables(const std::vector<Run> &runs, const Options &o) {
+  std::printf("\n### Symmetric contrastive loss, forward + backward, d = %lld (%s, %d threads)\n\n",
+              (long long)o.d, cpu_model().c_str(), bench::hardware_threads());
+  std::printf("| b | CPU ISA | dtype | flatmem | loss err | flatmem, cache 4b^2 | loss err | naive (materialised, fp32) "
+              "| 4 GEMMs (floor, fp32) | flatmem / 4 GEMMs | cached / 4 GEMMs | flatmem / naive "
+              "| flatmem / fp32 flatmem | cached / fp32 cached | flatmem GFLOP/s "
+              "| extra memory: flatmem | extra memory: cached | extra memory: naive | flatmem workspace |\n");
+  std::printf("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (auto b : o.sizes)
+    for (const auto &isa : o.isas)
+      for (const auto &dtype : o.dtypes) {
+        const Run *f = find(runs, b, "flatmem", isa, dtype), *fc = find(runs, b, "flatmem-cache", isa, dtype),
+                  *f32 = find(runs, b, "flatmem", isa), *fc32 = find(runs, b, "flatmem-cache", isa),
+                  *n = find(runs, b, "naive"), *g = find(runs, b, "gemm4");
+        const double tf = total_of(f), tc = total_of(fc), tn = total_of(n), tg = total_of(g);
+        const double ws = f && f->ok() ? std::fmax(f->value("workspace_forward"), f->value("workspace_backward")) : NAN;
+        const bool same = dtype == "fp32";
+        std::printf("| %lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+                    (long long)b, isa.c_str(), dtype.c_str(), time_cell(f).c_str(), error_cell(runs, f).c_str(),
+                    time_cell(fc).c_str(), error_cell(runs, fc).c_str(), time_cell(n).c_str(), time_cell(g).c_str(),
+                    ratio(tf / tg).c_str(), ratio(tc / tg).c_str(), ratio(tf / tn).c_str(),
+                    same ? "-" : ratio(tf / total_of(f32)).c_str(), same ? "-" : ratio(tc / total_of(fc32)).c_str(),
+                    std::isfinite(tf) ? format("%.0f", flops("flatmem", b, o.d) / tf / 1e9).c_str() : "-",
+                    memory_cell(f).c_str(), memory_cell(fc).c_str(), memory_cell(n).c_str(), bytes(ws).c_str());
+      }
   std::printf("\nflatmem and the 4 GEMMs: 8 b^2 d FLOPs; naive and flatmem with the logit cache: 6 b^2 d (they "
               "keep the logits instead of recomputing them; naive also 2 b^2 fp32 of memory, the cache 1 b^2 "
               "fp32). Extra memory: peak RSS of the variant's process minus that of a process holding only q, k, "
-              "dq, dk. Times: fastest timed run. CPU ISA: FLATMEM_CPU_ISA of the flatmem runs (the BLAS variants "
-              "do not depend on it).\n");
+              "dq, dk (of the row's dtype; bf16 rows: also the rounded features in fp32, in both). Times: fastest "
+              "timed run. CPU ISA: FLATMEM_CPU_ISA of the flatmem runs (the BLAS variants do not depend on it). "
+              "dtype: of q, k, dq, dk (bf16: the fp32 features rounded to nearest even); naive and the 4 GEMMs "
+              "are fp32 in every row. loss err: |L - L64| / |L64|, L64 the float64 loss of the same inputs "
+              "(n/a: b > --ref-max-batch). flatmem / fp32 flatmem: the bf16 row's time over the fp32 row's of "
+              "the same ISA.\n");
 
   std::printf("\n### Where the time goes, and BLAS threading\n\n");
-  std::printf("| b | CPU ISA | flatmem forward | flatmem backward | flatmem (OpenBLAS default threads) | flatmem "
-              "(OPENBLAS_NUM_THREADS=1) | tile GEMMs only (%lld^2 tiles) | 4 GEMMs in %lld-column strips |\n",
+  std::printf("| b | CPU ISA | dtype | flatmem forward | flatmem backward | flatmem (OpenBLAS default threads) | flatmem "
+              "(OPENBLAS_NUM_THREADS=1) | tile GEMMs only (%lld^2 tiles, fp32) | 4 GEMMs in %lld-column strips |\n",
               (long long)o.tile, (long long)o.strip);
-  std::printf("|---:|---|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("|---:|---|---|---:|---:|---:|---:|---:|---:|\n");
   for (auto b : o.sizes)
-    for (const auto &isa : o.isas) {
-      const Run *f = find(runs, b, "flatmem", isa), *f1 = find(runs, b, "flatmem-blas1", isa),
-                *t = find(runs, b, "tilegemm"), *g = find(runs, b, "gemm4");
-      std::printf("| %lld | %s | %s | %s | %s | %s | %s | %s |\n", (long long)b, isa.c_str(),
-                  f && f->ok() ? seconds(f->value("fwd_s")).c_str() : "-",
-                  f && f->ok() ? seconds(f->value("bwd_s")).c_str() : "-", time_cell(f).c_str(),
-                  time_cell(f1).c_str(), time_cell(t).c_str(), time_cell(g).c_str());
-    }
+    for (const auto &isa : o.isas)
+      for (const auto &dtype : o.dtypes) {
+        const Run *f = find(runs, b, "flatmem", isa, dtype), *f1 = find(runs, b, "flatmem-blas1", isa, dtype),
+                  *t = find(runs, b, "tilegemm"), *g = find(runs, b, "gemm4");
+        std::printf("| %lld | %s | %s | %s | %s | %s | %s | %s | %s |\n", (long long)b, isa.c_str(), dtype.c_str(),
+                    f && f->ok() ? seconds(f->value("fwd_s")).c_str() : "-",
+                    f && f->ok() ? seconds(f->value("bwd_s")).c_str() : "-", time_cell(f).c_str(),
+                    time_cell(f1).c_str(), time_cell(t).c_str(), time_cell(g).c_str());
+      }
   for (const char *v : {"flatmem", "flatmem-blas1", "naive", "gemm4", "tilegemm"})
     for (const auto &r : runs)
       if (r.variant == v && r.ok()) {
@@ -527,10 +735,16 @@ void print_clip_tables(const std::vector<Run> &runs, const Options &o) {
       }
 
   print_loss_agreement(runs, o, "flatmem", "naive");
+  print_loss_errors(runs, o, "reference", {"flatmem", "flatmem-cache", "flatmem-blas1", "naive"});
 
   std::printf("\n### Targets\n\n");
   const Run *g = find(runs, target_batch, "gemm4"), *n = find(runs, target_batch, "naive");
   for (const auto &isa : o.isas) {
+    if (!isa_available(isa)) {
+      std::printf("- [%s] flatmem targets at b = %lld: not measured: CPU lacks %s\n", isa.c_str(),
+                  (long long)target_batch, isa_feature(isa));
+      continue;
+    }
     const Run *f = find(runs, target_batch, "flatmem", isa);
     const double r1 = total_of(f) / total_of(g), r2 = total_of(f) / total_of(n);
     std::printf("- [%s] flatmem <= %.2fx the 4-GEMM time at b = %lld: %s -> %s\n", isa.c_str(), target_vs_gemm4,
@@ -539,45 +753,59 @@ void print_clip_tables(const std::vector<Run> &runs, const Options &o) {
                 (long long)target_batch, ratio(r2).c_str(), verdict(r2, target_vs_naive));
   }
   print_memory_target(runs, o, "flatmem");
+  print_bf16_targets(runs, o, "flatmem", true);
 }
 
 void print_sigmoid_tables(const std::vector<Run> &runs, const Options &o) {
-  std::printf("\n### Sigmoid (SigLIP) loss, value and gradients (loss, dq, dk, ds, dt), fp32, d = %lld, "
+  std::printf("\n### Sigmoid (SigLIP) loss, value and gradients (loss, dq, dk, ds, dt), d = %lld, "
               "s = %.1f, t = %.1f (%s, %d threads)\n\n",
               (long long)o.d, o.scale, o.bias, cpu_model().c_str(), bench::hardware_threads());
-  std::printf("| b | CPU ISA | flatmem sigmoid | naive (materialised) | 3 GEMMs (floor) | sigmoid / 3 GEMMs "
-              "| sigmoid / naive | sigmoid GFLOP/s | peak memory: sigmoid | peak memory: naive "
-              "| extra memory: sigmoid | extra memory: naive | extra memory: 3 GEMMs | sigmoid workspace |\n");
-  std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| b | CPU ISA | dtype | flatmem sigmoid | loss err | naive (materialised, fp32) | 3 GEMMs (floor, fp32) "
+              "| sigmoid / 3 GEMMs | sigmoid / naive | sigmoid / fp32 sigmoid | sigmoid GFLOP/s | peak memory: sigmoid "
+              "| peak memory: naive | extra memory: sigmoid | extra memory: naive | extra memory: 3 GEMMs "
+              "| sigmoid workspace |\n");
+  std::printf("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   auto peak_cell = [](const Run *r) { return r && r->ok() ? bytes(r->peak_bytes) : memory_cell(r); };
   for (auto b : o.sizes)
-    for (const auto &isa : o.isas) {
-      const Run *f = find(runs, b, "sigmoid", isa), *n = find(runs, b, "sigmoid-naive"), *g = find(runs, b, "gemm3");
-      const double tf = total_of(f), tn = total_of(n), tg = total_of(g);
-      std::printf("| %lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", (long long)b,
-                  isa.c_str(), time_cell(f).c_str(), time_cell(n).c_str(), time_cell(g).c_str(),
-                  ratio(tf / tg).c_str(), ratio(tf / tn).c_str(),
-                  std::isfinite(tf) ? format("%.0f", flops("sigmoid", b, o.d) / tf / 1e9).c_str() : "-",
-                  peak_cell(f).c_str(), peak_cell(n).c_str(), memory_cell(f).c_str(), memory_cell(n).c_str(),
-                  memory_cell(g).c_str(), bytes(f && f->ok() ? f->value("workspace_forward") : NAN).c_str());
-    }
+    for (const auto &isa : o.isas)
+      for (const auto &dtype : o.dtypes) {
+        const Run *f = find(runs, b, "sigmoid", isa, dtype), *f32 = find(runs, b, "sigmoid", isa),
+                  *n = find(runs, b, "sigmoid-naive"), *g = find(runs, b, "gemm3");
+        const double tf = total_of(f), tn = total_of(n), tg = total_of(g);
+        std::printf("| %lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+                    (long long)b, isa.c_str(), dtype.c_str(), time_cell(f).c_str(), error_cell(runs, f).c_str(),
+                    time_cell(n).c_str(), time_cell(g).c_str(), ratio(tf / tg).c_str(), ratio(tf / tn).c_str(),
+                    dtype == "fp32" ? "-" : ratio(tf / total_of(f32)).c_str(),
+                    std::isfinite(tf) ? format("%.0f", flops("sigmoid", b, o.d) / tf / 1e9).c_str() : "-",
+                    peak_cell(f).c_str(), peak_cell(n).c_str(), memory_cell(f).c_str(), memory_cell(n).c_str(),
+                    memory_cell(g).c_str(), bytes(f && f->ok() ? f->value("workspace_forward") : NAN).c_str());
+      }
   std::printf("\nAll three: 6 b^2 d FLOPs (one logit product, two gradient products; the sigmoid's gradient "
               "needs no row or column normaliser, so flatmem computes the loss and every gradient in one tile "
               "walk). naive: X = s Q K^T materialised (b^2 fp32), G written over it. 3 GEMMs: in %lld-column "
               "strips, no element-wise work. Peak memory: peak RSS of the variant's process; extra: minus that "
-              "of a process holding only q, k, dq, dk. Times: fastest timed run. CPU ISA: FLATMEM_CPU_ISA of "
-              "the flatmem runs.\n", (long long)o.strip);
+              "of a process holding only q, k, dq, dk (of the row's dtype). Times: fastest timed run. CPU ISA: "
+              "FLATMEM_CPU_ISA of the flatmem runs. dtype: of q, k, dq, dk (bf16: the fp32 features rounded to "
+              "nearest even); naive and the 3 GEMMs are fp32 in every row. loss err: |L - L64| / |L64| against "
+              "the float64 loss of the same inputs.\n", (long long)o.strip);
 
   print_loss_agreement(runs, o, "sigmoid", "sigmoid-naive");
+  print_loss_errors(runs, o, "sigmoid-reference", {"sigmoid", "sigmoid-naive"});
 
   std::printf("\n### Sigmoid targets\n\n");
   const Run *g = find(runs, target_batch, "gemm3");
   for (const auto &isa : o.isas) {
+    if (!isa_available(isa)) {
+      std::printf("- [%s] sigmoid targets at b = %lld: not measured: CPU lacks %s\n", isa.c_str(),
+                  (long long)target_batch, isa_feature(isa));
+      continue;
+    }
     const double r = total_of(find(runs, target_batch, "sigmoid", isa)) / total_of(g);
     std::printf("- [%s] sigmoid <= %.2fx the 3-GEMM time at b = %lld: %s -> %s\n", isa.c_str(),
                 sigmoid_target_vs_gemm3, (long long)target_batch, ratio(r).c_str(), verdict(r, sigmoid_target_vs_gemm3));
   }
   print_memory_target(runs, o, "sigmoid");
+  print_bf16_targets(runs, o, "sigmoid", false);
 }
 
 // --check: flatmem's sigmoid (every ISA) against sigmoid-naive on the same features. Both
@@ -640,12 +868,14 @@ bool check_sigmoid(const std::vector<Run> &runs, const Options &o) {
 int driver_main(int argc, char **argv) {
   const Options o = parse(argc, argv);
   const bool clip = selects_any(o, clip_variants), sigmoid = selects_any(o, sigmoid_variants);
+  std::string dtype_list;
+  for (const auto &dtype : o.dtypes) dtype_list += (dtype_list.empty() ? "" : ", ") + dtype;
   if (clip)
-    std::printf("contrastive_bench: symmetric contrastive loss, forward + backward, fp32, d = %lld, s = %.1f\n",
-                (long long)o.d, o.scale);
+    std::printf("contrastive_bench: symmetric contrastive loss, forward + backward, %s, d = %lld, s = %.1f\n",
+                dtype_list.c_str(), (long long)o.d, o.scale);
   if (sigmoid)
-    std::printf("contrastive_bench: sigmoid (SigLIP) loss, value and gradients in one call, fp32, d = %lld, "
-                "s = %.1f, t = %.1f\n", (long long)o.d, o.scale, o.bias);
+    std::printf("contrastive_bench: sigmoid (SigLIP) loss, value and gradients in one call, %s, d = %lld, "
+                "s = %.1f, t = %.1f\n", dtype_list.c_str(), (long long)o.d, o.scale, o.bias);
   std::printf("machine: %s, %d hardware threads, %s RAM\n", cpu_model().c_str(), bench::hardware_threads(),
               bytes(machine_ram_bytes()).c_str());
   std::printf("flatmem %s; benchmark BLAS: %s\n", flatmem_version_string(), bench::blas_config().c_str());
@@ -655,6 +885,11 @@ int driver_main(int argc, char **argv) {
   for (const auto &isa : o.isas) isa_list += (isa_list.empty() ? "" : ", ") + isa;
   std::printf("CPU ISA: best %s; flatmem runs under %s (FLATMEM_CPU_ISA)\n", flatmem_cpu_isa_name(best),
               isa_list.c_str());
+  for (const auto &isa : o.isas)
+    if (!isa_available(isa))
+      std::printf("  %s rows: not run: CPU lacks %s\n", isa.c_str(), isa_feature(isa));
+  std::printf("dtypes of the flatmem rows: %s; float64 reference loss for b <= %lld\n", dtype_list.c_str(),
+              (long long)o.ref_max_batch);
   double load[3] = {NAN, NAN, NAN};
   if (getloadavg(load, 3) == 3)  // other work on the machine slows every column: say how much ran
     std::printf("load average at start: %.2f %.2f %.2f\n", load[0], load[1], load[2]);
@@ -672,38 +907,82 @@ int driver_main(int argc, char **argv) {
     const double inputs_bytes = 4.0 * 4.0 * double(b) * double(o.d);
     std::printf("\nb = %lld (q, k, dq, dk: %s; one b x b fp32 matrix: %s)\n", (long long)b,
                 bytes(inputs_bytes).c_str(), bytes(4.0 * double(b) * double(b)).c_str());
-    Run baseline = run_child(o, "inputs", b);
-    print_progress(baseline, o.d);
-    runs.push_back(baseline);
-    if (!baseline.ok()) continue;
+    // the inputs-only baselines (one per dtype of the flatmem rows), then the float64 references
+    std::map<std::string, double> baseline_peak;
+    bool baselines_ok = true;
+    const bool per_dtype = std::any_of(o.variants.begin(), o.variants.end(), runs_per_isa);
+    for (const auto &dtype : o.dtypes) {
+      if (dtype != "fp32" && !per_dtype) continue;
+      Run baseline = run_child(o, "inputs", b, "", dtype);
+      print_progress(baseline, o, runs);
+      runs.push_back(baseline);
+      baselines_ok = baselines_ok && baseline.ok();
+      baseline_peak[dtype] = baseline.peak_bytes;
+    }
+    if (!baseline_peak.count("fp32")) {  // the BLAS variants' (fp32) baseline
+      Run baseline = run_child(o, "inputs", b);
+      print_progress(baseline, o, runs);
+      runs.push_back(baseline);
+      baselines_ok = baselines_ok && baseline.ok();
+      baseline_peak["fp32"] = baseline.peak_bytes;
+    }
+    if (!baselines_ok) continue;
+    for (const char *ref : {"reference", "sigmoid-reference"}) {
+      const bool wanted = std::any_of(o.variants.begin(), o.variants.end(),
+                                      [&](const std::string &v) { return reference_of(v) == ref; });
+      if (!wanted) continue;
+      for (const auto &dtype : o.dtypes) {
+        if (dtype != "fp32" && !per_dtype) continue;
+        Run r;
+        r.b = b;
+        r.variant = ref;
+        r.dtype = dtype;
+        if (o.ref_max_batch <= 0 || b > o.ref_max_batch) {
+          r.status = "skipped";
+          r.note = "n/a (b > --ref-max-batch " + std::to_string(o.ref_max_batch) + ")";
+        } else {
+          r = run_child(o, ref, b, "", dtype);
+        }
+        print_progress(r, o, runs);
+        runs.push_back(r);
+      }
+    }
     const std::size_t first = runs.size();
-    std::vector<std::pair<std::string, std::string>> jobs;  // (variant, isa)
+    struct Job {
+      std::string variant, isa, dtype;
+    };
+    std::vector<Job> jobs;
     for (const auto &v : o.variants)
       if (runs_per_isa(v))
-        for (const auto &isa : o.isas) jobs.emplace_back(v, isa);
+        for (const auto &isa : o.isas)
+          for (const auto &dtype : o.dtypes) jobs.push_back({v, isa, dtype});
       else
-        jobs.emplace_back(v, "");
+        jobs.push_back({v, "", "fp32"});
     const int rounds = std::max(1, b > target_batch ? o.large_rounds : o.rounds);
     for (int round = 0; round < rounds; ++round) {
       if (rounds > 1) std::printf(" round %d of %d\n", round + 1, rounds);
       for (std::size_t i = 0; i < jobs.size(); ++i) {
-        const auto &[v, isa] = jobs[i];
+        const auto &[v, isa, dtype] = jobs[i];
         Run r;
         r.b = b;
         r.variant = v;
         r.isa = isa;
+        r.dtype = dtype;
         r.planned_bytes = bench::planned_extra_bytes(v, b, o.d, o.strip);
-        if (v == "tilegemm" && b > o.tilegemm_max_batch) {
+        if (!isa.empty() && !isa_available(isa)) {
+          r.status = "skipped";
+          r.note = std::string("not run: CPU lacks ") + isa_feature(isa);
+        } else if (v == "tilegemm" && b > o.tilegemm_max_batch) {
           r.status = "skipped";
           r.note = "not run (diagnostic, --tilegemm-max-batch)";
         } else if (inputs_bytes + r.planned_bytes > limit) {
           r.status = "skipped";
           r.note = "n/a (needs " + bytes(r.planned_bytes) + ")";
         } else {
-          r = run_child(o, v, b, isa);
-          r.extra_bytes = r.peak_bytes - baseline.peak_bytes;
+          r = run_child(o, v, b, isa, dtype);
+          r.extra_bytes = r.peak_bytes - baseline_peak[dtype];
         }
-        if (round == 0 || r.status != "skipped") print_progress(r, o.d);
+        if (round == 0 || r.status != "skipped") print_progress(r, o, runs);
         if (round == 0) {
           runs.push_back(r);
           continue;
@@ -714,7 +993,7 @@ int driver_main(int argc, char **argv) {
         if (r.ok() && (!kept.ok() || r.value("total_s") < kept.value("total_s"))) kept = r;
         else if (!r.ok() && r.status == "failed") kept = r;
         kept.peak_bytes = peak;
-        kept.extra_bytes = peak - baseline.peak_bytes;
+        kept.extra_bytes = peak - baseline_peak[dtype];
       }
     }
   }

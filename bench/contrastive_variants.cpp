@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -46,17 +47,52 @@ Matrix allocate(std::int64_t rows, std::int64_t cols) {
   return m;
 }
 
+using Bf16Matrix = std::unique_ptr<std::uint16_t[]>;
+
+Bf16Matrix allocate_bf16(std::int64_t rows, std::int64_t cols) {
+  Bf16Matrix m(new std::uint16_t[std::size_t(rows) * std::size_t(cols)]);
+  touch(m.get(), std::size_t(rows) * std::size_t(cols) * sizeof(std::uint16_t));
+  return m;
+}
+
+bool is_bf16(const std::string &dtype) {
+  if (dtype == "bf16") return true;
+  if (dtype == "fp32") return false;
+  throw std::runtime_error("dtype '" + dtype + "': expected fp32 or bf16");
+}
+
 // q, k filled; dq, dk touched. Every variant starts from exactly this.
+// bf16: q, k hold the features rounded to bf16 (exactly representable in fp32),
+// qh, kh their bf16 bits, dqh, dkh the bf16 gradients; dq, dk are not allocated.
 struct Features {
   std::int64_t b, d;
   Matrix q, k, dq, dk;
-  Features(std::int64_t b_, std::int64_t d_, std::uint64_t seed) : b(b_), d(d_) {
+  Bf16Matrix qh, kh, dqh, dkh;
+  Features(std::int64_t b_, std::int64_t d_, std::uint64_t seed, const std::string &dtype = "fp32")
+      : b(b_), d(d_) {
+    const bool bf16 = is_bf16(dtype);
     q = allocate(b, d);
     k = allocate(b, d);
-    dq = allocate(b, d);
-    dk = allocate(b, d);
+    if (!bf16) {
+      dq = allocate(b, d);
+      dk = allocate(b, d);
+    }
     make_features(q.get(), k.get(), b, d, seed);
+    if (!bf16) return;
+    qh = allocate_bf16(b, d);
+    kh = allocate_bf16(b, d);
+    dqh = allocate_bf16(b, d);
+    dkh = allocate_bf16(b, d);
+    parallel_for(b * d, [&](std::int64_t lo, std::int64_t hi, int) {
+      for (std::int64_t i = lo; i < hi; ++i) {
+        qh[i] = bf16_bits(q[i]);
+        kh[i] = bf16_bits(k[i]);
+        q[i] = bf16_value(qh[i]);
+        k[i] = bf16_value(kh[i]);
+      }
+    });
   }
+  bool bf16() const { return bool(qh); }
 };
 
 // Phases::one: a variant whose forward and backward are one call (the sigmoid
@@ -108,6 +144,13 @@ DLTensor fp32_tensor(float *data, int ndim, std::int64_t *shape) {
   return t;
 }
 
+DLTensor bf16_tensor(std::uint16_t *data, int ndim, std::int64_t *shape) {
+  DLTensor t = fp32_tensor(nullptr, ndim, shape);
+  t.data = data;
+  t.dtype = {kDLBfloat, 16, 1};
+  return t;
+}
+
 void check(flatmem_status status, const char *what) {
   if (status != FLATMEM_STATUS_SUCCESS)
     throw std::runtime_error(std::string(what) + ": " + flatmem_status_string(status) + ": " +
@@ -122,11 +165,19 @@ Handle make_handle(const flatmem_contrastive_options &options) {
   return Handle(raw, flatmem_contrastive_destroy);
 }
 
-// The features as DLTensors, and fp32 scalars: what every flatmem call takes.
+// The features as DLTensors (fp32, or bf16 with bf16 gradients), and fp32
+// scalars: what every flatmem call takes.
 struct FeatureTensors {
   std::int64_t matrix_shape[2];
   DLTensor q, k, dq, dk;
   explicit FeatureTensors(Features &f) : matrix_shape{f.b, f.d} {
+    if (f.bf16()) {
+      q = bf16_tensor(f.qh.get(), 2, matrix_shape);
+      k = bf16_tensor(f.kh.get(), 2, matrix_shape);
+      dq = bf16_tensor(f.dqh.get(), 2, matrix_shape);
+      dk = bf16_tensor(f.dkh.get(), 2, matrix_shape);
+      return;
+    }
     q = fp32_tensor(f.q.get(), 2, matrix_shape);
     k = fp32_tensor(f.k.get(), 2, matrix_shape);
     dq = fp32_tensor(f.dq.get(), 2, matrix_shape);
@@ -149,7 +200,7 @@ void report_isa(Report &report) {
 }
 
 Report run_flatmem(const VariantConfig &c) {
-  Features f(c.b, c.d, c.seed);
+  Features f(c.b, c.d, c.seed, c.dtype);
   FeatureTensors t(f);
   std::int64_t vector_shape[1] = {c.b};
   std::vector<float> row_lse(static_cast<std::size_t>(c.b)), col_lse(static_cast<std::size_t>(c.b));
@@ -194,7 +245,7 @@ Report run_flatmem(const VariantConfig &c) {
 // The sigmoid loss, value and every gradient in one call: a single timed
 // phase (fwd_s and bwd_s are not reported).
 Report run_sigmoid(const VariantConfig &c) {
-  Features f(c.b, c.d, c.seed);
+  Features f(c.b, c.d, c.seed, c.dtype);
   FeatureTensors t(f);
   float scale = c.scale, bias = c.bias, loss = 0.0f, dscale = 0.0f, dbias = 0.0f;
   DLTensor scale_t = scalar_tensor(&scale), bias_t = scalar_tensor(&bias), loss_t = scalar_tensor(&loss);
@@ -512,13 +563,115 @@ Report run_tilegemm(const VariantConfig &c) {
 }
 
 Report run_inputs(const VariantConfig &c) {
-  Features f(c.b, c.d, c.seed);
+  Features f(c.b, c.d, c.seed, c.dtype);
   double sum = 0.0;  // use the data so that nothing is optimised away
   for (std::int64_t i = 0; i < c.b; ++i) sum += f.q[i * c.d];
   return {{"checksum", sum}};
 }
 
+// ---- the float64 references (untimed: the loss error column) -----------------
+
+// The loss of the very inputs a flatmem row used (for bf16: the rounded values), in
+// double: X = s Q K^T by dgemm in column strips of at most 128 MiB (the products of
+// fp32 or bf16 values are exact in double; the sums round at 2^-53), then the loss
+// element by element in double: the CLIP loss's row log-sum-exps merged strip by strip
+// (running maximum and sum), its column log-sum-exps whole within a strip; the
+// sigmoid loss's softplus terms max(v, 0) + log1p(exp(-|v|)). 2 b^2 d FLOPs in dgemm
+// and two exp (CLIP) or an exp and a log1p (sigmoid) per logit.
+Report run_reference(const VariantConfig &c, bool sigmoid) {
+  const double t0 = now_seconds();
+  std::int64_t b = c.b, d = c.d;
+  std::vector<double> q(std::size_t(b * d)), k(std::size_t(b * d));
+  {
+    Features f(c.b, c.d, c.seed, c.dtype);  // for bf16: q, k hold the rounded values
+    parallel_for(b * d, [&](std::int64_t lo, std::int64_t hi, int) {
+      for (std::int64_t i = lo; i < hi; ++i) {
+        q[std::size_t(i)] = f.q[i];
+        k[std::size_t(i)] = f.k[i];
+      }
+    });
+  }
+  const double s = double(c.scale), t = double(c.bias);
+  const std::int64_t w = std::min(b, std::clamp<std::int64_t>((std::int64_t(128) << 20) / (8 * b), 64, 2048));
+  std::vector<double> x(std::size_t(b * w));
+  const int threads = hardware_threads();
+  std::vector<double> parts(std::size_t(threads), 0.0);
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> rmax(std::size_t(b), -inf), rsum(std::size_t(b), 0.0), diag(std::size_t(b), 0.0);
+  std::vector<double> cmax(static_cast<std::size_t>(w)), csum(static_cast<std::size_t>(w));
+  for (std::int64_t j0 = 0; j0 < b; j0 += w) {
+    const std::int64_t n = std::min(w, b - j0);
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(b), int(n), int(d), s, q.data(), int(d),
+                k.data() + j0 * d, int(d), 0.0, x.data(), int(n));
+    if (sigmoid) {
+      parallel_for(b, [&](std::int64_t lo, std::int64_t hi, int thread) {
+        double sum = 0.0;
+        for (std::int64_t i = lo; i < hi; ++i) {
+          const double *row = x.data() + i * n;
+          for (std::int64_t j = 0; j < n; ++j) {
+            const double u = j0 + j == i ? -(row[j] + t) : row[j] + t;  // -log sigmoid(z v) = softplus(-z v)
+            sum += std::max(u, 0.0) + std::log1p(std::exp(-std::fabs(u)));
+          }
+        }
+        parts[std::size_t(thread)] += sum;
+      });
+      continue;
+    }
+    parallel_for(b, [&](std::int64_t lo, std::int64_t hi, int) {  // rows: merge this strip in
+      for (std::int64_t i = lo; i < hi; ++i) {
+        const double *row = x.data() + i * n;
+        double m = rmax[std::size_t(i)];
+        for (std::int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
+        double sum = rmax[std::size_t(i)] == -inf ? 0.0 : rsum[std::size_t(i)] * std::exp(rmax[std::size_t(i)] - m);
+        for (std::int64_t j = 0; j < n; ++j) sum += std::exp(row[j] - m);
+        rmax[std::size_t(i)] = m;
+        rsum[std::size_t(i)] = sum;
+        if (i >= j0 && i < j0 + n) diag[std::size_t(i)] = row[i - j0];
+      }
+    });
+    parallel_for(n, [&](std::int64_t lo, std::int64_t hi, int thread) {  // columns: whole in this strip
+      for (std::int64_t j = lo; j < hi; ++j) cmax[std::size_t(j)] = -inf, csum[std::size_t(j)] = 0.0;
+      for (std::int64_t i = 0; i < b; ++i)
+        for (std::int64_t j = lo; j < hi; ++j) cmax[std::size_t(j)] = std::max(cmax[std::size_t(j)], x[std::size_t(i * n + j)]);
+      for (std::int64_t i = 0; i < b; ++i)
+        for (std::int64_t j = lo; j < hi; ++j) csum[std::size_t(j)] += std::exp(x[std::size_t(i * n + j)] - cmax[std::size_t(j)]);
+      double sum = 0.0;
+      for (std::int64_t j = lo; j < hi; ++j) sum += cmax[std::size_t(j)] + std::log(csum[std::size_t(j)]);
+      parts[std::size_t(thread)] += sum;
+    });
+  }
+  double total = 0.0;
+  for (double p : parts) total += p;
+  double loss;
+  if (sigmoid) {
+    loss = total / double(b);
+  } else {
+    double rows = 0.0, diagonal = 0.0;
+    for (std::int64_t i = 0; i < b; ++i) {
+      rows += rmax[std::size_t(i)] + std::log(rsum[std::size_t(i)]);
+      diagonal += diag[std::size_t(i)];
+    }
+    loss = (rows + total - 2.0 * diagonal) / (2.0 * double(b));
+  }
+  return {{"loss", loss}, {"ref_s", now_seconds() - t0}, {"strip", double(w)}};
+}
+
 }  // namespace
+
+std::uint16_t bf16_bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((u >> 16) | 0x40u);  // NaN stays (quiet) NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                                             // round to nearest even
+  return std::uint16_t(u >> 16);
+}
+
+float bf16_value(std::uint16_t bits) {
+  const std::uint32_t u = std::uint32_t(bits) << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
 
 double planned_extra_bytes(const std::string &variant, std::int64_t b, std::int64_t d,
                            std::int64_t strip) {
@@ -533,7 +686,13 @@ double planned_extra_bytes(const std::string &variant, std::int64_t b, std::int6
 
 Report run_variant(const VariantConfig &c) {
   Report r;
+  const bool any_dtype = c.variant == "inputs" || c.variant == "flatmem" || c.variant == "sigmoid" ||
+                         c.variant == "reference" || c.variant == "sigmoid-reference";
+  if (is_bf16(c.dtype) && !any_dtype)
+    throw std::runtime_error("variant '" + c.variant + "' runs fp32 only (dtype " + c.dtype + ")");
   if (c.variant == "inputs") r = run_inputs(c);
+  else if (c.variant == "reference") r = run_reference(c, false);
+  else if (c.variant == "sigmoid-reference") r = run_reference(c, true);
   else if (c.variant == "flatmem") r = run_flatmem(c);
   else if (c.variant == "naive") r = run_naive(c);
   else if (c.variant == "gemm4") r = run_gemm_strips(c, true);

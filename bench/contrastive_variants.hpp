@@ -32,6 +32,19 @@
 //   gemm3          inputs + the three b x b x d GEMMs of the fused sigmoid
 //                  (logits, G K, G^T Q: 6 b^2 d FLOPs) in column strips as
 //                  gemm4: the floor of the sigmoid variants.
+//
+// dtype "bf16" (inputs, flatmem, sigmoid only; the BLAS variants are fp32):
+// the fp32 features rounded to bf16 (round to nearest even), passed as
+// kDLBfloat 16 tensors, dq and dk bf16 too (as a framework passes them). The
+// process keeps the rounded values in fp32 beside them (inputs does the same,
+// so that "extra memory" stays the call's own).
+//
+// The float64 references (untimed, for the loss error column), of the very
+// inputs a row used (for bf16: the rounded values), the logits by dgemm in
+// column strips (no b x b matrix), then the loss in double:
+//
+//   reference          the symmetric CLIP loss
+//   sigmoid-reference  the sigmoid loss (bias VariantConfig::bias)
 #pragma once
 
 #include <cstdint>
@@ -52,7 +65,12 @@ struct VariantConfig {
   std::int64_t tile = 512;    // tilegemm: tile extent
   std::uint64_t seed = 1;
   std::size_t logit_cache_bytes = 0;  // flatmem: options.logit_cache_bytes
+  std::string dtype = "fp32";         // fp32 | bf16 (inputs, flatmem, sigmoid, the references)
 };
+
+// fp32 -> bf16 bits, round to nearest even (NaN stays NaN); bf16 bits -> fp32.
+std::uint16_t bf16_bits(float x);
+float bf16_value(std::uint16_t bits);
 
 // key = value pairs reported back to the driver (times in seconds, sizes in bytes).
 using Report = std::vector<std::pair<std::string, double>>;

@@ -31,6 +31,24 @@ gradients of q, k, s and t:
   inputs-jax, inputs-c   baselines: a process of the same kind holding only q, k and arrays of the
                      gradients' shapes; "extra memory" = a variant's peak RSS - its baseline's
 
+--dtypes fp32,bf16 (the default: both): the bf16 rows, each beside its fp32 row and with tables of
+its own (no targets):
+
+  jax-materialised-bf16, jax-materialised-sigmoid-bf16   the same plain-JAX formulation on
+                     jnp.bfloat16 q, k (contrastive_bench's features rounded to nearest even); s (and
+                     t) stay jnp.float32 scalars, which JAX's type promotion lets make the logits and
+                     the log-sum-exp float32 after the bf16 product (q.grad, k.grad are bf16)
+  flatmem-jax-bf16, flatmem-jax-sigmoid-bf16   flatmem_jax.clip_loss / sigmoid_loss on the same bf16 q, k
+  flatmem-c-bf16, flatmem-c-sigmoid-bf16       contrastive_bench --worker flatmem / sigmoid --dtype bf16
+                     (bf16 q, k, dq, dk)
+  inputs-jax-bf16, inputs-c-bf16               their baselines (bf16 q, k and gradient-shaped arrays;
+                     the C one also holds the rounded features in fp32, as its workers do)
+
+Loss error: every row with a loss also prints |L - L64| / |L64| against the float64 loss of the very
+inputs it used (bf16 rows: the rounded values), from contrastive_bench --worker reference /
+sigmoid-reference --dtype D (reference-c*, sigmoid-reference-c*: dgemm in column strips and the loss
+in double, once per (b, dtype), a process of its own, untimed in the tables).
+
 Every (b, variant) runs in its own process; the peak RSS is that child's ru_maxrss (os.wait4). All
 variants see the same unit-norm features: those of contrastive_bench (bench_support.hpp's
 make_features, seed 1), which the JAX children rebuild bit for bit in NumPy. The first call
@@ -93,6 +111,10 @@ def _cache_flag(b: int, d: int) -> dict:
     return {"--logit-cache-bytes": b * b * 4}
 
 
+def _dtype_flag(b: int, d: int) -> dict:
+    return {"--dtype": "bf16"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
     name: str
@@ -108,6 +130,7 @@ class Variant:
     # bytes beyond the inputs known before running (skip above --mem-limit-gib)
     planned_bytes: Callable[[int, int], float] = lambda b, d: 0.0
     loss: str = "clip"           # "clip" | "sigmoid"; baselines serve both
+    dtype: str = "fp32"          # "fp32" | "bf16": of q, k (and the gradients)
 
 
 VARIANTS = [
@@ -137,16 +160,53 @@ VARIANTS = [
     # The sigmoid loss's 6 b^2 d FLOPs as three plain GEMMs: its floor here.
     Variant("gemm3-c", "3 GEMMs of b x b x d (contrastive_bench --worker gemm3): the sigmoid's floor", "c",
             "gemm3", "inputs-c", "floor", loss="sigmoid"),
+    # bf16 q, k (the features rounded to nearest even), beside the fp32 rows
+    Variant("inputs-jax-bf16", "inputs only (JAX process, bf16)", "jax", "inputs", None, "baseline",
+            dtype="bf16"),
+    Variant("inputs-c-bf16", "inputs only (contrastive_bench --worker inputs --dtype bf16)", "c", "inputs", None,
+            "baseline", _dtype_flag, dtype="bf16"),
+    Variant("jax-materialised-bf16", "plain JAX on bf16 q, k, materialised logits (XLA:CPU)", "jax",
+            "materialised", "inputs-jax-bf16", "peer", planned_bytes=lambda b, d: 3.0 * 4.0 * b * b, dtype="bf16"),
+    Variant("flatmem-jax-bf16", "flatmem_jax.clip_loss on bf16 q, k", "jax", "flatmem", "inputs-jax-bf16",
+            "flatmem", dtype="bf16"),
+    Variant("flatmem-c-bf16", "flatmem C API, bf16 (contrastive_bench --worker flatmem --dtype bf16)", "c",
+            "flatmem", "inputs-c-bf16", "flatmem", _dtype_flag, dtype="bf16"),
+    Variant("jax-materialised-sigmoid-bf16", "plain JAX sigmoid loss on bf16 q, k, materialised logits", "jax",
+            "materialised-sigmoid", "inputs-jax-bf16", "peer", planned_bytes=lambda b, d: 3.0 * 4.0 * b * b,
+            loss="sigmoid", dtype="bf16"),
+    Variant("flatmem-jax-sigmoid-bf16", "flatmem_jax.sigmoid_loss on bf16 q, k", "jax", "flatmem-sigmoid",
+            "inputs-jax-bf16", "flatmem", loss="sigmoid", dtype="bf16"),
+    Variant("flatmem-c-sigmoid-bf16", "flatmem C API, bf16 (contrastive_bench --worker sigmoid --dtype bf16)",
+            "c", "sigmoid", "inputs-c-bf16", "flatmem", _dtype_flag, loss="sigmoid", dtype="bf16"),
+    # the float64 losses of the same inputs (the err columns): run once per (b, dtype), untimed
+    Variant("reference-c", "float64 CLIP loss (contrastive_bench --worker reference)", "c", "reference", None,
+            "reference"),
+    Variant("reference-c-bf16", "float64 CLIP loss of the bf16 inputs", "c", "reference", None, "reference",
+            _dtype_flag, dtype="bf16"),
+    Variant("sigmoid-reference-c", "float64 sigmoid loss (contrastive_bench --worker sigmoid-reference)", "c",
+            "sigmoid-reference", None, "reference", loss="sigmoid"),
+    Variant("sigmoid-reference-c-bf16", "float64 sigmoid loss of the bf16 inputs", "c", "sigmoid-reference", None,
+            "reference", _dtype_flag, loss="sigmoid", dtype="bf16"),
 ]
 BY_NAME = {v.name: v for v in VARIANTS}
-PEERS = {"clip": "jax-materialised", "sigmoid": "jax-materialised-sigmoid"}
+DTYPES = ("fp32", "bf16")
+PEERS = {("clip", "fp32"): "jax-materialised", ("sigmoid", "fp32"): "jax-materialised-sigmoid",
+         ("clip", "bf16"): "jax-materialised-bf16", ("sigmoid", "bf16"): "jax-materialised-sigmoid-bf16"}
+REFERENCES = {(v.loss, v.dtype): v.name for v in VARIANTS if v.role == "reference"}
 LOSS_TITLES = {"clip": "Symmetric CLIP loss, forward + backward",
                "sigmoid": "Sigmoid (SigLIP) loss, value and gradients of q, k, s, t"}
 
 
 def peer_of(name: str) -> str:
-    """The plain-JAX variant a variant is compared with: the materialised loss of its kind."""
-    return PEERS[BY_NAME[name].loss]
+    """The plain-JAX variant a variant is compared with: the materialised loss of its kind and dtype."""
+    v = BY_NAME[name]
+    return PEERS[(v.loss, v.dtype)]
+
+
+def reference_of(name: str) -> Optional[str]:
+    """The float64 reference of a variant's loss (None for the baselines, floors and references)."""
+    v = BY_NAME[name]
+    return REFERENCES[(v.loss, v.dtype)] if v.role in ("peer", "flatmem", "cache") else None
 
 
 # ---------------------------------------------------------------------------
@@ -232,6 +292,9 @@ def jax_worker(args, out) -> int:
         raise SystemExit(f"jax_peer_bench: unknown JAX variant kind {v.kind!r}")
 
     q_host, k_host = make_features(b, d, SEED)
+    dtype = jnp.bfloat16 if v.dtype == "bf16" else jnp.float32
+    if v.dtype == "bf16":  # round to nearest even (ml_dtypes), as contrastive_bench's bf16 rows
+        q_host, k_host = q_host.astype(jnp.bfloat16), k_host.astype(jnp.bfloat16)
     q, k = jax.device_put(q_host), jax.device_put(k_host)
     del q_host, k_host
     s = jnp.float32(args.scale)
@@ -239,9 +302,9 @@ def jax_worker(args, out) -> int:
     if v.kind == "inputs":
         # q, k and two filled arrays the size of dq, dk on the device; nothing compiled, so that
         # XLA's compiler shows up in the variants' extra memory (it is part of what they cost)
-        dq, dk = (jax.device_put(np.ones((b, d), np.float32)) for _ in range(2))
+        dq, dk = (jax.device_put(np.ones((b, d), dtype)) for _ in range(2))
         jax.block_until_ready((q, k, s, dq, dk))
-        out.write(f"checksum={float(np.asarray(q)[0, 0] + np.asarray(dk)[-1, -1])!r}\n")
+        out.write(f"checksum={float(np.asarray(q)[0, 0]) + float(np.asarray(dk)[-1, -1])!r}\n")
         return 0
     fn = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(2 + len(scalars)))))
 
@@ -261,12 +324,13 @@ def jax_worker(args, out) -> int:
         result = jax.block_until_ready(fn(q, k, *scalars))
         times.append(time.perf_counter() - t0)
         value, dscale = float(result[0]), float(result[1][2])
+        loss_dtype = str(result[0].dtype)
         if len(scalars) > 1:
             dbias = float(result[1][3])
         del result  # the next call must not find the previous results alive
     out.write(f"warmup_s={warmup!r}\ntotal_s={min(times)!r}\n"
               f"median_total_s={statistics.median(times)!r}\nreps={len(times)}\n")
-    out.write(f"loss={value!r}\ndscale={dscale!r}\n")
+    out.write(f"loss={value!r}\ndscale={dscale!r}\nloss_dtype={loss_dtype}\n")
     if math.isfinite(dbias):
         out.write(f"dbias={dbias!r}\n")
     return 0
@@ -512,12 +576,12 @@ def linked_libflatmem(binary: str) -> str:
 
 
 def print_header(o) -> dict:
-    losses = losses_of(o)
+    losses = {loss for loss, _ in losses_of(o)}
     if "clip" in losses:
-        print(f"jax_peer_bench: symmetric CLIP loss, forward + backward, fp32, b = c, d = {o.dim}, "
+        print(f"jax_peer_bench: symmetric CLIP loss, forward + backward, {', '.join(o.dtypes)}, b = c, d = {o.dim}, "
               f"s = {o.scale:g}; best of {o.reps} calls after an untimed warm-up call")
     if "sigmoid" in losses:
-        print(f"jax_peer_bench: sigmoid (SigLIP) loss, value and gradients, fp32, b = c, d = {o.dim}, "
+        print(f"jax_peer_bench: sigmoid (SigLIP) loss, value and gradients, {', '.join(o.dtypes)}, b = c, d = {o.dim}, "
               f"s = {o.scale:g}, t = {o.bias:g}; best of {o.reps} calls after an untimed warm-up call")
     print(f"machine: {cpu_model()}, {os.cpu_count()} hardware threads, {size(machine_ram())} RAM")
     load = os.getloadavg()
@@ -558,11 +622,29 @@ def find(runs, b, name) -> Optional[Run]:
     return None
 
 
-def print_progress(r: Run):
+def loss_error(runs, r: Optional[Run]) -> float:
+    """|L - L64| / |L64|: a run's loss against the float64 loss of its inputs (NaN without either)."""
+    ref = reference_of(r.variant) if r is not None and r.ok else None
+    x = find(runs, r.b, ref) if ref else None
+    if not (x and x.ok):
+        return math.nan
+    a, p = r.get("loss"), x.get("loss")
+    return abs(a - p) / abs(p) if math.isfinite(a) and math.isfinite(p) and p != 0 else math.nan
+
+
+def error_cell(runs, r: Optional[Run]) -> str:
+    e = loss_error(runs, r)
+    return f"{e:.1e}" if math.isfinite(e) else "-"
+
+
+def print_progress(r: Run, runs=()):
     v = BY_NAME[r.variant]
-    line = f"  {r.variant:<18} "
+    line = f"  {r.variant:<29} "
     if not r.ok:
         print(line + (r.note if r.status != "failed" else f"FAILED: {r.note}"))
+        return
+    if v.role == "reference":
+        print(line + f"loss {r.get('loss'):.15g} (float64, {seconds(r.get('ref_s'))})", flush=True)
         return
     if v.role != "baseline":
         line += f"best {seconds(r.time):<9} median {seconds(r.get('median_total_s')):<9} "
@@ -572,19 +654,22 @@ def print_progress(r: Run):
     if v.baseline:
         line += f" extra {size(r.extra):<10}"
     if math.isfinite(r.get("loss")):
-        line += f" loss {r.get('loss'):.7f}"
+        line += f" loss {r.get('loss'):.7f} err {error_cell(runs, r)}"
     print(line, flush=True)
 
 
 def selected(o):
+    """The chosen variants, their baselines and float64 references first (references: with --ref-max-batch
+    > 0)."""
     names = [n for n in o.variants]
     needed = []
     for n in names:
-        base = BY_NAME[n].baseline
-        if base and base not in needed and base not in names:
-            needed.append(base)
+        for extra in (BY_NAME[n].baseline, reference_of(n) if o.ref_max_batch > 0 else None):
+            if extra and extra not in needed and extra not in names:
+                needed.append(extra)
     order = [v.name for v in VARIANTS]
-    return sorted(needed + names, key=lambda n: (BY_NAME[n].role != "baseline", order.index(n)))
+    first = ("baseline", "reference")
+    return sorted(needed + names, key=lambda n: (BY_NAME[n].role not in first, order.index(n)))
 
 
 def rel_diff(r: Optional[Run], peer: Optional[Run]) -> float:
@@ -595,27 +680,33 @@ def rel_diff(r: Optional[Run], peer: Optional[Run]) -> float:
 
 
 def losses_of(o) -> list:
-    """The losses of the selected variants, in VARIANTS order."""
-    chosen = {BY_NAME[n].loss for n in o.variants if BY_NAME[n].role != "baseline"}
-    return [loss for loss in PEERS if loss in chosen]
+    """The (loss, dtype) pairs of the selected variants, in PEERS order."""
+    chosen = {(BY_NAME[n].loss, BY_NAME[n].dtype) for n in o.variants
+              if BY_NAME[n].role not in ("baseline", "reference")}
+    return [pair for pair in PEERS if pair in chosen]
 
 
 def print_tables(runs, o):
-    for which in losses_of(o):
-        print_loss_tables(runs, o, which)
+    for which, dtype in losses_of(o):
+        print_loss_tables(runs, o, which, dtype)
 
 
-def print_loss_tables(runs, o, which):
-    """The tables of one loss: its variants (and the baselines) against its plain-JAX peer."""
-    peer_name = PEERS[which]
-    suffix = "" if which == "clip" else f" ({which} loss)"
-    names = [n for n in selected(o) if BY_NAME[n].role == "baseline" or BY_NAME[n].loss == which]
+def print_loss_tables(runs, o, which, dtype="fp32"):
+    """The tables of one loss and dtype: its variants (and the baselines) against its plain-JAX peer."""
+    peer_name = PEERS[(which, dtype)]
+    suffix = ("" if which == "clip" else f" ({which} loss)") + ("" if dtype == "fp32" else f" ({dtype})")
+    names = [n for n in selected(o) if BY_NAME[n].dtype == dtype and
+             (BY_NAME[n].role == "baseline" or BY_NAME[n].loss == which)]
     flatmem = [n for n in names if BY_NAME[n].role == "flatmem"]
     cache = [n for n in names if BY_NAME[n].role == "cache"]
     main = flatmem[0] if flatmem else None
-    print(f"\n### {LOSS_TITLES[which]}, fp32, d = {o.dim}: flatmem vs plain JAX "
+    print(f"\n### {LOSS_TITLES[which]}, {dtype}, d = {o.dim}: flatmem vs plain JAX "
           f"({cpu_model()}, {os.cpu_count()} threads)\n")
-    cols = ["b", "JAX materialised"] + flatmem + ["cache variants (" + " / ".join(cache) + ")"] * bool(cache)
+    if dtype != "fp32":
+        print(f"q, k {dtype}: contrastive_bench's fp32 features rounded to nearest even; err: |L - L64| / |L64| "
+              f"against the float64 loss of the rounded inputs.\n")
+    cols = ["b", "JAX materialised", "err"] + [x for n in flatmem for x in (n, "err")]
+    cols += ["cache variants (" + " / ".join(cache) + ")"] * bool(cache)
     cols += [f"{n} / JAX" for n in flatmem]
     cols += ["JAX peak RSS (extra)", f"{main} peak RSS (extra)" if main else "flatmem peak RSS",
              "memory ratio: peak (extra)"]
@@ -624,7 +715,8 @@ def print_loss_tables(runs, o, which):
     for b in o.sizes:
         peer = find(runs, b, peer_name)
         m = find(runs, b, main) if main else None
-        row = [str(b), time_cell(peer)] + [time_cell(find(runs, b, n)) for n in flatmem]
+        row = [str(b), time_cell(peer), error_cell(runs, peer)]
+        row += [x for n in flatmem for x in (time_cell(find(runs, b, n)), error_cell(runs, find(runs, b, n)))]
         if cache:
             row.append(" / ".join(time_cell(find(runs, b, n)) for n in cache))
         row += [ratio((find(runs, b, n) or Run(b, n, "failed")).time / (peer.time if peer else math.nan))
@@ -643,8 +735,8 @@ def print_loss_tables(runs, o, which):
 
     print(f"\n### Every variant{suffix}\n")
     print("| b | variant | best | median | warm-up | peak RSS | baseline | extra memory | loss | "
-          "rel. diff to JAX |")
-    print("|---:|---|---:|---:|---:|---:|---|---:|---:|---:|")
+          "rel. diff to JAX | err vs float64 |")
+    print("|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
     for b in o.sizes:
         peer = find(runs, b, peer_name)
         for n in names:
@@ -653,7 +745,11 @@ def print_loss_tables(runs, o, which):
                 continue
             v = BY_NAME[n]
             if not r.ok:
-                print(f"| {b} | {n} | {time_cell(r)} | | | | | | | |")
+                print(f"| {b} | {n} | {time_cell(r)} | | | | | | | | |")
+                continue
+            if v.role == "reference":
+                print(f"| {b} | {n} | - | - | - | - | - | - | {r.get('loss'):.12f} | - | (float64, "
+                      f"{seconds(r.get('ref_s'))}) |")
                 continue
             loss = r.get("loss")
             print(f"| {b} | {n} | {seconds(r.time) if v.role != 'baseline' else '-'} | "
@@ -661,7 +757,31 @@ def print_loss_tables(runs, o, which):
                   f"{seconds(r.get('warmup_s'))} | {size(r.peak)} | {v.baseline or '-'} | "
                   f"{size(r.extra) if v.baseline else '-'} | "
                   f"{f'{loss:.7f}' if math.isfinite(loss) else '-'} | "
-                  f"{f'{rel_diff(r, peer):.1e}' if n != peer_name and math.isfinite(rel_diff(r, peer)) else '-'} |")
+                  f"{f'{rel_diff(r, peer):.1e}' if n != peer_name and math.isfinite(rel_diff(r, peer)) else '-'} | "
+                  f"{error_cell(runs, r)} |")
+
+    if dtype != "fp32":  # no targets for the bf16 rows: their times beside the fp32 rows'
+        print(f"\n### {dtype} beside fp32{'' if which == 'clip' else f' ({which} loss)'}\n")
+        for n in [peer_name] + flatmem:
+            twin = n[:-len("-" + dtype)] if n.endswith("-" + dtype) else None
+            if twin not in BY_NAME:
+                continue
+            parts = []
+            for b in o.sizes:
+                r, f = find(runs, b, n), find(runs, b, twin)
+                t = r.time / f.time if r and f and r.ok and f.ok else math.nan
+                parts.append(f"b = {b}: {ratio(t)}")
+            print(f"- {n} / {twin} (time): " + ", ".join(parts))
+        print(f"\nloss agreement (relative difference to {peer_name}):", end="")
+        for b in o.sizes:
+            peer = find(runs, b, peer_name)
+            diffs = [f"{n} {rel_diff(find(runs, b, n), peer):.1e}" for n in names
+                     if math.isfinite(rel_diff(find(runs, b, n), peer)) and n != peer_name
+                     and BY_NAME[n].role != "reference"]
+            if diffs:
+                print(f"  b={b}: " + ", ".join(diffs), end=";")
+        print()
+        return
 
     print(f"\n### Targets{suffix}\n")
     for n in flatmem:
@@ -707,7 +827,8 @@ def print_loss_tables(runs, o, which):
     for b in o.sizes:
         peer = find(runs, b, peer_name)
         diffs = [f"{n} {rel_diff(find(runs, b, n), peer):.1e}" for n in names
-                 if math.isfinite(rel_diff(find(runs, b, n), peer)) and n != peer_name]
+                 if math.isfinite(rel_diff(find(runs, b, n), peer)) and n != peer_name
+                     and BY_NAME[n].role != "reference"]
         if diffs:
             print(f"  b={b}: " + ", ".join(diffs), end=";")
     print()
@@ -715,7 +836,8 @@ def print_loss_tables(runs, o, which):
 
 CSV_FIELDS = ["batch", "dim", "variant", "status", "total_s", "median_total_s", "reps", "warmup_s",
               "fwd_s", "bwd_s", "loss", "loss_rel_diff_vs_jax", "dscale", "peak_rss_bytes", "baseline",
-              "baseline_peak_rss_bytes", "extra_bytes", "planned_extra_bytes", "machine_ram_bytes", "note"]
+              "baseline_peak_rss_bytes", "extra_bytes", "planned_extra_bytes", "machine_ram_bytes", "dtype",
+              "loss_rel_err", "loss_dtype", "note"]
 
 
 def write_csv(path, runs, o):
@@ -727,12 +849,13 @@ def write_csv(path, runs, o):
         w.writerow(CSV_FIELDS)
         for r in runs:
             v = BY_NAME[r.variant]
-            peer = find(runs, r.b, peer_of(r.variant))
+            peer = find(runs, r.b, peer_of(r.variant)) if v.role != "reference" else None
             w.writerow([r.b, o.dim, r.variant, r.status, num(r.get("total_s")), num(r.get("median_total_s")),
                         num(r.get("reps")), num(r.get("warmup_s")), num(r.get("fwd_s")), num(r.get("bwd_s")),
                         num(r.get("loss")), num(rel_diff(r, peer)) if r.variant not in PEERS.values() else "",
                         num(r.get("dscale")), num(r.peak), v.baseline or "", num(r.baseline_peak),
-                        num(r.extra), num(r.planned), num(machine_ram()), r.note.replace("\n", " ")])
+                        num(r.extra), num(r.planned), num(machine_ram()), v.dtype, num(loss_error(runs, r)),
+                        r.values.get("loss_dtype", ""), r.note.replace("\n", " ")])
 
 
 def fastest(kept: Run, new: Run) -> Run:
@@ -763,11 +886,13 @@ def main_driver(o) -> int:
             for n in names:
                 v = BY_NAME[n]
                 kept = find(runs, b, n)
-                if kept is not None and v.role == "baseline":
-                    continue  # baselines run once
+                if kept is not None and v.role in ("baseline", "reference"):
+                    continue  # baselines and references run once
                 base = find(runs, b, v.baseline) if v.baseline else None
                 if v.baseline and not (base and base.ok):
                     r = Run(b, n, "skipped", f"not run (baseline {v.baseline} failed)")
+                elif v.role == "reference" and b > o.ref_max_batch:
+                    r = Run(b, n, "skipped", f"n/a (b > --ref-max-batch {o.ref_max_batch})")
                 elif inputs + v.planned_bytes(b, o.dim) > limit:
                     r = Run(b, n, "skipped", f"n/a (needs ~{size(v.planned_bytes(b, o.dim))}, --mem-limit-gib)")
                 else:
@@ -777,7 +902,7 @@ def main_driver(o) -> int:
                         run.baseline_peak = base.peak
                         run.extra = run.peak - base.peak
                 if round_ == 0 or r.status != "skipped":
-                    print_progress(r)  # this round's run
+                    print_progress(r, runs)  # this round's run
                 if kept is None:
                     runs.append(r)
                 else:
@@ -807,7 +932,10 @@ def parse_args(argv):
     p.add_argument("--loss", choices=("clip", "sigmoid", "all"), default="clip",
                    help="which loss's variants run by default (--variants overrides)")
     p.add_argument("--bias", type=float, default=BIAS, help="the sigmoid loss's logit bias t")
-    p.add_argument("--variants", help="comma-separated; default: every variant of --loss")
+    p.add_argument("--variants", help="comma-separated; default: every variant of --loss and --dtypes")
+    p.add_argument("--dtypes", default="fp32,bf16", help="the default variants' dtypes: fp32, bf16 (both)")
+    p.add_argument("--ref-max-batch", type=int, default=65536,
+                   help="float64 reference loss (the err columns) up to this b; 0: none")
     p.add_argument("--csv", help="write one row per (b, variant) here")
     p.add_argument("--mem-limit-gib", type=float, default=20.0,
                    help="skip variants whose planned memory exceeds this")
@@ -825,8 +953,12 @@ def parse_args(argv):
         p.error("--sizes: comma-separated integers")
     if not o.sizes or min(o.sizes) < 1 or o.dim < 1 or o.reps < 1 or o.rounds < 1:
         p.error("sizes, --dim, --reps and --rounds must be >= 1")
+    o.dtypes = [x for x in o.dtypes.split(",") if x]
+    if not o.dtypes or any(x not in DTYPES for x in o.dtypes):
+        p.error(f"--dtypes: comma-separated, of {', '.join(DTYPES)}")
     if o.variants is None:
-        o.variants = [v.name for v in VARIANTS if v.role != "baseline" and o.loss in (v.loss, "all")]
+        o.variants = [v.name for v in VARIANTS if v.role not in ("baseline", "reference")
+                      and o.loss in (v.loss, "all") and v.dtype in o.dtypes]
     else:
         o.variants = [x for x in o.variants.split(",") if x]
     for n in o.variants:

@@ -65,7 +65,7 @@ def main():
         # memory under each, so the first is kept
         first = {}
         for r in rows:
-            if r["variant"] == variant and r["status"] == status:
+            if r["variant"] == variant and r["status"] == status and r.get("dtype", "fp32") in ("", "fp32"):
                 first.setdefault(int(r["batch"]), r)
         return sorted(first), [first[b] for b in sorted(first)]
 

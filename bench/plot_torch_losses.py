@@ -38,7 +38,7 @@ def number(text):
 
 def series(rows, impl, key):
     pts = sorted((int(r["batch"]), number(r.get(key))) for r in rows
-                 if r["impl"] == impl and r["status"] == "ok")
+                 if r["impl"] == impl and r["status"] == "ok" and r.get("dtype", "fp32") in ("", "fp32"))
     return [(b, v) for b, v in pts if math.isfinite(v)]
 
 

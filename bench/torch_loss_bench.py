@@ -14,7 +14,17 @@ on the leaves q, k, logit_scale -- and logit_bias for the sigmoid loss):
                                               (flatmem_contrastive_sigmoid_value_and_grad)
   --loss all      both
 
-at b = 4096, 16384, 65536 (--sizes). Every (implementation, b) runs in its own process, so its peak
+each once per --dtypes entry (default fp32,bf16). A bf16 row is what a bf16 training run calls: q, k
+torch.bfloat16 leaves (contrastive_bench's fp32 features rounded to nearest even, as .to(torch.bfloat16)
+does), logit_scale (and logit_bias) fp32 0-dim tensors; open_clip's losses then form their logits,
+log-softmax / log-sigmoid and loss in bf16 (the 0-dim fp32 scale does not promote the bf16 matrix),
+flatmem.torch's accumulate in fp32. flatmem C: contrastive_bench --dtypes bf16 (bf16 q, k, dq, dk).
+Beside every time, "err" is the loss's relative error |L - L64| / |L64| against the float64 loss of
+the very inputs of that row (bf16: of the rounded values): contrastive_bench --worker reference (or
+sigmoid-reference) --dtype D, computed once per (loss, b, dtype) in a process of its own (dgemm in
+column strips, the loss in double, no b x b matrix; --ref-max-batch, default 65536: n/a above).
+
+at b = 4096, 16384, 65536 (--sizes). Every (implementation, b, dtype) runs in its own process, so its peak
 memory is its own: a torch child of this script (torch.set_num_threads(2), --threads) or
 contrastive_bench's own driver (which forks a worker per variant and reads its peak from wait4).
 All of them see the same unit-norm features, bit for bit: contrastive_bench's (seed 1, rebuilt in
@@ -44,10 +54,14 @@ reason printed, above --mem-limit-gib (20): at b = 65536 (~72 and ~88 GiB).
 
 Targets, printed MET / MISSED: at b = 16384, flatmem.torch <= 0.4x open_clip's time, <= 1/8 of
 its peak RSS (whole process; the ratio beyond the inputs is printed beside it) and <= 1.05x the C
-benchmark's time; at b = 65536, flatmem.torch under 1 GiB beyond the inputs.
+benchmark's time; at b = 65536, flatmem.torch under 1 GiB beyond the inputs (fp32 rows). bf16 (issue
+32), on a CPU with AVX512_BF16 (flatmem's ISA in use avx512bf16; else "not measured: CPU lacks
+AVX512_BF16"), the CLIP loss at b = 16384: flatmem.torch bf16 <= 0.5x open_clip's bf16 time, >= 1.7x
+flatmem.torch fp32's speed, its loss fp32-accurate (error vs float64 <= max(4x the fp32 row's, 2^-20)).
 
     build/wheel-venv/bin/python bench/torch_loss_bench.py --loss all     # the full run
     build/wheel-venv/bin/python bench/torch_loss_bench.py --quick        # b = 512, 1024: a smoke run
+    build/wheel-venv/bin/python bench/torch_loss_bench.py --loss clip --dtypes bf16 --sizes 16384
     build/wheel-venv/bin/python bench/torch_loss_bench.py --loss clip --sizes 4096 --reps 2 --csv /tmp/x.csv
     /usr/bin/python3 bench/plot_torch_losses.py                       # bench/torch_losses.png
 
@@ -97,6 +111,14 @@ LARGE = 16384                # above this, --large-reps and a warm-up on the fir
 # output and buffer), rounded up
 OPEN_CLIP_B2 = {"clip": 4.5, "sigmoid": 5.5}
 C_VARIANT = {"clip": "flatmem", "sigmoid": "sigmoid"}
+REFERENCE = {"clip": "reference", "sigmoid": "sigmoid-reference"}  # contrastive_bench's float64 workers
+DTYPES = ("fp32", "bf16")
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
+# bf16 (issue 32), CLIP loss at b = 16384 under avx512bf16: flatmem.torch bf16 <= 0.5x open_clip's bf16
+# time and >= 1.7x flatmem.torch fp32's speed, with an fp32-accurate loss (as contrastive_bench's)
+TARGET_BF16_VS_OPEN_CLIP = 0.5
+TARGET_BF16_SPEEDUP = 1.7
+BF16_ERROR_FACTOR, BF16_ERROR_FLOOR = 4.0, 2.0**-20
 
 
 def default_contrastive_bench() -> str:
@@ -138,19 +160,24 @@ def worker(o) -> dict:
         raise SystemExit(f"torch_loss_bench: no worker {o.worker!r}")
 
     b, d = o.batch, o.dim
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[o.dtype]
+
+    def leaf(x):  # the fp32 features, rounded to nearest even for bf16 (a model's bf16 output)
+        return torch.from_numpy(x).to(dtype).requires_grad_()
+
     # One tiny call first: what a process pays once, whatever b (flatmem creates its handle and
     # thread pool; open_clip's first call sets torch's kernels up), measured
     # here and kept out of "beyond the inputs", which is then what the loss at this b needs.
     before = sup.status_bytes("VmRSS")
-    tiny = [torch.from_numpy(x).requires_grad_() for x in sup.make_features(8, d)]
+    tiny = [leaf(x) for x in sup.make_features(8, d)]
     tiny_st = (torch.tensor(o.scale, requires_grad=True), torch.tensor(o.bias, requires_grad=True))
     (criterion(*tiny, *tiny_st) if o.loss == "sigmoid" else criterion(*tiny, tiny_st[0])).backward()
     info["first_call_bytes"] = sup.status_bytes("VmRSS") - before
     info["modules"] = len(sys.modules)
     del tiny, tiny_st
     q_np, k_np = sup.make_features(b, d)
-    q = torch.from_numpy(q_np).requires_grad_()
-    k = torch.from_numpy(k_np).requires_grad_()
+    q, k = leaf(q_np), leaf(k_np)
+    del q_np, k_np
     s = torch.tensor(o.scale, dtype=torch.float32, requires_grad=True)
     t = torch.tensor(o.bias, dtype=torch.float32, requires_grad=True)
     leaves = (q, k, s, t) if o.loss == "sigmoid" else (q, k, s)
@@ -177,6 +204,7 @@ def worker(o) -> dict:
         elapsed, loss = call(q, k)
         times.append(elapsed)
         value = float(loss.detach())
+        info["loss_dtype"] = str(loss.dtype).replace("torch.", "")
         del loss
     result = {"best_s": min(times), "median_s": statistics.median(times), "reps": len(times),
               "warmup_s": warmup, "warmup_rows": warm_rows, "times": times, "loss_value": value,
@@ -200,9 +228,9 @@ def planned_bytes(impl: str, loss: str, b: int, d: int) -> float:
     return 4.0 * 4.0 * b * d
 
 
-def run_torch(o, impl: str, loss: str, b: int) -> dict:
+def run_torch(o, impl: str, loss: str, b: int, dtype: str = "fp32") -> dict:
     argv = [sys.executable, os.path.abspath(__file__), "--worker", impl, "--loss", loss, "--batch", str(b),
-            "--dim", str(o.dim), "--reps", str(o.reps), "--large-reps", str(o.large_reps),
+            "--dtype", dtype, "--dim", str(o.dim), "--reps", str(o.reps), "--large-reps", str(o.large_reps),
             "--threads", str(o.threads), "--scale", repr(o.scale), "--bias", repr(o.bias)]
     if o.full_warmup:
         argv.append("--full-warmup")
@@ -217,7 +245,24 @@ def run_torch(o, impl: str, loss: str, b: int) -> dict:
     return row
 
 
-def run_c(o, loss: str, b: int, isa: str) -> dict:
+def run_reference(o, loss: str, b: int, dtype: str) -> dict:
+    """The float64 loss of the features of (b, dtype) (bf16: the rounded values): contrastive_bench's
+    reference worker, the same features bit for bit (seed 1, round to nearest even)."""
+    binary = o.contrastive_bench
+    if o.ref_max_batch <= 0 or b > o.ref_max_batch:
+        return {"status": "skipped", "note": f"n/a (b > --ref-max-batch {o.ref_max_batch})"}
+    if not os.access(binary, os.X_OK):
+        return {"status": "failed", "note": f"no executable {binary} (build it, or --contrastive-bench)"}
+    argv = [binary, "--worker", REFERENCE[loss], "--batch", str(b), "--dim", str(o.dim), "--dtype", dtype,
+            "--scale", repr(o.scale), "--bias", repr(o.bias)]
+    rc, output, _ = sup.spawn(argv, timeout=o.timeout)
+    values = dict(line.split("=", 1) for line in output.splitlines() if "=" in line)
+    if rc != 0 or "loss" not in values:
+        return {"status": "failed", "note": values.get("error") or sup.tail(output) or f"exit status {rc}"}
+    return {"status": "ok", "loss_value": sup.number(values["loss"]), "best_s": sup.number(values.get("ref_s"))}
+
+
+def run_c(o, loss: str, b: int, isa: str, dtype: str = "fp32") -> dict:
     """contrastive_bench's own driver for the flatmem variant at this b (plus its inputs-only
     process, for its extra memory), read back from its CSV."""
     binary = o.contrastive_bench
@@ -228,7 +273,8 @@ def run_c(o, loss: str, b: int, isa: str) -> dict:
         path = os.path.join(tmp, "c.csv")
         argv = [binary, "--loss", loss, "--sizes", str(b), "--dim", str(o.dim), "--variants", C_VARIANT[loss],
                 "--rounds", "1", "--large-rounds", "1", "--min-time", "1e9", "--max-reps", str(max(1, reps)),
-                "--scale", repr(o.scale), "--bias", repr(o.bias), "--csv", path]
+                "--scale", repr(o.scale), "--bias", repr(o.bias), "--dtypes", dtype, "--ref-max-batch", "0",
+                "--csv", path]
         if isa:
             argv += ["--isas", isa]
         started = time.monotonic()
@@ -240,13 +286,13 @@ def run_c(o, loss: str, b: int, isa: str) -> dict:
 
             with open(path, newline="") as f:
                 rows = list(csv.DictReader(f))
-    mine = [r for r in rows if r.get("variant") == C_VARIANT[loss]]
+    mine = [r for r in rows if r.get("variant") == C_VARIANT[loss] and r.get("dtype", "fp32") == dtype]
     if rc != 0 or not mine or mine[0].get("status") != "ok":
         note = (mine[0].get("note") if mine else "") or sup.tail(output) or f"exit status {rc}"
         row.update(status="failed", note=note)
         return row
     r = mine[0]
-    inputs = next((x for x in rows if x.get("variant") == "inputs"), {})
+    inputs = next((x for x in rows if x.get("variant") == "inputs" and x.get("dtype", "fp32") == dtype), {})
     row.update(best_s=sup.number(r.get("total_s")), median_s=sup.number(r.get("median_total_s")),
                reps=int(sup.number(r.get("reps"))) if math.isfinite(sup.number(r.get("reps"))) else "",
                loss_value=sup.number(r.get("loss")), peak_rss_bytes=sup.number(r.get("peak_rss_bytes")),
@@ -257,23 +303,36 @@ def run_c(o, loss: str, b: int, isa: str) -> dict:
 
 
 def progress(row: dict):
-    b, impl = row["batch"], row["impl"]
+    impl = row["impl"] + ("" if row.get("dtype", "fp32") == "fp32" else f" [{row['dtype']}]")
     if row["status"] != "ok":
-        print(f"  {impl:<14} {row['status']}: {row.get('note', '')}", flush=True)
+        print(f"  {impl:<21} {row['status']}: {row.get('note', '')}", flush=True)
+        return
+    if row["impl"] == "float64":
+        print(f"  {impl:<21} loss {row['loss_value']:.15g} (contrastive_bench --worker reference, "
+              f"{seconds(row.get('best_s', math.nan))})", flush=True)
         return
     reps = row.get("reps", "")
-    print(f"  {impl:<14} best {seconds(row.get('best_s', math.nan)):>10} ({reps} runs)   "
+    print(f"  {impl:<21} best {seconds(row.get('best_s', math.nan)):>10} ({reps} runs)   "
           f"peak RSS {size(row.get('peak_rss_bytes', math.nan)):>10}   beyond inputs "
           f"{size(row.get('extra_bytes', math.nan)):>10}   loss {row.get('loss_value', math.nan):.9g}   "
-          f"[{seconds(row.get('wall_s', math.nan))} wall]", flush=True)
+          f"err {error_cell(row)}   [{seconds(row.get('wall_s', math.nan))} wall]", flush=True)
 
 
-def find(rows, loss, b, impl):
-    return next((r for r in rows if r["loss"] == loss and r["batch"] == b and r["impl"] == impl), None)
+def find(rows, loss, b, impl, dtype="fp32"):
+    return next((r for r in rows if r["loss"] == loss and r["batch"] == b and r["impl"] == impl
+                 and r.get("dtype", "fp32") == dtype), None)
 
 
 def value(r, key) -> float:
     return sup.number(r.get(key)) if r is not None and r["status"] == "ok" else math.nan
+
+
+def error_cell(r) -> str:
+    """|L - L64| / |L64| of a row (set by the driver), "n/a" without a float64 reference."""
+    if r is None or r["status"] != "ok":
+        return "-"
+    e = sup.number(r.get("loss_rel_err"))
+    return f"{e:.1e}" if math.isfinite(e) else "n/a"
 
 
 def cell_time(r) -> str:
@@ -295,45 +354,55 @@ def print_tables(rows, o, losses):
         sizes = sorted({r["batch"] for r in rows if r["loss"] == loss})
         if not sizes:
             continue
-        print(f"\n### {LOSS_TITLES[loss]}, fp32, d = {o.dim}, CPU ({o.threads} threads)\n")
+        print(f"\n### {LOSS_TITLES[loss]}, {', '.join(o.dtypes)}, d = {o.dim}, CPU ({o.threads} threads)\n")
         body = []
         for b in sizes:
-            oc, fm, c = (find(rows, loss, b, i) for i in IMPLS)
-            body.append([str(b), cell_time(oc), cell_time(fm), cell_time(c),
-                         ratio(div(value(fm, "best_s"), value(oc, "best_s"))),
-                         ratio(div(value(fm, "best_s"), value(c, "best_s")))])
-        print(sup.table(["b", "open_clip", "flatmem.torch", "flatmem C", "flatmem.torch / open_clip",
-                         "flatmem.torch / C"], body))
-        print("\nTimes: fastest forward + backward call.\n")
+            for dt in o.dtypes:
+                oc, fm, c = (find(rows, loss, b, i, dt) for i in IMPLS)
+                fm32 = find(rows, loss, b, "flatmem.torch")
+                body.append([str(b), dt, cell_time(oc), error_cell(oc), cell_time(fm), error_cell(fm), cell_time(c),
+                             error_cell(c), ratio(div(value(fm, "best_s"), value(oc, "best_s"))),
+                             ratio(div(value(fm, "best_s"), value(c, "best_s"))),
+                             "-" if dt == "fp32" else ratio(div(value(fm, "best_s"), value(fm32, "best_s")))])
+        print(sup.table(["b", "dtype", "open_clip", "err", "flatmem.torch", "err", "flatmem C", "err",
+                         "flatmem.torch / open_clip", "flatmem.torch / C", "flatmem.torch / its fp32"], body,
+                        align="ll" + "r" * 9))
+        print("\nTimes: fastest forward + backward call. dtype: of q, k (bf16: the fp32 features rounded to nearest "
+              "even; open_clip then computes in bf16, flatmem accumulates in fp32). err: |L - L64| / |L64|, L64 the "
+              "float64 loss of the same (rounded) inputs (n/a: b > --ref-max-batch).\n")
         body = []
         for b in sizes:
-            oc, fm, c = (find(rows, loss, b, i) for i in IMPLS)
-            body.append([str(b), cell_mem(oc, "peak_rss_bytes"), cell_mem(fm, "peak_rss_bytes"),
-                         ratio(div(value(fm, "peak_rss_bytes"), value(oc, "peak_rss_bytes"))),
-                         cell_mem(oc, "extra_bytes"), cell_mem(fm, "extra_bytes"),
-                         ratio(div(value(fm, "extra_bytes"), value(oc, "extra_bytes")), 4),
-                         cell_mem(oc, "first_call_bytes") + " / " + cell_mem(fm, "first_call_bytes"),
-                         cell_mem(c, "peak_rss_bytes"), cell_mem(c, "extra_bytes"), size(4.0 * 2 * b * o.dim)])
-        print(sup.table(["b", "peak RSS: open_clip", "peak RSS: flatmem.torch", "ratio (peak)",
+            for dt in o.dtypes:
+                oc, fm, c = (find(rows, loss, b, i, dt) for i in IMPLS)
+                body.append([str(b), dt, cell_mem(oc, "peak_rss_bytes"), cell_mem(fm, "peak_rss_bytes"),
+                             ratio(div(value(fm, "peak_rss_bytes"), value(oc, "peak_rss_bytes"))),
+                             cell_mem(oc, "extra_bytes"), cell_mem(fm, "extra_bytes"),
+                             ratio(div(value(fm, "extra_bytes"), value(oc, "extra_bytes")), 4),
+                             cell_mem(oc, "first_call_bytes") + " / " + cell_mem(fm, "first_call_bytes"),
+                             cell_mem(c, "peak_rss_bytes"), cell_mem(c, "extra_bytes"),
+                             size(ELEMENT_BYTES[dt] * 2.0 * b * o.dim)])
+        print(sup.table(["b", "dtype", "peak RSS: open_clip", "peak RSS: flatmem.torch", "ratio (peak)",
                          "beyond inputs: open_clip", "beyond inputs: flatmem.torch", "ratio (beyond inputs)",
                          "first call (once): open_clip / flatmem.torch", "peak RSS: flatmem C",
-                         "C extra (vs q,k,dq,dk)", "q, k"], body))
+                         "C extra (vs q,k,dq,dk)", "q, k"], body, align="ll" + "r" * 10))
         print("\nPeak RSS: the whole process's VmHWM (~0.6 GB of a torch child is torch itself). Beyond inputs: "
               "the peak after q, k exist minus the resident set then (includes q.grad, k.grad), after a first "
               "tiny call whose growth is the 'first call' column. flatmem C: contrastive_bench's peak and its extra over a process "
-              "holding q, k, dq, dk.")
-        print("\nloss values (same features):")
+              "holding q, k, dq, dk (of the row's dtype).")
+        print("\nloss values (same features; float64: of the same rounded inputs):")
         for b in sizes:
-            got = [(i, value(find(rows, loss, b, i), "loss_value")) for i in IMPLS]
-            got = [(i, v) for i, v in got if math.isfinite(v)]
-            if not got:
-                continue
-            ref = got[0][1]
-            spread = max(abs(v - ref) for _, v in got) / max(abs(ref), 1e-30)
-            print(f"  b = {b}: " + ", ".join(f"{i} {v:.9g}" for i, v in got) + f"  (largest rel. diff {spread:.2g})")
+            for dt in o.dtypes:
+                got = [(i, value(find(rows, loss, b, i, dt), "loss_value")) for i in IMPLS + ("float64",)]
+                got = [(i, v) for i, v in got if math.isfinite(v)]
+                if not got:
+                    continue
+                ref = got[0][1]
+                spread = max(abs(v - ref) for _, v in got) / max(abs(ref), 1e-30)
+                print(f"  b = {b}, {dt}: " + ", ".join(f"{i} {v:.9g}" for i, v in got) +
+                      f"  (largest rel. diff {spread:.2g})")
 
 
-def print_targets(rows, losses):
+def print_targets(rows, losses, o):
     print("\n### Targets\n")
     for loss in losses:
         oc, fm, c = (find(rows, loss, TARGET_BATCH, i) for i in IMPLS)
@@ -352,18 +421,57 @@ def print_targets(rows, losses):
         e = value(big, "extra_bytes")
         print(f"- [{loss}] flatmem.torch beyond the inputs < {size(MEMORY_LIMIT)} at b = {MEMORY_BATCH}: "
               f"{size(e)} -> {'not measured' if not math.isfinite(e) else 'MET' if e < MEMORY_LIMIT else 'MISSED'}")
+    if "clip" in losses and "bf16" in o.dtypes:
+        print_bf16_targets(rows)
 
 
-FIELDS = ["loss", "batch", "dim", "impl", "status", "best_s", "median_s", "reps", "warmup_s", "warmup_rows",
+def cpu_has_avx512_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and "avx512_bf16" in line.split() for line in f)
+    except OSError:
+        return False
+
+
+def print_bf16_targets(rows):
+    """Issue 32, CLIP loss at b = 16384: flatmem.torch bf16 under avx512bf16 <= 0.5x open_clip's bf16 time,
+    >= 1.7x flatmem.torch fp32's speed, with an fp32-accurate loss."""
+    head = f"- [clip, bf16] at b = {TARGET_BATCH}, flatmem.torch bf16 <= {TARGET_BF16_VS_OPEN_CLIP}x open_clip's " \
+           f"bf16 time and >= {TARGET_BF16_SPEEDUP}x flatmem.torch fp32's speed, fp32-accurate loss"
+    oc, fm, fm32 = (find(rows, "clip", TARGET_BATCH, i, dt) for i, dt in
+                    (("open_clip", "bf16"), ("flatmem.torch", "bf16"), ("flatmem.torch", "fp32")))
+    isa = (fm or fm32 or {}).get("isa", "")
+    if not cpu_has_avx512_bf16():
+        print(f"{head}: not measured: CPU lacks AVX512_BF16")
+        return
+    if isa and isa != "avx512bf16":
+        print(f"{head}: not measured: flatmem runs {isa}, not avx512bf16 (a library without its kernels, or "
+              f"FLATMEM_CPU_ISA set)")
+        return
+    t = div(value(fm, "best_s"), value(oc, "best_s"))
+    speedup = div(value(fm32, "best_s"), value(fm, "best_s"))
+    e16, e32 = sup.number((fm or {}).get("loss_rel_err")), sup.number((fm32 or {}).get("loss_rel_err"))
+    bound = max(BF16_ERROR_FACTOR * (e32 if math.isfinite(e32) else 0.0), BF16_ERROR_FLOOR)
+    print(f"- [clip, bf16] flatmem.torch bf16 <= {TARGET_BF16_VS_OPEN_CLIP}x open_clip's bf16 time at b = "
+          f"{TARGET_BATCH}: {ratio(t)} -> {verdict(t, TARGET_BF16_VS_OPEN_CLIP)}")
+    print(f"- [clip, bf16] flatmem.torch bf16 >= {TARGET_BF16_SPEEDUP}x flatmem.torch fp32's speed at b = "
+          f"{TARGET_BATCH}: {ratio(speedup)} -> "
+          f"{'not measured' if not math.isfinite(speedup) else 'MET' if speedup >= TARGET_BF16_SPEEDUP else 'MISSED'}")
+    print(f"- [clip, bf16] flatmem.torch bf16 loss fp32-accurate at b = {TARGET_BATCH} (error vs float64 <= "
+          f"max({BF16_ERROR_FACTOR:g}x fp32's {e32:.1e}, 2^-20)): {e16:.1e} -> {verdict(e16, bound)}")
+
+
+FIELDS = ["loss", "batch", "dim", "dtype", "impl", "status", "best_s", "median_s", "reps", "warmup_s", "warmup_rows",
           "loss_value", "dscale", "dbias", "peak_rss_bytes", "inputs_rss_bytes", "extra_bytes",
           "first_call_bytes", "wait4_maxrss_bytes", "planned_extra_bytes", "threads", "isa", "torch", "open_clip",
-          "flatmem",
+          "flatmem", "loss_dtype", "loss_rel_err", "reference_loss",
           "wall_s", "note"]
 
 
 def driver(o) -> int:
     losses = ("clip", "sigmoid") if o.loss == "all" else (o.loss,)
-    print(f"torch_loss_bench: flatmem.torch vs open_clip vs flatmem C, forward + backward, fp32, d = {o.dim}, "
+    print(f"torch_loss_bench: flatmem.torch vs open_clip vs flatmem C, forward + backward, "
+          f"{', '.join(o.dtypes)}, d = {o.dim}, "
           f"s = {o.scale}, t = {o.bias} (sigmoid)")
     print(f"machine: {sup.cpu_model()}, {os.cpu_count()} hardware threads, {size(sup.machine_ram())} RAM; "
           f"load average at start: {sup.load_average()}")
@@ -374,29 +482,37 @@ def driver(o) -> int:
     started = time.monotonic()
     for loss in losses:
         for b in o.sizes:
-            print(f"\n[{loss}] b = {b} (q, k: {size(8.0 * b * o.dim)}; one b x b fp32 matrix: {size(4.0 * b * b)})",
-                  flush=True)
-            for impl in IMPLS:
-                row = {"loss": loss, "batch": b, "dim": o.dim, "impl": impl,
-                       "planned_extra_bytes": planned_bytes(impl, loss, b, o.dim) if impl == "open_clip" else ""}
-                need = planned_bytes(impl, loss, b, o.dim) + 8.0 * b * o.dim
-                if impl == "open_clip" and need > limit:
-                    row.update(status="skipped", note=f"its b x b buffers need ~{size(need)} "
-                                                      f"(> --mem-limit-gib {o.mem_limit_gib:g})")
-                elif impl == "flatmem C":
-                    row.update(run_c(o, loss, b, isa))
-                else:
-                    row.update(run_torch(o, impl, loss, b))
-                    if impl == "flatmem.torch" and row["status"] == "ok":
-                        isa = row.get("isa", isa)
-                        if not info_printed:
-                            print(f"  (torch {row.get('torch')}, flatmem {row.get('flatmem')} [{row.get('isa')}] "
-                                  f"from {row.get('library')})", flush=True)
-                            info_printed = True
-                rows.append(row)
-                progress(row)
+            print(f"\n[{loss}] b = {b} (q, k: {size(8.0 * b * o.dim)} fp32; one b x b fp32 matrix: "
+                  f"{size(4.0 * b * b)})", flush=True)
+            for dtype in o.dtypes:
+                ref = {"loss": loss, "batch": b, "dim": o.dim, "impl": "float64", "dtype": dtype}
+                ref.update(run_reference(o, loss, b, dtype))
+                rows.append(ref)
+                progress(ref)
+                for impl in IMPLS:
+                    row = {"loss": loss, "batch": b, "dim": o.dim, "impl": impl, "dtype": dtype,
+                           "planned_extra_bytes": planned_bytes(impl, loss, b, o.dim) if impl == "open_clip" else ""}
+                    need = planned_bytes(impl, loss, b, o.dim) + 8.0 * b * o.dim
+                    if impl == "open_clip" and need > limit:
+                        row.update(status="skipped", note=f"its b x b buffers need ~{size(need)} "
+                                                          f"(> --mem-limit-gib {o.mem_limit_gib:g})")
+                    elif impl == "flatmem C":
+                        row.update(run_c(o, loss, b, isa, dtype))
+                    else:
+                        row.update(run_torch(o, impl, loss, b, dtype))
+                        if impl == "flatmem.torch" and row["status"] == "ok":
+                            isa = row.get("isa", isa)
+                            if not info_printed:
+                                print(f"  (torch {row.get('torch')}, flatmem {row.get('flatmem')} [{row.get('isa')}] "
+                                      f"from {row.get('library')})", flush=True)
+                                info_printed = True
+                    l64, got = value(ref, "loss_value"), value(row, "loss_value")
+                    if math.isfinite(l64) and math.isfinite(got):
+                        row.update(reference_loss=l64, loss_rel_err=abs(got - l64) / abs(l64))
+                    rows.append(row)
+                    progress(row)
     print_tables(rows, o, losses)
-    print_targets(rows, losses)
+    print_targets(rows, losses, o)
     if o.csv:
         sup.write_csv(o.csv, FIELDS, rows)
         print(f"\nwrote {o.csv}")
@@ -422,6 +538,10 @@ def parse_args(argv):
                    help="skip open_clip where its estimated buffers exceed this")
     p.add_argument("--csv", help="default bench/torch_loss_bench.csv (--quick: the temporary directory)")
     p.add_argument("--contrastive-bench", default=default_contrastive_bench())
+    p.add_argument("--dtypes", default="fp32,bf16", help="feature dtypes, comma-separated: fp32, bf16")
+    p.add_argument("--ref-max-batch", type=int, default=65536,
+                   help="float64 reference loss (the err columns) up to this b; 0: none")
+    p.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
     p.add_argument("--timeout", type=float, help="seconds per child (default: none)")
     p.add_argument("--quick", action="store_true", help="b = 512, 1024, 2 reps: a smoke run")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -432,6 +552,9 @@ def parse_args(argv):
         o.reps = min(o.reps, 2)
         o.csv = o.csv or os.path.join(tempfile.gettempdir(), "torch_loss_bench_quick.csv")
     o.sizes = [int(x) for x in (o.sizes or "4096,16384,65536").split(",") if x.strip()]
+    o.dtypes = [x.strip() for x in o.dtypes.split(",") if x.strip()]
+    if not o.dtypes or any(x not in DTYPES for x in o.dtypes) or o.dtype not in DTYPES:
+        p.error(f"--dtypes: comma-separated, of {', '.join(DTYPES)}")
     if o.csv is None:
         o.csv = os.path.join(HERE, "torch_loss_bench.csv")
     return o
