@@ -108,6 +108,7 @@ struct Options {
   std::vector<std::string> variants;  // empty: those of --loss
   std::vector<std::string> isas;  // FLATMEM_CPU_ISA values for the flatmem variants
   std::vector<std::string> dtypes{"fp32", "bf16"};  // input dtypes of the flatmem variants
+  std::int64_t fp32_precision = FLATMEM_FP32_PRECISION_DEFAULT;  // --precision: options.fp32_precision
   std::int64_t ref_max_batch = 65536;  // float64 reference loss up to this b (0: none)
   std::string csv;
   bool check = false;  // --check: sigmoid and sigmoid-naive must agree within derived bounds
@@ -254,7 +255,7 @@ Run run_child(const Options &o, const std::string &variant, std::int64_t b, cons
                                    "--min-time", format("%.9g", o.min_time), "--max-reps",
                                    std::to_string(o.max_reps), "--strip", std::to_string(o.strip),
                                    "--tile", std::to_string(o.tile), "--result-fd", std::to_string(fds[1]),
-                                   "--dtype", dtype};
+                                   "--dtype", dtype, "--fp32-precision", std::to_string(o.fp32_precision)};
   if (variant == "flatmem-cache")
     args.insert(args.end(), {"--logit-cache-bytes", std::to_string(4 * b * b)});
   std::fflush(stdout);
@@ -319,6 +320,7 @@ int worker_main(int argc, char **argv) {
     else if (key == "--result-fd") fd = std::stoi(value);
     else if (key == "--logit-cache-bytes") c.logit_cache_bytes = std::stoull(value);
     else if (key == "--dtype") c.dtype = value;
+    else if (key == "--fp32-precision") c.fp32_precision = std::stoll(value);
   }
   FILE *out = fd >= 0 ? fdopen(fd, "w") : stdout;
   try {
@@ -340,7 +342,7 @@ void usage() {
       "                         [--variants flatmem,flatmem-cache,flatmem-blas1,naive,gemm4,tilegemm,\n"
       "                                     sigmoid,sigmoid-naive,gemm3] [--bias T]\n"
       "                         [--isas avx512bf16,avx512,avx2,baseline] [--dtypes fp32,bf16]\n"
-      "                         [--ref-max-batch B]\n"
+      "                         [--ref-max-batch B] [--precision default|tf32|full]\n"
       "                         [--min-time S] [--max-reps N] [--mem-limit-gib G]\n"
       "                         [--strip W] [--tile T] [--tilegemm-max-batch B] [--scale S]\n"
       "                         [--rounds N] [--large-rounds N]\n"
@@ -357,6 +359,9 @@ void usage() {
       "  Every row with a loss prints its relative error against the float64 loss of the same\n"
       "  inputs (bf16: the rounded values), computed in a child of its own for b <= --ref-max-batch\n"
       "  (default 65536; 0: never; above: n/a).\n"
+      "  --precision: options.fp32_precision of the flatmem and sigmoid rows; on the CPU it only\n"
+      "  changes bf16 rows at avx512bf16: default / full split G in two bf16 parts (about fp32\n"
+      "  gradients), tf32 rounds G to bf16 once (bf16-accurate gradients, the fastest).\n"
       "  --quick: sizes 1024,4096, min-time 0.3 s, 1 round.\n"
       "  --loss sigmoid: the sigmoid (SigLIP) loss instead, value and all gradients in one call:\n"
       "  variants sigmoid (flatmem, per --isas entry), sigmoid-naive (materialised), gemm3 (its\n"
@@ -417,6 +422,13 @@ Options parse(int argc, char **argv) {
     else if (a == "--variants") o.variants = bench::split(value());
     else if (a == "--isas") o.isas = bench::split(value());
     else if (a == "--dtypes") o.dtypes = bench::split(value());
+    else if (a == "--precision") {
+      const std::string p = value();
+      if (p == "default") o.fp32_precision = FLATMEM_FP32_PRECISION_DEFAULT;
+      else if (p == "tf32") o.fp32_precision = FLATMEM_FP32_PRECISION_TF32;
+      else if (p == "full") o.fp32_precision = FLATMEM_FP32_PRECISION_FULL;
+      else throw std::runtime_error("--precision: '" + p + "'; expected default, tf32 or full");
+    }
     else if (a == "--ref-max-batch") o.ref_max_batch = std::stoll(value());
     else if (a == "--csv") o.csv = value();
     else if (a == "--check") o.check = true;
@@ -888,8 +900,11 @@ int driver_main(int argc, char **argv) {
   for (const auto &isa : o.isas)
     if (!isa_available(isa))
       std::printf("  %s rows: not run: CPU lacks %s\n", isa.c_str(), isa_feature(isa));
-  std::printf("dtypes of the flatmem rows: %s; float64 reference loss for b <= %lld\n", dtype_list.c_str(),
-              (long long)o.ref_max_batch);
+  std::printf("dtypes of the flatmem rows: %s; float64 reference loss for b <= %lld; fp32_precision %s\n",
+              dtype_list.c_str(), (long long)o.ref_max_batch,
+              o.fp32_precision == FLATMEM_FP32_PRECISION_TF32  ? "tf32 (bf16 at avx512bf16: G rounded once)"
+              : o.fp32_precision == FLATMEM_FP32_PRECISION_FULL ? "full"
+                                                                : "default");
   double load[3] = {NAN, NAN, NAN};
   if (getloadavg(load, 3) == 3)  // other work on the machine slows every column: say how much ran
     std::printf("load average at start: %.2f %.2f %.2f\n", load[0], load[1], load[2]);

@@ -210,6 +210,7 @@ Report run_flatmem(const VariantConfig &c) {
   DLTensor scale_t = scalar_tensor(&scale), loss_t = scalar_tensor(&loss), dscale_t = scalar_tensor(&dscale);
 
   flatmem_contrastive_options options = FLATMEM_CONTRASTIVE_OPTIONS_INIT;
+  options.fp32_precision = c.fp32_precision;
   options.logit_cache_bytes = c.logit_cache_bytes;
   const Handle handle = make_handle(options);
   std::size_t forward_bytes = 0, backward_bytes = 0;
@@ -252,6 +253,7 @@ Report run_sigmoid(const VariantConfig &c) {
   DLTensor dscale_t = scalar_tensor(&dscale), dbias_t = scalar_tensor(&dbias);
 
   flatmem_contrastive_options options = FLATMEM_CONTRASTIVE_OPTIONS_INIT;
+  options.fp32_precision = c.fp32_precision;
   options.loss = FLATMEM_CONTRASTIVE_SIGMOID;
   const Handle handle = make_handle(options);
   std::size_t workspace_bytes = 0;

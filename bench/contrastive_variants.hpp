@@ -66,6 +66,9 @@ struct VariantConfig {
   std::uint64_t seed = 1;
   std::size_t logit_cache_bytes = 0;  // flatmem: options.logit_cache_bytes
   std::string dtype = "fp32";         // fp32 | bf16 (inputs, flatmem, sigmoid, the references)
+  // flatmem, sigmoid: options.fp32_precision (0 default, 1 TF32, 2 FULL). On the CPU it matters for
+  // bf16 at avx512bf16 only: TF32 rounds G to bf16 once (all four products at the bf16 rate).
+  std::int64_t fp32_precision = 0;
 };
 
 // fp32 -> bf16 bits, round to nearest even (NaN stays NaN); bf16 bits -> fp32.
