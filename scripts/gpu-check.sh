@@ -42,7 +42,12 @@
 #   9. reversible  reversible_cuda_bench, width 768, 12 heads, MLP 3072, depths 12 and 24,
 #                  batches 8..128, TF32 then FP32 (rows of both in one CSV)
 #  10. contrastive-large  the same bench at d 768, b 262144 and d 512, b 16384..262144
-#  11. profile     Nsight Compute (ncu) on the first launches of the contrastive kernels at d 768,
+#  11. cpu-bf16    the GPU machine's CPU (a Xeon or EPYC of the AVX512_BF16 / AMX generation):
+#                  test_contrastive_bf16_gemm on the hardware, then contrastive_bench's fp32 and
+#                  bf16 rows at b 4096 and 16384 under each ISA level it has, G split (default)
+#                  and rounded once (--precision tf32), into contrastive_cuda.log (issue 32's
+#                  figures: no other machine of this project has AVX512_BF16)
+#  12. profile     Nsight Compute (ncu) on the first launches of the contrastive kernels at d 768,
 #                  b 16384: speed of light, occupancy, memory and compute workload (profile.log)
 # The whole run is held to FLATMEM_GPU_CHECK_BUDGET seconds (default 530): a step gets the smaller
 # of its own limit and what is left; one that would get under 10 s is skipped. A warm rerun reuses
@@ -81,8 +86,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 for s in ${steps//,/ }; do
-  case $s in all|ctest|contrastive|infcl|sanitizer|jax|torch|reversible|contrastive-large|profile) ;;
-    *) echo "gpu-check: unknown step '$s' in --steps (all ctest contrastive infcl sanitizer jax torch reversible contrastive-large profile)" >&2
+  case $s in all|ctest|contrastive|infcl|sanitizer|jax|torch|reversible|contrastive-large|cpu-bf16|profile) ;;
+    *) echo "gpu-check: unknown step '$s' in --steps (all ctest contrastive infcl sanitizer jax torch reversible contrastive-large cpu-bf16 profile)" >&2
        exit 2 ;;
   esac
 done
@@ -118,7 +123,9 @@ cd "$FLATMEM_ROOT"
 
 targets=(flatmem test_gpu_contrastive_values test_gpu_contrastive_determinism test_gpu_contrastive_bad_input
          test_gpu_sigmoid test_gpu_sigmoid_bad_input test_gpu_reversible_segment test_gpu_reversible_blocks
-         contrastive_cuda_bench reversible_cuda_bench)
+         contrastive_cuda_bench reversible_cuda_bench contrastive_bench)
+# The bf16 kernel test is configured where SIMDe (libsimde-dev) is found: here, when packing.
+[ -f /usr/include/simde/x86/avx512/dpbf16.h ] && targets+=(test_contrastive_bf16_gemm)
 # The device transport, cyclic device gradients, stage-parallel device tensors and the device ZeRO
 # relay: built when configure found NCCL.
 nccl_targets=(test_gpu_comm test_gpu_cyclic test_gpu_cyclic_stages test_gpu_cyclic_relay)
@@ -609,6 +616,18 @@ if gated contrastive-large; then
   run_step "contrastive-large d768" 90 contrastive_cuda.log "$bench_dir/contrastive_cuda_bench" --d 768 --b 262144
   run_step "contrastive-large d512" 120 contrastive_cuda.log "$bench_dir/contrastive_cuda_bench" --d 512 \
     --b 16384,65536,262144
+fi
+
+if gated cpu-bf16; then
+  # Appended to contrastive_cuda.log: the CPU's bf16 kernels (issue 32), which only the GPU machines'
+  # CPUs can run among this project's machines.
+  if [ -x "$tests_dir/test_contrastive_bf16_gemm" ] || $dry_run; then
+    run_step "cpu-bf16 kernels" 60 contrastive_cuda.log "$tests_dir/test_contrastive_bf16_gemm"
+  fi
+  run_step "cpu-bf16 bench" 150 contrastive_cuda.log "$bench_dir/contrastive_bench" --sizes 4096,16384 \
+    --dtypes fp32,bf16 --variants flatmem,gemm4 --min-time 2 --rounds 1 --ref-max-batch 16384
+  run_step "cpu-bf16 bench tf32" 90 contrastive_cuda.log "$bench_dir/contrastive_bench" --sizes 4096,16384 \
+    --dtypes bf16 --variants flatmem --precision tf32 --min-time 2 --rounds 1 --ref-max-batch 16384
 fi
 
 if gated profile; then
