@@ -64,6 +64,44 @@ impl NonFinite {
     }
 }
 
+/// How fp32 operands enter reduced-precision products
+/// (`flatmem_fp32_precision`, the options' `fp32_precision`).
+///
+/// On CUDA tensor cores it picks how fp32 inputs multiply. On the CPU it
+/// matters only at ISA level [`CpuIsa::Avx512Bf16`](crate::CpuIsa::Avx512Bf16) with bf16
+/// features, where it decides how the fp32 gradient matrix `G` enters the
+/// backward's products `dq = s G k`, `dk = s G^T q` (softmax and sigmoid
+/// losses alike); everywhere else the CPU multiplies in full fp32 and the
+/// value has no effect. The loss, `row_lse` / `col_lse` and the scale (and
+/// bias) gradients do not depend on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Fp32Precision {
+    /// The library's default: TF32 on CUDA, [`Full`](Fp32Precision::Full)
+    /// on the CPU.
+    #[default]
+    Default,
+    /// CUDA: TF32 products (10-bit mantissas, fp32 accumulation). CPU bf16
+    /// path: `G` rounded once to bf16 (each entry off by up to `2^-8` of
+    /// itself): bf16-accurate gradients, as the frameworks' bf16 autograd
+    /// gives, and the fastest backward.
+    Tf32,
+    /// CUDA: about full fp32 ("3xTF32", about 3x the tensor-core time of
+    /// TF32). CPU bf16 path: `G` split in two bf16 parts (residual at most
+    /// `2^-16 |G|`): about fp32 gradients, about the time of fp32 FMAs.
+    Full,
+}
+
+impl Fp32Precision {
+    /// The C value (`FLATMEM_FP32_PRECISION_*`).
+    pub fn to_raw(self) -> sys::flatmem_fp32_precision {
+        match self {
+            Fp32Precision::Default => sys::FLATMEM_FP32_PRECISION_DEFAULT,
+            Fp32Precision::Tf32 => sys::FLATMEM_FP32_PRECISION_TF32,
+            Fp32Precision::Full => sys::FLATMEM_FP32_PRECISION_FULL,
+        }
+    }
+}
+
 /// Options of a [`Contrastive`] handle; every unset value is the library's
 /// default. Builder style:
 /// `Options::new().loss(Loss::InfoNce).threads(4).tiles(256, 256).build()`.
@@ -75,11 +113,12 @@ pub struct Options {
     tile_cols: usize,
     nonfinite: NonFinite,
     logit_cache_bytes: usize,
+    precision: Fp32Precision,
 }
 
 impl Options {
     /// All defaults: symmetric loss, all online processors, 512 x 512
-    /// tiles, NaN / Inf are errors, no logit cache.
+    /// tiles, NaN / Inf are errors, no logit cache, the default precision.
     pub fn new() -> Options {
         Options::default()
     }
@@ -123,6 +162,18 @@ impl Options {
         self
     }
 
+    /// How fp32 operands enter reduced-precision products
+    /// (`options.fp32_precision`; [`Fp32Precision::Default`] unless set):
+    /// TF32 or 3xTF32 for fp32 inputs on CUDA; on the CPU at ISA level
+    /// avx512bf16 with bf16 features, whether the backward's gradient matrix
+    /// is split in two bf16 parts (`Default`, `Full`: about fp32 gradients)
+    /// or rounded once to bf16 (`Tf32`: bf16-accurate gradients, fastest).
+    /// No effect elsewhere on the CPU.
+    pub fn precision(mut self, precision: Fp32Precision) -> Options {
+        self.precision = precision;
+        self
+    }
+
     /// The C options struct (`flatmem_contrastive_options_init` + fields).
     pub fn to_raw(&self) -> Result<sys::flatmem_contrastive_options> {
         let mut raw = sys::flatmem_contrastive_options {
@@ -145,6 +196,7 @@ impl Options {
         raw.tile_cols = int32("options.tile_cols", self.tile_cols)?;
         raw.nonfinite = self.nonfinite.raw();
         raw.logit_cache_bytes = self.logit_cache_bytes;
+        raw.fp32_precision = i64::from(self.precision.to_raw());
         Ok(raw)
     }
 

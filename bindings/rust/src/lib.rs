@@ -50,7 +50,8 @@ pub use flatmem_sys as sys;
 
 pub use comm::{CommOptions, Communicator, Request, Transfers, UniqueId};
 pub use contrastive::{
-    Contrastive, ForwardOutput, Gradients, GradientsMut, Loss, NonFinite, Options, RingContrastive, Saved,
+    Contrastive, ForwardOutput, Fp32Precision, Gradients, GradientsMut, Loss, NonFinite, Options, RingContrastive,
+    Saved,
 };
 pub use cpu_isa::{cpu_isa, set_cpu_isa, CpuIsa};
 pub use error::{Error, Result, Status};

@@ -64,6 +64,9 @@ _LOSSES = {
 _LOSS_NAMES = {capi.CONTRASTIVE_DEFAULT: "symmetric", capi.CONTRASTIVE_SYMMETRIC: "symmetric",
                capi.CONTRASTIVE_INFONCE: "infonce", capi.CONTRASTIVE_SIGMOID: "sigmoid"}
 _NONFINITE = {"error": capi.NONFINITE_ERROR, "propagate": capi.NONFINITE_PROPAGATE}
+_PRECISIONS = {"default": capi.FP32_PRECISION_DEFAULT, "tf32": capi.FP32_PRECISION_TF32,
+               "full": capi.FP32_PRECISION_FULL}
+_PRECISION_NAMES = {v: k for k, v in _PRECISIONS.items()}
 
 
 def _option(value, names, what):
@@ -75,6 +78,15 @@ def _option(value, names, what):
         except KeyError:
             raise ValueError(f"{what}: '{value}' is not one of {sorted(names)}") from None
     return int(value)
+
+
+def _precision(value):
+    """The precision option ("default", "tf32" or "full") as its
+    flatmem_fp32_precision value; anything else is a ValueError naming the
+    argument and the allowed values."""
+    if isinstance(value, str) and value in _PRECISIONS:
+        return _PRECISIONS[value]
+    raise ValueError(f"precision: {value!r} is not one of 'default', 'tf32', 'full'")
 
 
 _SIZE_MAX = 2**64 - 1  # size_t
@@ -153,6 +165,18 @@ class Contrastive:
                 forward's (shapes, dtype or contents, checked by a 128-bit
                 fingerprint) recomputes. CPU tensors only (CUDA calls ignore
                 it).
+    precision   options.fp32_precision (flatmem_fp32_precision): "default",
+                "tf32" or "full" (anything else: ValueError). CUDA: fp32
+                inputs multiply as TF32 ("default", "tf32") or in about full
+                fp32 ("full": 3xTF32, about 3x the tensor-core time). CPU at
+                ISA level avx512bf16 (flatmem.cpu_isa()) with bfloat16 q and
+                k: how the fp32 gradient matrix G enters the backward products
+                dq = s G k, dk = s G^T q (for the sigmoid loss too): "default"
+                and "full" split G in two bf16 parts (about fp32 gradients),
+                "tf32" rounds it once to bf16 (bf16-accurate gradients, like
+                the frameworks' bf16 autograd; the fastest). The loss and
+                dlogit_scale do not change. Anywhere else on the CPU (other
+                ISA levels, float32 / float16 inputs) it has no effect.
 
     comm        a flatmem.Communicator (default None: this process alone): the
                 ring loss over its ranks (module docstring; CPU tensors, no
@@ -174,7 +198,7 @@ class Contrastive:
     """
 
     def __init__(self, loss="symmetric", *, num_threads=0, tile_rows=0, tile_cols=0,
-                 nonfinite="error", logit_cache_bytes=0, comm=None):
+                 nonfinite="error", logit_cache_bytes=0, precision="default", comm=None):
         options = capi.ContrastiveOptions()
         options.loss = _option(loss, _LOSSES, "loss")
         options.num_threads = int(num_threads)
@@ -182,6 +206,7 @@ class Contrastive:
         options.tile_cols = int(tile_cols)
         options.nonfinite = _option(nonfinite, _NONFINITE, "nonfinite")
         options.logit_cache_bytes = _cache_bytes(logit_cache_bytes)
+        options.fp32_precision = _precision(precision)
         self._symmetric = options.loss in (capi.CONTRASTIVE_DEFAULT, capi.CONTRASTIVE_SYMMETRIC)
         loss_name = _LOSS_NAMES.get(options.loss, options.loss)
         self._lock = threading.Lock()
@@ -192,7 +217,8 @@ class Contrastive:
         self.options = {"loss": loss_name,
                         "num_threads": options.num_threads, "tile_rows": options.tile_rows,
                         "tile_cols": options.tile_cols, "nonfinite": options.nonfinite,
-                        "logit_cache_bytes": options.logit_cache_bytes}
+                        "logit_cache_bytes": options.logit_cache_bytes,
+                        "precision": _PRECISION_NAMES[options.fp32_precision]}
 
     @property
     def symmetric(self):
@@ -414,11 +440,12 @@ class Contrastive:
 _shared = threading.local()
 
 
-def _shared_handle(loss, num_threads, tile_rows, tile_cols, nonfinite, logit_cache_bytes):
+def _shared_handle(loss, num_threads, tile_rows, tile_cols, nonfinite, logit_cache_bytes, precision="default"):
     """The calling thread's handle for these options, kept for later calls
     (creating one starts its worker threads; one with a logit cache keeps its
     cache too)."""
-    key = (loss, num_threads, tile_rows, tile_cols, nonfinite, _cache_bytes(logit_cache_bytes))
+    _precision(precision)
+    key = (loss, num_threads, tile_rows, tile_cols, nonfinite, precision, _cache_bytes(logit_cache_bytes))
     handles = getattr(_shared, "handles", None)
     if handles is None:
         handles = _shared.handles = {}
@@ -426,34 +453,38 @@ def _shared_handle(loss, num_threads, tile_rows, tile_cols, nonfinite, logit_cac
     if handle is None:
         handle = handles[key] = Contrastive(loss, num_threads=num_threads, tile_rows=tile_rows,
                                             tile_cols=tile_cols, nonfinite=nonfinite,
-                                            logit_cache_bytes=key[-1])
+                                            logit_cache_bytes=key[-1], precision=precision)
     return handle
 
 
-def _ring_handle(comm, loss, num_threads, tile_rows, tile_cols, nonfinite):
+def _ring_handle(comm, loss, num_threads, tile_rows, tile_cols, nonfinite, precision="default"):
     """The handle kept by comm for these options (closed by comm.close())."""
     check_communicator(comm, "comm")
-    key = (loss, num_threads, tile_rows, tile_cols, nonfinite)
+    _precision(precision)
+    key = (loss, num_threads, tile_rows, tile_cols, nonfinite, precision)
     handle = comm._contrastive.get(key)
     if handle is None:
         handle = comm._contrastive[key] = Contrastive(loss, num_threads=num_threads,
                                                       tile_rows=tile_rows, tile_cols=tile_cols,
-                                                      nonfinite=nonfinite, comm=comm)
+                                                      nonfinite=nonfinite, precision=precision, comm=comm)
     return handle
 
 
-def _handle_for(comm, loss, num_threads, tile_rows, tile_cols, nonfinite, logit_cache_bytes=0):
+def _handle_for(comm, loss, num_threads, tile_rows, tile_cols, nonfinite, logit_cache_bytes=0,
+                precision="default"):
     """The kept handle of a functional call: the communicator's (ring) or the
-    calling thread's."""
+    calling thread's (one per option set, precision included)."""
+    _precision(precision)
     if comm is None:
-        return _shared_handle(loss, num_threads, tile_rows, tile_cols, nonfinite, logit_cache_bytes)
+        return _shared_handle(loss, num_threads, tile_rows, tile_cols, nonfinite, logit_cache_bytes, precision)
     if logit_cache_bytes:
         raise ValueError("logit_cache_bytes: the ring loss (comm=...) has no logit cache; pass 0")
-    return _ring_handle(comm, loss, num_threads, tile_rows, tile_cols, nonfinite)
+    return _ring_handle(comm, loss, num_threads, tile_rows, tile_cols, nonfinite, precision)
 
 
 def contrastive_loss(q, k, logit_scale, labels=None, symmetric=True, *, num_threads=0,
-                     tile_rows=0, tile_cols=0, nonfinite="error", logit_cache_bytes=0, comm=None):
+                     tile_rows=0, tile_cols=0, nonfinite="error", logit_cache_bytes=0, precision="default",
+                     comm=None):
     """The contrastive loss of row features q (b, d) against column features
     k (c, d) at logit scale s: returns (loss, backward).
 
@@ -478,6 +509,13 @@ def contrastive_loss(q, k, logit_scale, labels=None, symmetric=True, *, num_thre
     recomputes; the results are bitwise the same either way). Errors raise flatmem.Error subclasses whose message is
     flatmem's (which argument, its shape or value, what was expected).
 
+    precision: "default", "tf32" or "full", as for Contrastive (CUDA: TF32
+    or 3xTF32 products for float32 inputs; CPU at ISA level avx512bf16 with
+    bfloat16 inputs: "tf32" rounds the gradient matrix G once to bf16 in the
+    backward's products -- bf16-accurate dq, dk, the fastest -- where
+    "default" / "full" split it in two bf16 parts for about fp32 gradients;
+    no effect elsewhere on the CPU).
+
     comm: a flatmem.Communicator -> the ring loss of the global batch whose
     rows q and columns k on this rank are this rank's shard (labels: GLOBAL
     column indices). Collective: every rank calls it, and backward(), in the
@@ -487,7 +525,7 @@ def contrastive_loss(q, k, logit_scale, labels=None, symmetric=True, *, num_thre
     (closed by comm.close(); backward() afterwards raises). No logit cache.
     """
     handle = _handle_for(comm, "symmetric" if symmetric else "infonce", num_threads, tile_rows, tile_cols,
-                         nonfinite, logit_cache_bytes)
+                         nonfinite, logit_cache_bytes, precision)
     q, k = as_arg(q, "q"), as_arg(k, "k")
     s, labels = as_scalar_arg(logit_scale, "logit_scale"), as_arg(labels, "labels")
     saved = handle._forward(q, k, s, labels, None)
@@ -508,7 +546,7 @@ def _sigmoid_args(q, k, logit_scale, logit_bias, labels):
 
 
 def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, comm=None, num_threads=0, tile_rows=0,
-                 tile_cols=0, nonfinite="error"):
+                 tile_cols=0, nonfinite="error", precision="default"):
     """The pairwise sigmoid (SigLIP) loss of row features q (b, d) against
     column features k (c, d): returns (loss, backward).
 
@@ -531,6 +569,10 @@ def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, comm=None, num_t
     Options as for Contrastive; a handle per thread and option set is kept
     between calls. Errors raise flatmem.Error subclasses whose message is
     flatmem's (which argument, its shape or value, what was expected).
+    precision ("default", "tf32" or "full"): as for Contrastive -- on the
+    CPU at avx512bf16 with bfloat16 inputs "tf32" rounds the gradient
+    matrix once to bf16 in the dq / dk products (bf16-accurate gradients);
+    on CUDA it picks TF32 or 3xTF32 for float32 inputs.
 
     comm: a flatmem.Communicator -> the loss of the global batch whose rows q
     and columns k on this rank are this rank's shard; labels are GLOBAL
@@ -541,7 +583,7 @@ def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, comm=None, num_t
     rank's slices of the global gradient (nothing summed over ranks). The
     handle is kept by the communicator (closed by comm.close()).
     """
-    handle = _handle_for(comm, "sigmoid", num_threads, tile_rows, tile_cols, nonfinite)
+    handle = _handle_for(comm, "sigmoid", num_threads, tile_rows, tile_cols, nonfinite, 0, precision)
     q, k, s, t, labels = _sigmoid_args(q, k, logit_scale, logit_bias, labels)
     loss = handle._sigmoid_forward(q, k, s, t, labels, None)
 
@@ -554,16 +596,16 @@ def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, comm=None, num_t
 
 
 def sigmoid_value_and_grad(q, k, logit_scale, logit_bias, labels=None, *, comm=None, num_threads=0,
-                           tile_rows=0, tile_cols=0, nonfinite="error", grad_dtype=None):
+                           tile_rows=0, tile_cols=0, nonfinite="error", grad_dtype=None, precision="default"):
     """The sigmoid (SigLIP) loss and all its gradients in one pass (6 b c d
     FLOPs): SigmoidResult(loss, dq, dk, dlogit_scale, dlogit_bias).
 
     Arguments, loss convention (mean over the b rows), options and comm as
     for sigmoid_loss. dq (b, d), dk (c, d) in grad_dtype (None: the input
     dtype; "float32" for fp32 gradients of 16-bit inputs); loss, dlogit_scale
-    = dL/ds and dlogit_bias = dL/dt float32. For an upstream gradient g,
+    = dL/ds and dlogit_bias = dL/dt float32. precision as for sigmoid_loss. For an upstream gradient g,
     multiply the results by g (or use sigmoid_loss's backward(g)).
     """
-    handle = _handle_for(comm, "sigmoid", num_threads, tile_rows, tile_cols, nonfinite)
+    handle = _handle_for(comm, "sigmoid", num_threads, tile_rows, tile_cols, nonfinite, 0, precision)
     q, k, s, t, labels = _sigmoid_args(q, k, logit_scale, logit_bias, labels)
     return handle._sigmoid_value_and_grad(q, k, s, t, labels, True, True, True, True, True, grad_dtype, None)

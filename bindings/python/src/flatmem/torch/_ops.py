@@ -13,7 +13,9 @@ operators, an autograd formula that calls the backward operator:
 A gradient the caller does not need is not computed (an empty tensor stands in its place). The
 non-tensor arguments are plain values: ``comm`` is a communicator slot (distributed.slot; -1 =
 this process alone), ``propagate`` chooses FLATMEM_NONFINITE_PROPAGATE over _ERROR (CUDA tensors
-need it), ``grad_scale`` multiplies the incoming gradient (a ring under DDP, distributed.py).
+need it), ``grad_scale`` multiplies the incoming gradient (a ring under DDP, distributed.py),
+``precision`` is options.fp32_precision (flatmem_fp32_precision: 0 default, 1 TF32, 2 full; the
+losses take it by name, losses.py).
 Gradients are first order only (the backward operators have no autograd of their own).
 
 The operators are defined with torch.library.Library (schema strings below) rather than
@@ -48,12 +50,21 @@ def _fake(name):
     return torch.library.register_fake(f"flatmem::{name}")
 
 
-def _handle(loss: str, propagate: bool, cache_bytes: int = 0, comm: int = -1):
+def _precision_name(precision: int) -> str:
+    try:
+        return _contrastive._PRECISION_NAMES[precision]
+    except KeyError:
+        raise ValueError(f"precision: {precision!r} is not a flatmem_fp32_precision (0 default, 1 tf32, "
+                         f"2 full)") from None
+
+
+def _handle(loss: str, propagate: bool, cache_bytes: int = 0, comm: int = -1, precision: int = 0):
     """The kept flatmem.Contrastive for these options: the calling thread's, or the ring's of the
     communicator in slot `comm`. Its CPU threads are torch's (torch.get_num_threads(): what
     torchrun's OMP_NUM_THREADS or torch.set_num_threads set), not all the machine's."""
     return _contrastive._handle_for(_dist.at(comm), loss, torch.get_num_threads(), 0, 0,
-                                    "propagate" if propagate else "error", cache_bytes)
+                                    "propagate" if propagate else "error", cache_bytes,
+                                    _precision_name(precision))
 
 
 def _rows(t: Tensor) -> int:
@@ -87,12 +98,12 @@ def _incoming(dloss: Tensor, grad_scale: float) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 @_op("contrastive_forward(Tensor q, Tensor k, Tensor logit_scale, Tensor? labels, bool symmetric, "
-     "int cache_bytes, int comm, bool propagate, float grad_scale) -> (Tensor, Tensor, Tensor)")
+     "int cache_bytes, int comm, bool propagate, float grad_scale, int precision) -> (Tensor, Tensor, Tensor)")
 def contrastive_forward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Optional[Tensor], symmetric: bool,
                         cache_bytes: int, comm: int, propagate: bool,
-                        grad_scale: float) -> tuple[Tensor, Tensor, Tensor]:
+                        grad_scale: float, precision: int) -> tuple[Tensor, Tensor, Tensor]:
     stream = br.stream_of(q.device)
-    handle = _handle("symmetric" if symmetric else "infonce", propagate, cache_bytes, comm)
+    handle = _handle("symmetric" if symmetric else "infonce", propagate, cache_bytes, comm, precision)
     Q, K, S = br.arg(q, "q", stream), br.arg(k, "k", stream), br.arg(logit_scale, "logit_scale", stream)
     L = br.optional_arg(labels, "labels", stream)
     loss, loss_t = _new((), _F32, q, "loss", stream)
@@ -108,19 +119,20 @@ def contrastive_forward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Optio
 
 
 @_fake("contrastive_forward")
-def _(q, k, logit_scale, labels, symmetric, cache_bytes, comm, propagate, grad_scale):
+def _(q, k, logit_scale, labels, symmetric, cache_bytes, comm, propagate, grad_scale, precision):
     col = q.new_empty((k.shape[0],), dtype=_F32) if symmetric else q.new_empty((0,), dtype=_F32)
     return q.new_empty((), dtype=_F32), q.new_empty((q.shape[0],), dtype=_F32), col
 
 
 @_op("contrastive_backward(Tensor q, Tensor k, Tensor logit_scale, Tensor? labels, Tensor row_lse, "
      "Tensor col_lse, Tensor dloss, bool symmetric, bool want_dq, bool want_dk, int cache_bytes, "
-     "int comm, bool propagate) -> (Tensor, Tensor, Tensor)")
+     "int comm, bool propagate, int precision) -> (Tensor, Tensor, Tensor)")
 def contrastive_backward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Optional[Tensor], row_lse: Tensor,
                          col_lse: Tensor, dloss: Tensor, symmetric: bool, want_dq: bool, want_dk: bool,
-                         cache_bytes: int, comm: int, propagate: bool) -> tuple[Tensor, Tensor, Tensor]:
+                         cache_bytes: int, comm: int, propagate: bool,
+                         precision: int) -> tuple[Tensor, Tensor, Tensor]:
     stream = br.stream_of(q.device)
-    handle = _handle("symmetric" if symmetric else "infonce", propagate, cache_bytes, comm)
+    handle = _handle("symmetric" if symmetric else "infonce", propagate, cache_bytes, comm, precision)
     Q, K, S = br.arg(q, "q", stream), br.arg(k, "k", stream), br.arg(logit_scale, "logit_scale", stream)
     L = br.optional_arg(labels, "labels", stream)
     R = br.arg(row_lse, "row_lse", stream)
@@ -141,28 +153,28 @@ def contrastive_backward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Opti
 
 @_fake("contrastive_backward")
 def _(q, k, logit_scale, labels, row_lse, col_lse, dloss, symmetric, want_dq, want_dk, cache_bytes, comm,
-      propagate):
+      propagate, precision):
     dq = torch.empty_like(q) if want_dq else q.new_empty((0,))
     dk = torch.empty_like(k) if want_dk else k.new_empty((0,))
     return dq, dk, q.new_empty((), dtype=_F32)
 
 
 def _contrastive_setup(ctx, inputs, output):
-    q, k, s, labels, symmetric, cache_bytes, comm, propagate, grad_scale = inputs
+    q, k, s, labels, symmetric, cache_bytes, comm, propagate, grad_scale, precision = inputs
     _, row, col = output
     ctx.save_for_backward(q, k, s, labels, row, col)
-    ctx.options = (symmetric, cache_bytes, comm, propagate, grad_scale)
+    ctx.options = (symmetric, cache_bytes, comm, propagate, grad_scale, precision)
 
 
 def _contrastive_grad(ctx, dloss, _drow, _dcol):
     q, k, s, labels, row, col = ctx.saved_tensors
-    symmetric, cache_bytes, comm, propagate, grad_scale = ctx.options
+    symmetric, cache_bytes, comm, propagate, grad_scale, precision = ctx.options
     want_dq, want_dk, want_ds = ctx.needs_input_grad[:3]
     g = _incoming(dloss, grad_scale)
     dq, dk, ds = torch.ops.flatmem.contrastive_backward(q, k, s, labels, row, col, g, symmetric, want_dq,
-                                                        want_dk, cache_bytes, comm, propagate)
+                                                        want_dk, cache_bytes, comm, propagate, precision)
     return (dq if want_dq else None, dk if want_dk else None, ds.reshape(s.shape) if want_ds else None,
-            None, None, None, None, None, None)
+            None, None, None, None, None, None, None)
 
 
 torch.library.register_autograd("flatmem::contrastive_forward", _contrastive_grad,
@@ -192,13 +204,13 @@ def _sigmoid_workspace(h, Q, K, dq_t, dk_t, device, stream):
 
 
 @_op("sigmoid_forward(Tensor q, Tensor k, Tensor logit_scale, Tensor logit_bias, Tensor? labels, "
-     "int comm, bool propagate, float grad_scale) -> Tensor")
+     "int comm, bool propagate, float grad_scale, int precision) -> Tensor")
 def sigmoid_forward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tensor, labels: Optional[Tensor],
-                    comm: int, propagate: bool, grad_scale: float) -> Tensor:
+                    comm: int, propagate: bool, grad_scale: float, precision: int) -> Tensor:
     stream = br.stream_of(q.device)
     Q, K, S, T, L = _sigmoid_args(q, k, logit_scale, logit_bias, labels, stream)
     loss, loss_t = _new((), _F32, q, "loss", stream)
-    with _handle("sigmoid", propagate, 0, comm)._locked() as h:
+    with _handle("sigmoid", propagate, 0, comm, precision)._locked() as h:
         ws = _sigmoid_workspace(h, Q, K, None, None, q.device, stream)
         h.sigmoid_forward(Q.tensor, K.tensor, _tensor_of(L), S.tensor, T.tensor, loss_t.tensor, _tensor_of(ws),
                           stream)
@@ -206,21 +218,21 @@ def sigmoid_forward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tenso
 
 
 @_fake("sigmoid_forward")
-def _(q, k, logit_scale, logit_bias, labels, comm, propagate, grad_scale):
+def _(q, k, logit_scale, logit_bias, labels, comm, propagate, grad_scale, precision):
     return q.new_empty((), dtype=_F32)
 
 
 @_op("sigmoid_backward(Tensor q, Tensor k, Tensor logit_scale, Tensor logit_bias, Tensor? labels, "
-     "Tensor dloss, bool want_dq, bool want_dk, int comm, bool propagate) -> (Tensor, Tensor, Tensor, "
-     "Tensor)")
+     "Tensor dloss, bool want_dq, bool want_dk, int comm, bool propagate, int precision) -> (Tensor, Tensor, "
+     "Tensor, Tensor)")
 def sigmoid_backward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tensor, labels: Optional[Tensor],
                      dloss: Tensor, want_dq: bool, want_dk: bool, comm: int,
-                     propagate: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                     propagate: bool, precision: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     stream = br.stream_of(q.device)
     Q, K, S, T, L = _sigmoid_args(q, k, logit_scale, logit_bias, labels, stream)
     G = br.arg(dloss, "dloss", stream)
     (dq, dq_t), (dk, dk_t), (ds, ds_t), (dt, dt_t) = _sigmoid_gradients(want_dq, want_dk, q, k, stream)
-    with _handle("sigmoid", propagate, 0, comm)._locked() as h:
+    with _handle("sigmoid", propagate, 0, comm, precision)._locked() as h:
         ws = _sigmoid_workspace(h, Q, K, dq_t, dk_t, q.device, stream)
         h.sigmoid_backward(Q.tensor, K.tensor, _tensor_of(L), S.tensor, T.tensor, G.tensor, _tensor_of(dq_t),
                            _tensor_of(dk_t), ds_t.tensor, dt_t.tensor, _tensor_of(ws), stream)
@@ -228,42 +240,43 @@ def sigmoid_backward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tens
 
 
 @_fake("sigmoid_backward")
-def _(q, k, logit_scale, logit_bias, labels, dloss, want_dq, want_dk, comm, propagate):
+def _(q, k, logit_scale, logit_bias, labels, dloss, want_dq, want_dk, comm, propagate, precision):
     dq = torch.empty_like(q) if want_dq else q.new_empty((0,))
     dk = torch.empty_like(k) if want_dk else k.new_empty((0,))
     return dq, dk, q.new_empty((), dtype=_F32), q.new_empty((), dtype=_F32)
 
 
 def _sigmoid_setup(ctx, inputs, output):
-    q, k, s, t, labels, comm, propagate, grad_scale = inputs
+    q, k, s, t, labels, comm, propagate, grad_scale, precision = inputs
     ctx.save_for_backward(q, k, s, t, labels)
-    ctx.options = (comm, propagate, grad_scale)
+    ctx.options = (comm, propagate, grad_scale, precision)
 
 
 def _sigmoid_grad(ctx, dloss):
     q, k, s, t, labels = ctx.saved_tensors
-    comm, propagate, grad_scale = ctx.options
+    comm, propagate, grad_scale, precision = ctx.options
     want = ctx.needs_input_grad
     g = _incoming(dloss, grad_scale)
-    dq, dk, ds, dt = torch.ops.flatmem.sigmoid_backward(q, k, s, t, labels, g, want[0], want[1], comm, propagate)
+    dq, dk, ds, dt = torch.ops.flatmem.sigmoid_backward(q, k, s, t, labels, g, want[0], want[1], comm, propagate,
+                                                        precision)
     return (dq if want[0] else None, dk if want[1] else None, ds.reshape(s.shape) if want[2] else None,
-            dt.reshape(t.shape) if want[3] else None, None, None, None, None)
+            dt.reshape(t.shape) if want[3] else None, None, None, None, None, None)
 
 
 torch.library.register_autograd("flatmem::sigmoid_forward", _sigmoid_grad, setup_context=_sigmoid_setup)
 
 
 @_op("sigmoid_value_and_grad(Tensor q, Tensor k, Tensor logit_scale, Tensor logit_bias, "
-     "Tensor? labels, int comm, bool propagate, float grad_scale) -> (Tensor, Tensor, Tensor, Tensor, "
-     "Tensor)")
+     "Tensor? labels, int comm, bool propagate, float grad_scale, int precision) -> (Tensor, Tensor, Tensor, "
+     "Tensor, Tensor)")
 def sigmoid_value_and_grad(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tensor,
-                           labels: Optional[Tensor], comm: int, propagate: bool,
-                           grad_scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                           labels: Optional[Tensor], comm: int, propagate: bool, grad_scale: float,
+                           precision: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     stream = br.stream_of(q.device)
     Q, K, S, T, L = _sigmoid_args(q, k, logit_scale, logit_bias, labels, stream)
     loss, loss_t = _new((), _F32, q, "loss", stream)
     (dq, dq_t), (dk, dk_t), (ds, ds_t), (dt, dt_t) = _sigmoid_gradients(True, True, q, k, stream)
-    with _handle("sigmoid", propagate, 0, comm)._locked() as h:
+    with _handle("sigmoid", propagate, 0, comm, precision)._locked() as h:
         ws = _sigmoid_workspace(h, Q, K, dq_t, dk_t, q.device, stream)
         h.sigmoid_value_and_grad(Q.tensor, K.tensor, _tensor_of(L), S.tensor, T.tensor, loss_t.tensor, dq_t.tensor,
                                  dk_t.tensor, ds_t.tensor, dt_t.tensor, _tensor_of(ws), stream)
@@ -271,13 +284,13 @@ def sigmoid_value_and_grad(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias
 
 
 @_fake("sigmoid_value_and_grad")
-def _(q, k, logit_scale, logit_bias, labels, comm, propagate, grad_scale):
+def _(q, k, logit_scale, logit_bias, labels, comm, propagate, grad_scale, precision):
     scalar = q.new_empty((), dtype=_F32)
     return scalar, torch.empty_like(q), torch.empty_like(k), q.new_empty((), dtype=_F32), q.new_empty((), dtype=_F32)
 
 
 def _saved_setup(ctx, inputs, output):
-    _, _, s, t, _, _, _, grad_scale = inputs
+    _, _, s, t, _, _, _, grad_scale, _ = inputs
     _, dq, dk, ds, dt = output
     ctx.save_for_backward(dq, dk, ds, dt)
     ctx.shapes = (s.shape, t.shape)
@@ -304,7 +317,7 @@ def _saved_grad(ctx, dloss, *_unused):
     else:
         dq_g, dk_g = (dq * g).to(dq.dtype), (dk * g).to(dk.dtype)
     return (dq_g if want[0] else None, dk_g if want[1] else None, (ds * g).reshape(s_shape) if want[2] else None,
-            (dt * g).reshape(t_shape) if want[3] else None, None, None, None, None)
+            (dt * g).reshape(t_shape) if want[3] else None, None, None, None, None, None)
 
 
 torch.library.register_autograd("flatmem::sigmoid_value_and_grad", _saved_grad, setup_context=_saved_setup)

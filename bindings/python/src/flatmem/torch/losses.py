@@ -28,6 +28,14 @@ Options:
   grad_scale         the incoming gradient is multiplied by this (the ring under DDP: the world size)
   nonfinite          "propagate" (default: NaN / Inf flow into the results, as in torch; CUDA needs
                      it) or "error" (the CPU refuses them, naming the tensor)
+  precision          "default", "tf32" or "full" (flatmem_fp32_precision; anything else: ValueError).
+                     CUDA: float32 inputs multiply as TF32 ("default", "tf32") or in about full fp32
+                     ("full": 3xTF32, about 3x the tensor-core time). CPU at ISA level avx512bf16
+                     (flatmem.cpu_isa()) with bfloat16 inputs: how the fp32 gradient matrix G enters
+                     the backward's products dq = s G k, dk = s G^T q -- "default" / "full" split it
+                     in two bf16 parts (about fp32 gradients), "tf32" rounds it once to bf16
+                     (bf16-accurate gradients, as torch's own bf16 autograd; the fastest). The loss
+                     and the scale / bias gradients do not change. No effect elsewhere on the CPU.
   recompute          (sigmoid_loss) False: under autograd one pass computes the loss and every
                      gradient (6 b c d FLOPs) and keeps dq, dk for the backward; True: the forward
                      keeps nothing and the backward recomputes (8 b c d FLOPs in all)
@@ -38,7 +46,7 @@ from __future__ import annotations
 
 import torch
 
-from ..contrastive import _cache_bytes
+from ..contrastive import _cache_bytes, _precision
 from . import _bridge as br
 from . import _ops  # noqa: F401  (registers the operators)
 from . import distributed as dist_
@@ -53,34 +61,41 @@ def _propagate(nonfinite) -> bool:
         raise ValueError(f"nonfinite: '{nonfinite}' is not one of {sorted(_NONFINITE)}") from None
 
 
-def _softmax(q, k, logit_scale, labels, symmetric, logit_cache_bytes, comm, grad_scale, nonfinite):
+def _softmax(q, k, logit_scale, labels, symmetric, logit_cache_bytes, comm, grad_scale, nonfinite, precision):
+    p = _precision(precision)
     q, k = br.matrix(q, "q"), br.matrix(k, "k")
     s = br.scalar(logit_scale, q, "logit_scale")
     labels = br.labels_tensor(labels, q)
     loss, _, _ = torch.ops.flatmem.contrastive_forward(q, k, s, labels, symmetric, _cache_bytes(logit_cache_bytes),
-                                                       dist_.slot(comm), _propagate(nonfinite), float(grad_scale))
+                                                       dist_.slot(comm), _propagate(nonfinite), float(grad_scale),
+                                                       p)
     return loss
 
 
-def clip_loss(q, k, logit_scale, *, logit_cache_bytes=0, comm=None, grad_scale=1.0, nonfinite="propagate"):
-    """The symmetric CLIP loss of rows q (b, d) and columns k (b, d) at scale s (module docstring)."""
-    return _softmax(q, k, logit_scale, None, True, logit_cache_bytes, comm, grad_scale, nonfinite)
+def clip_loss(q, k, logit_scale, *, logit_cache_bytes=0, comm=None, grad_scale=1.0, nonfinite="propagate",
+              precision="default"):
+    """The symmetric CLIP loss of rows q (b, d) and columns k (b, d) at scale s (module docstring;
+    precision "default" | "tf32" | "full": TF32 / 3xTF32 on CUDA, the bf16 gradient products at
+    avx512bf16 on the CPU)."""
+    return _softmax(q, k, logit_scale, None, True, logit_cache_bytes, comm, grad_scale, nonfinite, precision)
 
 
 def infonce_loss(q, k, logit_scale, labels=None, *, logit_cache_bytes=0, comm=None, grad_scale=1.0,
-                 nonfinite="propagate"):
+                 nonfinite="propagate", precision="default"):
     """InfoNCE of rows q (b, d) against columns k (c, d), labels (b,) in [0, c) or None (y_i = i);
-    with comm, labels are GLOBAL column indices (module docstring)."""
-    return _softmax(q, k, logit_scale, labels, False, logit_cache_bytes, comm, grad_scale, nonfinite)
+    with comm, labels are GLOBAL column indices (module docstring; precision as clip_loss)."""
+    return _softmax(q, k, logit_scale, labels, False, logit_cache_bytes, comm, grad_scale, nonfinite, precision)
 
 
 def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, recompute=False, comm=None, grad_scale=1.0,
-                 nonfinite="propagate"):
-    """The pairwise sigmoid (SigLIP) loss of rows q (b, d) against columns k (c, d) (module docstring)."""
+                 nonfinite="propagate", precision="default"):
+    """The pairwise sigmoid (SigLIP) loss of rows q (b, d) against columns k (c, d) (module docstring;
+    precision as clip_loss)."""
+    p = _precision(precision)
     q, k = br.matrix(q, "q"), br.matrix(k, "k")
     s, t = br.scalar(logit_scale, q, "logit_scale"), br.scalar(logit_bias, q, "logit_bias")
     labels = br.labels_tensor(labels, q)
-    args = (q, k, s, t, labels, dist_.slot(comm), _propagate(nonfinite), float(grad_scale))
+    args = (q, k, s, t, labels, dist_.slot(comm), _propagate(nonfinite), float(grad_scale), p)
     differentiated = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, s, t))
     if differentiated and not recompute:
         return torch.ops.flatmem.sigmoid_value_and_grad(*args)[0]
@@ -92,8 +107,10 @@ class _RingModule(torch.nn.Module):
     communicator of a ring (made from the default process group at the first call when
     world_size > 1 and none is given)."""
 
-    def __init__(self, rank, world_size, use_horovod, comm, nonfinite, comm_timeout_ms):
+    def __init__(self, rank, world_size, use_horovod, comm, nonfinite, comm_timeout_ms, precision="default"):
         super().__init__()
+        _precision(precision)
+        self.precision = precision
         self.comm_timeout_ms = int(comm_timeout_ms)
         if use_horovod:
             raise ValueError("flatmem.torch: use_horovod is not supported; the ring runs over a "
@@ -134,12 +151,13 @@ class ClipLoss(_RingModule):
     cache_labels are accepted for compatibility and change nothing: flatmem always computes that
     global loss exactly, in O(b) memory. comm_timeout_ms: the deadline of each wait of the
     communicator made here (0 = $FLATMEM_COMM_TIMEOUT_MS or 60 s; raise it for very large batches).
-    logit_cache_bytes, nonfinite: as clip_loss.
+    logit_cache_bytes, nonfinite, precision: as clip_loss.
     """
 
     def __init__(self, local_loss=False, gather_with_grad=False, cache_labels=False, rank=0, world_size=1,
-                 use_horovod=False, *, comm=None, comm_timeout_ms=0, logit_cache_bytes=0, nonfinite="propagate"):
-        super().__init__(rank, world_size, use_horovod, comm, nonfinite, comm_timeout_ms)
+                 use_horovod=False, *, comm=None, comm_timeout_ms=0, logit_cache_bytes=0, nonfinite="propagate",
+                 precision="default"):
+        super().__init__(rank, world_size, use_horovod, comm, nonfinite, comm_timeout_ms, precision)
         self.local_loss, self.gather_with_grad, self.cache_labels = local_loss, gather_with_grad, cache_labels
         self.logit_cache_bytes = _cache_bytes(logit_cache_bytes)
 
@@ -147,7 +165,7 @@ class ClipLoss(_RingModule):
         comm = self._ring()
         loss = clip_loss(image_features, text_features, logit_scale, comm=comm,
                          logit_cache_bytes=0 if comm is not None else self.logit_cache_bytes,
-                         grad_scale=self._grad_scale(comm), nonfinite=self.nonfinite)
+                         grad_scale=self._grad_scale(comm), nonfinite=self.nonfinite, precision=self.precision)
         if isinstance(logit_bias, torch.Tensor) and logit_bias.requires_grad:
             # A bias added to every logit leaves each softmax, hence the loss, unchanged; its
             # gradient is exactly 0, and it gets that 0 (as under open_clip), so that an optimiser
@@ -165,17 +183,18 @@ class SigLipLoss(_RingModule):
     text of every rank, the mean over all images -- what open_clip's neighbour exchange sums, as
     DDP averages it; the value returned is that global mean, where open_clip returns this rank's
     sum over its own images). cache_labels and dist_impl are accepted for compatibility and change
-    nothing. comm_timeout_ms: as ClipLoss. recompute, nonfinite: as sigmoid_loss.
+    nothing. comm_timeout_ms: as ClipLoss. recompute, nonfinite, precision: as sigmoid_loss.
     """
 
     def __init__(self, cache_labels=False, rank=0, world_size=1, dist_impl=None, *, comm=None, comm_timeout_ms=0,
-                 recompute=False, nonfinite="propagate"):
-        super().__init__(rank, world_size, False, comm, nonfinite, comm_timeout_ms)
+                 recompute=False, nonfinite="propagate", precision="default"):
+        super().__init__(rank, world_size, False, comm, nonfinite, comm_timeout_ms, precision)
         self.cache_labels, self.dist_impl = cache_labels, dist_impl
         self.recompute = bool(recompute)
 
     def forward(self, image_features, text_features, logit_scale, logit_bias, output_dict=False):
         comm = self._ring()
         loss = sigmoid_loss(image_features, text_features, logit_scale, logit_bias, comm=comm,
-                            recompute=self.recompute, grad_scale=self._grad_scale(comm), nonfinite=self.nonfinite)
+                            recompute=self.recompute, grad_scale=self._grad_scale(comm), nonfinite=self.nonfinite,
+                            precision=self.precision)
         return self._result(loss, output_dict)
