@@ -369,7 +369,8 @@ typedef struct flatmem_comm_s flatmem_comm_t;
  *    gradients over ranks instead of averaging them). One that sums them
  *    passes dloss = 1; do not sum ds over ranks, each rank already has it.
  *  - Every rank must pass the same loss, d, dtype, logit scale (bitwise),
- *    nonfinite policy and, in the backward, the same dloss and dk-or-NULL.
+ *    nonfinite policy, fp32_precision and, in the backward, the same dloss
+ *    and dk-or-NULL.
  *    Each call starts with one small all-gather of these (and of each
  *    rank's shapes and the outcome of its own argument checks); a mismatch
  *    is FLATMEM_STATUS_INVALID_ARGUMENT on every rank naming the ranks and

@@ -29,6 +29,7 @@ struct Deviation {
   double scale = 10.0;
   Dtype dtype = Dtype::f32;
   std::int64_t d = 12;
+  std::int64_t fp32_precision = FLATMEM_FP32_PRECISION_DEFAULT;
   bool nan_in_q = false, give_workspace = false, label_out_of_range = false, skip_call = false;
 };
 
@@ -61,6 +62,7 @@ std::vector<Outcome> forward_on_ranks(const std::function<void(int, Deviation &)
       if (dev.label_out_of_range) in.labels.set(2, 15.0);  // C = 15 columns: 0 .. 14
       flatmem_contrastive_options o = flatmem_test::make_options(rc.loss);
       o.comm = comms[std::size_t(r)];
+      o.fp32_precision = dev.fp32_precision;
       flatmem_test::Handle h = flatmem_test::create_handle(o);
       HostTensor loss = HostTensor::scalar(Dtype::f32, -1.0), row_lse = HostTensor::vector(Dtype::f32, 5);
       row_lse.fill_bytes(0x5A);
@@ -102,6 +104,13 @@ TEST_CASE("contrastive/ring/errors/different d or dtype on one rank") {
                  FLATMEM_STATUS_INVALID_ARGUMENT, "d: rank 0 has 12, rank 1 has 13");
   check_all_fail(forward_on_ranks([](int r, Deviation &d) { if (r == 1) d.dtype = Dtype::bf16; }),
                  FLATMEM_STATUS_INVALID_ARGUMENT, "dtype: rank 0 has float32, rank 1 has bfloat16");
+}
+
+TEST_CASE("contrastive/ring/errors/a different fp32_precision on one rank") {
+  // It decides how G enters the bf16 kernels' products (avx512bf16): the ranks' parts of one
+  // global batch must be computed alike.
+  check_all_fail(forward_on_ranks([](int r, Deviation &d) { if (r == 2) d.fp32_precision = FLATMEM_FP32_PRECISION_TF32; }),
+                 FLATMEM_STATUS_INVALID_ARGUMENT, "options.fp32_precision: rank 0 has DEFAULT, rank 2 has TF32");
 }
 
 TEST_CASE("contrastive/ring/errors/a NaN on one rank fails every rank") {

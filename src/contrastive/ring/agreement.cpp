@@ -28,6 +28,10 @@ const char *dtype_text(std::int32_t dtype) {
   return dtype >= 0 && dtype < 3 ? names[dtype] : "?";
 }
 const char *policy_text(std::int32_t p) { return p == FLATMEM_NONFINITE_ERROR ? "ERROR" : "PROPAGATE"; }
+const char *precision_text(std::int32_t p) {  // contrastive::Fp32Precision
+  static const char *names[] = {"DEFAULT", "TF32", "FULL"};
+  return p >= 0 && p < 3 ? names[p] : "?";
+}
 
 // Fails on every rank alike when `field` differs from rank 0's somewhere.
 template <typename Field, typename Show>
@@ -43,6 +47,8 @@ void check_agreement(const std::vector<RankEntry> &all) {
                [](const RankEntry &e) { return loss_text(e.loss); });
   require_same(all, "options.nonfinite", [](const RankEntry &e) { return e.nonfinite; },
                [](const RankEntry &e) { return policy_text(e.nonfinite); });
+  require_same(all, "options.fp32_precision", [](const RankEntry &e) { return e.precision; },
+               [](const RankEntry &e) { return precision_text(e.precision); });
   require_same(all, "q, k: dtype", [](const RankEntry &e) { return e.dtype; },
                [](const RankEntry &e) { return dtype_text(e.dtype); });
   require_same(all, "q, k: feature dimension d", [](const RankEntry &e) { return e.d; },

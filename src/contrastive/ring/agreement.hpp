@@ -18,6 +18,8 @@ namespace flatmem::contrastive::ring {
 struct RankEntry {
   std::int32_t status = 0;  // flatmem_status of the local checks
   std::int32_t loss = 0, dtype = 0, nonfinite = 0;
+  // options.fp32_precision (Fp32Precision); `unused` keeps the entry free of padding bytes
+  std::int32_t precision = 0, unused = 0;
   std::int64_t rows = 0, cols = 0, d = 0;
   std::uint32_t scale_bits = 0, dloss_bits = 0;  // fp32 bit patterns (dloss: backward only)
   std::uint32_t bias_bits = 0;                   // sigmoid: the logit bias t

@@ -39,6 +39,7 @@ RankEntry entry_of(const Options &options, const Inputs &in) {
   e.loss = int(in.loss);  // symmetric 0, infonce 1, sigmoid 2
   e.dtype = int(in.q.dtype);
   e.nonfinite = options.nonfinite;
+  e.precision = int(options.fp32_precision);
   e.rows = in.b();
   e.cols = in.c();
   e.d = in.d();
