@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from . import capi
 
-#: The instruction sets, from the most capable down, by their flatmem names.
 _LEVELS = (capi.CPU_ISA_AVX512BF16, capi.CPU_ISA_AVX512, capi.CPU_ISA_AVX2, capi.CPU_ISA_BASELINE)
+#: The instruction sets, from the most capable down, by their flatmem names.
 CPU_ISAS = tuple(capi.cpu_isa_name(isa) for isa in _LEVELS)
 _BY_NAME = {capi.cpu_isa_name(isa): isa for isa in (*_LEVELS, capi.CPU_ISA_DEFAULT)}
 
