@@ -17,10 +17,14 @@
 //   sigmoid backward  q, k, logit_scale, logit_bias, dloss
 //                       -> dq, dk, dlogit_scale, dlogit_bias [, workspace], labels?
 //
-// Every one of them has one attribute after the buffers, Attrs: by default
+// Every one of them has two attributes after the buffers, Attrs: by default
 // logit_cache_bytes (u64), options.logit_cache_bytes of the pooled handle
 // (handle_pool.hpp); the ring losses (ring_handlers.cpp) take CommAttr, the
-// communicator's registry slot (s64, ring_registry.hpp), instead.
+// communicator's registry slot (s64, ring_registry.hpp), instead. Both end
+// with fp32_precision (s64), options.fp32_precision of the handle (a
+// flatmem_fp32_precision value; flatmem_contrastive_create judges it). XLA
+// hands attributes over sorted by name; the binding maps them by name, so the
+// order below is the handlers' parameter order only.
 //
 // xla::ffi::Binding can only be extended (its move constructor is private),
 // so every step below calls a member on an rvalue and hands the new binder on
@@ -62,14 +66,16 @@ auto rets(Binder &&b) {
 struct CacheAttr {
   template <typename Binder>
   auto operator()(Binder &&b) const {
-    return std::move(b).template Attr<uint64_t>("logit_cache_bytes");
+    return std::move(b)
+        .template Attr<uint64_t>("logit_cache_bytes")
+        .template Attr<int64_t>("fp32_precision");
   }
 };
 
 struct CommAttr {
   template <typename Binder>
   auto operator()(Binder &&b) const {
-    return std::move(b).template Attr<int64_t>("comm");
+    return std::move(b).template Attr<int64_t>("comm").template Attr<int64_t>("fp32_precision");
   }
 };
 

@@ -98,12 +98,14 @@ ffi::Error flatmem_error(flatmem_status status, const char *function, const char
 
 namespace {
 
-// The pool's handle of (loss, device kind, cache budget), kept for the call.
+// The pool's handle of (loss, device kind, cache budget, fp32_precision), kept
+// for the call.
 class PoolSource final : public HandleSource {
  public:
-  PoolSource(flatmem_contrastive_loss loss, std::size_t logit_cache_bytes, DLDevice device,
-             bool backward)
-      : key_{loss, device.device_type == kDLCUDA, logit_cache_bytes}, backward_(backward) {}
+  PoolSource(flatmem_contrastive_loss loss, std::size_t logit_cache_bytes,
+             std::int64_t fp32_precision, DLDevice device, bool backward)
+      : key_{loss, device.device_type == kDLCUDA, logit_cache_bytes, fp32_precision},
+        backward_(backward) {}
 
   ffi::ErrorOr<flatmem_contrastive_t *> acquire(const void *q, const void *k) override {
     inputs_ = Inputs{q, k};
@@ -147,22 +149,24 @@ ffi::ErrorOr<std::size_t> workspace_size(flatmem_contrastive_loss loss,
 }
 
 ffi::Error run_forward(flatmem_contrastive_loss loss, std::size_t logit_cache_bytes,
-                       DLDevice device, void *stream, const ForwardBuffers &io,
-                       WorkspaceSource &workspace) {
-  PoolSource handles(loss, logit_cache_bytes, device, /*backward=*/false);
+                       std::int64_t fp32_precision, DLDevice device, void *stream,
+                       const ForwardBuffers &io, WorkspaceSource &workspace) {
+  PoolSource handles(loss, logit_cache_bytes, fp32_precision, device, /*backward=*/false);
   return call_forward(handles, device, stream, io, workspace);
 }
 
 ffi::Error run_backward(flatmem_contrastive_loss loss, std::size_t logit_cache_bytes,
-                        DLDevice device, void *stream, const BackwardBuffers &io,
-                        WorkspaceSource &workspace) {
-  PoolSource handles(loss, logit_cache_bytes, device, /*backward=*/true);
+                        std::int64_t fp32_precision, DLDevice device, void *stream,
+                        const BackwardBuffers &io, WorkspaceSource &workspace) {
+  PoolSource handles(loss, logit_cache_bytes, fp32_precision, device, /*backward=*/true);
   return call_backward(handles, device, stream, io, workspace);
 }
 
-ffi::Error run_sigmoid(SigmoidCall call, std::size_t logit_cache_bytes, DLDevice device,
-                       void *stream, const SigmoidBuffers &io, WorkspaceSource &workspace) {
-  PoolSource handles(FLATMEM_CONTRASTIVE_SIGMOID, logit_cache_bytes, device, /*backward=*/false);
+ffi::Error run_sigmoid(SigmoidCall call, std::size_t logit_cache_bytes, std::int64_t fp32_precision,
+                       DLDevice device, void *stream, const SigmoidBuffers &io,
+                       WorkspaceSource &workspace) {
+  PoolSource handles(FLATMEM_CONTRASTIVE_SIGMOID, logit_cache_bytes, fp32_precision, device,
+                     /*backward=*/false);
   return call_sigmoid(call, handles, device, stream, io, workspace);
 }
 

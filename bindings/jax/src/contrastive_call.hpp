@@ -12,6 +12,7 @@
 #include <flatmem/flatmem.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 
 #include "xla/ffi/api/ffi.h"
@@ -90,13 +91,16 @@ struct BackwardBuffers {
 
 // logit_cache_bytes: options.logit_cache_bytes of the pooled handle (the
 // handlers' attribute of that name; CPU only -- the CUDA handlers pass 0).
+// fp32_precision: its options.fp32_precision (the handlers' attribute of that
+// name, a flatmem_fp32_precision value; flatmem_contrastive_create refuses
+// any other with its own message).
 ffi::Error run_forward(flatmem_contrastive_loss loss, std::size_t logit_cache_bytes,
-                       DLDevice device, void *stream, const ForwardBuffers &io,
-                       WorkspaceSource &workspace);
+                       std::int64_t fp32_precision, DLDevice device, void *stream,
+                       const ForwardBuffers &io, WorkspaceSource &workspace);
 
 ffi::Error run_backward(flatmem_contrastive_loss loss, std::size_t logit_cache_bytes,
-                        DLDevice device, void *stream, const BackwardBuffers &io,
-                        WorkspaceSource &workspace);
+                        std::int64_t fp32_precision, DLDevice device, void *stream,
+                        const BackwardBuffers &io, WorkspaceSource &workspace);
 
 // The sigmoid (SigLIP) loss (flatmem.h, "Sigmoid (SigLIP) loss"): one of its
 // three C calls per custom call. Operands q, k, logit_scale, logit_bias
@@ -115,8 +119,9 @@ struct SigmoidBuffers {
   std::optional<ffi::AnyBuffer> dq, dk, dlogit_scale, dlogit_bias;  // not the forward
 };
 
-ffi::Error run_sigmoid(SigmoidCall call, std::size_t logit_cache_bytes, DLDevice device,
-                       void *stream, const SigmoidBuffers &io, WorkspaceSource &workspace);
+ffi::Error run_sigmoid(SigmoidCall call, std::size_t logit_cache_bytes, std::int64_t fp32_precision,
+                       DLDevice device, void *stream, const SigmoidBuffers &io,
+                       WorkspaceSource &workspace);
 
 // The same with the handle from `handles` (run_forward / run_backward /
 // run_sigmoid lend one from the pool).

@@ -79,8 +79,10 @@ int flatmem_jax_workspace_size(int loss, int backward, int q_code, int q_bits, i
   int64_t k_shape[2] = {c, dk};
   const DLTensor q = shape_only(dlpack_type(q_code, q_bits), q_shape);
   const DLTensor k = shape_only(dlpack_type(k_code, k_bits), k_shape);
-  // Any CPU handle of the loss answers (the logit cache is not part of the workspace).
-  flatmem_jax::PooledHandle handle({static_cast<flatmem_contrastive_loss>(loss), /*cuda=*/false, 0});
+  // Any CPU handle of the loss answers (neither the logit cache nor fp32_precision is part of
+  // the workspace).
+  flatmem_jax::PooledHandle handle({static_cast<flatmem_contrastive_loss>(loss), /*cuda=*/false, 0,
+                                    FLATMEM_FP32_PRECISION_DEFAULT});
   flatmem_status status = handle.status();
   if (status == FLATMEM_STATUS_SUCCESS) {
     // dq like q and dk like k: the handlers return gradients in the input dtypes

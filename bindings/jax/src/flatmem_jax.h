@@ -26,10 +26,13 @@
  * d) and _backward (the gradients of g L, recomputing the logits, 6 b c d);
  * t is the logit bias, dt its gradient (fp32).
  *
- * Attribute (every one of them): logit_cache_bytes (u64), the logit-cache
+ * Attributes (every one of them): logit_cache_bytes (u64), the logit-cache
  * budget of the pooled handle, flatmem_contrastive_options.logit_cache_bytes
  * (0: none). CPU only: the *_cuda handlers accept it and ignore it (flatmem's
- * CUDA backend recomputes the tiles in any case).
+ * CUDA backend recomputes the tiles in any case). fp32_precision (s64), the
+ * pooled handle's flatmem_contrastive_options.fp32_precision, a
+ * flatmem_fp32_precision value (0 default, 1 TF32, 2 full; any other fails
+ * the call with flatmem_contrastive_create's INVALID_ARGUMENT).
  *
  * q and k are f32, bf16 or f16 (both the same); s, loss, lse, g and ds are f32;
  * dq and dk have the dtype of q and k. labels are s64 (b,), or s32 (b, 2)
@@ -47,13 +50,14 @@
  *
  * Handles: flatmem handles are lent from a process-wide pool, one call per
  * handle at a time (flatmem's thread rule; XLA may run two calls at once),
- * kept per (loss, platform, logit_cache_bytes). They are created with
- * num_threads = $FLATMEM_JAX_NUM_THREADS, read once (unset or 0: all online
- * processors), and live until the process exits, each with its logit cache
- * once filled. A call takes the idle handle whose last forward read its q
- * and k (same data addresses) when there is one, so that a backward finds
- * the tiles its forward cached; flatmem itself checks that they are q's and
- * k's (a fingerprint of the contents) and recomputes otherwise.
+ * kept per (loss, platform, logit_cache_bytes, fp32_precision). They are
+ * created with num_threads = $FLATMEM_JAX_NUM_THREADS, read once (unset or
+ * 0: all online processors), and live until the process exits, each with
+ * its logit cache once filled. A call takes the idle handle whose last
+ * forward read its q and k (same data addresses) when there is one, so that
+ * a backward finds the tiles its forward cached; flatmem itself checks that
+ * they are q's and k's (a fingerprint of the contents) and recomputes
+ * otherwise.
  */
 #ifndef FLATMEM_JAX_H
 #define FLATMEM_JAX_H
@@ -159,9 +163,11 @@ FLATMEM_JAX_API int flatmem_jax_reversible_workspace_size(int backward, int dept
  *   flatmem_jax_ring_all_reduce_{cpu,cuda}       x -> sum over ranks of x (fp32, fp64,
  *                                                int32, int64; any shape)
  *
- * Attribute (every one of them): comm (s64), the communicator's registry
+ * Attributes: comm (s64, every one of them), the communicator's registry
  * slot from flatmem_jax_comm_create_from_env -- a small index, not a
- * pointer. Every call is collective: every rank runs the same calls in the
+ * pointer; and the losses' fp32_precision (s64), as above: the options of
+ * the slot's ring handle of that loss and precision (every rank must pass
+ * the same, which flatmem checks). Every call is collective: every rank runs the same calls in the
  * same order (XLA may reorder custom calls that do not depend on each other
  * by data; keep a program's ring calls ordered by data dependence). Calls on
  * one communicator are serialised (one slot lock). The loss, lse, ds are the

@@ -19,8 +19,8 @@ struct Idle {
 
 struct KeyLess {
   bool operator()(const PoolKey &a, const PoolKey &b) const {
-    return std::tie(a.loss, a.cuda, a.logit_cache_bytes) <
-           std::tie(b.loss, b.cuda, b.logit_cache_bytes);
+    return std::tie(a.loss, a.cuda, a.logit_cache_bytes, a.fp32_precision) <
+           std::tie(b.loss, b.cuda, b.logit_cache_bytes, b.fp32_precision);
   }
 };
 
@@ -79,6 +79,7 @@ PooledHandle::PooledHandle(const PoolKey &key, Inputs inputs) : key_(key) {
   options.loss = key_.loss;
   options.num_threads = pool_num_threads();
   options.logit_cache_bytes = key_.logit_cache_bytes;
+  options.fp32_precision = key_.fp32_precision;
   if (key_.cuda) options.nonfinite = FLATMEM_NONFINITE_PROPAGATE;
   status_ = flatmem_contrastive_create(&handle_, &options);
   if (status_ == FLATMEM_STATUS_SUCCESS) ++pool().handles;

@@ -1,5 +1,5 @@
 // A process-wide pool of flatmem contrastive handles, one list per loss kind,
-// device kind and logit-cache budget: handles for CUDA buffers are created
+// device kind, logit-cache budget and options.fp32_precision: handles for CUDA buffers are created
 // with FLATMEM_NONFINITE_PROPAGATE (flatmem refuses its default NaN scan on
 // device tensors, which would need a host round trip); CPU handles keep the
 // default scan. A handle made with options.logit_cache_bytes = B keeps up to
@@ -39,11 +39,14 @@ namespace flatmem_jax {
 int pool_num_threads();
 
 // What the pool keys its handles by (CUDA handles take 0 as the budget:
-// flatmem's CUDA backend neither fills nor reads the cache).
+// flatmem's CUDA backend neither fills nor reads the cache). fp32_precision is
+// the handles' options.fp32_precision (a flatmem_fp32_precision value; a key
+// with any other makes no handle: flatmem_contrastive_create refuses it).
 struct PoolKey {
   flatmem_contrastive_loss loss;
   bool cuda;
   std::size_t logit_cache_bytes;
+  std::int64_t fp32_precision = FLATMEM_FP32_PRECISION_DEFAULT;
 };
 
 // The data addresses of a call's q and k (NULL: no preference).

@@ -2,7 +2,8 @@
 // handler's last result, a u8 buffer sized at trace time by
 // flatmem_jax_workspace_size (exports.cpp), so XLA owns and plans it like any
 // other buffer; XLA:CPU has no scratch allocator for FFI handlers. The
-// attribute logit_cache_bytes picks the pooled handle's cache budget.
+// attributes logit_cache_bytes and fp32_precision pick the pooled handle's
+// cache budget and options.fp32_precision.
 #include "contrastive_bindings.hpp"
 #include "contrastive_call.hpp"
 #include "flatmem_jax.h"
@@ -29,38 +30,41 @@ class ResultWorkspace final : public WorkspaceSource {
 };
 
 ffi::Error clip_forward(Buffer q, Buffer k, Buffer s, Out loss, Out row_lse, Out col_lse,
-                        Out workspace, uint64_t logit_cache_bytes) {
+                        Out workspace, uint64_t logit_cache_bytes, int64_t fp32_precision) {
   ResultWorkspace ws(*workspace);
-  return run_forward(FLATMEM_CONTRASTIVE_SYMMETRIC, logit_cache_bytes, kCpu, nullptr,
-                     {q, k, s, std::nullopt, *loss, *row_lse, *col_lse}, ws);
+  return run_forward(FLATMEM_CONTRASTIVE_SYMMETRIC, logit_cache_bytes, fp32_precision, kCpu,
+                     nullptr, {q, k, s, std::nullopt, *loss, *row_lse, *col_lse}, ws);
 }
 
 ffi::Error clip_backward(Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer col_lse, Buffer g,
-                         Out dq, Out dk, Out ds, Out workspace, uint64_t logit_cache_bytes) {
+                         Out dq, Out dk, Out ds, Out workspace, uint64_t logit_cache_bytes,
+                         int64_t fp32_precision) {
   ResultWorkspace ws(*workspace);
-  return run_backward(FLATMEM_CONTRASTIVE_SYMMETRIC, logit_cache_bytes, kCpu, nullptr,
-                      {q, k, s, std::nullopt, row_lse, col_lse, g, *dq, *dk, *ds}, ws);
+  return run_backward(FLATMEM_CONTRASTIVE_SYMMETRIC, logit_cache_bytes, fp32_precision, kCpu,
+                      nullptr, {q, k, s, std::nullopt, row_lse, col_lse, g, *dq, *dk, *ds}, ws);
 }
 
 ffi::Error infonce_forward(Buffer q, Buffer k, Buffer s, Out loss, Out row_lse, Out workspace,
-                           std::optional<Buffer> labels, uint64_t logit_cache_bytes) {
+                           std::optional<Buffer> labels, uint64_t logit_cache_bytes,
+                           int64_t fp32_precision) {
   ResultWorkspace ws(*workspace);
-  return run_forward(FLATMEM_CONTRASTIVE_INFONCE, logit_cache_bytes, kCpu, nullptr,
+  return run_forward(FLATMEM_CONTRASTIVE_INFONCE, logit_cache_bytes, fp32_precision, kCpu, nullptr,
                      {q, k, s, labels, *loss, *row_lse, std::nullopt}, ws);
 }
 
 ffi::Error infonce_backward(Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer g, Out dq, Out dk,
                             Out ds, Out workspace, std::optional<Buffer> labels,
-                            uint64_t logit_cache_bytes) {
+                            uint64_t logit_cache_bytes, int64_t fp32_precision) {
   ResultWorkspace ws(*workspace);
-  return run_backward(FLATMEM_CONTRASTIVE_INFONCE, logit_cache_bytes, kCpu, nullptr,
-                      {q, k, s, labels, row_lse, std::nullopt, g, *dq, *dk, *ds}, ws);
+  return run_backward(FLATMEM_CONTRASTIVE_INFONCE, logit_cache_bytes, fp32_precision, kCpu,
+                      nullptr, {q, k, s, labels, row_lse, std::nullopt, g, *dq, *dk, *ds}, ws);
 }
 
 ffi::Error sigmoid_forward(Buffer q, Buffer k, Buffer s, Buffer t, Out loss, Out workspace,
-                           std::optional<Buffer> labels, uint64_t logit_cache_bytes) {
+                           std::optional<Buffer> labels, uint64_t logit_cache_bytes,
+                           int64_t fp32_precision) {
   ResultWorkspace ws(*workspace);
-  return run_sigmoid(SigmoidCall::forward, logit_cache_bytes, kCpu, nullptr,
+  return run_sigmoid(SigmoidCall::forward, logit_cache_bytes, fp32_precision, kCpu, nullptr,
                      {q, k, s, t, labels, std::nullopt, *loss, std::nullopt, std::nullopt,
                       std::nullopt, std::nullopt},
                      ws);
@@ -68,17 +72,17 @@ ffi::Error sigmoid_forward(Buffer q, Buffer k, Buffer s, Buffer t, Out loss, Out
 
 ffi::Error sigmoid_value_and_grad(Buffer q, Buffer k, Buffer s, Buffer t, Out loss, Out dq, Out dk,
                                   Out ds, Out dt, Out workspace, std::optional<Buffer> labels,
-                                  uint64_t logit_cache_bytes) {
+                                  uint64_t logit_cache_bytes, int64_t fp32_precision) {
   ResultWorkspace ws(*workspace);
-  return run_sigmoid(SigmoidCall::value_and_grad, logit_cache_bytes, kCpu, nullptr,
+  return run_sigmoid(SigmoidCall::value_and_grad, logit_cache_bytes, fp32_precision, kCpu, nullptr,
                      {q, k, s, t, labels, std::nullopt, *loss, *dq, *dk, *ds, *dt}, ws);
 }
 
 ffi::Error sigmoid_backward(Buffer q, Buffer k, Buffer s, Buffer t, Buffer g, Out dq, Out dk,
                             Out ds, Out dt, Out workspace, std::optional<Buffer> labels,
-                            uint64_t logit_cache_bytes) {
+                            uint64_t logit_cache_bytes, int64_t fp32_precision) {
   ResultWorkspace ws(*workspace);
-  return run_sigmoid(SigmoidCall::backward, logit_cache_bytes, kCpu, nullptr,
+  return run_sigmoid(SigmoidCall::backward, logit_cache_bytes, fp32_precision, kCpu, nullptr,
                      {q, k, s, t, labels, g, std::nullopt, *dq, *dk, *ds, *dt}, ws);
 }
 

@@ -16,7 +16,9 @@
 // logit_cache_bytes attribute the Python side passes to both platforms --
 // one jitted function lowers for either -- and ignore it: their handles are
 // pooled without a budget, and code that asks for a cache runs on a GPU
-// unchanged, recomputing the tiles as without one.
+// unchanged, recomputing the tiles as without one. Their fp32_precision
+// attribute is the pooled handle's options.fp32_precision (TF32 or 3xTF32
+// products for fp32 inputs).
 #include <cuda_runtime_api.h>
 
 #include "contrastive_bindings.hpp"
@@ -52,42 +54,45 @@ class ScratchWorkspace final : public WorkspaceSource {
 
 ffi::Error clip_forward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
                         Buffer q, Buffer k, Buffer s, Out loss, Out row_lse, Out col_lse,
-                        uint64_t /*logit_cache_bytes: CPU only*/) {
+                        uint64_t /*logit_cache_bytes: CPU only*/, int64_t fp32_precision) {
   ScratchWorkspace ws(scratch, stream, ordinal);
-  return run_forward(FLATMEM_CONTRASTIVE_SYMMETRIC, 0, cuda_device(ordinal), stream,
-                     {q, k, s, std::nullopt, *loss, *row_lse, *col_lse}, ws);
+  return run_forward(FLATMEM_CONTRASTIVE_SYMMETRIC, 0, fp32_precision, cuda_device(ordinal),
+                     stream, {q, k, s, std::nullopt, *loss, *row_lse, *col_lse}, ws);
 }
 
 ffi::Error clip_backward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
                          Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer col_lse, Buffer g,
-                         Out dq, Out dk, Out ds, uint64_t /*logit_cache_bytes: CPU only*/) {
+                         Out dq, Out dk, Out ds, uint64_t /*logit_cache_bytes: CPU only*/,
+                         int64_t fp32_precision) {
   ScratchWorkspace ws(scratch, stream, ordinal);
-  return run_backward(FLATMEM_CONTRASTIVE_SYMMETRIC, 0, cuda_device(ordinal), stream,
-                      {q, k, s, std::nullopt, row_lse, col_lse, g, *dq, *dk, *ds}, ws);
+  return run_backward(FLATMEM_CONTRASTIVE_SYMMETRIC, 0, fp32_precision, cuda_device(ordinal),
+                      stream, {q, k, s, std::nullopt, row_lse, col_lse, g, *dq, *dk, *ds}, ws);
 }
 
 ffi::Error infonce_forward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
                            Buffer q, Buffer k, Buffer s, Out loss, Out row_lse,
-                           std::optional<Buffer> labels, uint64_t /*logit_cache_bytes: CPU only*/) {
+                           std::optional<Buffer> labels, uint64_t /*logit_cache_bytes: CPU only*/,
+                           int64_t fp32_precision) {
   ScratchWorkspace ws(scratch, stream, ordinal);
-  return run_forward(FLATMEM_CONTRASTIVE_INFONCE, 0, cuda_device(ordinal), stream,
+  return run_forward(FLATMEM_CONTRASTIVE_INFONCE, 0, fp32_precision, cuda_device(ordinal), stream,
                      {q, k, s, labels, *loss, *row_lse, std::nullopt}, ws);
 }
 
 ffi::Error infonce_backward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
                             Buffer q, Buffer k, Buffer s, Buffer row_lse, Buffer g, Out dq, Out dk,
                             Out ds, std::optional<Buffer> labels,
-                            uint64_t /*logit_cache_bytes: CPU only*/) {
+                            uint64_t /*logit_cache_bytes: CPU only*/, int64_t fp32_precision) {
   ScratchWorkspace ws(scratch, stream, ordinal);
-  return run_backward(FLATMEM_CONTRASTIVE_INFONCE, 0, cuda_device(ordinal), stream,
+  return run_backward(FLATMEM_CONTRASTIVE_INFONCE, 0, fp32_precision, cuda_device(ordinal), stream,
                       {q, k, s, labels, row_lse, std::nullopt, g, *dq, *dk, *ds}, ws);
 }
 
 ffi::Error sigmoid_forward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
                            Buffer q, Buffer k, Buffer s, Buffer t, Out loss,
-                           std::optional<Buffer> labels, uint64_t /*logit_cache_bytes: CPU only*/) {
+                           std::optional<Buffer> labels, uint64_t /*logit_cache_bytes: CPU only*/,
+                           int64_t fp32_precision) {
   ScratchWorkspace ws(scratch, stream, ordinal);
-  return run_sigmoid(SigmoidCall::forward, 0, cuda_device(ordinal), stream,
+  return run_sigmoid(SigmoidCall::forward, 0, fp32_precision, cuda_device(ordinal), stream,
                      {q, k, s, t, labels, std::nullopt, *loss, std::nullopt, std::nullopt,
                       std::nullopt, std::nullopt},
                      ws);
@@ -97,18 +102,19 @@ ffi::Error sigmoid_value_and_grad(cudaStream_t stream, int32_t ordinal,
                                   ffi::ScratchAllocator scratch, Buffer q, Buffer k, Buffer s,
                                   Buffer t, Out loss, Out dq, Out dk, Out ds, Out dt,
                                   std::optional<Buffer> labels,
-                                  uint64_t /*logit_cache_bytes: CPU only*/) {
+                                  uint64_t /*logit_cache_bytes: CPU only*/,
+                                  int64_t fp32_precision) {
   ScratchWorkspace ws(scratch, stream, ordinal);
-  return run_sigmoid(SigmoidCall::value_and_grad, 0, cuda_device(ordinal), stream,
+  return run_sigmoid(SigmoidCall::value_and_grad, 0, fp32_precision, cuda_device(ordinal), stream,
                      {q, k, s, t, labels, std::nullopt, *loss, *dq, *dk, *ds, *dt}, ws);
 }
 
 ffi::Error sigmoid_backward(cudaStream_t stream, int32_t ordinal, ffi::ScratchAllocator scratch,
                             Buffer q, Buffer k, Buffer s, Buffer t, Buffer g, Out dq, Out dk,
                             Out ds, Out dt, std::optional<Buffer> labels,
-                            uint64_t /*logit_cache_bytes: CPU only*/) {
+                            uint64_t /*logit_cache_bytes: CPU only*/, int64_t fp32_precision) {
   ScratchWorkspace ws(scratch, stream, ordinal);
-  return run_sigmoid(SigmoidCall::backward, 0, cuda_device(ordinal), stream,
+  return run_sigmoid(SigmoidCall::backward, 0, fp32_precision, cuda_device(ordinal), stream,
                      {q, k, s, t, labels, g, std::nullopt, *dq, *dk, *ds, *dt}, ws);
 }
 

@@ -4,6 +4,7 @@
 // and its ring handle (ring_registry.hpp) -- and the all-reduce.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 
 #include "contrastive_call.hpp"
@@ -11,15 +12,17 @@
 
 namespace flatmem_jax {
 
-// The ring handle of (slot, loss), the slot locked for the call.
+// The ring handle of (slot, loss, fp32_precision), the slot locked for the call.
 class RingSource final : public HandleSource {
  public:
-  RingSource(std::int64_t slot, flatmem_contrastive_loss loss) : slot_(slot), loss_(loss) {}
+  RingSource(std::int64_t slot, flatmem_contrastive_loss loss, std::int64_t fp32_precision)
+      : slot_(slot), loss_(loss), fp32_precision_(fp32_precision) {}
   ffi::ErrorOr<flatmem_contrastive_t *> acquire(const void *, const void *) override;
 
  private:
   std::int64_t slot_;
   flatmem_contrastive_loss loss_;
+  std::int64_t fp32_precision_;
   std::optional<RingLease> lease_;
 };
 

@@ -1,8 +1,9 @@
 // XLA FFI handlers of the ring losses and the all-reduce for XLA:GPU
 // (CUDA): compiled with the other CUDA handlers, bound like them (XLA's
 // stream, device ordinal and scratch allocator, then the operands of
-// contrastive_bindings.hpp and the comm attribute), and honest: flatmem's
-// ring runs over the communicator's host transport on kDLCPU tensors only
+// contrastive_bindings.hpp and the comm and fp32_precision attributes; the
+// all-reduce's comm alone), and honest: flatmem's ring runs over the
+// communicator's host transport on kDLCPU tensors only
 // (flatmem.h, "Ring across ranks"), so each returns XLA's UNIMPLEMENTED with
 // a message saying so, touching no buffer and no communicator. (flatmem's
 // all-reduce does take kDLCUDA buffers after flatmem_comm_init_device, which
@@ -23,37 +24,38 @@ using Out = ffi::Result<ffi::AnyBuffer>;
 using Scratch = ffi::ScratchAllocator;
 
 ffi::Error clip_forward(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Out, Out, Out,
-                        int64_t) {
+                        int64_t, int64_t) {
   return ring_on_cuda_unsupported("clip_loss(comm=...)");
 }
 
 ffi::Error clip_backward(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Buffer, Buffer,
-                         Buffer, Out, Out, Out, int64_t) {
+                         Buffer, Out, Out, Out, int64_t, int64_t) {
   return ring_on_cuda_unsupported("clip_loss(comm=...) backward");
 }
 
 ffi::Error infonce_forward(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Out, Out,
-                           std::optional<Buffer>, int64_t) {
+                           std::optional<Buffer>, int64_t, int64_t) {
   return ring_on_cuda_unsupported("infonce_loss(comm=...)");
 }
 
 ffi::Error infonce_backward(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Buffer, Buffer,
-                            Out, Out, Out, std::optional<Buffer>, int64_t) {
+                            Out, Out, Out, std::optional<Buffer>, int64_t, int64_t) {
   return ring_on_cuda_unsupported("infonce_loss(comm=...) backward");
 }
 
 ffi::Error sigmoid_forward(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Buffer, Out,
-                           std::optional<Buffer>, int64_t) {
+                           std::optional<Buffer>, int64_t, int64_t) {
   return ring_on_cuda_unsupported("sigmoid_loss(comm=...)");
 }
 
 ffi::Error sigmoid_value_and_grad(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Buffer,
-                                  Out, Out, Out, Out, Out, std::optional<Buffer>, int64_t) {
+                                  Out, Out, Out, Out, Out, std::optional<Buffer>, int64_t,
+                                  int64_t) {
   return ring_on_cuda_unsupported("sigmoid_loss(comm=...) value_and_grad");
 }
 
 ffi::Error sigmoid_backward(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Buffer, Buffer,
-                            Out, Out, Out, Out, std::optional<Buffer>, int64_t) {
+                            Out, Out, Out, Out, std::optional<Buffer>, int64_t, int64_t) {
   return ring_on_cuda_unsupported("sigmoid_loss(comm=...) backward");
 }
 

@@ -1,5 +1,7 @@
 #include "ring_registry.hpp"
 
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "handle_pool.hpp"
@@ -9,13 +11,8 @@ namespace flatmem_jax {
 struct CommSlot {
   std::mutex mutex;
   flatmem_comm_t *comm = nullptr;  // NULL once closed
-  flatmem_contrastive_t *symmetric = nullptr, *infonce = nullptr, *sigmoid = nullptr;
-
-  flatmem_contrastive_t *&handle(flatmem_contrastive_loss loss) {
-    return loss == FLATMEM_CONTRASTIVE_SYMMETRIC ? symmetric
-           : loss == FLATMEM_CONTRASTIVE_INFONCE ? infonce
-                                                 : sigmoid;
-  }
+  // The ring handles made so far, by (loss, options.fp32_precision).
+  std::map<std::pair<int, std::int64_t>, flatmem_contrastive_t *> handles;
 };
 
 namespace {
@@ -68,10 +65,8 @@ flatmem_status close_comm(std::int64_t index, bool abort, std::string &message) 
     return FLATMEM_STATUS_INVALID_ARGUMENT;
   }
   // The handles first: they use the communicator (it must outlive them).
-  for (flatmem_contrastive_t **handle : {&slot->symmetric, &slot->infonce, &slot->sigmoid}) {
-    flatmem_contrastive_destroy(*handle);
-    *handle = nullptr;
-  }
+  for (auto &entry : slot->handles) flatmem_contrastive_destroy(entry.second);
+  slot->handles.clear();
   const flatmem_status status =
       abort ? flatmem_comm_abort(slot->comm) : flatmem_comm_destroy(slot->comm);
   slot->comm = nullptr;
@@ -96,18 +91,30 @@ flatmem_comm_t *RingLease::comm() const {
   return status_ == FLATMEM_STATUS_SUCCESS ? slot_->comm : nullptr;
 }
 
-flatmem_status RingLease::handle(flatmem_contrastive_loss loss, flatmem_contrastive_t **out) {
+flatmem_status RingLease::handle(flatmem_contrastive_loss loss, std::int64_t fp32_precision,
+                                 flatmem_contrastive_t **out) {
   if (status_ != FLATMEM_STATUS_SUCCESS) return status_;
-  flatmem_contrastive_t *&handle = slot_->handle(loss);
-  if (handle == nullptr) {
-    flatmem_contrastive_options options;
-    flatmem_status status = flatmem_contrastive_options_init(&options, sizeof(flatmem_contrastive_options));
-    if (status != FLATMEM_STATUS_SUCCESS) return status;
-    options.loss = loss;
-    options.num_threads = pool_num_threads();
-    options.comm = slot_->comm;
-    status = flatmem_contrastive_create(&handle, &options);
-    if (status != FLATMEM_STATUS_SUCCESS) return status;
+  const std::pair<int, std::int64_t> key{static_cast<int>(loss), fp32_precision};
+  auto found = slot_->handles.find(key);
+  if (found != slot_->handles.end()) {
+    *out = found->second;
+    return FLATMEM_STATUS_SUCCESS;
+  }
+  flatmem_contrastive_options options;
+  flatmem_status status = flatmem_contrastive_options_init(&options, sizeof(flatmem_contrastive_options));
+  if (status != FLATMEM_STATUS_SUCCESS) return status;
+  options.loss = loss;
+  options.num_threads = pool_num_threads();
+  options.fp32_precision = fp32_precision;  // flatmem_contrastive_create judges the value
+  options.comm = slot_->comm;
+  flatmem_contrastive_t *handle = nullptr;
+  status = flatmem_contrastive_create(&handle, &options);
+  if (status != FLATMEM_STATUS_SUCCESS) return status;
+  try {
+    slot_->handles.emplace(key, handle);
+  } catch (...) {  // no memory to keep it: let it go (the next call makes it again)
+    flatmem_contrastive_destroy(handle);
+    return FLATMEM_STATUS_OUT_OF_MEMORY;
   }
   *out = handle;
   return FLATMEM_STATUS_SUCCESS;

@@ -7,7 +7,8 @@
 // naming it fails with a message saying so.
 //
 // Each slot holds the communicator and, made on first use, one ring
-// contrastive handle per loss kind (options.comm = the communicator). One
+// contrastive handle per loss kind and options.fp32_precision (options.comm =
+// the communicator). One
 // mutex per slot serialises every use of them -- flatmem's thread rule is one
 // thread at a time per handle and per communicator, and XLA may run two
 // custom calls at once -- so a RingLease holds the slot's lock for a whole
@@ -44,10 +45,12 @@ class RingLease {
   flatmem_status status() const { return status_; }
   const std::string &message() const { return message_; }
   flatmem_comm_t *comm() const;
-  // The slot's ring handle of `loss` (created on first use with the pool's
-  // num_threads); SUCCESS or flatmem_contrastive_create's status (its message
-  // in flatmem_last_error()).
-  flatmem_status handle(flatmem_contrastive_loss loss, flatmem_contrastive_t **out);
+  // The slot's ring handle of `loss` and `fp32_precision` (created on first
+  // use with the pool's num_threads); SUCCESS or flatmem_contrastive_create's
+  // status (its message in flatmem_last_error(); a value that is no
+  // flatmem_fp32_precision makes no handle).
+  flatmem_status handle(flatmem_contrastive_loss loss, std::int64_t fp32_precision,
+                        flatmem_contrastive_t **out);
 
  private:
   CommSlot *slot_ = nullptr;

@@ -8,11 +8,14 @@
 // untouched and hold no scratch memory afterwards. (On a machine with a GPU
 // the host buffers are refused as not being device memory instead.) The CPU
 // forward handler through the same fake frame must succeed, which shows the
-// harness itself is sound. The contrastive handlers get their one attribute,
-// logit_cache_bytes: 0 and a budget (the CPU forward gives the same loss bits;
-// the CUDA handlers accept it and refuse the host buffers all the same). The
-// ring handlers (attribute comm) must refuse too, saying that flatmem's ring
-// takes kDLCPU tensors only. The sigmoid (SigLIP) handlers likewise: the CPU
+// harness itself is sound. The contrastive handlers get their two attributes,
+// fp32_precision and logit_cache_bytes: a budget of 0 and a budget (the CPU
+// forward gives the same loss bits; the CUDA handlers accept it and refuse the
+// host buffers all the same), precisions TF32 and FULL (the CPU forward: the
+// default's bits for fp32; 7 is flatmem's INVALID_ARGUMENT naming
+// options.fp32_precision). The ring handlers (attributes comm and
+// fp32_precision; the all-reduce comm alone) must refuse too, saying that
+// flatmem's ring takes kDLCPU tensors only. The sigmoid (SigLIP) handlers likewise: the CPU
 // forward through the frame gives the loss of its constant logits (q, k, s
 // and the bias t in their places), the CUDA ones refuse.
 //
@@ -119,40 +122,59 @@ struct Outcome {
   std::string message;
 };
 
-// The contrastive handlers' one attribute (contrastive_bindings.hpp) in an
-// XLA_FFI_Attrs: logit_cache_bytes (u64), or the ring handlers' comm (s64).
-// Not copyable: it points into itself.
+// The contrastive handlers' two attributes (contrastive_bindings.hpp) in an
+// XLA_FFI_Attrs, sorted by name as XLA passes them: fp32_precision (s64) and
+// logit_cache_bytes (u64), or the ring handlers' comm (s64) and
+// fp32_precision. Not copyable: it points into itself.
 struct ContrastiveAttrs {
   uint64_t logit_cache_bytes = 0;
   int64_t comm = 0;
+  int64_t fp32_precision = 0;  // FLATMEM_FP32_PRECISION_DEFAULT
 
-  explicit ContrastiveAttrs(uint64_t bytes) : logit_cache_bytes(bytes) {}
+  explicit ContrastiveAttrs(uint64_t bytes, int64_t precision = 0)
+      : logit_cache_bytes(bytes), fp32_precision(precision) {}
   struct Comm {
     int64_t slot;
   };
-  explicit ContrastiveAttrs(Comm c) : comm(c.slot), ring_(true) {}
+  explicit ContrastiveAttrs(Comm c, int64_t precision = 0)
+      : comm(c.slot), fp32_precision(precision), ring_(true) {}
+  // The ring all-reduce's one attribute, comm.
+  struct CommOnly {
+    int64_t slot;
+  };
+  explicit ContrastiveAttrs(CommOnly c) : comm(c.slot), ring_(true), count_(1) {}
   ContrastiveAttrs(const ContrastiveAttrs &) = delete;
   ContrastiveAttrs &operator=(const ContrastiveAttrs &) = delete;
 
   const XLA_FFI_Attrs *get() {
-    const char *name = ring_ ? "comm" : "logit_cache_bytes";
-    span_ = XLA_FFI_ByteSpan{name, std::strlen(name)};
-    span_ptr_ = &span_;
-    scalar_ = ring_ ? XLA_FFI_Scalar{XLA_FFI_DataType_S64, &comm}
-                    : XLA_FFI_Scalar{XLA_FFI_DataType_U64, &logit_cache_bytes};
-    ptr_ = &scalar_;
-    type_ = XLA_FFI_AttrType_SCALAR;
-    attrs_ = XLA_FFI_Attrs{XLA_FFI_Attrs_STRUCT_SIZE, nullptr, 1, &type_, &span_ptr_, &ptr_};
+    const char *names[2] = {"fp32_precision", "logit_cache_bytes"};
+    XLA_FFI_Scalar values[2] = {{XLA_FFI_DataType_S64, &fp32_precision},
+                                {XLA_FFI_DataType_U64, &logit_cache_bytes}};
+    if (ring_) {
+      names[0] = "comm";
+      names[1] = "fp32_precision";
+      values[0] = XLA_FFI_Scalar{XLA_FFI_DataType_S64, &comm};
+      values[1] = XLA_FFI_Scalar{XLA_FFI_DataType_S64, &fp32_precision};
+    }
+    for (int i = 0; i < 2; ++i) {
+      spans_[i] = XLA_FFI_ByteSpan{names[i], std::strlen(names[i])};
+      span_ptrs_[i] = &spans_[i];
+      scalars_[i] = values[i];
+      ptrs_[i] = &scalars_[i];
+      types_[i] = XLA_FFI_AttrType_SCALAR;
+    }
+    attrs_ = XLA_FFI_Attrs{XLA_FFI_Attrs_STRUCT_SIZE, nullptr, count_, types_, span_ptrs_, ptrs_};
     return &attrs_;
   }
 
  private:
   bool ring_ = false;
-  XLA_FFI_ByteSpan span_;
-  XLA_FFI_ByteSpan *span_ptr_;
-  XLA_FFI_Scalar scalar_;
-  void *ptr_;
-  XLA_FFI_AttrType type_;
+  int64_t count_ = 2;
+  XLA_FFI_ByteSpan spans_[2];
+  XLA_FFI_ByteSpan *span_ptrs_[2];
+  XLA_FFI_Scalar scalars_[2];
+  void *ptrs_[2];
+  XLA_FFI_AttrType types_[2];
   XLA_FFI_Attrs attrs_;
 };
 
@@ -264,16 +286,24 @@ void expect_refusal(const char *name, XLA_FFI_Error *(*handler)(XLA_FFI_CallFram
 // The contrastive CUDA handlers: flatmem refuses the host buffers labelled kDLCUDA.
 void expect_refused(const char *name, XLA_FFI_Error *(*handler)(XLA_FFI_CallFrame *),
                     std::vector<Buffer *> args, std::vector<Buffer *> rets,
-                    uint64_t logit_cache_bytes = 0) {
-  ContrastiveAttrs attrs(logit_cache_bytes);
+                    uint64_t logit_cache_bytes = 0, int64_t fp32_precision = 0) {
+  ContrastiveAttrs attrs(logit_cache_bytes, fp32_precision);
   expect_refusal(name, handler, std::move(args), std::move(rets), attrs, "kDLCUDA");
 }
 
 // The ring CUDA handlers: refused before any buffer or communicator is touched
 // (flatmem's ring takes kDLCPU tensors only); slot 0 names no communicator here.
 void expect_ring_refused(const char *name, XLA_FFI_Error *(*handler)(XLA_FFI_CallFrame *),
-                         std::vector<Buffer *> args, std::vector<Buffer *> rets) {
-  ContrastiveAttrs attrs(ContrastiveAttrs::Comm{0});
+                         std::vector<Buffer *> args, std::vector<Buffer *> rets,
+                         int64_t fp32_precision = 0) {
+  ContrastiveAttrs attrs(ContrastiveAttrs::Comm{0}, fp32_precision);
+  expect_refusal(name, handler, std::move(args), std::move(rets), attrs, "kDLCPU");
+}
+
+// The ring all-reduce's CUDA handler (attribute comm alone): refused likewise.
+void expect_all_reduce_refused(const char *name, XLA_FFI_Error *(*handler)(XLA_FFI_CallFrame *),
+                               std::vector<Buffer *> args, std::vector<Buffer *> rets) {
+  ContrastiveAttrs attrs(ContrastiveAttrs::CommOnly{0});
   expect_refusal(name, handler, std::move(args), std::move(rets), attrs, "kDLCPU");
 }
 
@@ -394,6 +424,29 @@ int main() {
     }
     expect(std::memcmp(&losses[0], &losses[1], sizeof(float)) == 0,
            "logit_cache_bytes reaches the CPU handler and gives the same loss bits");
+    // fp32_precision: TF32 and FULL give the default's bits for fp32 inputs on the CPU;
+    // 7 reaches flatmem_contrastive_create, which refuses it naming options.fp32_precision.
+    for (int64_t precision : {1, 2, 7}) {
+      ContrastiveAttrs attrs(0, precision);
+      XLA_FFI_ExecutionContext ctx;
+      Buffer cpu_loss = Buffer::f32({}, -7.0f), cpu_row = Buffer::f32({b}, -7.0f),
+             cpu_col = Buffer::f32({b}, -7.0f);
+      const Outcome out = call(flatmem_jax_clip_forward_cpu, {&q, &k, &s},
+                               {&cpu_loss, &cpu_row, &cpu_col, &workspace}, ctx, attrs.get());
+      std::printf("      cpu forward (fp32_precision %lld) -> code %d: %s loss %g\n",
+                  static_cast<long long>(precision), static_cast<int>(out.code),
+                  out.ok ? "ok" : out.message.c_str(), cpu_loss.floats()[0]);
+      if (precision != 7)
+        expect(out.ok && std::memcmp(&losses[0], cpu_loss.floats(), sizeof(float)) == 0,
+               "fp32_precision " + std::to_string(precision) +
+                   " reaches the CPU handler and gives the default's loss bits (fp32)");
+      else
+        expect(!out.ok && out.code == XLA_FFI_Error_Code_INVALID_ARGUMENT &&
+                   out.message.find("options.fp32_precision") != std::string::npos &&
+                   all_equal(cpu_loss, -7.0f),
+               "fp32_precision = 7 is flatmem's INVALID_ARGUMENT naming options.fp32_precision, "
+               "loss untouched");
+    }
   }
 
   // The sigmoid loss through the same frame: every logit is x = s <q_i, k_j> + t
@@ -448,6 +501,11 @@ int main() {
   expect_refused("flatmem_jax_clip_backward_cuda (logit_cache_bytes 1 MiB)",
                  flatmem_jax_clip_backward_cuda, {&q, &k, &s, &row_lse, &col_lse, &g},
                  {&dq, &dk, &ds}, 1 << 20);
+  expect_refused("flatmem_jax_clip_forward_cuda (fp32_precision tf32)",
+                 flatmem_jax_clip_forward_cuda, {&q, &k, &s}, {&loss, &out_row, &out_col}, 0, 1);
+  expect_refused("flatmem_jax_sigmoid_backward_cuda (fp32_precision full)",
+                 flatmem_jax_sigmoid_backward_cuda, {&q, &k, &s, &t, &g}, {&dq, &dk, &ds, &dt}, 0,
+                 2);
   expect_ring_refused("flatmem_jax_ring_clip_forward_cuda", flatmem_jax_ring_clip_forward_cuda,
                       {&q, &k, &s}, {&loss, &out_row, &out_col});
   expect_ring_refused("flatmem_jax_ring_clip_backward_cuda", flatmem_jax_ring_clip_backward_cuda,
@@ -458,8 +516,11 @@ int main() {
   expect_ring_refused("flatmem_jax_ring_infonce_backward_cuda",
                       flatmem_jax_ring_infonce_backward_cuda, {&q, &k, &s, &row_lse, &g, &labels},
                       {&dq, &dk, &ds});
-  expect_ring_refused("flatmem_jax_ring_all_reduce_cuda", flatmem_jax_ring_all_reduce_cuda, {&q},
-                      {&dq});
+  expect_ring_refused("flatmem_jax_ring_clip_forward_cuda (fp32_precision full)",
+                      flatmem_jax_ring_clip_forward_cuda, {&q, &k, &s}, {&loss, &out_row, &out_col},
+                      2);
+  expect_all_reduce_refused("flatmem_jax_ring_all_reduce_cuda", flatmem_jax_ring_all_reduce_cuda,
+                            {&q}, {&dq});
 
   // Reversible segments: the harness (attributes by name, remaining operands) on the CPU.
   {

@@ -214,6 +214,10 @@ def mismatch():
     # A feature dimension that differs on rank 0.
     d = 5 if r == 0 else 4
     expect_failure("d", clip, unit_rows(1, 3, d), unit_rows(2, 3, d), jnp.float32(10.0))
+    # precision= (options.fp32_precision) "tf32" on rank 0, "full" elsewhere.
+    precision = "tf32" if r == 0 else "full"
+    expect_failure("precision", jax.jit(lambda q, k, s: flatmem_jax.clip_loss(
+        q, k, s, comm=comm, precision=precision)), q, k, jnp.float32(10.0))
     print("DONE", flush=True)
 
 
@@ -247,6 +251,41 @@ def single():
     labels = jnp.asarray([3, 0, 8, 1, 1, 2, 7, 5, 4])
     y1 = flatmem_jax.infonce_loss(q, k, 7.0, labels, comm=comm)
     assert y1 == flatmem_jax.infonce_loss(q, k, 7.0, labels), y1
+    # precision=: the ring handle of each (loss, precision) -- fp32 on the CPU, so the
+    # default's bits -- and a value flatmem refuses reaches its options.fp32_precision.
+    for precision in ("tf32", "full"):
+        ring_p = jax.jit(jax.value_and_grad(
+            lambda q, k, s, p=precision: flatmem_jax.clip_loss(q, k, s, comm=comm, precision=p),
+            argnums=(0, 1, 2)))
+        l3, g3 = ring_p(q, k, 7.0)
+        assert l3 == l1, (precision, l3, l1)
+        for a, b in zip(g3, g1):
+            np.testing.assert_array_equal(a, b)
+        assert flatmem_jax.infonce_loss(q, k, 7.0, labels, comm=comm, precision=precision) == y1
+        for recompute in (False, True):
+            sig = jax.value_and_grad(
+                lambda q, k, p=precision, r=recompute: flatmem_jax.sigmoid_loss(
+                    q, k, 7.0, -1.0, labels, comm=comm, recompute=r, precision=p), argnums=(0, 1))
+            want = jax.value_and_grad(
+                lambda q, k, r=recompute: flatmem_jax.sigmoid_loss(q, k, 7.0, -1.0, labels,
+                                                                   recompute=r), argnums=(0, 1))
+            for a, b in zip(jax.tree_util.tree_leaves(sig(q, k)), jax.tree_util.tree_leaves(want(q, k))):
+                np.testing.assert_array_equal(a, b)
+    try:
+        flatmem_jax.clip_loss(q, k, 7.0, comm=comm, precision="half")
+    except ValueError as e:
+        assert "precision: 'half' is not one of 'default', 'tf32', 'full'" in str(e), str(e)
+    else:
+        raise AssertionError("precision='half': no error")
+    for loss in (flatmem_jax._SYMMETRIC, flatmem_jax._INFONCE):
+        message = expect_failure("bad-precision", flatmem_jax._forward, loss,
+                                 flatmem_jax._Site((0, comm.slot, 7)), q, k, jnp.float32(7.0), None)
+        assert "flatmem_contrastive_create" in message and "options.fp32_precision: 7" in message, message
+    message = expect_failure("bad-precision", flatmem_jax._sigmoid_call, flatmem_jax._Site((0, comm.slot, 7)),
+                             "forward", q, k, jnp.float32(7.0), jnp.float32(-1.0), None)
+    assert "options.fp32_precision: 7" in message, message
+    # The communicator is unharmed (the create failed before any collective).
+    assert flatmem_jax.clip_loss(q, k, 7.0, comm=comm) == l1
     for bad, error, pattern in (
             (dict(comm="rank0"), TypeError, "comm must be a flatmem_jax.RingComm"),
             (dict(comm=comm, logit_cache_bytes=64), ValueError, "logit_cache_bytes must be 0 with comm")):

@@ -78,7 +78,7 @@ def test_backward_errors_come_through():
     row_lse = jnp.full((4,), jnp.inf, jnp.float32)
     col_lse = jnp.zeros((4,), jnp.float32)
     with pytest.raises(RUNTIME, match=r"flatmem_contrastive_backward: FLATMEM_STATUS_"):
-        run(flatmem_jax._backward, flatmem_jax._SYMMETRIC, flatmem_jax._Site((0, None)), q, k,
+        run(flatmem_jax._backward, flatmem_jax._SYMMETRIC, flatmem_jax._Site((0, None, 0)), q, k,
             jnp.float32(1.0), None,
             row_lse, col_lse, jnp.float32(1.0))
 

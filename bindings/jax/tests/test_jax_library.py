@@ -166,8 +166,13 @@ def test_cuda_handlers_return_flatmems_unsupported_error():
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASSED: 0 failure(s)" in run.stdout
     # XLA_FFI_Error_Code_UNIMPLEMENTED: 5 handler calls, 2 more with a logit cache budget,
-    # the 5 ring handlers, 4 sigmoid handler calls and the 3 sigmoid ring handlers
-    assert run.stdout.count("-> code 12: ") == 19
+    # 2 with fp32_precision TF32 / FULL, the 5 ring handlers and 1 more with FULL, 4 sigmoid
+    # handler calls and the 3 sigmoid ring handlers
+    assert run.stdout.count("-> code 12: ") == 22
+    # fp32_precision reaches the CPU handler: TF32 and FULL succeed (the default's bits for
+    # fp32), 7 is flatmem's INVALID_ARGUMENT (XLA_FFI_Error_Code_INVALID_ARGUMENT: 3)
+    assert run.stdout.count("cpu forward (fp32_precision ") == 3
+    assert "cpu forward (fp32_precision 7) -> code 3: " in run.stdout
     # the reversible CUDA handlers fail in the handler (what refuses them depends on the
     # flatmem build: its buffer checks, or no CUDA device for the gradient zeroing)
     assert run.stdout.count("(reversible): ") == 2

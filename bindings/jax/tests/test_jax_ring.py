@@ -69,8 +69,10 @@ def test_a_refused_argument_on_one_rank_fails_every_rank():
     assert_all_succeeded(ranks)
     for rank in ranks:
         seen = failures(rank)
-        assert set(seen) == {"scale", "labels", "d"}, rank.describe()
+        assert set(seen) == {"scale", "labels", "d", "precision"}, rank.describe()
         assert "feature dimension d: rank 0 has 5, rank 1 has 4" in seen["d"][1], seen["d"]
+        assert "options.fp32_precision: rank 0 has TF32, rank 1 has FULL" in seen["precision"][1], \
+            seen["precision"]
         message = seen["scale"][1]
         assert "FLATMEM_STATUS_INVALID_ARGUMENT" in message and "logit_scale" in message, message
         assert "rank 0 has 10" in message and "rank 1 has 20" in message, message

@@ -9,6 +9,7 @@ and reversible segments of flatmem's built-in transformer blocks.
     loss = sigmoid_loss(q, k, logit_scale, logit_bias)     # SigLIP's pairwise sigmoid loss
     dq, dk, ds = jax.grad(clip_loss, argnums=(0, 1, 2))(q, k, logit_scale)
     loss = clip_loss(q, k, logit_scale, logit_cache_bytes=4 * b * b)   # a logit cache, below
+    loss = clip_loss(q, k, logit_scale, precision="tf32")  # options.fp32_precision, below
     y1, y2 = reversible_transformer(x1, x2, params, heads=4)   # see its docstring
     comm = flatmem_jax.ring.initialize()                   # one process per rank: flatmem_jax.ring
     loss = clip_loss(q_r, k_r, logit_scale, comm=comm)     # this rank's shard of a global batch
@@ -46,6 +47,21 @@ Arguments
                  that budget, outside XLA's buffers, held until the process
                  exits (see "Handles"). CPU only; under XLA:CUDA it is
                  accepted and ignored (flatmem's CUDA backend recomputes).
+    precision    keyword, static, "default" (default), "tf32" or "full"
+                 (anything else: ValueError at trace time): the handle's
+                 options.fp32_precision (flatmem.h, flatmem_fp32_precision),
+                 for clip_loss, infonce_loss and sigmoid_loss, with or
+                 without comm. CUDA: float32 inputs multiply as TF32
+                 ("default", "tf32") or in about full fp32 ("full": 3xTF32,
+                 about 3x the tensor-core time). CPU at ISA level avx512bf16
+                 with bfloat16 q and k: how the fp32 gradient matrix G enters
+                 the backward products dq = s G k, dk = s G^T q -- "default"
+                 and "full" split G in two bf16 parts (about fp32 gradients),
+                 "tf32" rounds it once to bf16 (bf16-accurate gradients, the
+                 fastest); the loss and the scale's gradient do not change.
+                 Anywhere else on the CPU (other ISA levels, float32 /
+                 float16 inputs) it has no effect: the same bits as
+                 "default".
 
 Across processes
     With comm=RingComm (flatmem_jax.ring.initialize()), clip_loss,
@@ -77,16 +93,16 @@ Errors
 
 Handles
     Each custom call borrows a flatmem handle from a process-wide pool kept
-    per (loss, platform, logit_cache_bytes): calls with different budgets
-    never share one, and each budget in use costs its own handle (worker
-    threads, and the cache once filled). The backward takes the handle whose
-    last forward read its q and k, so a forward followed by its backward --
-    one training step under ``jax.jit(jax.value_and_grad(...))``, or eager
-    calls -- reads the cached tiles. A backward that finds another forward's
-    tiles there (two cached losses interleaved in one step, or the loop of
-    ``jax.vmap``: only the last forward's tiles survive) recomputes instead:
-    correct, only without the saving (flatmem checks a fingerprint of q and
-    k).
+    per (loss, platform, logit_cache_bytes, precision): calls with different
+    budgets or precisions never share one, and each one in use costs its own
+    handle (worker threads, and the cache once filled). The backward takes
+    the handle whose last forward read its q and k, so a forward followed by
+    its backward -- one training step under
+    ``jax.jit(jax.value_and_grad(...))``, or eager calls -- reads the cached
+    tiles. A backward that finds another forward's tiles there (two cached
+    losses interleaved in one step, or the loop of ``jax.vmap``: only the
+    last forward's tiles survive) recomputes instead: correct, only without
+    the saving (flatmem checks a fingerprint of q and k).
 
 Platforms
     CPU, and CUDA when libflatmem_jax.so was built with nvcc (``has_cuda``):
@@ -127,6 +143,8 @@ __version__ = "0.2.0"
 _SYMMETRIC = 1
 _INFONCE = 2
 _SIGMOID = 3
+# flatmem_fp32_precision values (flatmem.h), by the names the losses' precision= takes.
+_PRECISIONS = {"default": 0, "tf32": 1, "full": 2}
 # DLPack type codes (dlpack.h): what the workspace query is told q and k are.
 _DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT, _DL_COMPLEX = 0, 1, 2, 4, 5
 
@@ -293,6 +311,16 @@ def _cache_budget(logit_cache_bytes) -> int:
     return n
 
 
+def _precision(value) -> int:
+    """The precision keyword ("default", "tf32" or "full") as its
+    flatmem_fp32_precision value, the handlers' fp32_precision attribute;
+    anything else is a ValueError naming the argument and the allowed values
+    (the wording of flatmem.contrastive's check)."""
+    if isinstance(value, str) and value in _PRECISIONS:
+        return _PRECISIONS[value]
+    raise ValueError(f"flatmem_jax: precision: {value!r} is not one of 'default', 'tf32', 'full'")
+
+
 def _pool_stats():
     """(handles, cached_backwards, cached_backwards_on_forward_handle): the
     contrastive handle pool's counters (flatmem_jax.h), for tests."""
@@ -348,21 +376,26 @@ _F32 = jnp.float32
 
 
 class _Site(tuple):
-    """Where a loss runs (static, hashable): (logit_cache_bytes, comm_slot).
-    comm_slot None: this process alone, a pooled handle with that cache
-    budget; otherwise the ring across the ranks of the communicator in that
-    registry slot (ring.py), which takes no workspace and no cache."""
+    """Where a loss runs (static, hashable): (logit_cache_bytes, comm_slot,
+    fp32_precision). comm_slot None: this process alone, a pooled handle with
+    that cache budget; otherwise the ring across the ranks of the
+    communicator in that registry slot (ring.py), which takes no workspace
+    and no cache. fp32_precision: the handle's options.fp32_precision (a
+    flatmem_fp32_precision value, _precision), either way."""
 
     cache_bytes = property(lambda self: self[0])
     comm = property(lambda self: self[1])
+    precision = property(lambda self: self[2])
 
     def call(self, name, results, operands, workspace):
         """The custom call `name` (e.g. "clip_forward") of this site;
         workspace() gives the CPU workspace bytes of the single-process one."""
+        precision = np.int64(self.precision)
         if self.comm is None:
             return _call(f"flatmem_{name}", results, operands, workspace(),
-                         dict(logit_cache_bytes=np.uint64(self.cache_bytes)))
-        return _call(f"flatmem_ring_{name}", results, operands, None, dict(comm=np.int64(self.comm)))
+                         dict(logit_cache_bytes=np.uint64(self.cache_bytes), fp32_precision=precision))
+        return _call(f"flatmem_ring_{name}", results, operands, None,
+                     dict(comm=np.int64(self.comm), fp32_precision=precision))
 
 
 def _forward(loss, site, q, k, s, labels):
@@ -413,21 +446,22 @@ def _contrastive_bwd(loss, site, residuals, g):
 _contrastive.defvjp(_contrastive_fwd, _contrastive_bwd)
 
 
-def _site(logit_cache_bytes, comm) -> _Site:
+def _site(logit_cache_bytes, comm, precision="default") -> _Site:
     """The _Site of a call's keywords (checked at trace time)."""
     cache = _cache_budget(logit_cache_bytes)
+    fp32_precision = _precision(precision)
     if comm is None:
-        return _Site((cache, None))
+        return _Site((cache, None, fp32_precision))
     if not isinstance(comm, RingComm):
         raise TypeError(f"flatmem_jax: comm must be a flatmem_jax.RingComm (from "
                         f"flatmem_jax.ring.initialize) or None, not {type(comm).__name__}")
     if cache != 0:
         raise ValueError("flatmem_jax: logit_cache_bytes must be 0 with comm: flatmem's ring "
                          "keeps no logit cache (flatmem.h, options.logit_cache_bytes)")
-    return _Site((0, comm.slot))
+    return _Site((0, comm.slot, fp32_precision))
 
 
-def clip_loss(q, k, logit_scale, *, logit_cache_bytes=0, comm=None):
+def clip_loss(q, k, logit_scale, *, logit_cache_bytes=0, comm=None, precision="default"):
     """Symmetric CLIP loss of row features q (b, d) and column features k (b, d):
 
         L = 1/2 [ mean_i (LSE_j s<q_i,k_j> - s<q_i,k_i>) + mean_j (LSE_i s<q_i,k_j> - s<q_j,k_j>) ]
@@ -441,13 +475,21 @@ def clip_loss(q, k, logit_scale, *, logit_cache_bytes=0, comm=None):
     the communicator's ranks -- this rank passes its b_r pairs, q and k
     (b_r, d), and gets L of the concatenated batch (rank order), its rows'
     dq and dk and the global ds (see flatmem_jax.ring). Collective.
+    precision (static, "default" | "tf32" | "full"; anything else:
+    ValueError): options.fp32_precision -- CUDA: TF32 or 3xTF32 products for
+    float32 inputs; CPU at ISA level avx512bf16 with bfloat16 inputs: "tf32"
+    rounds the gradient matrix G once to bf16 in the backward's products
+    (bf16-accurate dq, dk, the fastest) where "default" / "full" split it in
+    two bf16 parts (about fp32 gradients); no effect elsewhere on the CPU.
+    See the module's docstring.
     """
     q, k = _features(q, k)
-    return _contrastive(_SYMMETRIC, _site(logit_cache_bytes, comm), q, k, _scale(logit_scale),
-                        None)
+    return _contrastive(_SYMMETRIC, _site(logit_cache_bytes, comm, precision), q, k,
+                        _scale(logit_scale), None)
 
 
-def infonce_loss(q, k, logit_scale, labels=None, *, logit_cache_bytes=0, comm=None):
+def infonce_loss(q, k, logit_scale, labels=None, *, logit_cache_bytes=0, comm=None,
+                 precision="default"):
     """InfoNCE loss of rows q (b, d) against columns k (c, d), c >= b allowed:
 
         L = mean_i (LSE_j s<q_i,k_j> - s<q_i,k_{y_i}>),   y = labels or 0..b-1
@@ -463,11 +505,13 @@ def infonce_loss(q, k, logit_scale, labels=None, *, logit_cache_bytes=0, comm=No
     [0, C), C = sum of c_r, and may point at any rank's columns (None: row g
     of the global batch pairs with column g). See flatmem_jax.ring.
     Collective.
+    precision (static, "default" | "tf32" | "full"): options.fp32_precision,
+    as for clip_loss.
     """
     q, k = _features(q, k)
     labels = None if labels is None else _labels_operand(labels)
-    return _contrastive(_INFONCE, _site(logit_cache_bytes, comm), q, k, _scale(logit_scale),
-                        labels)
+    return _contrastive(_INFONCE, _site(logit_cache_bytes, comm, precision), q, k,
+                        _scale(logit_scale), labels)
 
 
 # ---------------------------------------------------------------------------
@@ -526,7 +570,8 @@ def _sigmoid_bwd(site, recompute, residuals, g):
 _sigmoid.defvjp(_sigmoid_fwd, _sigmoid_bwd)
 
 
-def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, recompute=False, comm=None):
+def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, recompute=False, comm=None,
+                 precision="default"):
     """The pairwise sigmoid (SigLIP) loss of rows q (b, d) against columns k (c, d):
 
         x_ij = s <q_i, k_j> + t,   z_ij = +1 if j = y_i else -1
@@ -577,6 +622,13 @@ def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, recompute=False,
                  same on every rank, dq and dk this rank's rows of its
                  gradient, ds and dt the global ones on every rank.
                  Collective; CPU only. See flatmem_jax.ring.
+    precision    static, "default" (default), "tf32" or "full" (anything
+                 else: ValueError): options.fp32_precision, as for clip_loss
+                 -- CUDA: TF32 or 3xTF32 products for float32 inputs; CPU at
+                 ISA level avx512bf16 with bfloat16 inputs: "tf32" rounds
+                 the gradient matrix G once to bf16 in the gradient products
+                 (bf16-accurate dq, dk), "default" / "full" split it in two
+                 bf16 parts; no effect elsewhere on the CPU.
 
     Errors: shapes and dtypes flatmem refuses raise FlatmemError at trace
     time; labels out of range, NaN/Inf, s <= 0 or a non-finite t fail when
@@ -586,7 +638,8 @@ def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, recompute=False,
     if not isinstance(recompute, (bool, np.bool_)):
         raise TypeError(f"flatmem_jax: recompute must be a static Python bool, not {recompute!r}")
     labels = None if labels is None else _labels_operand(labels)
-    return _sigmoid(_site(0, comm), bool(recompute), q, k, _scalar(logit_scale, "logit_scale"),
+    return _sigmoid(_site(0, comm, precision), bool(recompute), q, k,
+                    _scalar(logit_scale, "logit_scale"),
                     _scalar(logit_bias, "logit_bias"), labels)
 
 

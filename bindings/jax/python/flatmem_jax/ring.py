@@ -30,7 +30,8 @@ The global batch (flatmem.h, "Ring across ranks")
     (ranks may hold different counts). infonce_loss: labels (b_r,) are
     GLOBAL column indices in [0, C) -- a positive may live on any rank --
     or None (row g's positive is column g: R_r + b_r <= C). Every rank
-    passes the same d, dtype and logit scale (bitwise).
+    passes the same d, dtype and logit scale (bitwise), and the same
+    precision= (flatmem checks it with the rest).
 
 Values and gradients
     The loss is L of the global batch (the mean over the B rows), the same
