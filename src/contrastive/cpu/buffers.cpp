@@ -19,7 +19,8 @@ std::vector<ThreadScratch> carve_thread_scratch(WorkspaceCarver &carver, const P
     t.tile = carver.take<float>(plan.tile_rows * plan.tile_cols);
     if (widen) {
       t.q_rows = carver.take<float>(block);
-      t.k_rows = t.q_rows + plan.tile_rows * plan.d;
+      // (a measuring carver hands out null: no arithmetic on it)
+      t.k_rows = t.q_rows ? t.q_rows + plan.tile_rows * plan.d : nullptr;
       if (input == Dtype::bf16) t.pack = reinterpret_cast<std::uint32_t *>(t.q_rows);
     }
     t.math = carver.take<float>(tile_math_scratch_floats(plan.tile_rows, plan.tile_cols));
