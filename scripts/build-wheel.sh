@@ -31,7 +31,7 @@ pip uninstall -y -q flatmem flatmem_jax 2>/dev/null || true
 
 step "pip wheel . (isolated build, as pip install . does; CMake build in $out/<tag>)"
 rm -rf "$out/dist" "$out/repaired"
-pip wheel --no-deps -w "$out/dist" -Ccmake.define.FLATMEM_CUDA_ARCHITECTURES="$FLATMEM_CUDA_ARCHS" . ||
+pip_fetching "$deps/bin/python" wheel --no-deps -w "$out/dist" -Ccmake.define.FLATMEM_CUDA_ARCHITECTURES="$FLATMEM_CUDA_ARCHS" . ||
   fail "pip wheel . failed (see above)"
 wheel=$(ls "$out"/dist/flatmem-*.whl) || fail "pip wheel made no flatmem-*.whl"
 

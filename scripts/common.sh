@@ -20,8 +20,28 @@ apt_install() {
   if [ "$(id -u)" -ne 0 ]; then
     sudo=$(command -v sudo) || fail "not root and no sudo: install $* first"
   fi
-  $sudo apt-get update
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "$@"
+  $sudo apt-get -o Acquire::Retries=5 update
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get -o Acquire::Retries=5 install -y --no-install-recommends "$@"
+}
+
+# pip_fetching PYTHON PIP-ARGS...: `PYTHON -m pip PIP-ARGS` for commands that download from
+# PyPI (torch alone is ~3 GB of wheels), made to survive a flaky network: pip's own retries and
+# timeout raised, an interrupted wheel resumed where pip supports it (>= 25.1), and the whole
+# command tried up to 4 times, 30 s apart (wheels fetched by a failed try stay in pip's cache).
+pip_fetching() {
+  local python=$1; shift
+  local opts=(--disable-pip-version-check --retries 10 --timeout 60)
+  if "$python" -m pip install --help 2>/dev/null | grep -q -- --resume-retries; then
+    opts+=(--resume-retries 20)
+  fi
+  local try
+  for try in 1 2 3 4; do
+    "$python" -m pip "${opts[@]}" "$@" && return 0
+    [ "$try" -lt 4 ] || break
+    echo "pip_fetching: try $try of 4 failed; again in 30 s" >&2
+    sleep 30
+  done
+  return 1
 }
 
 # flatmem_configure BUILD_DIR [cmake -D...]: configure the checkout into BUILD_DIR.

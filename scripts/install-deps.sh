@@ -47,7 +47,7 @@ fi
 echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 log=$(mktemp /tmp/flatmem-install-deps.XXXXXX.log)
-apt_opts=(-q -y -o Dpkg::Use-Pty=0 -o DPkg::Lock::Timeout=300)
+apt_opts=(-q -y -o Dpkg::Use-Pty=0 -o DPkg::Lock::Timeout=300 -o Acquire::Retries=5)
 if ! { apt-get "${apt_opts[@]}" update &&
        apt-get "${apt_opts[@]}" install --no-install-recommends "${packages[@]}"; } >"$log" 2>&1; then
   echo "install-deps: apt-get failed; its output:" >&2

@@ -41,7 +41,8 @@ fi
 echo "python-env: creating $FLATMEM_VENV"
 rm -rf "$FLATMEM_VENV"
 "$FLATMEM_PYTHON" -m venv "$FLATMEM_VENV"
-"$FLATMEM_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-"$FLATMEM_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${requirements[@]}"
+pip_fetching "$FLATMEM_VENV/bin/python" install --quiet --upgrade pip
+pip_fetching "$FLATMEM_VENV/bin/python" install --quiet "${requirements[@]}" ||
+  { echo "python-env: pip could not install the requirements (network?); see above" >&2; exit 1; }
 echo "${requirements[*]}" >"$stamp"
 "$FLATMEM_VENV/bin/python" -c "import numpy, jax, ml_dtypes, torch; print('python-env: numpy', numpy.__version__, 'jax', jax.__version__, 'torch', torch.__version__)"
