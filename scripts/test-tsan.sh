@@ -15,6 +15,7 @@ flatmem_configure build-tsan -DCMAKE_BUILD_TYPE=Debug \
   -DFLATMEM_WITH_CUDA=OFF -DFLATMEM_WITH_NCCL=OFF -DFLATMEM_WITH_UCX=OFF \
   -DFLATMEM_BUILD_BENCH=OFF
 targets=(test_reversible_values test_reversible_bad_input test_reversible_blocks test_contrastive_determinism
+         test_contrastive_ring_schedule
          test_comm_local test_contrastive_ring test_contrastive_sigmoid_ring test_cyclic_train
          test_cyclic_errors test_cyclic_relay test_cyclic_relay_errors test_cyclic_stages_train
          test_cyclic_stages_errors test_cyclic_memory test_cyclic_stages_memory)
