@@ -131,7 +131,7 @@ flatmem_status flatmem_contrastive_forward(flatmem_contrastive_t *handle, const 
     cpu_isa::active();
     if (handle->options.comm)
       return ring::forward(*handle, q, k, labels, logit_scale, loss, row_lse, col_lse, workspace,
-                           workspace_bytes);
+                           workspace_bytes, stream);
     const Inputs in = check_inputs(handle->options, q, k, labels, logit_scale);
     const ForwardOutputs out = check_forward_outputs(in, loss, row_lse, col_lse);
     handle->logit_cache.invalidate();  // a failed or CUDA forward leaves no tiles to trust
@@ -163,7 +163,7 @@ flatmem_status flatmem_contrastive_backward(flatmem_contrastive_t *handle, const
     cpu_isa::active();
     if (handle->options.comm)
       return ring::backward(*handle, q, k, labels, logit_scale, row_lse, col_lse, dloss, dq, dk,
-                            dlogit_scale, workspace, workspace_bytes);
+                            dlogit_scale, workspace, workspace_bytes, stream);
     const Inputs in = check_inputs(handle->options, q, k, labels, logit_scale);
     const BackwardArgs args = check_backward_args(handle->options, in, row_lse, col_lse, dloss, dq,
                                                  dk, dlogit_scale);

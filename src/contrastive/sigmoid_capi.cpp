@@ -99,7 +99,7 @@ void run(flatmem_contrastive_t *h, const Inputs &in, const cpu::SigmoidArgs &arg
 using Check = std::function<void(Inputs &, cpu::SigmoidArgs &)>;
 void dispatch(flatmem_contrastive_t *h, const char *function, const Check &check, void *workspace,
               size_t workspace_bytes, void *stream) {
-  if (h->options.comm) return ring::sigmoid(*h, function, check, workspace, workspace_bytes);
+  if (h->options.comm) return ring::sigmoid(*h, function, check, workspace, workspace_bytes, stream);
   Inputs in;
   cpu::SigmoidArgs args;
   check(in, args);

@@ -163,3 +163,38 @@ TEST_CASE("contrastive/ring/errors/workspace queries return 0 with a communicato
   }
   flatmem_comm_destroy(comm);
 }
+
+// kDLCUDA tensors (host memory labelled so) on a communicator without a device
+// transport: in a build with the CUDA ring, INVALID_ARGUMENT naming
+// options.comm and flatmem_comm_init_device; in any other build UNSUPPORTED
+// naming q. Decided before any device pointer is read; nothing is written.
+TEST_CASE("contrastive/ring/errors/kDLCUDA tensors on a communicator without a device transport") {
+  flatmem_comm_t *comm = nullptr;
+  REQUIRE(flatmem_comm_create_local(&comm, 1, nullptr) == FLATMEM_STATUS_SUCCESS);
+  flatmem_contrastive_options o =
+      flatmem_test::make_options(FLATMEM_CONTRASTIVE_SYMMETRIC, 1, 0, 0, FLATMEM_NONFINITE_PROPAGATE);
+  o.comm = comm;
+  {
+    flatmem_test::Handle h = flatmem_test::create_handle(o);
+    HostTensor q = HostTensor::matrix(Dtype::f32, 8, 4), k = HostTensor::matrix(Dtype::f32, 8, 4);
+    HostTensor s = HostTensor::scalar(Dtype::f32, 10.0), loss = HostTensor::scalar(Dtype::f32, 7.0);
+    HostTensor row = HostTensor::vector(Dtype::f32, 8), col = HostTensor::vector(Dtype::f32, 8);
+    HostTensor dq = HostTensor::matrix(Dtype::f32, 8, 4), dk = HostTensor::matrix(Dtype::f32, 8, 4);
+    for (HostTensor *t : {&q, &k, &s, &loss, &row, &col, &dq, &dk}) t->dl()->device = DLDevice{kDLCUDA, 0};
+#ifdef FLATMEM_TEST_CUDA_RING
+    const flatmem_status expected = FLATMEM_STATUS_INVALID_ARGUMENT;
+    const char *const names[] = {"options.comm", "flatmem_comm_init_device"};
+#else
+    const flatmem_status expected = FLATMEM_STATUS_UNSUPPORTED;
+    const char *const names[] = {"q", "kDLCUDA"};
+#endif
+    CHECK(flatmem_contrastive_forward(h.get(), q.dl(), k.dl(), nullptr, s.dl(), loss.dl(), row.dl(), col.dl(),
+                                      nullptr, 0, nullptr) == expected);
+    for (const char *name : names) CHECK(std::string(flatmem_last_error()).find(name) != std::string::npos);
+    CHECK(loss.get(0) == 7.0);
+    CHECK(flatmem_contrastive_backward(h.get(), q.dl(), k.dl(), nullptr, s.dl(), row.dl(), col.dl(), nullptr,
+                                       dq.dl(), dk.dl(), nullptr, nullptr, 0, nullptr) == expected);
+    for (const char *name : names) CHECK(std::string(flatmem_last_error()).find(name) != std::string::npos);
+  }
+  flatmem_comm_destroy(comm);
+}

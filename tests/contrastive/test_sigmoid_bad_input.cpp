@@ -128,9 +128,18 @@ TEST_CASE("contrastive/sigmoid/unsupported/kDLCUDA tensors") {
   }
 }
 
-// A ring handle (options.comm) with kDLCUDA tensors: UNSUPPORTED (the ring
-// runs on CPU tensors) in every build, decided before any value behind a
-// device pointer (t, g) would be read on the host.
+// A ring handle (options.comm) with kDLCUDA tensors, decided before any value
+// behind a device pointer (t, g) would be read on the host: in a build with
+// the CUDA ring (CUDA and NCCL), INVALID_ARGUMENT naming options.comm, which
+// has no device transport (flatmem_comm_init_device was not called); in any
+// other build UNSUPPORTED naming q.
+#ifdef FLATMEM_TEST_CUDA_RING
+constexpr flatmem_status cuda_ring_refusal = FLATMEM_STATUS_INVALID_ARGUMENT;
+constexpr const char *cuda_ring_names = "options.comm";
+#else
+constexpr flatmem_status cuda_ring_refusal = FLATMEM_STATUS_UNSUPPORTED;
+constexpr const char *cuda_ring_names = "q";
+#endif
 TEST_CASE("contrastive/sigmoid/unsupported/kDLCUDA tensors with a communicator") {
   flatmem_comm_t *comm = nullptr;
   REQUIRE(flatmem_comm_create_local(&comm, 1, nullptr) == FLATMEM_STATUS_SUCCESS);
@@ -143,13 +152,13 @@ TEST_CASE("contrastive/sigmoid/unsupported/kDLCUDA tensors with a communicator")
     HostTensor g = HostTensor::scalar(Dtype::f32, 1.0);
     for (HostTensor *t : {&c.q, &c.k, &c.labels, &c.scale, &c.bias, &g, &out.loss, &out.dq, &out.dk, &out.ds, &out.dt})
       t->dl()->device = DLDevice{kDLCUDA, 0};
-    expect_refused(out, c.forward(h.get(), out), FLATMEM_STATUS_UNSUPPORTED, {"q"});
-    expect_refused(out, c.value_and_grad(h.get(), out), FLATMEM_STATUS_UNSUPPORTED, {"q"});
+    expect_refused(out, c.forward(h.get(), out), cuda_ring_refusal, {cuda_ring_names});
+    expect_refused(out, c.value_and_grad(h.get(), out), cuda_ring_refusal, {cuda_ring_names});
     expect_refused(out,
                    flatmem_contrastive_sigmoid_backward(h.get(), c.q.dl(), c.k.dl(), c.labels.dl(), c.scale.dl(),
                                                         c.bias.dl(), g.dl(), out.dq.dl(), out.dk.dl(),
                                                         out.ds.dl(), out.dt.dl(), nullptr, 0, nullptr),
-                   FLATMEM_STATUS_UNSUPPORTED, {"q"});
+                   cuda_ring_refusal, {cuda_ring_names});
   }
   flatmem_comm_destroy(comm);
 }

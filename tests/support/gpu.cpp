@@ -42,7 +42,9 @@ DeviceTensor::DeviceTensor(const HostTensor &host) : buffer_(host.byte_count()) 
         "cudaMemcpy to device");
   tensor_ = *host.dl();
   tensor_.data = buffer_.data();
-  tensor_.device = {kDLCUDA, 0};
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  tensor_.device = {kDLCUDA, device};
   for (int i = 0; i < tensor_.ndim && i < 2; ++i) shape_[i] = host.dl()->shape[i];
   tensor_.shape = tensor_.ndim > 0 ? shape_ : nullptr;
   if (host.dl()->strides) {

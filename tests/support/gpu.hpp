@@ -44,7 +44,7 @@ class DeviceBuffer {
 class DeviceTensor {
  public:
   DeviceTensor() = default;
-  /** A device copy of `host` (bytes and layout), device id 0. */
+  /** A device copy of `host` (bytes and layout) on the current CUDA device. */
   explicit DeviceTensor(const HostTensor &host);
   DeviceTensor(DeviceTensor &&other) noexcept { *this = std::move(other); }
   DeviceTensor &operator=(DeviceTensor &&other) noexcept;  // re-points shape / strides

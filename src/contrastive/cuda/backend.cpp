@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <utility>
 
+#include "contrastive/cuda/dispatch.hpp"
 #include "contrastive/cuda/kernels.hpp"
 #include "core/cuda/device.hpp"
 #include "core/error.hpp"
@@ -25,8 +26,6 @@ using flatmem::cuda::DeviceGuard;
 using flatmem::cuda::multiprocessor_count;
 
 namespace {
-
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 struct Named {
   const void *pointer;  // nullptr: not given (optional), nothing to check
@@ -44,45 +43,9 @@ void check_device_pointers(const Inputs &in, std::initializer_list<Named> own, i
     if (n.pointer) check_device_pointer(n.pointer, n.name, device);
 }
 
-Operand operand_for(Dtype dtype, Fp32Precision precision) {
-  switch (dtype) {
-    case Dtype::bf16: return Operand::bf16;
-    case Dtype::f16: return Operand::f16;
-    default: return precision == Fp32Precision::full ? Operand::f32x3 : Operand::tf32;
-  }
-}
-
-OutType out_type_for(Dtype dtype) {
-  return dtype == Dtype::bf16 ? OutType::bf16 : dtype == Dtype::f16 ? OutType::f16 : OutType::f32;
-}
-
-Matrix device_matrix(const MatrixView &m) {
-  Matrix d;
-  d.data = m.data;
-  d.rows = m.rows;
-  d.cols = m.cols;
-  d.ld = m.row_stride;
-  const auto address = reinterpret_cast<std::uintptr_t>(m.data);
-  const std::int64_t pitch_bytes = m.row_stride * std::int64_t(dtype_bytes(m.dtype));
-  d.vector_loads = address % 16 == 0 && (m.rows == 1 || pitch_bytes % 16 == 0);
-  return d;
-}
-
 cudaStream_t stream_of(void *stream) { return static_cast<cudaStream_t>(stream); }
 
 // --- forward -------------------------------------------------------------------
-
-struct ForwardGrid {
-  int row_groups = 1, col_groups = 1, finish_blocks = 1;
-};
-
-ForwardGrid forward_grid(std::int64_t b, std::int64_t c) {
-  ForwardGrid g;
-  g.row_groups = int(std::min<std::int64_t>(max_row_groups, ceil_div(b, tile_rows)));
-  g.col_groups = int(std::min<std::int64_t>(max_col_groups, ceil_div(c, tile_cols)));
-  g.finish_blocks = int(std::min<std::int64_t>(1024, ceil_div(b, 8)));
-  return g;
-}
 
 struct ForwardSpace {
   MaxSum *row_partial = nullptr, *col_partial = nullptr;
@@ -98,32 +61,7 @@ ForwardSpace carve_forward(WorkspaceCarver &carver, std::int64_t b, std::int64_t
   return s;
 }
 
-template <Operand op>
-cudaError_t launch_tiles(const ForwardTileParams &p, cudaStream_t stream) {
-  return launch_forward_tiles<op>(p, stream);
-}
-
-cudaError_t launch_tiles_for(Operand op, const ForwardTileParams &p, cudaStream_t stream) {
-  switch (op) {
-    case Operand::bf16: return launch_tiles<Operand::bf16>(p, stream);
-    case Operand::f16: return launch_tiles<Operand::f16>(p, stream);
-    case Operand::tf32: return launch_tiles<Operand::tf32>(p, stream);
-    case Operand::f32x3: return launch_tiles<Operand::f32x3>(p, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
 // --- backward ------------------------------------------------------------------
-
-constexpr int slots_per_multiprocessor = 2;
-
-int slot_pitch(std::int64_t d) { return int(ceil_div(d, chunk_out) * chunk_out); }
-
-// Persistent CTAs of a pass over `rows` output rows: at most two per SM.
-int pass_grid(std::int64_t rows, int multiprocessors) {
-  return int(std::min<std::int64_t>(ceil_div(rows, tile_rows),
-                                    std::int64_t(slots_per_multiprocessor) * multiprocessors));
-}
 
 struct BackwardSpace {
   float *slots = nullptr;  // [grid][tile_rows][slot_pitch]
@@ -139,16 +77,6 @@ BackwardSpace carve_backward(WorkspaceCarver &carver, const MatrixView &q, const
   if (grid > 0) s.slots = carver.take<float>(std::int64_t(grid) * tile_rows * slot_pitch(q.cols));
   s.ds_partial = carver.take<double>(std::max(ceil_div(q.rows, tile_rows), ceil_div(k.rows, tile_rows)));
   return s;
-}
-
-cudaError_t launch_pass_for(Operand op, const PassParams &p, int grid, cudaStream_t stream) {
-  switch (op) {
-    case Operand::bf16: return launch_backward_pass<Operand::bf16>(p, grid, stream);
-    case Operand::f16: return launch_backward_pass<Operand::f16>(p, grid, stream);
-    case Operand::tf32: return launch_backward_pass<Operand::tf32>(p, grid, stream);
-    case Operand::f32x3: return launch_backward_pass<Operand::f32x3>(p, grid, stream);
-  }
-  return cudaErrorInvalidValue;
 }
 
 void check_workspace(void *workspace, std::size_t given, std::size_t needed, int device) {
@@ -184,17 +112,6 @@ SigmoidSpace carve_sigmoid(WorkspaceCarver &carver, const MatrixView &q, const M
   s.loss_partial = carver.take<double>(partials);
   s.dt_partial = carver.take<double>(partials);
   return s;
-}
-
-cudaError_t launch_sigmoid_for(Operand op, const SigmoidPassParams &p, int grid,
-                               cudaStream_t stream) {
-  switch (op) {
-    case Operand::bf16: return launch_sigmoid_pass<Operand::bf16>(p, grid, stream);
-    case Operand::f16: return launch_sigmoid_pass<Operand::f16>(p, grid, stream);
-    case Operand::tf32: return launch_sigmoid_pass<Operand::tf32>(p, grid, stream);
-    case Operand::f32x3: return launch_sigmoid_pass<Operand::f32x3>(p, grid, stream);
-  }
-  return cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -289,6 +206,7 @@ void backward(const Options &options, const Inputs &in, const BackwardArgs &args
   common.dloss = args.dloss_data;
   common.inv_n = 1.0 / (symmetric ? 2.0 * double(in.b()) : double(in.b()));
   common.labels = in.labels;
+  common.pairs.label_bound = in.c();
   common.positive_weight = symmetric ? 2.0f : 1.0f;
   common.slots = space.slots;
   common.slot_pitch = slot_pitch(in.d());
@@ -369,6 +287,7 @@ void sigmoid(const Options &options, const Inputs &in, const cpu::SigmoidArgs &a
   common.dloss = args.dloss_data;
   common.inv_n = 1.0 / double(in.b());
   common.labels = in.labels;
+  common.pairs.label_bound = in.c();
   common.slots = space.grad.slots;
   common.slot_pitch = slot_pitch(in.d());
   // The sums of the first pass that runs (row tiles of its output side).

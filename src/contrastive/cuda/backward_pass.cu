@@ -46,15 +46,9 @@ __device__ __forceinline__ float gradient_entry(const PassParams &p, float logit
   float gt = 0.0f;
   if (p.lse_rows) gt += exp2f((logit - row.lse) * log2e);
   if (p.lse_cols) gt += exp2f((logit - p.lse_cols[col]) * log2e);
-  bool positive = r == col;
-  if (p.label_side == LabelSide::of_row) {
-    if (row.label < 0 || row.label >= p.cols.rows) return __int_as_float(0x7fc00000);
-    positive = row.label == col;
-  } else if (p.label_side == LabelSide::of_col) {
-    const std::int64_t y = p.labels[col];
-    if (y < 0 || y >= p.rows.rows) return __int_as_float(0x7fc00000);
-    positive = y == r;
-  }
+  bool bad;
+  const bool positive = positive_pair(p, r, col, row.label, &bad);
+  if (bad) return __int_as_float(0x7fc00000);
   return positive ? gt - p.positive_weight : gt;
 }
 

@@ -4,6 +4,8 @@
 // the scalar results are the same bits on every run.
 //   loss = (sum of partials) / N                  N = 2b symmetric, b InfoNCE
 //   ds   = g / N * (sum of partials)              partials: sum Gt_ij <q_i, k_j>
+// and, for the ring, the bare sum (added to a running total across ring steps;
+// the host scales it after summing it over the ranks).
 #include "contrastive/cuda/kernels.hpp"
 
 namespace flatmem::contrastive::cuda {
@@ -35,7 +37,19 @@ __global__ void __launch_bounds__(sum_threads) ds_sum_kernel(DsSumParams p) {
   if (threadIdx.x == 0) *p.dscale = float(g * p.inv_n * total);
 }
 
+__global__ void __launch_bounds__(sum_threads)
+    partial_sum_kernel(const double *partial, int count, double *total, bool accumulate) {
+  const double sum = ordered_sum(partial, count);
+  if (threadIdx.x == 0) *total = accumulate ? *total + sum : sum;
+}
+
 }  // namespace
+
+cudaError_t launch_partial_sum(const double *partial, int count, double *total, bool accumulate,
+                               cudaStream_t stream) {
+  partial_sum_kernel<<<1, sum_threads, 0, stream>>>(partial, count, total, accumulate);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_loss_sum(const LossSumParams &p, cudaStream_t stream) {
   loss_sum_kernel<<<1, sum_threads, 0, stream>>>(p);

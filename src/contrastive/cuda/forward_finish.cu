@@ -8,14 +8,12 @@
 // final_sums.cu adds the CTAs' partials in CTA order. The grid size is a
 // function of b alone, so the result is the same bits on every run.
 //
-// The positive logit uses the tiles' precision: for TF32 tiles both factors
-// are rounded to TF32 first (their products are then exact in fp32, as in
-// the tensor cores), so that x_ii inside row_lse_i and the x_ii subtracted
-// carry the same rounding and cancel when the softmax is peaked.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+// The positive logit uses the tiles' precision (positive_dot.cuh). In the ring
+// it comes precomputed from the block that holds the positive column
+// (p.positive); the merged states are then the running row states and this
+// rank's relayed column states (one group each).
 #include "contrastive/cuda/kernels.hpp"
+#include "contrastive/cuda/positive_dot.cuh"
 #include "contrastive/cuda/tile_logits.cuh"
 
 namespace flatmem::contrastive::cuda {
@@ -23,19 +21,6 @@ namespace {
 
 constexpr int finish_threads = 256;
 constexpr int finish_warps = finish_threads / 32;
-
-__device__ __forceinline__ float feature(const Matrix &m, std::int64_t r, std::int64_t j,
-                                         Operand op, bool tf32) {
-  const std::int64_t at = r * m.ld + j;
-  switch (op) {
-    case Operand::bf16: return __bfloat162float(static_cast<const __nv_bfloat16 *>(m.data)[at]);
-    case Operand::f16: return __half2float(static_cast<const __half *>(m.data)[at]);
-    default: {
-      const float v = static_cast<const float *>(m.data)[at];
-      return tf32 ? __uint_as_float(to_tf32(v)) : v;
-    }
-  }
-}
 
 // LSE of the `count` partial states parts[0], parts[stride], ... in order.
 __device__ double merged_lse(const MaxSum *parts, std::int64_t stride, int count) {
@@ -48,22 +33,22 @@ __global__ void __launch_bounds__(finish_threads)
     forward_finish_kernel(ForwardFinishParams p, Operand op) {
   __shared__ double warp_totals[finish_warps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const std::int64_t b = p.q.rows, c = p.k.rows, d = p.q.cols;
+  const std::int64_t b = p.q.rows, c = p.k.rows;
   const float scale = read_scale(p.scale);
   double total = 0.0;  // lane 0's running sum of its rows' terms
   for (std::int64_t i = std::int64_t(blockIdx.x) * finish_warps + warp; i < b;
        i += std::int64_t(gridDim.x) * finish_warps) {
-    const std::int64_t y = p.labels ? p.labels[i] : i;
-    const bool valid = y >= 0 && y < c;  // an out-of-range label makes the loss NaN
-    float dot = 0.0f;
-    if (valid)
-      for (std::int64_t t = lane; t < d; t += 32)
-        dot = fmaf(feature(p.q, i, t, op, p.tf32_positive), feature(p.k, y, t, op, p.tf32_positive),
-                   dot);
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-    if (lane != 0) continue;  // lane 0's value (a fixed summation order) is the one used
-    const double positive = valid ? double(scale * dot) : __longlong_as_double(0x7ff8000000000000ll);
+    double positive;
+    if (p.positive) {  // the ring formed it in the block that holds column y_i
+      if (lane != 0) continue;
+      positive = double(p.positive[i]);
+    } else {
+      const std::int64_t y = p.labels ? p.labels[i] : i;
+      const bool valid = y >= 0 && y < c;  // an out-of-range label makes the loss NaN
+      const float dot = valid ? positive_dot(p.q, i, p.k, y, op, p.tf32_positive, lane) : 0.0f;
+      if (lane != 0) continue;  // lane 0's value (a fixed summation order) is the one used
+      positive = valid ? double(scale * dot) : __longlong_as_double(0x7ff8000000000000ll);
+    }
     const double row_lse = merged_lse(p.row_partial + i, b, p.col_groups);
     p.row_lse[i] = float(row_lse);
     total += row_lse - positive;

@@ -34,5 +34,22 @@ cudaError_t launch_sigmoid_pass(const SigmoidPassParams &p, int grid, cudaStream
 // final_sums.cu: one CTA each.
 cudaError_t launch_loss_sum(const LossSumParams &p, cudaStream_t stream);
 cudaError_t launch_ds_sum(const DsSumParams &p, cudaStream_t stream);
+// *total = (accumulate ? *total : 0) + the ordered sum of partial[0..count).
+cudaError_t launch_partial_sum(const double *partial, int count, double *total, bool accumulate,
+                               cudaStream_t stream);
+
+// ring_kernels.cu: the ring's per-block and final steps (see there).
+cudaError_t launch_reset_states(MaxSum *states, std::int64_t n, cudaStream_t stream);
+cudaError_t launch_fold_row_partials(MaxSum *running, const MaxSum *row_partial, int groups,
+                                     std::int64_t b, cudaStream_t stream);
+cudaError_t launch_merge_col_partials(MaxSum *fresh, const MaxSum *col_partial, int groups,
+                                      std::int64_t c, cudaStream_t stream);
+cudaError_t launch_merge_states(MaxSum *into, const MaxSum *from, std::int64_t n,
+                                cudaStream_t stream);
+cudaError_t launch_block_positives(const BlockPositiveParams &p, cudaStream_t stream);
+cudaError_t launch_add_floats(float *into, const float *from, std::int64_t n, cudaStream_t stream);
+cudaError_t launch_store_accumulator(const float *acc, std::int64_t rows, std::int64_t d, void *out,
+                                     std::int64_t out_ld, OutType out_type, cudaStream_t stream);
+cudaError_t launch_store_scalar(float *out, float value, cudaStream_t stream);
 
 }  // namespace flatmem::contrastive::cuda

@@ -53,6 +53,19 @@ struct alignas(8) MaxSum {
 // columns are the rows of q).
 enum class LabelSide : int { identity = 0, of_row = 1, of_col = 2 };
 
+// Where a pass's rows and columns sit in the loss's global index space, for
+// the positive test (the ring computes one column block at a time):
+//   identity: (r, col) is positive iff rows_offset + r == cols_offset + col
+//   of_row:   iff labels[r] == cols_offset + col
+//   of_col:   iff labels[col] == rows_offset + r
+// A label outside [0, label_bound) makes the element NaN (the host cannot
+// check device values in a single-device call; the ring checks them first).
+// Single device: both offsets 0, label_bound = c.
+struct PairIndex {
+  std::int64_t rows_offset = 0, cols_offset = 0;
+  std::int64_t label_bound = 0;
+};
+
 struct ForwardTileParams {
   Matrix q, k;                   // (b, d), (c, d)
   const float *scale = nullptr;  // device scalar s
@@ -70,6 +83,9 @@ struct ForwardFinishParams {
   bool tf32_positive = false;  // round q, k to TF32 for the positive logit (as the tiles did)
   int row_groups = 1, col_groups = 1;
   const MaxSum *row_partial = nullptr, *col_partial = nullptr;
+  // The ring's finish: x_{i,y_i} already formed (ring_kernels.cu), nullptr:
+  // computed here from q and k.
+  const float *positive = nullptr;
   float *row_lse = nullptr, *col_lse = nullptr;  // col_lse: symmetric only
   double *loss_partial = nullptr;               // [gridDim.x]
 };
@@ -99,12 +115,14 @@ struct PassParams {
   const float *lse_rows = nullptr, *lse_cols = nullptr;  // nullptr: the term is absent
   const std::int64_t *labels = nullptr;
   LabelSide label_side = LabelSide::identity;
+  PairIndex pairs;
   float positive_weight = 1.0f;
   float *slots = nullptr;  // [gridDim.x][tile_rows][slot_pitch] fp32 accumulators
   int slot_pitch = 0;      // d rounded up to chunk_out
   void *out = nullptr;     // nullptr: no gradient matrix from this pass
   std::int64_t out_ld = 0;
   OutType out_type = OutType::f32;
+  bool out_accumulate = false;  // out (f32 only) += the pass's result instead of =
   double *ds_partial = nullptr;  // [row tiles] or nullptr: no ds from this pass
 };
 
@@ -124,12 +142,29 @@ struct SigmoidPassParams {
   double inv_n = 1.0;            // 1 / b (b: rows of q)
   const std::int64_t *labels = nullptr;
   LabelSide label_side = LabelSide::identity;
+  PairIndex pairs;
   float *slots = nullptr;  // [gridDim.x][tile_rows][slot_pitch] fp32 accumulators
   int slot_pitch = 0;      // d rounded up to chunk_out
   void *out = nullptr;     // nullptr: no gradient matrix from this pass
   std::int64_t out_ld = 0;
   OutType out_type = OutType::f32;
+  bool out_accumulate = false;  // out (f32 only) += the pass's result instead of =
   double *loss_partial = nullptr, *ds_partial = nullptr, *dt_partial = nullptr;
+};
+
+// The ring's positives of one column block (ring_kernels.cu): for each row i
+// of q whose positive column y_i (labels[i], or rows_offset + i without
+// labels) lies in [col_offset, col_offset + k.rows):
+//   positive[i] = s <q_i, k_{y_i - col_offset}>   (positive_dot.cuh's rounding)
+// Other rows are left alone.
+struct BlockPositiveParams {
+  Matrix q, k;
+  const float *scale = nullptr;
+  const std::int64_t *labels = nullptr;
+  std::int64_t rows_offset = 0, col_offset = 0;
+  Operand op = Operand::tf32;
+  bool tf32_positive = false;
+  float *positive = nullptr;
 };
 
 struct DsSumParams {

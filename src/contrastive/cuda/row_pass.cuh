@@ -67,14 +67,39 @@ __device__ void accumulate_product(const Params &p, char *gt, char *kt, float *s
           const std::int64_t row = row0 + r;
           if (row >= p.rows.rows) continue;
           for (int e = 0; e < 2; ++e)
-            if (f + e < d)
-              store_output(p.out, row * p.out_ld + f + e, p.out_type, out_mult * acc[n][2 * h + e]);
+            if (f + e < d) {
+              const std::int64_t at = row * p.out_ld + f + e;
+              if (p.out_accumulate)  // fp32: the ring's running dq
+                static_cast<float *>(p.out)[at] += out_mult * acc[n][2 * h + e];
+              else
+                store_output(p.out, at, p.out_type, out_mult * acc[n][2 * h + e]);
+            }
         } else {
           *reinterpret_cast<float2 *>(slot + r * p.slot_pitch + f) =
               make_float2(acc[n][2 * h], acc[n][2 * h + 1]);
         }
       }
     __syncthreads();  // kt is reloaded next; it also aliases the next tile's logit stages
+  }
+}
+
+// Whether element (r, col) of a pass is a positive pair (PairIndex in
+// params.hpp); *bad: its label lies outside [0, label_bound). row_label:
+// labels[r], read by the caller once per row (of_row only).
+template <class Params>
+__device__ __forceinline__ bool positive_pair(const Params &p, std::int64_t r, std::int64_t col,
+                                              std::int64_t row_label, bool *bad) {
+  *bad = false;
+  switch (p.label_side) {
+    case LabelSide::of_row:
+      *bad = row_label < 0 || row_label >= p.pairs.label_bound;
+      return row_label == p.pairs.cols_offset + col;
+    case LabelSide::of_col: {
+      const std::int64_t y = p.labels[col];
+      *bad = y < 0 || y >= p.pairs.label_bound;
+      return y == p.pairs.rows_offset + r;
+    }
+    default: return p.pairs.rows_offset + r == p.pairs.cols_offset + col;
   }
 }
 

@@ -68,15 +68,8 @@ struct SigmoidEntries {
   // Gt of element (r, col); an out-of-range label (the host cannot check
   // device values) makes the element, and so the loss and gradients, NaN.
   __device__ float entry(float raw, std::int64_t r, std::int64_t col, int h) {
-    bool positive = r == col, bad = false;
-    if (p.label_side == LabelSide::of_row) {
-      bad = label[h] < 0 || label[h] >= p.cols.rows;
-      positive = label[h] == col;
-    } else if (p.label_side == LabelSide::of_col) {
-      const std::int64_t y = p.labels[col];
-      bad = y < 0 || y >= p.rows.rows;
-      positive = y == r;
-    }
+    bool bad;
+    const bool positive = positive_pair(p, r, col, label[h], &bad);
     const float logit = bad ? quiet_nan() : fmaf(scale, raw, bias);
     const float v = positive ? -logit : logit;
     const float e = expf(-fabsf(v));  // in [0, 1]; NaN propagates through e

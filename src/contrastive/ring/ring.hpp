@@ -19,15 +19,17 @@ struct flatmem_contrastive_s;
 namespace flatmem::contrastive::ring {
 
 // The C API's forward / backward when the handle has a communicator: local
-// checks, the agreement of all ranks, then the ring. Collective.
+// checks, the agreement of all ranks, then the ring: on CPU tensors below, on
+// kDLCUDA tensors in cuda/ring_cuda.hpp (on `stream`). Collective.
 void forward(flatmem_contrastive_s &handle, const DLTensor *q, const DLTensor *k,
              const DLTensor *labels, const DLTensor *logit_scale, DLTensor *loss,
              DLTensor *row_lse, DLTensor *col_lse, const void *workspace,
-             std::size_t workspace_bytes);
+             std::size_t workspace_bytes, void *stream);
 void backward(flatmem_contrastive_s &handle, const DLTensor *q, const DLTensor *k,
               const DLTensor *labels, const DLTensor *logit_scale, const DLTensor *row_lse,
               const DLTensor *col_lse, const DLTensor *dloss, DLTensor *dq, DLTensor *dk,
-              DLTensor *dlogit_scale, const void *workspace, std::size_t workspace_bytes);
+              DLTensor *dlogit_scale, const void *workspace, std::size_t workspace_bytes,
+              void *stream);
 
 // The sigmoid calls (sigmoid_capi.cpp) when the handle has a communicator:
 // `local_check` runs this rank's argument checks (Scope::ring) and fills in
@@ -35,9 +37,9 @@ void backward(flatmem_contrastive_s &handle, const DLTensor *q, const DLTensor *
 // `call` names the C function. Collective.
 void sigmoid(flatmem_contrastive_s &handle, const char *call,
              const std::function<void(Inputs &, cpu::SigmoidArgs &)> &local_check,
-             const void *workspace, std::size_t workspace_bytes);
+             const void *workspace, std::size_t workspace_bytes, void *stream);
 
-// The rings themselves (ring_forward.cpp, ring_backward.cpp), after agree().
+// The rings themselves on CPU tensors (ring_forward.cpp, ring_backward.cpp), after agree().
 // Outputs are written only once every message has arrived.
 void run_forward(flatmem_contrastive_s &handle, comm::Communicator &comm, const Layout &layout,
                  const Inputs &in, const ForwardOutputs &out, Stats &stats);

@@ -4,8 +4,10 @@
 // communicator (the transport's own errors already did) before it propagates.
 #include <chrono>
 #include <cstring>
+#include <vector>
 
 #include "contrastive/handle.hpp"
+#include "contrastive/ring/cuda/ring_cuda.hpp"
 #include "contrastive/ring/ring.hpp"
 #include "contrastive/validate.hpp"
 #include "core/error.hpp"
@@ -22,11 +24,7 @@ void refuse_workspace(const void *workspace, std::size_t bytes) {
             "which this rank learns only inside the call, so the handle keeps its own");
 }
 
-void refuse_device(const Inputs &in) {
-  if (in.q.device.device_type != kDLCPU)
-    fail(FLATMEM_STATUS_UNSUPPORTED,
-         "q: device is not kDLCPU; the ring loss (options.comm) runs on CPU tensors in this version");
-}
+bool on_cuda(const Inputs &in) { return in.q.device.device_type == kDLCUDA; }
 
 std::uint32_t bits_of(float value) {
   std::uint32_t bits;
@@ -34,7 +32,8 @@ std::uint32_t bits_of(float value) {
   return bits;
 }
 
-RankEntry entry_of(const Options &options, const Inputs &in) {
+// host_labels: in.labels as the host can read them (a copy for CUDA tensors).
+RankEntry entry_of(const Options &options, const Inputs &in, const std::int64_t *host_labels) {
   RankEntry e;
   e.loss = int(in.loss);  // symmetric 0, infonce 1, sigmoid 2
   e.dtype = int(in.q.dtype);
@@ -46,10 +45,22 @@ RankEntry entry_of(const Options &options, const Inputs &in) {
   e.scale_bits = bits_of(in.scale);
   e.has_labels = in.labels != nullptr;
   for (std::int64_t i = 0; i < (in.labels ? in.b() : 0); ++i) {
-    e.label_min = i == 0 ? in.labels[i] : std::min(e.label_min, in.labels[i]);
-    e.label_max = i == 0 ? in.labels[i] : std::max(e.label_max, in.labels[i]);
+    e.label_min = i == 0 ? host_labels[i] : std::min(e.label_min, host_labels[i]);
+    e.label_max = i == 0 ? host_labels[i] : std::max(e.label_max, host_labels[i]);
   }
   return e;
+}
+
+// The local checks of the tensors' device: on CUDA, the device transport and
+// the scalars and labels read to the host (ring_cuda.hpp); on the CPU the
+// values are already there. Returns the labels the host reads.
+const std::int64_t *device_checks(comm::Communicator &comm, Inputs &in, void *stream,
+                                  std::vector<std::int64_t> &labels_copy, const float *dloss_data = nullptr,
+                                  float *dloss = nullptr, const float *bias_data = nullptr,
+                                  float *bias = nullptr) {
+  if (!on_cuda(in)) return in.labels;
+  labels_copy = read_device_inputs(comm, in, stream, dloss_data, dloss, bias_data, bias);
+  return labels_copy.data();
 }
 
 // Runs the ring, timing it; any failure poisons the communicator first.
@@ -75,58 +86,83 @@ void run_guarded(comm::Communicator &comm, Stats &stats, const char *call, Ring 
 
 void forward(flatmem_contrastive_s &h, const DLTensor *q, const DLTensor *k, const DLTensor *labels,
              const DLTensor *logit_scale, DLTensor *loss, DLTensor *row_lse, DLTensor *col_lse,
-             const void *workspace, std::size_t workspace_bytes) {
+             const void *workspace, std::size_t workspace_bytes, void *stream) {
   comm::Communicator &comm = communicator_of(h);
   Inputs in;
   ForwardOutputs out;
   const Layout layout = agree(comm, "contrastive forward", [&] {
     refuse_workspace(workspace, workspace_bytes);
     in = check_inputs(h.options, q, k, labels, logit_scale, Scope::ring);
-    refuse_device(in);
     out = check_forward_outputs(in, loss, row_lse, col_lse);
+    if (on_cuda(in))
+      check_device_tensors(comm, in.q.device.device_id, {{out.loss, "loss"}, {out.row_lse, "row_lse"},
+                                                   {out.col_lse, "col_lse"}});
+    std::vector<std::int64_t> labels_copy;
+    const std::int64_t *host_labels = device_checks(comm, in, stream, labels_copy);
     if (h.options.nonfinite == FLATMEM_NONFINITE_ERROR) check_features_finite(in);
-    return entry_of(h.options, in);
+    return entry_of(h.options, in, host_labels);
   });
   in.row_offset = layout.row_offset[std::size_t(layout.rank)];
-  run_guarded(comm, h.ring_forward_stats, "contrastive forward ring",
-              [&] { run_forward(h, comm, layout, in, out, h.ring_forward_stats); });
+  run_guarded(comm, h.ring_forward_stats, "contrastive forward ring", [&] {
+    if (on_cuda(in))
+      run_forward_cuda(h, comm, layout, in, out, stream, h.ring_forward_stats);
+    else
+      run_forward(h, comm, layout, in, out, h.ring_forward_stats);
+  });
 }
 
 void backward(flatmem_contrastive_s &h, const DLTensor *q, const DLTensor *k,
               const DLTensor *labels, const DLTensor *logit_scale, const DLTensor *row_lse,
               const DLTensor *col_lse, const DLTensor *dloss, DLTensor *dq, DLTensor *dk,
-              DLTensor *dlogit_scale, const void *workspace, std::size_t workspace_bytes) {
+              DLTensor *dlogit_scale, const void *workspace, std::size_t workspace_bytes,
+              void *stream) {
   comm::Communicator &comm = communicator_of(h);
   Inputs in;
   BackwardArgs args;
   const Layout layout = agree(comm, "contrastive backward", [&] {
     refuse_workspace(workspace, workspace_bytes);
     in = check_inputs(h.options, q, k, labels, logit_scale, Scope::ring);
-    refuse_device(in);
     args = check_backward_args(h.options, in, row_lse, col_lse, dloss, dq, dk, dlogit_scale);
+    if (on_cuda(in))
+      check_device_tensors(comm, in.q.device.device_id,
+                           {{args.row_lse, "row_lse"}, {args.col_lse, "col_lse"}, {args.dq.data, "dq"},
+                            {args.dk.data, "dk"}, {args.dscale, "dlogit_scale"}});
+    std::vector<std::int64_t> labels_copy;
+    const std::int64_t *host_labels =
+        device_checks(comm, in, stream, labels_copy, args.dloss_data, &args.dloss);
     if (h.options.nonfinite == FLATMEM_NONFINITE_ERROR) check_features_finite(in);
-    RankEntry e = entry_of(h.options, in);
+    RankEntry e = entry_of(h.options, in, host_labels);
     e.dloss_bits = bits_of(args.dloss);
     e.wants_dk = args.dk.data != nullptr;
     return e;
   });
   in.row_offset = layout.row_offset[std::size_t(layout.rank)];
-  run_guarded(comm, h.ring_backward_stats, "contrastive backward ring",
-              [&] { run_backward(h, comm, layout, in, args, h.ring_backward_stats); });
+  run_guarded(comm, h.ring_backward_stats, "contrastive backward ring", [&] {
+    if (on_cuda(in))
+      run_backward_cuda(h, comm, layout, in, args, stream, h.ring_backward_stats);
+    else
+      run_backward(h, comm, layout, in, args, h.ring_backward_stats);
+  });
 }
 
 void sigmoid(flatmem_contrastive_s &h, const char *call,
              const std::function<void(Inputs &, cpu::SigmoidArgs &)> &local_check,
-             const void *workspace, std::size_t workspace_bytes) {
+             const void *workspace, std::size_t workspace_bytes, void *stream) {
   comm::Communicator &comm = communicator_of(h);
   Inputs in;
   cpu::SigmoidArgs args;
   const Layout layout = agree(comm, call, [&] {
     refuse_workspace(workspace, workspace_bytes);
     local_check(in, args);
-    refuse_device(in);
+    if (on_cuda(in))
+      check_device_tensors(comm, in.q.device.device_id,
+                           {{args.loss, "loss"}, {args.dq.data, "dq"}, {args.dk.data, "dk"},
+                            {args.dscale, "dlogit_scale"}, {args.dbias, "dlogit_bias"}});
+    std::vector<std::int64_t> labels_copy;
+    const std::int64_t *host_labels = device_checks(comm, in, stream, labels_copy, args.dloss_data,
+                                                    &args.dloss, args.bias_data, &args.bias);
     if (h.options.nonfinite == FLATMEM_NONFINITE_ERROR) check_features_finite(in);
-    RankEntry e = entry_of(h.options, in);
+    RankEntry e = entry_of(h.options, in, host_labels);
     e.bias_bits = bits_of(args.bias);
     e.dloss_bits = bits_of(args.dloss);
     e.wants_dk = args.dk.data != nullptr;
@@ -139,7 +175,12 @@ void sigmoid(flatmem_contrastive_s &h, const char *call,
   // the forward's statistics for the loss alone, the backward's when gradients are computed
   Stats &stats = args.wants_gradient() ? h.ring_backward_stats : h.ring_forward_stats;
   const char *phase = "contrastive sigmoid ring";
-  run_guarded(comm, stats, phase, [&] { run_sigmoid(h, comm, layout, in, args, phase, stats); });
+  run_guarded(comm, stats, phase, [&] {
+    if (on_cuda(in))
+      run_sigmoid_cuda(h, comm, layout, in, args, phase, stream, stats);
+    else
+      run_sigmoid(h, comm, layout, in, args, phase, stats);
+  });
 }
 
 }  // namespace flatmem::contrastive::ring

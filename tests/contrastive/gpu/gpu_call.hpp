@@ -1,6 +1,7 @@
 // One contrastive-loss case run on the CUDA backend: host inputs are built as
 // in the CPU suite, copied to the device, the forward and backward run on the
-// legacy default stream with a device workspace of exactly the queried size,
+// legacy default stream with a device workspace of exactly the queried size
+// (NULL when it is 0: a handle with a communicator, the ring),
 // and the outputs come back into host tensors (prefilled with NaN so that an
 // output that is not written shows).
 //
@@ -93,7 +94,8 @@ inline GpuForward gpu_forward(flatmem_contrastive_t *h, bool symmetric, DeviceIn
   DeviceBuffer workspace(bytes);
   const flatmem_status status =
       flatmem_contrastive_forward(h, in.q.dl(), in.k.dl(), in.labels_dl(), in.scale.dl(), loss.dl(), row.dl(),
-                                  symmetric ? col.dl() : nullptr, workspace.data(), workspace.size(), nullptr);
+                                  symmetric ? col.dl() : nullptr, bytes ? workspace.data() : nullptr, bytes,
+                                  nullptr);
   REQUIRE_MESSAGE(status == FLATMEM_STATUS_SUCCESS, describe(status));
   loss.download(out.loss);
   row.download(out.row_lse);
@@ -140,7 +142,7 @@ inline GpuBackward gpu_backward(flatmem_contrastive_t *h, bool symmetric, Device
   const flatmem_status status = flatmem_contrastive_backward(
       h, in.q.dl(), in.k.dl(), in.labels_dl(), in.scale.dl(), row.dl(), symmetric ? col.dl() : nullptr,
       want.dloss ? dloss.dl() : nullptr, want.dq ? dq.dl() : nullptr, want.dk ? dk.dl() : nullptr,
-      want.ds ? ds.dl() : nullptr, workspace.data(), workspace.size(), nullptr);
+      want.ds ? ds.dl() : nullptr, bytes ? workspace.data() : nullptr, bytes, nullptr);
   REQUIRE_MESSAGE(status == FLATMEM_STATUS_SUCCESS, describe(status));
   if (want.dq) dq.download(out.dq);
   if (want.dk) dk.download(out.dk);

@@ -1,0 +1,176 @@
+// Backward ring on kDLCUDA tensors: the schedule of ring_backward.cpp with the
+// CUDA gradient passes. Per step, on the caller's stream, for (q_r, block o)
+// with the global row_lse and the block's col_lse (carried with it):
+//  - the dq pass adds s g / N G k_o into this rank's fp32 dq accumulator
+//    (out_accumulate), with ds's row-tile partials when dq is the first pass;
+//  - the dk pass writes block o's partial dk (fp32) into the relayed item.
+// Positives use global indices (PairIndex). ds: per step the ordered sum of
+// the partials, added to a device total; after the ring one synchronisation,
+// the sum over the ranks on the host, then dq, dk and ds are stored.
+#include "contrastive/cuda/dispatch.hpp"
+#include "contrastive/cuda/kernels.hpp"
+#include "contrastive/handle.hpp"
+#include "contrastive/ring/blocks.hpp"
+#include "contrastive/ring/cuda/nccl_transport.hpp"
+#include "contrastive/ring/cuda/ring_cuda.hpp"
+#include "contrastive/ring/cuda/support.hpp"
+#include "core/cuda/device.hpp"
+#include "core/workspace.hpp"
+
+namespace flatmem::contrastive::ring {
+namespace {
+
+namespace kc = contrastive::cuda;
+using flatmem::cuda::check_launch;
+
+struct BackwardDeviceBuffers {
+  void *blocks[2] = {};
+  float *column_lse[2] = {};
+  float *dq = nullptr;             // (b, d) fp32 accumulator
+  float *dk_fresh = nullptr;       // this rank's share of the block's dk
+  float *dk_partial[2] = {};
+  float *slots = nullptr;          // the passes' per-CTA accumulators
+  double *ds_partial = nullptr, *ds_total = nullptr;
+};
+
+BackwardDeviceBuffers carve(WorkspaceCarver &carver, const Layout &l, const Inputs &in,
+                            const BackwardArgs &args, int multiprocessors) {
+  BackwardDeviceBuffers f;
+  const bool symmetric = in.loss == Loss::symmetric;
+  const std::int64_t d = in.d(), dk_floats = l.max_cols * d;
+  for (int i = 0; i < 2; ++i) {
+    if (l.ranks > 1) {
+      f.blocks[i] = carver.take<char>(std::int64_t(block_bytes(l.max_cols, in.k)));
+      if (symmetric) f.column_lse[i] = carver.take<float>(l.max_cols);
+    }
+    if (args.dk.data) f.dk_partial[i] = carver.take<float>(dk_floats);
+  }
+  if (args.dq.data) f.dq = carver.take<float>(in.b() * d);
+  if (args.dk.data) f.dk_fresh = carver.take<float>(dk_floats);
+  const int grid = std::max(kc::pass_grid(in.b(), multiprocessors), kc::pass_grid(l.max_cols, multiprocessors));
+  f.slots = carver.take<float>(std::int64_t(grid) * kc::tile_rows * kc::slot_pitch(d));
+  f.ds_partial = carver.take<double>(std::max(kc::ceil_div(in.b(), kc::tile_rows),
+                                              kc::ceil_div(l.max_cols, kc::tile_rows)));
+  f.ds_total = carver.take<double>(1);
+  return f;
+}
+
+}  // namespace
+
+void run_backward_cuda(flatmem_contrastive_s &h, comm::Communicator &comm, const Layout &l,
+                       const Inputs &in, const BackwardArgs &args, void *stream_handle, Stats &stats) {
+  const bool symmetric = in.loss == Loss::symmetric;
+  const bool want_dq = args.dq.data != nullptr, want_dk = args.dk.data != nullptr;
+  const int device_id = in.q.device.device_id;
+  flatmem::cuda::DeviceGuard guard(device_id);
+  const cudaStream_t stream = cuda_ring::stream_of(stream_handle);
+  comm::DeviceTransport &device = *comm.device();
+  const int multiprocessors = flatmem::cuda::multiprocessor_count(device_id);
+  WorkspaceCarver measure;
+  carve(measure, l, in, args, multiprocessors);
+  WorkspaceCarver carver(h.device_workspace.resolve(device_id, measure.bytes()));
+  const BackwardDeviceBuffers buf = carve(carver, l, in, args, multiprocessors);
+  NcclRingTransport transport(comm, device, stream, "contrastive backward ring", stats);
+  const kc::Operand op = kc::operand_for(in.q.dtype, h.options.fp32_precision);
+  const std::int64_t b = in.b(), d = in.d();
+
+  if (want_dq)
+    check_launch(cudaMemsetAsync(buf.dq, 0, std::size_t(b * d) * sizeof(float), stream), "zeroing dq");
+  MatrixView own = in.k;
+  if (l.ranks > 1 && in.k.row_stride != in.k.cols) {  // blocks travel compact
+    own = block_view(buf.blocks[0], in.c(), in.k);
+    check_launch(cudaMemcpy2DAsync(own.data, block_bytes(1, in.k), in.k.data,
+                                   std::size_t(in.k.row_stride) * dtype_bytes(in.k.dtype),
+                                   block_bytes(1, in.k), std::size_t(in.c()), cudaMemcpyDeviceToDevice,
+                                   stream),
+                 "copying k to a compact block");
+  }
+  std::vector<Carried> carried{
+      Carried{Message::column_block, own.data, {buf.blocks[0], buf.blocks[1]}, block_bytes(1, in.k)}};
+  if (symmetric)  // args.col_lse is contiguous (c,)
+    carried.push_back(Carried{Message::column_lse, args.col_lse, {buf.column_lse[0], buf.column_lse[1]},
+                              sizeof(float)});
+  Schedule schedule(transport, l, std::move(carried),
+                    cuda_ring::relayed_dk(buf.dk_fresh, buf.dk_partial, d, stream));
+
+  kc::PassParams common;
+  common.scale = in.scale_data;
+  common.dloss = args.dloss_data;
+  common.inv_n = 1.0 / (symmetric ? 2.0 * double(l.global_rows) : double(l.global_rows));
+  common.labels = in.labels;
+  common.pairs.label_bound = l.global_cols;
+  common.positive_weight = symmetric ? 2.0f : 1.0f;
+  common.slots = buf.slots;
+  common.slot_pitch = kc::slot_pitch(d);
+  // ds comes from the first pass that runs (one without output when only ds is wanted)
+  const bool dq_pass = want_dq || !want_dk;
+  schedule.run([&](const Step &step) {
+    const MatrixView block =
+        step.t == 0 ? own : block_view(const_cast<void *>(step.carried[0]), step.cols, in.k);
+    const auto *block_lse = symmetric ? static_cast<const float *>(step.carried[1]) : nullptr;
+    if (dq_pass) {
+      kc::PassParams p = common;
+      p.rows = kc::device_matrix(in.q);
+      p.cols = kc::device_matrix(block);
+      p.lse_rows = args.row_lse;
+      p.lse_cols = block_lse;
+      p.label_side = in.labels ? kc::LabelSide::of_row : kc::LabelSide::identity;
+      p.pairs.rows_offset = in.row_offset;
+      p.pairs.cols_offset = step.col_offset;
+      if (want_dq) {
+        p.out = buf.dq;
+        p.out_ld = d;
+        p.out_type = kc::OutType::f32;
+        p.out_accumulate = true;
+      }
+      p.ds_partial = args.dscale ? buf.ds_partial : nullptr;
+      check_launch(kc::launch_pass_for(op, p, kc::pass_grid(b, multiprocessors), stream),
+                   "launching the dq pass");
+      if (args.dscale)
+        check_launch(kc::launch_partial_sum(buf.ds_partial, int(kc::ceil_div(b, kc::tile_rows)), buf.ds_total,
+                                            step.t > 0, stream),
+                     "launching the ds sum");
+    }
+    if (want_dk) {
+      kc::PassParams p = common;
+      p.rows = kc::device_matrix(block);
+      p.cols = kc::device_matrix(in.q);
+      p.lse_rows = block_lse;
+      p.lse_cols = args.row_lse;
+      p.label_side = in.labels ? kc::LabelSide::of_col : kc::LabelSide::identity;
+      p.pairs.rows_offset = step.col_offset;
+      p.pairs.cols_offset = in.row_offset;
+      p.out = buf.dk_fresh;
+      p.out_ld = d;
+      p.out_type = kc::OutType::f32;
+      p.ds_partial = args.dscale && !dq_pass ? buf.ds_partial : nullptr;
+      check_launch(kc::launch_pass_for(op, p, kc::pass_grid(step.cols, multiprocessors), stream),
+                   "launching the dk pass");
+      if (args.dscale && !dq_pass)
+        check_launch(kc::launch_partial_sum(buf.ds_partial, int(kc::ceil_div(step.cols, kc::tile_rows)),
+                                            buf.ds_total, step.t > 0, stream),
+                     "launching the ds sum");
+    }
+  });
+
+  double mine = 0.0, everyone = 0.0;
+  cuda_ring::finish_and_read(comm, device, stream, buf.ds_total, &mine, args.dscale ? 1 : 0);
+  comm.all_reduce_sum(&mine, &everyone, 1, comm::SumType::f64, comm.default_timeout(),
+                      "contrastive backward ring: summing dL/ds over the ranks");
+
+  // every message has arrived: the outputs
+  if (want_dq)
+    check_launch(kc::launch_store_accumulator(buf.dq, b, d, args.dq.data, args.dq.row_stride,
+                                              kc::out_type_for(args.dq.dtype), stream),
+                 "storing dq");
+  if (want_dk)
+    check_launch(kc::launch_store_accumulator(static_cast<const float *>(schedule.relayed_result()), in.c(), d,
+                                              args.dk.data, args.dk.row_stride, kc::out_type_for(args.dk.dtype),
+                                              stream),
+                 "storing dk");
+  if (args.dscale)
+    check_launch(kc::launch_store_scalar(args.dscale, float(double(args.dloss) * common.inv_n * everyone), stream),
+                 "storing dlogit_scale");
+}
+
+}  // namespace flatmem::contrastive::ring
