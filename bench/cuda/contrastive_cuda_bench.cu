@@ -19,6 +19,10 @@
 // Memory: flatmem's beyond inputs and outputs is its workspace (it never
 // allocates; the larger of the workspace queries); the naive loss's is its
 // b x b buffers. cudaMemGetInfo deltas around each are printed as a check.
+// Ring rows (ring/1): both losses again through a one-rank ring on this GPU
+// (a communicator whose NCCL transport sends to the rank itself): the ring
+// machinery's overhead over the plain call (issue target <= 1.05x) and the
+// device memory the ring handle allocates for itself.
 //
 // Usage: contrastive_cuda_bench [--quick] [--d 768,512] [--b 16384,65536,262144]
 //   (--quick: d = 512, b = 16384 only; --d / --b: the sweep, in that order, default as shown)
@@ -276,6 +280,57 @@ Row run_sigmoid(Problem &p, double rate, cudaStream_t stream, bench::LtGemm &lt,
   return row;
 }
 
+// The ring machinery's overhead: the same loss through a handle with a
+// one-rank communicator whose NCCL transport is on this GPU (the ring
+// schedule, the per-block kernels, the relayed states / partial dk through
+// NCCL to the rank itself, the agreement and the end-of-call
+// synchronisation), against the plain call above. The handle's own device
+// memory (the ring takes no workspace) is measured with cudaMemGetInfo.
+struct RingRow {
+  double seconds = 0, handle_mb = 0;
+  float loss = 0;
+};
+
+RingRow run_ring(Problem &p, bool sigmoid, flatmem_comm_t *comm, cudaStream_t stream, int reps) {
+  RingRow row;
+  flatmem_contrastive_options options = FLATMEM_CONTRASTIVE_OPTIONS_INIT;
+  options.loss = sigmoid ? FLATMEM_CONTRASTIVE_SIGMOID : FLATMEM_CONTRASTIVE_SYMMETRIC;
+  options.nonfinite = FLATMEM_NONFINITE_PROPAGATE;
+  options.comm = comm;
+  flatmem_contrastive_t *h = nullptr;
+  require(flatmem_contrastive_create(&h, &options), "create (ring)");
+  p.set_scalar(sigmoid ? 4 : 0, sigmoid ? 10.0f : 14.3f);
+  p.set_scalar(5, -10.0f);
+  DLTensor S = p.scalar(sigmoid ? 4 : 0), T = p.scalar(5), L = p.scalar(9), DS = p.scalar(10), DT = p.scalar(11);
+  const auto step = [&] {
+    if (sigmoid)
+      require(flatmem_contrastive_sigmoid_value_and_grad(h, &p.Q, &p.K, nullptr, &S, &T, &L, &p.DQ, &p.DK, &DS, &DT,
+                                                         nullptr, 0, stream),
+              "ring sigmoid value_and_grad");
+    else {
+      require(flatmem_contrastive_forward(h, &p.Q, &p.K, nullptr, &S, &L, &p.RL, &p.CL, nullptr, 0, stream),
+              "ring forward");
+      require(flatmem_contrastive_backward(h, &p.Q, &p.K, nullptr, &S, &p.RL, &p.CL, nullptr, &p.DQ, &p.DK, &DS,
+                                           nullptr, 0, stream),
+              "ring backward");
+    }
+  };
+  const std::size_t before = free_bytes();
+  step();  // the handle's buffers are allocated at the first calls
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  row.handle_mb = double(before - free_bytes()) / 1048576.0;
+  row.seconds = time_it(stream, reps, step);
+  row.loss = p.get_scalar(9);
+  flatmem_contrastive_destroy(h);
+  return row;
+}
+
+void print_ring_row(const char *loss, const Problem &p, const RingRow &r, const Row &plain) {
+  std::printf("%-9s %5d %7lld | %10.4f  ring/plain %.3f  handle memory %.1f MiB | value %.6f (plain %.6f)\n", loss,
+              p.d, (long long)p.b, r.seconds, r.seconds / plain.flatmem_s, r.handle_mb, r.loss, plain.loss);
+  std::fflush(stdout);
+}
+
 // One table line: flatmem's time and rate (on `useful_flops`), the GEMM floor, the naive loss.
 void print_row(const char *loss, const Row &r, double useful_flops) {
   const double tflops = useful_flops / r.flatmem_s / 1e12;
@@ -344,16 +399,31 @@ int main(int argc, char **argv) {
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreate(&stream));
   bench::LtGemm lt;
+  // The ring rows' one-rank communicator with its NCCL transport on this GPU.
+  flatmem_comm_t *comm = nullptr;
+  require(flatmem_comm_create_local(&comm, 1, nullptr), "flatmem_comm_create_local");
+  if (flatmem_comm_init_device(comm, 0, 0) != FLATMEM_STATUS_SUCCESS) {
+    std::printf("ring rows skipped: flatmem_comm_init_device: %s\n\n", flatmem_last_error());
+    flatmem_comm_destroy(comm);
+    comm = nullptr;
+  }
   print_header();
+  std::printf("ring/1 rows: the same loss through a one-rank ring (NCCL to itself); ring/plain: its time "
+              "over the plain call's (target <= 1.05)\n");
   for (int d : dims) {
     for (std::int64_t b : batches) {
       const int reps = b >= 262144 ? 2 : 5;
       Problem p(d, b, stream);
       const double rate = gemm_rate(p, stream, lt, reps);
-      print_row("symmetric", run(p, rate, stream, lt, reps), 8.0 * double(b) * double(b) * d);
-      print_row("sigmoid", run_sigmoid(p, rate, stream, lt, reps), 6.0 * double(b) * double(b) * d);
+      const Row symmetric = run(p, rate, stream, lt, reps);
+      print_row("symmetric", symmetric, 8.0 * double(b) * double(b) * d);
+      if (comm) print_ring_row("ring/1 sym", p, run_ring(p, false, comm, stream, reps), symmetric);
+      const Row sigmoid = run_sigmoid(p, rate, stream, lt, reps);
+      print_row("sigmoid", sigmoid, 6.0 * double(b) * double(b) * d);
+      if (comm) print_ring_row("ring/1 sig", p, run_ring(p, true, comm, stream, reps), sigmoid);
     }
   }
+  if (comm) flatmem_comm_destroy(comm);
   cudaStreamDestroy(stream);
   return 0;
 }

@@ -153,6 +153,13 @@ int flatmem_jax_comm_barrier(int64_t slot, int64_t timeout_ms, char *message,
   });
 }
 
+int flatmem_jax_comm_init_device(int64_t slot, int32_t cuda_device, int64_t timeout_ms, char *message,
+                                 size_t message_size) {
+  return with_comm(slot, message, message_size, [&](flatmem_comm_t *comm) {
+    return flatmem_comm_init_device(comm, cuda_device, timeout_ms);
+  });
+}
+
 int flatmem_jax_comm_close(int64_t slot, int abort, char *message, size_t message_size) {
   std::string text;
   const flatmem_status status = flatmem_jax::close_comm(slot, abort != 0, text);

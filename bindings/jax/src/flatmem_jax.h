@@ -196,6 +196,9 @@ FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_all_reduce_cpu(XLA_FFI_CallFrame
  *   rank             this rank and the world size.
  *   health           flatmem_comm_health.
  *   barrier          flatmem_comm_barrier (collective).
+ *   init_device      flatmem_comm_init_device (collective): the NCCL device
+ *                    transport on CUDA device cuda_device, which the ring
+ *                    handlers for XLA:GPU move their blocks with.
  *   close            destroys (abort = 0: orderly, flatmem_comm_destroy) or
  *                    aborts (flatmem_comm_abort: the peers fail at once) the
  *                    communicator and its ring handles; the slot stays closed.
@@ -208,6 +211,9 @@ FLATMEM_JAX_API int flatmem_jax_comm_rank(int64_t slot, int32_t *rank, int32_t *
 FLATMEM_JAX_API int flatmem_jax_comm_health(int64_t slot, char *message, size_t message_size);
 FLATMEM_JAX_API int flatmem_jax_comm_barrier(int64_t slot, int64_t timeout_ms, char *message,
                                              size_t message_size);
+FLATMEM_JAX_API int flatmem_jax_comm_init_device(int64_t slot, int32_t cuda_device,
+                                                 int64_t timeout_ms, char *message,
+                                                 size_t message_size);
 FLATMEM_JAX_API int flatmem_jax_comm_close(int64_t slot, int abort, char *message,
                                            size_t message_size);
 

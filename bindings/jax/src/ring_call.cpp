@@ -36,10 +36,9 @@ ffi::Error ring_all_reduce(std::int64_t slot, const ffi::AnyBuffer &send, ffi::A
 ffi::Error ring_on_cuda_unsupported(const char *what) {
   return ffi::Error(ffi::ErrorCode::kUnimplemented,
                     std::string("flatmem_jax: ") + what +
-                        ": FLATMEM_STATUS_UNSUPPORTED: flatmem's ring across ranks runs on host "
-                        "(kDLCPU) tensors over the communicator's host transport only "
-                        "(flatmem.h, \"Ring across ranks\"); put the operands on the CPU "
-                        "(jax.device_put(x, jax.devices(\"cpu\")[0])) or use the loss without comm");
+                        ": FLATMEM_STATUS_UNSUPPORTED: flatmem_jax's all-reduce sums host (kDLCPU) "
+                        "buffers over the communicator's host transport only; put the operand on "
+                        "the CPU (jax.device_put(x, jax.devices(\"cpu\")[0]))");
 }
 
 }  // namespace flatmem_jax

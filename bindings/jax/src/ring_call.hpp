@@ -1,5 +1,5 @@
 // The body of the ring handlers, shared by the CPU handlers
-// (ring_handlers.cpp) and the CUDA ones (ring_cuda.cu, which only refuse):
+// (ring_handlers.cpp) and the CUDA ones (ring_cuda.cu):
 // the handle source of a ring call -- the lease of the communicator's slot
 // and its ring handle (ring_registry.hpp) -- and the all-reduce.
 #pragma once
@@ -29,8 +29,7 @@ class RingSource final : public HandleSource {
 // recv = sum over the ranks of slot's communicator of send (host buffers).
 ffi::Error ring_all_reduce(std::int64_t slot, const ffi::AnyBuffer &send, ffi::AnyBuffer recv);
 
-// What the CUDA ring handlers return: flatmem's ring runs over the host
-// transport on kDLCPU tensors only (flatmem.h, "Ring across ranks").
+// What the CUDA all-reduce handler returns: it sums host buffers only.
 ffi::Error ring_on_cuda_unsupported(const char *what);
 
 }  // namespace flatmem_jax

@@ -1,13 +1,12 @@
-// XLA FFI handlers of the ring losses and the all-reduce for XLA:GPU
-// (CUDA): compiled with the other CUDA handlers, bound like them (XLA's
-// stream, device ordinal and scratch allocator, then the operands of
-// contrastive_bindings.hpp and the comm and fp32_precision attributes; the
-// all-reduce's comm alone), and honest: flatmem's ring runs over the
-// communicator's host transport on kDLCPU tensors only
-// (flatmem.h, "Ring across ranks"), so each returns XLA's UNIMPLEMENTED with
-// a message saying so, touching no buffer and no communicator. (flatmem's
-// all-reduce does take kDLCUDA buffers after flatmem_comm_init_device, which
-// flatmem_jax does not call.)
+// XLA FFI handlers of the ring losses for XLA:GPU (CUDA): the CPU handlers'
+// bodies (ring_handlers.cpp) on kDLCUDA views of XLA's buffers and XLA's
+// stream. flatmem runs the ring on CUDA tensors over the communicator's NCCL
+// device transport, which RingComm.init_device (flatmem_comm_init_device)
+// creates; without it flatmem refuses, naming options.comm. The ring keeps
+// its transit buffers in device memory the ring handle allocates itself
+// (cudaMalloc, outside XLA's allocator), and it synchronises XLA's stream
+// once per call (flatmem.h, "Ring across ranks"). The all-reduce stays
+// host-only: it returns UNIMPLEMENTED on XLA:GPU, touching nothing.
 #include <cuda_runtime_api.h>
 
 #include "contrastive_bindings.hpp"
@@ -23,40 +22,68 @@ using Buffer = ffi::AnyBuffer;
 using Out = ffi::Result<ffi::AnyBuffer>;
 using Scratch = ffi::ScratchAllocator;
 
-ffi::Error clip_forward(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Out, Out, Out,
-                        int64_t, int64_t) {
-  return ring_on_cuda_unsupported("clip_loss(comm=...)");
+DLDevice on(int32_t device_ordinal) { return DLDevice{kDLCUDA, device_ordinal}; }
+
+ffi::Error clip_forward(cudaStream_t stream, int32_t device, Scratch, Buffer q, Buffer k, Buffer s,
+                        Out loss, Out row_lse, Out col_lse, int64_t comm, int64_t fp32_precision) {
+  RingSource handles(comm, FLATMEM_CONTRASTIVE_SYMMETRIC, fp32_precision);
+  NoWorkspace ws;
+  return call_forward(handles, on(device), stream, {q, k, s, std::nullopt, *loss, *row_lse, *col_lse}, ws);
 }
 
-ffi::Error clip_backward(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Buffer, Buffer,
-                         Buffer, Out, Out, Out, int64_t, int64_t) {
-  return ring_on_cuda_unsupported("clip_loss(comm=...) backward");
+ffi::Error clip_backward(cudaStream_t stream, int32_t device, Scratch, Buffer q, Buffer k, Buffer s,
+                         Buffer row_lse, Buffer col_lse, Buffer g, Out dq, Out dk, Out ds, int64_t comm,
+                         int64_t fp32_precision) {
+  RingSource handles(comm, FLATMEM_CONTRASTIVE_SYMMETRIC, fp32_precision);
+  NoWorkspace ws;
+  return call_backward(handles, on(device), stream,
+                       {q, k, s, std::nullopt, row_lse, col_lse, g, *dq, *dk, *ds}, ws);
 }
 
-ffi::Error infonce_forward(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Out, Out,
-                           std::optional<Buffer>, int64_t, int64_t) {
-  return ring_on_cuda_unsupported("infonce_loss(comm=...)");
+ffi::Error infonce_forward(cudaStream_t stream, int32_t device, Scratch, Buffer q, Buffer k, Buffer s,
+                           Out loss, Out row_lse, std::optional<Buffer> labels, int64_t comm,
+                           int64_t fp32_precision) {
+  RingSource handles(comm, FLATMEM_CONTRASTIVE_INFONCE, fp32_precision);
+  NoWorkspace ws;
+  return call_forward(handles, on(device), stream, {q, k, s, labels, *loss, *row_lse, std::nullopt}, ws);
 }
 
-ffi::Error infonce_backward(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Buffer, Buffer,
-                            Out, Out, Out, std::optional<Buffer>, int64_t, int64_t) {
-  return ring_on_cuda_unsupported("infonce_loss(comm=...) backward");
+ffi::Error infonce_backward(cudaStream_t stream, int32_t device, Scratch, Buffer q, Buffer k, Buffer s,
+                            Buffer row_lse, Buffer g, Out dq, Out dk, Out ds, std::optional<Buffer> labels,
+                            int64_t comm, int64_t fp32_precision) {
+  RingSource handles(comm, FLATMEM_CONTRASTIVE_INFONCE, fp32_precision);
+  NoWorkspace ws;
+  return call_backward(handles, on(device), stream,
+                       {q, k, s, labels, row_lse, std::nullopt, g, *dq, *dk, *ds}, ws);
 }
 
-ffi::Error sigmoid_forward(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Buffer, Out,
-                           std::optional<Buffer>, int64_t, int64_t) {
-  return ring_on_cuda_unsupported("sigmoid_loss(comm=...)");
+ffi::Error sigmoid(SigmoidCall call, cudaStream_t stream, int32_t device, int64_t comm,
+                   int64_t fp32_precision, const SigmoidBuffers &io) {
+  RingSource handles(comm, FLATMEM_CONTRASTIVE_SIGMOID, fp32_precision);
+  NoWorkspace ws;
+  return call_sigmoid(call, handles, on(device), stream, io, ws);
 }
 
-ffi::Error sigmoid_value_and_grad(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Buffer,
-                                  Out, Out, Out, Out, Out, std::optional<Buffer>, int64_t,
-                                  int64_t) {
-  return ring_on_cuda_unsupported("sigmoid_loss(comm=...) value_and_grad");
+ffi::Error sigmoid_forward(cudaStream_t stream, int32_t device, Scratch, Buffer q, Buffer k, Buffer s,
+                           Buffer t, Out loss, std::optional<Buffer> labels, int64_t comm,
+                           int64_t fp32_precision) {
+  return sigmoid(SigmoidCall::forward, stream, device, comm, fp32_precision,
+                 {q, k, s, t, labels, std::nullopt, *loss, std::nullopt, std::nullopt, std::nullopt,
+                  std::nullopt});
 }
 
-ffi::Error sigmoid_backward(cudaStream_t, int32_t, Scratch, Buffer, Buffer, Buffer, Buffer, Buffer,
-                            Out, Out, Out, Out, std::optional<Buffer>, int64_t, int64_t) {
-  return ring_on_cuda_unsupported("sigmoid_loss(comm=...) backward");
+ffi::Error sigmoid_value_and_grad(cudaStream_t stream, int32_t device, Scratch, Buffer q, Buffer k,
+                                  Buffer s, Buffer t, Out loss, Out dq, Out dk, Out ds, Out dt,
+                                  std::optional<Buffer> labels, int64_t comm, int64_t fp32_precision) {
+  return sigmoid(SigmoidCall::value_and_grad, stream, device, comm, fp32_precision,
+                 {q, k, s, t, labels, std::nullopt, *loss, *dq, *dk, *ds, *dt});
+}
+
+ffi::Error sigmoid_backward(cudaStream_t stream, int32_t device, Scratch, Buffer q, Buffer k, Buffer s,
+                            Buffer t, Buffer g, Out dq, Out dk, Out ds, Out dt, std::optional<Buffer> labels,
+                            int64_t comm, int64_t fp32_precision) {
+  return sigmoid(SigmoidCall::backward, stream, device, comm, fp32_precision,
+                 {q, k, s, t, labels, g, std::nullopt, *dq, *dk, *ds, *dt});
 }
 
 ffi::Error all_reduce(cudaStream_t, int32_t, Scratch, Buffer, Out, int64_t) {

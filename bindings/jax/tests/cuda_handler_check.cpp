@@ -14,8 +14,9 @@
 // host buffers all the same), precisions TF32 and FULL (the CPU forward: the
 // default's bits for fp32; 7 is flatmem's INVALID_ARGUMENT naming
 // options.fp32_precision). The ring handlers (attributes comm and
-// fp32_precision; the all-reduce comm alone) must refuse too, saying that
-// flatmem's ring takes kDLCPU tensors only. The sigmoid (SigLIP) handlers likewise: the CPU
+// fp32_precision) run flatmem's ring on CUDA: given slot 0, which names no
+// communicator, each fails naming it; the all-reduce (comm alone) refuses,
+// saying it sums kDLCPU buffers only. The sigmoid (SigLIP) handlers likewise: the CPU
 // forward through the frame gives the loss of its constant logits (q, k, s
 // and the bias t in their places), the CUDA ones refuse.
 //
@@ -264,19 +265,20 @@ bool all_equal(Buffer &b, float value) {
   return true;
 }
 
-// A refusal: UNIMPLEMENTED with flatmem's UNSUPPORTED status and `about` in the
-// message, results untouched, no scratch memory held.
+// A refusal: XLA error `code` with flatmem's `status` and `about` in the
+// message (by default UNIMPLEMENTED / UNSUPPORTED), results untouched, no
+// scratch memory held.
 void expect_refusal(const char *name, XLA_FFI_Error *(*handler)(XLA_FFI_CallFrame *),
                     std::vector<Buffer *> args, std::vector<Buffer *> rets,
-                    ContrastiveAttrs &attrs, const char *about) {
+                    ContrastiveAttrs &attrs, const char *about,
+                    XLA_FFI_Error_Code code = XLA_FFI_Error_Code_UNIMPLEMENTED,
+                    const char *status = "FLATMEM_STATUS_UNSUPPORTED") {
   XLA_FFI_ExecutionContext ctx;
   const Outcome out = call(handler, args, rets, ctx, attrs.get());
   std::printf("      %s -> code %d: %s\n", name, static_cast<int>(out.code), out.message.c_str());
-  expect(!out.ok && out.code == XLA_FFI_Error_Code_UNIMPLEMENTED,
-         std::string(name) + " returns UNIMPLEMENTED");
-  expect(out.message.find("FLATMEM_STATUS_UNSUPPORTED") != std::string::npos &&
-             out.message.find(about) != std::string::npos,
-         std::string(name) + " carries an UNSUPPORTED message about " + about);
+  expect(!out.ok && out.code == code, std::string(name) + " returns error code " + std::to_string(int(code)));
+  expect(out.message.find(status) != std::string::npos && out.message.find(about) != std::string::npos,
+         std::string(name) + " carries a " + status + " message about " + about);
   bool untouched = true;
   for (Buffer *r : rets) untouched = untouched && all_equal(*r, -7.0f);
   expect(untouched, std::string(name) + " leaves its results untouched");
@@ -291,13 +293,15 @@ void expect_refused(const char *name, XLA_FFI_Error *(*handler)(XLA_FFI_CallFram
   expect_refusal(name, handler, std::move(args), std::move(rets), attrs, "kDLCUDA");
 }
 
-// The ring CUDA handlers: refused before any buffer or communicator is touched
-// (flatmem's ring takes kDLCPU tensors only); slot 0 names no communicator here.
+// The ring CUDA handlers run flatmem's ring on the device buffers; slot 0
+// names no communicator here, so each must fail naming it (INVALID_ARGUMENT)
+// before any buffer is touched.
 void expect_ring_refused(const char *name, XLA_FFI_Error *(*handler)(XLA_FFI_CallFrame *),
                          std::vector<Buffer *> args, std::vector<Buffer *> rets,
                          int64_t fp32_precision = 0) {
   ContrastiveAttrs attrs(ContrastiveAttrs::Comm{0}, fp32_precision);
-  expect_refusal(name, handler, std::move(args), std::move(rets), attrs, "kDLCPU");
+  expect_refusal(name, handler, std::move(args), std::move(rets), attrs, "slot 0",
+                 XLA_FFI_Error_Code_INVALID_ARGUMENT, "FLATMEM_STATUS_INVALID_ARGUMENT");
 }
 
 // The ring all-reduce's CUDA handler (attribute comm alone): refused likewise.

@@ -153,7 +153,7 @@ def test_reversible_cuda_lowering_uses_the_same_targets_without_workspace_result
 
 
 @pytest.mark.skipif(not flatmem_jax.has_cuda, reason="libflatmem_jax.so built without nvcc")
-def test_cuda_handlers_return_flatmems_unsupported_error():
+def test_cuda_handlers_return_flatmems_errors():
     # No GPU here: cuda_handler_check.cpp calls the exported CUDA handlers through a
     # hand-made XLA FFI call frame and a fake runtime (see its header comment).
     # scripts/check-jax.sh names the program in its CMake build folder; else next to the library.
@@ -166,9 +166,12 @@ def test_cuda_handlers_return_flatmems_unsupported_error():
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASSED: 0 failure(s)" in run.stdout
     # XLA_FFI_Error_Code_UNIMPLEMENTED: 5 handler calls, 2 more with a logit cache budget,
-    # 2 with fp32_precision TF32 / FULL, the 5 ring handlers and 1 more with FULL, 4 sigmoid
-    # handler calls and the 3 sigmoid ring handlers
-    assert run.stdout.count("-> code 12: ") == 22
+    # 2 with fp32_precision TF32 / FULL, the ring all-reduce and 4 sigmoid handler calls
+    assert run.stdout.count("-> code 12: ") == 14
+    # the ring loss handlers run flatmem's ring on CUDA; slot 0 names no communicator:
+    # XLA_FFI_Error_Code_INVALID_ARGUMENT (3) from the 4 softmax ones, 1 more with FULL and
+    # the 3 sigmoid ones, and the CPU forward with fp32_precision 7 (below)
+    assert run.stdout.count("-> code 3: ") == 9
     # fp32_precision reaches the CPU handler: TF32 and FULL succeed (the default's bits for
     # fp32), 7 is flatmem's INVALID_ARGUMENT (XLA_FFI_Error_Code_INVALID_ARGUMENT: 3)
     assert run.stdout.count("cpu forward (fp32_precision ") == 3

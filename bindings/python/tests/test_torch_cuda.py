@@ -89,3 +89,35 @@ def test_a_compiled_cuda_model():
     loss = step(x, y)
     loss.backward()
     assert loss.device.type == "cuda" and model.weight.grad is not None
+
+
+@pytest.fixture(scope="module")
+def device_ring():
+    """A one-rank communicator with its NCCL transport on the current GPU: the ring on CUDA
+    tensors, whose one-rank result is the single-device loss bit for bit (flatmem.h)."""
+    import flatmem
+    comm = flatmem.Communicator.create_local(1)[0]
+    comm.init_device(torch.cuda.current_device())
+    yield comm
+    comm.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["clip", "infonce", "sigmoid"])
+def test_cuda_ring_of_one_rank_is_the_single_device_loss_bitwise(device_ring, dtype, kind):
+    b, c, d = 97, (97 if kind == "clip" else 131), 64
+    q, k = unit_rows(7, b, d, dtype), unit_rows(8, c, d, dtype)
+    labels = (torch.arange(b) * 5 % c).cuda()
+    out = []
+    for comm in (None, device_ring):
+        x = leaves(q, k, "cuda", 10.0, -5.0)
+        if kind == "clip":
+            loss = fmt.clip_loss(x[0], x[1], x[2], comm=comm)
+        elif kind == "infonce":
+            loss = fmt.infonce_loss(x[0], x[1], x[2], labels, comm=comm)
+        else:
+            loss = fmt.sigmoid_loss(x[0], x[1], x[2], x[3], labels, comm=comm)
+        loss.backward()
+        out.append([loss.detach()] + [t.grad for t in x[:3]])
+    for single, ring in zip(*out):
+        assert torch.equal(single, ring)

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "comm/device_transport.hpp"
 #include "contrastive/handle.hpp"
 #include "contrastive/ring/cuda/ring_cuda.hpp"
 #include "contrastive/ring/ring.hpp"
@@ -63,7 +64,14 @@ const std::int64_t *device_checks(comm::Communicator &comm, Inputs &in, void *st
   return labels_copy.data();
 }
 
-// Runs the ring, timing it; any failure poisons the communicator first.
+// Fails the communicator: poisoned (the ranks are out of step), and its NCCL
+// transport aborted, so that no transfer of the ring stays queued on a stream.
+void fail_communicator(comm::Communicator &comm, flatmem_status status, const std::string &message) {
+  comm.poison(status, message);
+  if (comm::DeviceTransport *device = comm.device()) device->abort();
+}
+
+// Runs the ring, timing it; any failure fails the communicator first.
 template <typename Ring>
 void run_guarded(comm::Communicator &comm, Stats &stats, const char *call, Ring &&ring) {
   const auto start = std::chrono::steady_clock::now();
@@ -71,12 +79,12 @@ void run_guarded(comm::Communicator &comm, Stats &stats, const char *call, Ring 
   try {
     ring();
   } catch (const Error &e) {
-    comm.poison(e.status(), std::string(call) + " failed on rank " + std::to_string(comm.rank()) +
-                                ": " + e.what());
+    fail_communicator(comm, e.status(),
+                      std::string(call) + " failed on rank " + std::to_string(comm.rank()) + ": " + e.what());
     throw;
   } catch (const std::exception &e) {
-    comm.poison(FLATMEM_STATUS_INTERNAL, std::string(call) + " failed on rank " +
-                                             std::to_string(comm.rank()) + ": " + e.what());
+    fail_communicator(comm, FLATMEM_STATUS_INTERNAL,
+                      std::string(call) + " failed on rank " + std::to_string(comm.rank()) + ": " + e.what());
     throw;
   }
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -59,9 +59,17 @@ Failures
     fails at once with FLATMEM_STATUS_COMM_POISONED; close or abort it.
 
 Platforms
-    CPU buffers only: flatmem's ring runs over the communicator's host
-    transport. On XLA:GPU the ring custom calls are compiled in (with the
-    CUDA handlers) but return UNIMPLEMENTED saying so.
+    CPU buffers: the ring runs over the communicator's host transport.
+    XLA:GPU (CUDA handlers, libflatmem_jax built with nvcc): call
+    comm.init_device(cuda_device) once on every rank (collective; the NCCL
+    device transport on this rank's GPU), then the ring losses run on the
+    device buffers: tile kernels on XLA's stream, blocks over NCCL. Without
+    init_device they fail naming options.comm. The ring keeps its transit
+    buffers in device memory it allocates itself (cudaMalloc, outside XLA's
+    preallocated pool: leave room, e.g. XLA_PYTHON_CLIENT_MEM_FRACTION=.7),
+    and it synchronises XLA's stream once per call. The CUDA ring has not
+    yet run on a GPU in flatmem's own tests (compiled only). all_reduce sums
+    host buffers only (XLA:GPU: UNIMPLEMENTED).
 
 Creating the communicator: initialize() (below). Its UCX transport reads
 UCX's own environment (UCX_TLS, UCX_NET_DEVICES, ...; on one host e.g.
@@ -98,6 +106,9 @@ _lib.flatmem_jax_comm_health.argtypes = [ctypes.c_int64, ctypes.c_char_p, ctypes
 _lib.flatmem_jax_comm_barrier.restype = ctypes.c_int
 _lib.flatmem_jax_comm_barrier.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_char_p,
                                           ctypes.c_size_t]
+_lib.flatmem_jax_comm_init_device.restype = ctypes.c_int
+_lib.flatmem_jax_comm_init_device.argtypes = [ctypes.c_int64, ctypes.c_int32, ctypes.c_int64,
+                                              ctypes.c_char_p, ctypes.c_size_t]
 _lib.flatmem_jax_comm_close.restype = ctypes.c_int
 _lib.flatmem_jax_comm_close.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_char_p,
                                         ctypes.c_size_t]
@@ -190,6 +201,16 @@ class RingComm:
         """Every rank reaches this call before any returns (collective, host
         side, outside any program); at most timeout_ms (0 = the default)."""
         _checked(_lib.flatmem_jax_comm_barrier, self.slot, _milliseconds("timeout_ms", timeout_ms))
+
+    def init_device(self, cuda_device: int, timeout_ms: int = 0) -> None:
+        """flatmem_comm_init_device (collective): creates the communicator's
+        NCCL device transport on CUDA device ``cuda_device`` (this rank's GPU,
+        e.g. ``jax.local_devices()[0].id``), which the ring losses on XLA:GPU
+        move their blocks with. Once per communicator, on every rank; at most
+        timeout_ms (0 = the default). Raises FlatmemError (UNSUPPORTED in a
+        flatmem built without NCCL, TIMEOUT, ...)."""
+        _checked(_lib.flatmem_jax_comm_init_device, self.slot, int(cuda_device),
+                 _milliseconds("timeout_ms", timeout_ms))
 
     def all_reduce(self, x):
         """The sum over ranks of x (collective), as a custom call: works

@@ -280,7 +280,8 @@ class Communicator:
     def init_device(self, cuda_device, timeout_ms=0):
         """Collective: bring up the NCCL device transport of these ranks on
         CUDA device `cuda_device` (flatmem_comm_init_device), as
-        Cyclic(..., memory="cuda") needs on every rank. UnsupportedError
+        Cyclic(..., memory="cuda") and the ring losses on CUDA tensors need
+        on every rank. UnsupportedError
         without NCCL or a usable CUDA driver (the communicator stays healthy
         and the call may be retried); InvalidArgumentError for a device that
         does not exist."""

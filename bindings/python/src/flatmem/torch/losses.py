@@ -23,8 +23,12 @@ Options:
   logit_cache_bytes  (softmax losses, CPU) bytes of logit tiles the forward keeps for the backward:
                      6 b c d instead of 8 b c d FLOPs at 4 b c bytes, bitwise the same gradients
   comm               a flatmem.Communicator (flatmem.torch.communicator()): the ring loss of the
-                     GLOBAL batch whose rows this rank holds (CPU tensors); see distributed.py for
-                     the gradient convention under DDP
+                     GLOBAL batch whose rows this rank holds; see distributed.py for the gradient
+                     convention under DDP. CPU tensors travel over the host transport; CUDA
+                     tensors over NCCL after ``comm.init_device(torch.cuda.current_device())`` on
+                     every rank (without it the call fails naming options.comm). The CUDA ring
+                     synchronises the current stream once per call and keeps its transit buffers
+                     in memory it allocates itself (outside torch's caching allocator).
   grad_scale         the incoming gradient is multiplied by this (the ring under DDP: the world size)
   nonfinite          "propagate" (default: NaN / Inf flow into the results, as in torch; CUDA needs
                      it) or "error" (the CPU refuses them, naming the tensor)
@@ -117,15 +121,23 @@ class _RingModule(torch.nn.Module):
                              "flatmem.Communicator (flatmem.torch.communicator())")
         self.rank, self.world_size = int(rank), int(world_size)
         self.comm = comm
+        self._made_comm = comm is None  # made here: the device transport is ours to start too
+        self._device_ready = False
         self.nonfinite = nonfinite
         _propagate(nonfinite)
 
-    def _ring(self):
+    def _ring(self, features):
         if self.comm is None and self.world_size > 1:
             self.comm = dist_.communicator(timeout_ms=self.comm_timeout_ms)
         if self.comm is not None and self.comm.world_size != self.world_size and self.world_size > 1:
             raise ValueError(f"flatmem.torch: world_size={self.world_size} but the communicator has "
                              f"{self.comm.world_size} ranks")
+        if self.comm is not None and self._made_comm and features.is_cuda and not self._device_ready:
+            # CUDA features: the communicator made here gets its NCCL transport on their GPU
+            # (collective: every rank's first call comes here with its own CUDA features).
+            self.comm.init_device(features.device.index if features.device.index is not None
+                                  else torch.cuda.current_device(), self.comm_timeout_ms)
+            self._device_ready = True
         return self.comm
 
     def _grad_scale(self, comm):
@@ -151,6 +163,8 @@ class ClipLoss(_RingModule):
     cache_labels are accepted for compatibility and change nothing: flatmem always computes that
     global loss exactly, in O(b) memory. comm_timeout_ms: the deadline of each wait of the
     communicator made here (0 = $FLATMEM_COMM_TIMEOUT_MS or 60 s; raise it for very large batches).
+    With CUDA features that communicator also gets its NCCL device transport on their GPU at the
+    first call (a ``comm`` passed in must have had ``init_device`` called on it).
     logit_cache_bytes, nonfinite, precision: as clip_loss.
     """
 
@@ -162,7 +176,7 @@ class ClipLoss(_RingModule):
         self.logit_cache_bytes = _cache_bytes(logit_cache_bytes)
 
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False):
-        comm = self._ring()
+        comm = self._ring(image_features)
         loss = clip_loss(image_features, text_features, logit_scale, comm=comm,
                          logit_cache_bytes=0 if comm is not None else self.logit_cache_bytes,
                          grad_scale=self._grad_scale(comm), nonfinite=self.nonfinite, precision=self.precision)
@@ -193,7 +207,7 @@ class SigLipLoss(_RingModule):
         self.recompute = bool(recompute)
 
     def forward(self, image_features, text_features, logit_scale, logit_bias, output_dict=False):
-        comm = self._ring()
+        comm = self._ring(image_features)
         loss = sigmoid_loss(image_features, text_features, logit_scale, logit_bias, comm=comm,
                             recompute=self.recompute, grad_scale=self._grad_scale(comm), nonfinite=self.nonfinite,
                             precision=self.precision)
