@@ -293,7 +293,10 @@ FLATMEM_API flatmem_status flatmem_comm_barrier(flatmem_comm_t *comm, int64_t ti
  * rank 0 over the host transport, initialised non-blocking and polled until
  * timeout_ms (0 = the handle's default). UNSUPPORTED when the library was
  * built without NCCL. Calling it twice is INVALID_ARGUMENT. Ranks must use
- * distinct GPUs (NCCL cannot host two ranks on one GPU).
+ * distinct GPUs (NCCL cannot host two ranks on one GPU). Needed by every
+ * device path of a communicator: kDLCUDA isend / irecv / all_reduce, the
+ * cyclic runtime's device gradients and the ring contrastive losses on
+ * kDLCUDA tensors (flatmem.h, "Ring across ranks").
  *
  * NCCL (2.19 or newer) is opened at run time: $FLATMEM_NCCL_LIBRARY if set,
  * else libnccl.so.2 from the loader's path, else the NCCL found when flatmem

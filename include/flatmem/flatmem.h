@@ -33,6 +33,9 @@
  *   read device memory on the host: work is enqueued on `stream` and the
  *   function returns; results are ready when the stream gets there. A
  *   workspace is required (see the contrastive section, "CUDA tensors").
+ *   The one exception is the ring loss on kDLCUDA tensors (a handle with
+ *   options.comm; "Ring across ranks"), which synchronises `stream` and
+ *   keeps device memory of its own.
  * - Workspace: every compute function takes (workspace, workspace_bytes).
  *   Ask the matching *_workspace_size function first. Passing NULL and 0
  *   lets the handle allocate and keep a buffer of its own (grown on demand,
@@ -339,7 +342,8 @@ typedef struct flatmem_comm_s flatmem_comm_t;
  *    in two passes, each recomputing its logit tiles: every output row then
  *    has a single owner and needs no atomics).
  *
- * Ring across ranks (options.comm != NULL; CPU tensors, host transport):
+ * Ring across ranks (options.comm != NULL; CPU tensors over the host
+ * transport, CUDA tensors over NCCL -- "On CUDA tensors" below):
  *  The loss of one global batch spread over the world_size ranks of a
  *  flatmem_comm_t (<flatmem/comm.h>). Rank r passes ITS rows q_r (b_r x d)
  *  and ITS columns k_r (c_r x d); nobody holds the whole batch.
@@ -414,6 +418,32 @@ typedef struct flatmem_comm_s flatmem_comm_t;
  *    (every merge and sum runs in a fixed order). With one rank it gives
  *    the single-process results bit for bit; with more ranks the order of
  *    the sums differs, so results agree with one process to rounding.
+ *  - On CUDA tensors (a library built with CUDA and NCCL): every rank calls
+ *    flatmem_comm_init_device(comm, its device) once first, and passes
+ *    tensors of that device (else INVALID_ARGUMENT naming options.comm or
+ *    q; a build without NCCL: UNSUPPORTED). The same schedule runs with the
+ *    CUDA tile kernels, on `stream`, computing each block while NCCL moves
+ *    the next one on a transfer stream of the ring's own (ordered by
+ *    events; one NCCL group per step, which every rank issues in the same
+ *    order). The call is synchronous for the host: it waits for `stream` to
+ *    reach it and reads logit_scale, dloss, logit_bias and the labels
+ *    (they take part in the agreement; labels are checked on the host as
+ *    above), and it waits once at its end, under the communicator's
+ *    deadline, before writing the outputs (queued on `stream`). Handle
+ *    memory on the GPU (cudaMalloc, kept and grown like the CPU's, freed
+ *    by destroy), rank r, B' = max_s c_s: 2 column blocks (B' d, input
+ *    dtype) when there are several ranks; forward 8 b_r (row states) +
+ *    8 * 16 b_r (tile partials) + 12 b_r bytes, symmetric 3 column states
+ *    (8 B' each) and 8 * 32 B' of tile partials; backward and sigmoid with
+ *    dq an fp32 accumulator (4 b_r d), with dk 3 fp32 blocks (4 B' d
+ *    each), the gradient passes' per-CTA slots (2 per SM, 64 x d fp32
+ *    each), and O(b_r / 64) doubles of partial sums. Never a b_r x C
+ *    buffer. Every result of one rank equals the single-device call's bit
+ *    for bit (the one-rank ring still sends its relayed items to itself
+ *    through NCCL). A failure fails the communicator and aborts its NCCL
+ *    transport, so no transfer stays queued on `stream`. Not yet run on a
+ *    GPU in flatmem's own tests (compiled only; scripts/gpu-check.sh runs
+ *    tests/contrastive/gpu/test_gpu_ring.cpp where a GPU is lent).
  *
  * Threads (CPU): the handle owns num_threads - 1 worker threads (created by
  * flatmem_contrastive_create, joined by flatmem_contrastive_destroy); the
@@ -694,7 +724,7 @@ FLATMEM_API flatmem_status flatmem_contrastive_backward(
  * max(b, c) (per-row-tile partial sums). The CUDA path is compiled wherever
  * nvcc is found and tested only on machines with a GPU (ctest -L gpu).
  *
- * Ring across ranks (options.comm != NULL; CPU tensors): the same four
+ * Ring across ranks (options.comm != NULL; CPU or CUDA tensors): the same four
  * functions, collective, on the global batch exactly as "Ring across ranks"
  * above says for INFONCE: rank r passes its rows q_r (b_r x d) and its
  * columns k_r (c_r x d); labels are GLOBAL column indices in [0, C), and
@@ -724,10 +754,14 @@ FLATMEM_API flatmem_status flatmem_contrastive_backward(
  * the last sigmoid_forward (or value_and_grad with only the loss) as the
  * forward and a call with gradients as the backward.
  *
+ * The ring on kDLCUDA tensors: as "On CUDA tensors" above (the sigmoid ring
+ * keeps, with dq, an fp32 accumulator of 4 b_r d bytes and, with dk, 3 fp32
+ * blocks of max_s c_s x d on the GPU).
+ *
  * Not supported (FLATMEM_STATUS_UNSUPPORTED with a message, never a wrong
- * answer): kDLCUDA tensors with a communicator (the ring runs on CPU tensors),
- * and the logit cache (options.logit_cache_bytes != 0, refused at create):
- * value_and_grad never recomputes a tile, so there is nothing to cache.
+ * answer): the logit cache (options.logit_cache_bytes != 0, refused at
+ * create): value_and_grad never recomputes a tile, so there is nothing to
+ * cache.
  */
 
 /** Workspace bytes of the sigmoid calls: dq, dk as they will be passed (both

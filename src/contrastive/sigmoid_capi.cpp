@@ -5,7 +5,7 @@
 // the CUDA kernels (cuda/backend.hpp; t and g then stay on the device, and
 // the CUDA path is compiled everywhere but tested only where a GPU exists);
 // or, for a handle with a communicator, the ring across ranks
-// (ring/ring_sigmoid.cpp, CPU tensors only), which runs the same checks on
+// (ring/ring_sigmoid.cpp; ring/cuda/ on CUDA tensors), which runs the same checks on
 // every rank before the agreement. The logit cache is refused when the handle
 // is created (validate.cpp).
 #include <cmath>

@@ -174,8 +174,10 @@ FLATMEM_JAX_API int flatmem_jax_reversible_workspace_size(int backward, int dept
  * GLOBAL ones (identical on every rank); dq and dk this rank's rows of the
  * gradient of the global mean. On any rank's failure every rank's call
  * returns an error with flatmem's message (the communicator is poisoned
- * and later calls fail fast). The *_cuda handlers are compiled but return
- * UNIMPLEMENTED: flatmem's ring takes kDLCPU tensors only. */
+ * and later calls fail fast). The *_cuda handlers run the ring on XLA's
+ * device buffers and stream once the communicator has its NCCL transport
+ * (flatmem_jax_comm_init_device); the all-reduce's returns UNIMPLEMENTED
+ * (it sums host buffers only). */
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_clip_forward_cpu(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_clip_backward_cpu(XLA_FFI_CallFrame *frame);
 FLATMEM_JAX_API XLA_FFI_Error *flatmem_jax_ring_infonce_forward_cpu(XLA_FFI_CallFrame *frame);

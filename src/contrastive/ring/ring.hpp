@@ -2,6 +2,9 @@
 // (options.comm): every rank keeps its rows q_r and its columns k_r; column
 // blocks travel rank -> rank + 1 while the current block is computed. See
 // flatmem.h ("Ring across ranks") for the contract and ALGORITHMS.md §1.
+// One schedule (schedule.hpp) drives every ring: on CPU tensors with the CPU
+// tile code and the host transport (ring_*.cpp here), on CUDA tensors with
+// the CUDA kernels and NCCL (cuda/).
 #pragma once
 
 #include <flatmem/flatmem.h>
