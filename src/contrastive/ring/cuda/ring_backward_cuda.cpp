@@ -61,36 +61,23 @@ void run_backward_cuda(flatmem_contrastive_s &h, comm::Communicator &comm, const
                        const Inputs &in, const BackwardArgs &args, void *stream_handle, Stats &stats) {
   const bool symmetric = in.loss == Loss::symmetric;
   const bool want_dq = args.dq.data != nullptr, want_dk = args.dk.data != nullptr;
-  const int device_id = in.q.device.device_id;
-  flatmem::cuda::DeviceGuard guard(device_id);
-  const cudaStream_t stream = cuda_ring::stream_of(stream_handle);
-  comm::DeviceTransport &device = *comm.device();
-  const int multiprocessors = flatmem::cuda::multiprocessor_count(device_id);
-  WorkspaceCarver measure;
-  carve(measure, l, in, args, multiprocessors);
-  WorkspaceCarver carver(h.device_workspace.resolve(device_id, measure.bytes()));
-  const BackwardDeviceBuffers buf = carve(carver, l, in, args, multiprocessors);
-  NcclRingTransport transport(comm, device, stream, "contrastive backward ring", stats);
-  const kc::Operand op = kc::operand_for(in.q.dtype, h.options.fp32_precision);
+  cuda_ring::Call call(h, comm, in, stream_handle, "contrastive backward ring", stats);
+  const int multiprocessors = call.multiprocessors;
+  const BackwardDeviceBuffers buf =
+      call.carve([&](WorkspaceCarver &c) { return carve(c, l, in, args, multiprocessors); });
+  const cudaStream_t stream = call.stream;
+  const kc::Operand op = call.op;
   const std::int64_t b = in.b(), d = in.d();
 
   if (want_dq)
     check_launch(cudaMemsetAsync(buf.dq, 0, std::size_t(b * d) * sizeof(float), stream), "zeroing dq");
-  MatrixView own = in.k;
-  if (l.ranks > 1 && in.k.row_stride != in.k.cols) {  // blocks travel compact
-    own = block_view(buf.blocks[0], in.c(), in.k);
-    check_launch(cudaMemcpy2DAsync(own.data, block_bytes(1, in.k), in.k.data,
-                                   std::size_t(in.k.row_stride) * dtype_bytes(in.k.dtype),
-                                   block_bytes(1, in.k), std::size_t(in.c()), cudaMemcpyDeviceToDevice,
-                                   stream),
-                 "copying k to a compact block");
-  }
+  const MatrixView own = call.own_block(in.k, l.ranks, buf.blocks[0]);
   std::vector<Carried> carried{
       Carried{Message::column_block, own.data, {buf.blocks[0], buf.blocks[1]}, block_bytes(1, in.k)}};
   if (symmetric)  // args.col_lse is contiguous (c,)
     carried.push_back(Carried{Message::column_lse, args.col_lse, {buf.column_lse[0], buf.column_lse[1]},
                               sizeof(float)});
-  Schedule schedule(transport, l, std::move(carried),
+  Schedule schedule(call.transport, l, std::move(carried),
                     cuda_ring::relayed_dk(buf.dk_fresh, buf.dk_partial, d, stream));
 
   kc::PassParams common;
@@ -110,19 +97,10 @@ void run_backward_cuda(flatmem_contrastive_s &h, comm::Communicator &comm, const
     const auto *block_lse = symmetric ? static_cast<const float *>(step.carried[1]) : nullptr;
     if (dq_pass) {
       kc::PassParams p = common;
-      p.rows = kc::device_matrix(in.q);
-      p.cols = kc::device_matrix(block);
+      cuda_ring::row_side(p, in, block, step.col_offset);
       p.lse_rows = args.row_lse;
       p.lse_cols = block_lse;
-      p.label_side = in.labels ? kc::LabelSide::of_row : kc::LabelSide::identity;
-      p.pairs.rows_offset = in.row_offset;
-      p.pairs.cols_offset = step.col_offset;
-      if (want_dq) {
-        p.out = buf.dq;
-        p.out_ld = d;
-        p.out_type = kc::OutType::f32;
-        p.out_accumulate = true;
-      }
+      if (want_dq) cuda_ring::output_to(p, buf.dq, d, true);
       p.ds_partial = args.dscale ? buf.ds_partial : nullptr;
       check_launch(kc::launch_pass_for(op, p, kc::pass_grid(b, multiprocessors), stream),
                    "launching the dq pass");
@@ -133,16 +111,10 @@ void run_backward_cuda(flatmem_contrastive_s &h, comm::Communicator &comm, const
     }
     if (want_dk) {
       kc::PassParams p = common;
-      p.rows = kc::device_matrix(block);
-      p.cols = kc::device_matrix(in.q);
+      cuda_ring::column_side(p, in, block, step.col_offset);
       p.lse_rows = block_lse;
       p.lse_cols = args.row_lse;
-      p.label_side = in.labels ? kc::LabelSide::of_col : kc::LabelSide::identity;
-      p.pairs.rows_offset = step.col_offset;
-      p.pairs.cols_offset = in.row_offset;
-      p.out = buf.dk_fresh;
-      p.out_ld = d;
-      p.out_type = kc::OutType::f32;
+      cuda_ring::output_to(p, buf.dk_fresh, d, false);
       p.ds_partial = args.dscale && !dq_pass ? buf.ds_partial : nullptr;
       check_launch(kc::launch_pass_for(op, p, kc::pass_grid(step.cols, multiprocessors), stream),
                    "launching the dk pass");
@@ -154,7 +126,7 @@ void run_backward_cuda(flatmem_contrastive_s &h, comm::Communicator &comm, const
   });
 
   double mine = 0.0, everyone = 0.0;
-  cuda_ring::finish_and_read(comm, device, stream, buf.ds_total, &mine, args.dscale ? 1 : 0);
+  call.finish_and_read(buf.ds_total, &mine, args.dscale ? 1 : 0);
   comm.all_reduce_sum(&mine, &everyone, 1, comm::SumType::f64, comm.default_timeout(),
                       "contrastive backward ring: summing dL/ds over the ranks");
 

@@ -69,31 +69,17 @@ ForwardDeviceBuffers carve(WorkspaceCarver &carver, const Layout &l, const Input
 void run_forward_cuda(flatmem_contrastive_s &h, comm::Communicator &comm, const Layout &l,
                       const Inputs &in, const ForwardOutputs &out, void *stream_handle, Stats &stats) {
   const bool symmetric = in.loss == Loss::symmetric;
-  const int device_id = in.q.device.device_id;
-  flatmem::cuda::DeviceGuard guard(device_id);
-  const cudaStream_t stream = cuda_ring::stream_of(stream_handle);
-  comm::DeviceTransport &device = *comm.device();
-  WorkspaceCarver measure;
-  carve(measure, l, in);
-  WorkspaceCarver carver(h.device_workspace.resolve(device_id, measure.bytes()));
-  const ForwardDeviceBuffers buf = carve(carver, l, in);
-  NcclRingTransport transport(comm, device, stream, "contrastive forward ring", stats);
-  const kc::Operand op = kc::operand_for(in.q.dtype, h.options.fp32_precision);
+  cuda_ring::Call call(h, comm, in, stream_handle, "contrastive forward ring", stats);
+  const ForwardDeviceBuffers buf = call.carve([&](WorkspaceCarver &c) { return carve(c, l, in); });
+  const cudaStream_t stream = call.stream;
+  const kc::Operand op = call.op;
   const std::int64_t b = in.b();
 
   check_launch(kc::launch_reset_states(buf.running, b, stream), "launching the row state reset");
-  MatrixView own = in.k;
-  if (l.ranks > 1 && in.k.row_stride != in.k.cols) {  // blocks travel compact
-    own = block_view(buf.blocks[0], in.c(), in.k);
-    check_launch(cudaMemcpy2DAsync(own.data, block_bytes(1, in.k), in.k.data,
-                                   std::size_t(in.k.row_stride) * dtype_bytes(in.k.dtype),
-                                   block_bytes(1, in.k), std::size_t(in.c()), cudaMemcpyDeviceToDevice,
-                                   stream),
-                 "copying k to a compact block");
-  }
+  const MatrixView own = call.own_block(in.k, l.ranks, buf.blocks[0]);
   std::optional<Relayed> states;
   if (symmetric) states = cuda_ring::relayed_states(buf.fresh, buf.states, stream);
-  Schedule schedule(transport, l,
+  Schedule schedule(call.transport, l,
                     {Carried{Message::column_block, own.data, {buf.blocks[0], buf.blocks[1]},
                              block_bytes(1, in.k)}},
                     states);
@@ -146,7 +132,7 @@ void run_forward_cuda(flatmem_contrastive_s &h, comm::Communicator &comm, const 
   check_launch(kc::launch_partial_sum(buf.loss_partial, blocks, buf.loss_total, false, stream),
                "launching the loss sum");
   double mine = 0.0, everyone = 0.0;
-  cuda_ring::finish_and_read(comm, device, stream, buf.loss_total, &mine, 1);
+  call.finish_and_read(buf.loss_total, &mine, 1);
   comm.all_reduce_sum(&mine, &everyone, 1, comm::SumType::f64, comm.default_timeout(),
                       "contrastive forward ring: summing the loss over the ranks");
 

@@ -56,32 +56,19 @@ void run_sigmoid_cuda(flatmem_contrastive_s &h, comm::Communicator &comm, const 
                       const Inputs &in, const cpu::SigmoidArgs &args, const char *phase,
                       void *stream_handle, Stats &stats) {
   const bool want_dq = args.dq.data != nullptr, want_dk = args.dk.data != nullptr;
-  const int device_id = in.q.device.device_id;
-  flatmem::cuda::DeviceGuard guard(device_id);
-  const cudaStream_t stream = cuda_ring::stream_of(stream_handle);
-  comm::DeviceTransport &device = *comm.device();
-  const int multiprocessors = flatmem::cuda::multiprocessor_count(device_id);
-  WorkspaceCarver measure;
-  carve(measure, l, in, args, multiprocessors);
-  WorkspaceCarver carver(h.device_workspace.resolve(device_id, measure.bytes()));
-  const SigmoidDeviceBuffers buf = carve(carver, l, in, args, multiprocessors);
-  NcclRingTransport transport(comm, device, stream, phase, stats);
-  const kc::Operand op = kc::operand_for(in.q.dtype, h.options.fp32_precision);
+  cuda_ring::Call call(h, comm, in, stream_handle, phase, stats);
+  const int multiprocessors = call.multiprocessors;
+  const SigmoidDeviceBuffers buf =
+      call.carve([&](WorkspaceCarver &c) { return carve(c, l, in, args, multiprocessors); });
+  const cudaStream_t stream = call.stream;
+  const kc::Operand op = call.op;
   const std::int64_t b = in.b(), d = in.d();
 
   if (want_dq)
     check_launch(cudaMemsetAsync(buf.dq, 0, std::size_t(b * d) * sizeof(float), stream), "zeroing dq");
   check_launch(cudaMemsetAsync(buf.totals, 0, 3 * sizeof(double), stream), "zeroing the sums");
-  MatrixView own = in.k;
-  if (l.ranks > 1 && in.k.row_stride != in.k.cols) {  // blocks travel compact
-    own = block_view(buf.blocks[0], in.c(), in.k);
-    check_launch(cudaMemcpy2DAsync(own.data, block_bytes(1, in.k), in.k.data,
-                                   std::size_t(in.k.row_stride) * dtype_bytes(in.k.dtype),
-                                   block_bytes(1, in.k), std::size_t(in.c()), cudaMemcpyDeviceToDevice,
-                                   stream),
-                 "copying k to a compact block");
-  }
-  Schedule schedule(transport, l,
+  const MatrixView own = call.own_block(in.k, l.ranks, buf.blocks[0]);
+  Schedule schedule(call.transport, l,
                     {Carried{Message::column_block, own.data, {buf.blocks[0], buf.blocks[1]},
                              block_bytes(1, in.k)}},
                     cuda_ring::relayed_dk(buf.dk_fresh, buf.dk_partial, d, stream));
@@ -115,17 +102,8 @@ void run_sigmoid_cuda(flatmem_contrastive_s &h, comm::Communicator &comm, const 
         step.t == 0 ? own : block_view(const_cast<void *>(step.carried[0]), step.cols, in.k);
     if (row_pass) {
       kc::SigmoidPassParams p = common;
-      p.rows = kc::device_matrix(in.q);
-      p.cols = kc::device_matrix(block);
-      p.label_side = in.labels ? kc::LabelSide::of_row : kc::LabelSide::identity;
-      p.pairs.rows_offset = in.row_offset;
-      p.pairs.cols_offset = step.col_offset;
-      if (want_dq) {
-        p.out = buf.dq;
-        p.out_ld = d;
-        p.out_type = kc::OutType::f32;
-        p.out_accumulate = true;
-      }
+      cuda_ring::row_side(p, in, block, step.col_offset);
+      if (want_dq) cuda_ring::output_to(p, buf.dq, d, true);
       with_sums(p);
       check_launch(kc::launch_sigmoid_for(op, p, kc::pass_grid(b, multiprocessors), stream),
                    "launching the sigmoid row pass");
@@ -133,14 +111,8 @@ void run_sigmoid_cuda(flatmem_contrastive_s &h, comm::Communicator &comm, const 
     }
     if (want_dk) {
       kc::SigmoidPassParams p = common;
-      p.rows = kc::device_matrix(block);
-      p.cols = kc::device_matrix(in.q);
-      p.label_side = in.labels ? kc::LabelSide::of_col : kc::LabelSide::identity;
-      p.pairs.rows_offset = step.col_offset;
-      p.pairs.cols_offset = in.row_offset;
-      p.out = buf.dk_fresh;
-      p.out_ld = d;
-      p.out_type = kc::OutType::f32;
+      cuda_ring::column_side(p, in, block, step.col_offset);
+      cuda_ring::output_to(p, buf.dk_fresh, d, false);
       if (!row_pass) with_sums(p);
       check_launch(kc::launch_sigmoid_for(op, p, kc::pass_grid(step.cols, multiprocessors), stream),
                    "launching the sigmoid column pass");
@@ -149,7 +121,7 @@ void run_sigmoid_cuda(flatmem_contrastive_s &h, comm::Communicator &comm, const 
   });
 
   double mine[3] = {0.0, 0.0, 0.0}, everyone[3] = {0.0, 0.0, 0.0};
-  cuda_ring::finish_and_read(comm, device, stream, buf.totals, mine, 3);
+  call.finish_and_read(buf.totals, mine, 3);
   comm.all_reduce_sum(mine, everyone, 3, comm::SumType::f64, comm.default_timeout(),
                       std::string(phase) + ": summing the loss, dL/ds and dL/dt over the ranks");
 

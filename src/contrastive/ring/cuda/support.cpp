@@ -1,6 +1,9 @@
 #include "contrastive/ring/cuda/support.hpp"
 
+#include "contrastive/cuda/dispatch.hpp"
 #include "contrastive/cuda/kernels.hpp"
+#include "contrastive/handle.hpp"
+#include "contrastive/ring/blocks.hpp"
 #include "core/cuda/device.hpp"
 
 namespace flatmem::contrastive::ring::cuda_ring {
@@ -9,6 +12,32 @@ using contrastive::cuda::MaxSum;
 using flatmem::cuda::check_launch;
 
 cudaStream_t stream_of(void *stream) { return static_cast<cudaStream_t>(stream); }
+
+Call::Call(flatmem_contrastive_s &handle, comm::Communicator &comm_, const Inputs &in, void *stream_,
+           const char *phase, Stats &stats)
+    : guard_(in.q.device.device_id),
+      memory_(handle.device_workspace),
+      device_id(in.q.device.device_id),
+      stream(stream_of(stream_)),
+      comm(comm_),
+      device(*comm_.device()),
+      multiprocessors(flatmem::cuda::multiprocessor_count(device_id)),
+      op(contrastive::cuda::operand_for(in.q.dtype, handle.options.fp32_precision)),
+      transport(comm_, *comm_.device(), stream, phase, stats) {}
+
+MatrixView Call::own_block(const MatrixView &k, int ranks, void *scratch) const {
+  if (ranks == 1 || k.row_stride == k.cols) return k;
+  const MatrixView own = block_view(scratch, k.rows, k);
+  check_launch(cudaMemcpy2DAsync(own.data, block_bytes(1, k), k.data,
+                                 std::size_t(k.row_stride) * dtype_bytes(k.dtype), block_bytes(1, k),
+                                 std::size_t(k.rows), cudaMemcpyDeviceToDevice, stream),
+               "copying k to a compact block");
+  return own;
+}
+
+void Call::finish_and_read(const double *device_values, double *host, int count) const {
+  cuda_ring::finish_and_read(comm, device, stream, device_values, host, count);
+}
 
 void copy_on(cudaStream_t stream, void *to, const void *from, std::size_t bytes, const char *what) {
   check_launch(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream), what);
