@@ -12,7 +12,7 @@ ffi::ErrorOr<flatmem_contrastive_t *> RingSource::acquire(const void *, const vo
     return ffi::Unexpected(
         flatmem_error(lease_->status(), "flatmem_jax ring", lease_->message().c_str()));
   flatmem_contrastive_t *handle = nullptr;
-  const flatmem_status status = lease_->handle(loss_, fp32_precision_, &handle);
+  const flatmem_status status = lease_->handle(loss_, fp32_precision_, on_cuda_, &handle);
   if (status != FLATMEM_STATUS_SUCCESS)
     return ffi::Unexpected(flatmem_error(status, "flatmem_contrastive_create"));
   return handle;

@@ -12,17 +12,21 @@
 
 namespace flatmem_jax {
 
-// The ring handle of (slot, loss, fp32_precision), the slot locked for the call.
+// The ring handle of (slot, loss, fp32_precision, device kind), the slot locked for the call.
 class RingSource final : public HandleSource {
  public:
-  RingSource(std::int64_t slot, flatmem_contrastive_loss loss, std::int64_t fp32_precision)
-      : slot_(slot), loss_(loss), fp32_precision_(fp32_precision) {}
+  // on_cuda: the CUDA handlers' handle (FLATMEM_NONFINITE_PROPAGATE, as flatmem needs for
+  // kDLCUDA tensors); the CPU handlers' keeps flatmem's default (ERROR).
+  RingSource(std::int64_t slot, flatmem_contrastive_loss loss, std::int64_t fp32_precision,
+             bool on_cuda = false)
+      : slot_(slot), loss_(loss), fp32_precision_(fp32_precision), on_cuda_(on_cuda) {}
   ffi::ErrorOr<flatmem_contrastive_t *> acquire(const void *, const void *) override;
 
  private:
   std::int64_t slot_;
   flatmem_contrastive_loss loss_;
   std::int64_t fp32_precision_;
+  bool on_cuda_;
   std::optional<RingLease> lease_;
 };
 

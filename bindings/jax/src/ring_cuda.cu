@@ -26,7 +26,7 @@ DLDevice on(int32_t device_ordinal) { return DLDevice{kDLCUDA, device_ordinal}; 
 
 ffi::Error clip_forward(cudaStream_t stream, int32_t device, Scratch, Buffer q, Buffer k, Buffer s,
                         Out loss, Out row_lse, Out col_lse, int64_t comm, int64_t fp32_precision) {
-  RingSource handles(comm, FLATMEM_CONTRASTIVE_SYMMETRIC, fp32_precision);
+  RingSource handles(comm, FLATMEM_CONTRASTIVE_SYMMETRIC, fp32_precision, true);
   NoWorkspace ws;
   return call_forward(handles, on(device), stream, {q, k, s, std::nullopt, *loss, *row_lse, *col_lse}, ws);
 }
@@ -34,7 +34,7 @@ ffi::Error clip_forward(cudaStream_t stream, int32_t device, Scratch, Buffer q, 
 ffi::Error clip_backward(cudaStream_t stream, int32_t device, Scratch, Buffer q, Buffer k, Buffer s,
                          Buffer row_lse, Buffer col_lse, Buffer g, Out dq, Out dk, Out ds, int64_t comm,
                          int64_t fp32_precision) {
-  RingSource handles(comm, FLATMEM_CONTRASTIVE_SYMMETRIC, fp32_precision);
+  RingSource handles(comm, FLATMEM_CONTRASTIVE_SYMMETRIC, fp32_precision, true);
   NoWorkspace ws;
   return call_backward(handles, on(device), stream,
                        {q, k, s, std::nullopt, row_lse, col_lse, g, *dq, *dk, *ds}, ws);
@@ -43,7 +43,7 @@ ffi::Error clip_backward(cudaStream_t stream, int32_t device, Scratch, Buffer q,
 ffi::Error infonce_forward(cudaStream_t stream, int32_t device, Scratch, Buffer q, Buffer k, Buffer s,
                            Out loss, Out row_lse, std::optional<Buffer> labels, int64_t comm,
                            int64_t fp32_precision) {
-  RingSource handles(comm, FLATMEM_CONTRASTIVE_INFONCE, fp32_precision);
+  RingSource handles(comm, FLATMEM_CONTRASTIVE_INFONCE, fp32_precision, true);
   NoWorkspace ws;
   return call_forward(handles, on(device), stream, {q, k, s, labels, *loss, *row_lse, std::nullopt}, ws);
 }
@@ -51,7 +51,7 @@ ffi::Error infonce_forward(cudaStream_t stream, int32_t device, Scratch, Buffer 
 ffi::Error infonce_backward(cudaStream_t stream, int32_t device, Scratch, Buffer q, Buffer k, Buffer s,
                             Buffer row_lse, Buffer g, Out dq, Out dk, Out ds, std::optional<Buffer> labels,
                             int64_t comm, int64_t fp32_precision) {
-  RingSource handles(comm, FLATMEM_CONTRASTIVE_INFONCE, fp32_precision);
+  RingSource handles(comm, FLATMEM_CONTRASTIVE_INFONCE, fp32_precision, true);
   NoWorkspace ws;
   return call_backward(handles, on(device), stream,
                        {q, k, s, labels, row_lse, std::nullopt, g, *dq, *dk, *ds}, ws);
@@ -59,7 +59,7 @@ ffi::Error infonce_backward(cudaStream_t stream, int32_t device, Scratch, Buffer
 
 ffi::Error sigmoid(SigmoidCall call, cudaStream_t stream, int32_t device, int64_t comm,
                    int64_t fp32_precision, const SigmoidBuffers &io) {
-  RingSource handles(comm, FLATMEM_CONTRASTIVE_SIGMOID, fp32_precision);
+  RingSource handles(comm, FLATMEM_CONTRASTIVE_SIGMOID, fp32_precision, true);
   NoWorkspace ws;
   return call_sigmoid(call, handles, on(device), stream, io, ws);
 }

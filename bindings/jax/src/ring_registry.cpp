@@ -1,6 +1,7 @@
 #include "ring_registry.hpp"
 
 #include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -12,7 +13,8 @@ struct CommSlot {
   std::mutex mutex;
   flatmem_comm_t *comm = nullptr;  // NULL once closed
   // The ring handles made so far, by (loss, options.fp32_precision).
-  std::map<std::pair<int, std::int64_t>, flatmem_contrastive_t *> handles;
+  // by (loss, fp32_precision, CUDA tensors)
+  std::map<std::tuple<int, std::int64_t, bool>, flatmem_contrastive_t *> handles;
 };
 
 namespace {
@@ -91,10 +93,10 @@ flatmem_comm_t *RingLease::comm() const {
   return status_ == FLATMEM_STATUS_SUCCESS ? slot_->comm : nullptr;
 }
 
-flatmem_status RingLease::handle(flatmem_contrastive_loss loss, std::int64_t fp32_precision,
+flatmem_status RingLease::handle(flatmem_contrastive_loss loss, std::int64_t fp32_precision, bool on_cuda,
                                  flatmem_contrastive_t **out) {
   if (status_ != FLATMEM_STATUS_SUCCESS) return status_;
-  const std::pair<int, std::int64_t> key{static_cast<int>(loss), fp32_precision};
+  const std::tuple<int, std::int64_t, bool> key{static_cast<int>(loss), fp32_precision, on_cuda};
   auto found = slot_->handles.find(key);
   if (found != slot_->handles.end()) {
     *out = found->second;
@@ -107,6 +109,8 @@ flatmem_status RingLease::handle(flatmem_contrastive_loss loss, std::int64_t fp3
   options.num_threads = pool_num_threads();
   options.fp32_precision = fp32_precision;  // flatmem_contrastive_create judges the value
   options.comm = slot_->comm;
+  // CUDA tensors run under PROPAGATE (flatmem scans no device memory on the host)
+  if (on_cuda) options.nonfinite = FLATMEM_NONFINITE_PROPAGATE;
   flatmem_contrastive_t *handle = nullptr;
   status = flatmem_contrastive_create(&handle, &options);
   if (status != FLATMEM_STATUS_SUCCESS) return status;

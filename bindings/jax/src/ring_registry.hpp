@@ -45,11 +45,12 @@ class RingLease {
   flatmem_status status() const { return status_; }
   const std::string &message() const { return message_; }
   flatmem_comm_t *comm() const;
-  // The slot's ring handle of `loss` and `fp32_precision` (created on first
-  // use with the pool's num_threads); SUCCESS or flatmem_contrastive_create's
+  // The slot's ring handle of `loss`, `fp32_precision` and the device kind
+  // (created on first use with the pool's num_threads; on_cuda: under
+  // FLATMEM_NONFINITE_PROPAGATE); SUCCESS or flatmem_contrastive_create's
   // status (its message in flatmem_last_error(); a value that is no
   // flatmem_fp32_precision makes no handle).
-  flatmem_status handle(flatmem_contrastive_loss loss, std::int64_t fp32_precision,
+  flatmem_status handle(flatmem_contrastive_loss loss, std::int64_t fp32_precision, bool on_cuda,
                         flatmem_contrastive_t **out);
 
  private:
