@@ -29,7 +29,8 @@
 #                  (CUDA toolkit, the Python venv's nvidia wheels) and put on LD_LIBRARY_PATH
 #   3. ctest       ctest -L gpu (the compute-sanitizer tests run in step 6 instead)
 #   4. contrastive bench/cuda/contrastive_cuda_bench --d 768 --b 16384,65536 (a symmetric-loss and a
-#                  sigmoid-loss row each, against four / three cuBLASLt GEMMs and the naive loss)
+#                  sigmoid-loss row each, against four / three cuBLASLt GEMMs and the naive loss, and
+#                  each through a one-rank ring over NCCL: the ring's overhead, target <= 1.05x)
 #   5. infcl       bench/infcl_compare.py (d 768, b 16384 and 65536) when python3 imports inf_cl
 #                  (the carried wheel is installed into a private folder first)
 #   6. sanitizer   compute-sanitizer memcheck and racecheck on three GPU test executables, filtered
@@ -126,9 +127,9 @@ targets=(flatmem test_gpu_contrastive_values test_gpu_contrastive_determinism te
          contrastive_cuda_bench reversible_cuda_bench contrastive_bench)
 # The bf16 kernel test is configured where SIMDe (libsimde-dev) is found: here, when packing.
 [ -f /usr/include/simde/x86/avx512/dpbf16.h ] && targets+=(test_contrastive_bf16_gemm)
-# The device transport, cyclic device gradients, stage-parallel device tensors and the device ZeRO
-# relay: built when configure found NCCL.
-nccl_targets=(test_gpu_comm test_gpu_cyclic test_gpu_cyclic_stages test_gpu_cyclic_relay)
+# The device transport, the ring contrastive loss on CUDA tensors, cyclic device gradients,
+# stage-parallel device tensors and the device ZeRO relay: built when configure found NCCL.
+nccl_targets=(test_gpu_comm test_gpu_contrastive_ring test_gpu_cyclic test_gpu_cyclic_stages test_gpu_cyclic_relay)
 
 # --- prebuilt binaries: --pack here, unpacked there --------------------------------------------
 carry=$FLATMEM_ROOT/.gpu-carry
