@@ -517,7 +517,7 @@ if gated ctest; then
 fi
 
 if gated contrastive; then
-  run_step contrastive 90 contrastive_cuda.log "$bench_dir/contrastive_cuda_bench" --d 768 --b 16384,65536
+  run_step contrastive 150 contrastive_cuda.log "$bench_dir/contrastive_cuda_bench" --d 768 --b 16384,65536
 fi
 
 # install_infcl DIR: the carried Inf-CL wheel into DIR (no deps: torch, triton and numpy are there).
