@@ -286,6 +286,18 @@ def single():
     assert "options.fp32_precision: 7" in message, message
     # The communicator is unharmed (the create failed before any collective).
     assert flatmem_jax.clip_loss(q, k, 7.0, comm=comm) == l1
+    # init_device (the NCCL transport of the ring on XLA:GPU) where JAX sees no GPU: flatmem
+    # refuses it -- UNSUPPORTED (no NCCL in this flatmem, or no usable CUDA driver) or
+    # INVALID_ARGUMENT (no device 0) -- and the communicator stays healthy and usable.
+    if not any(device.platform == "gpu" for device in jax.devices()):
+        try:
+            comm.init_device(0)
+        except flatmem_jax.FlatmemError as e:
+            assert e.status in ("FLATMEM_STATUS_UNSUPPORTED", "FLATMEM_STATUS_INVALID_ARGUMENT"), str(e)
+        else:
+            raise AssertionError("init_device(0) without a GPU: no error")
+        comm.health()
+        assert flatmem_jax.clip_loss(q, k, 7.0, comm=comm) == l1
     for bad, error, pattern in (
             (dict(comm="rank0"), TypeError, "comm must be a flatmem_jax.RingComm"),
             (dict(comm=comm, logit_cache_bytes=64), ValueError, "logit_cache_bytes must be 0 with comm")):
