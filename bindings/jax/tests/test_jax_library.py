@@ -33,7 +33,7 @@ def test_exports_only_flatmem_jax_symbols():
         "flatmem_jax_workspace_size", "flatmem_jax_reversible_workspace_size",
         "flatmem_jax_contrastive_pool_stats", "flatmem_jax_comm_create_from_env",
         "flatmem_jax_comm_rank", "flatmem_jax_comm_health", "flatmem_jax_comm_barrier",
-        "flatmem_jax_comm_close"}
+        "flatmem_jax_comm_init_device", "flatmem_jax_comm_close"}
     if flatmem_jax.has_cuda:
         expected |= {f"{h}_cuda" for h in HANDLERS}
     assert names == expected
@@ -170,8 +170,9 @@ def test_cuda_handlers_return_flatmems_errors():
     assert run.stdout.count("-> code 12: ") == 14
     # the ring loss handlers run flatmem's ring on CUDA; slot 0 names no communicator:
     # XLA_FFI_Error_Code_INVALID_ARGUMENT (3) from the 4 softmax ones, 1 more with FULL and
-    # the 3 sigmoid ones, and the CPU forward with fp32_precision 7 (below)
-    assert run.stdout.count("-> code 3: ") == 9
+    # the 3 sigmoid ones, the CPU forward with fp32_precision 7 (below) and the reversible CPU
+    # forward with math 7
+    assert run.stdout.count("-> code 3: ") == 10
     # fp32_precision reaches the CPU handler: TF32 and FULL succeed (the default's bits for
     # fp32), 7 is flatmem's INVALID_ARGUMENT (XLA_FFI_Error_Code_INVALID_ARGUMENT: 3)
     assert run.stdout.count("cpu forward (fp32_precision ") == 3
