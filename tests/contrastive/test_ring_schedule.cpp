@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -52,8 +53,8 @@ class RecordingTransport final : public ring::Transport {
   int ranks() const override { return ranks_; }
   int rank() const override { return rank_; }
 
-  ring::ExchangePtr exchange(int step, std::initializer_list<ring::Outgoing> sends,
-                             std::initializer_list<ring::Incoming> receives) override {
+  ring::ExchangePtr exchange(int step, std::span<const ring::Outgoing> sends,
+                             std::span<const ring::Incoming> receives) override {
     Posted p;
     for (const ring::Outgoing &o : sends) {
       p.sends.push_back({o.kind, step, o.bytes});

@@ -11,8 +11,8 @@ struct HostExchange final : Exchange {
 
 }  // namespace
 
-ExchangePtr HostTransport::exchange(int step, std::initializer_list<Outgoing> sends,
-                                    std::initializer_list<Incoming> receives) {
+ExchangePtr HostTransport::exchange(int step, std::span<const Outgoing> sends,
+                                    std::span<const Incoming> receives) {
   auto posted = std::make_unique<HostExchange>();
   // receives first: the matching send of rank - 1 may already be on its way
   for (const Incoming &in : receives) posted->pending.push_back(link_.receive(in.kind, step, in.data, in.bytes));

@@ -27,18 +27,15 @@ void Schedule::run(const std::function<void(const Step &)> &compute) {
     ExchangePtr blocks;
     if (t + 1 < n) {
       const int next_owner = layout_.block_owner(t + 1);
-      const Carried *c = carried_.data();
-      if (carried_.size() == 1)
-        blocks = transport_.exchange(
-            t + 1, {{c[0].kind, step.carried[0], bytes(c[0].bytes_per_column, step.owner)}},
-            {{c[0].kind, c[0].transit[(t + 1) % 2], bytes(c[0].bytes_per_column, next_owner)}});
-      else
-        blocks = transport_.exchange(
-            t + 1,
-            {{c[0].kind, step.carried[0], bytes(c[0].bytes_per_column, step.owner)},
-             {c[1].kind, step.carried[1], bytes(c[1].bytes_per_column, step.owner)}},
-            {{c[0].kind, c[0].transit[(t + 1) % 2], bytes(c[0].bytes_per_column, next_owner)},
-             {c[1].kind, c[1].transit[(t + 1) % 2], bytes(c[1].bytes_per_column, next_owner)}});
+      Outgoing sends[2];
+      Incoming receives[2];
+      for (std::size_t i = 0; i < carried_.size(); ++i) {
+        const Carried &c = carried_[i];
+        sends[i] = {c.kind, step.carried[i], bytes(c.bytes_per_column, step.owner)};
+        receives[i] = {c.kind, c.transit[(t + 1) % 2], bytes(c.bytes_per_column, next_owner)};
+      }
+      blocks = transport_.exchange(t + 1, std::span(sends, carried_.size()),
+                                   std::span(receives, carried_.size()));
     }
 
     compute(step);
@@ -49,9 +46,10 @@ void Schedule::run(const std::function<void(const Step &)> &compute) {
       // ranks o .. r - 1 first (arrived from r - 1), then this rank's share
       transport_.wait(relay);
       r.fold_in(into, r.fresh, step.cols, t == 0);
-      relay = transport_.exchange(
-          t + 1, {{r.kind, into, bytes(r.bytes_per_column, step.owner)}},
-          {{r.kind, r.transit[(t + 1) % 2], bytes(r.bytes_per_column, layout_.block_owner(t + 1))}});
+      const Outgoing send{r.kind, into, bytes(r.bytes_per_column, step.owner)};
+      const Incoming receive{r.kind, r.transit[(t + 1) % 2],
+                             bytes(r.bytes_per_column, layout_.block_owner(t + 1))};
+      relay = transport_.exchange(t + 1, std::span(&send, 1), std::span(&receive, 1));
     }
     transport_.wait(blocks);
   }
@@ -60,13 +58,6 @@ void Schedule::run(const std::function<void(const Step &)> &compute) {
 
 void *Schedule::relayed_result() const {
   return relayed_ ? relayed_->transit[layout_.ranks % 2] : nullptr;
-}
-
-std::size_t transit_bytes(const Layout &layout, std::size_t carried_bytes_per_column,
-                          std::size_t relayed_bytes_per_column) {
-  const std::size_t widest = std::size_t(layout.max_cols);
-  return (layout.ranks > 1 ? 2 * widest * carried_bytes_per_column : 0) +
-         3 * widest * relayed_bytes_per_column;
 }
 
 }  // namespace flatmem::contrastive::ring

@@ -78,10 +78,4 @@ class Schedule {
   std::optional<Relayed> relayed_;
 };
 
-// Transit bytes of the schedule per rank beyond the inputs: two blocks of the
-// widest rank for each carried and relayed item (the carried ones only when
-// there are several ranks), the relayed fresh block. For the header's figures.
-std::size_t transit_bytes(const Layout &layout, std::size_t carried_bytes_per_column,
-                          std::size_t relayed_bytes_per_column);
-
 }  // namespace flatmem::contrastive::ring

@@ -12,8 +12,8 @@
 #pragma once
 
 #include <cstddef>
-#include <initializer_list>
 #include <memory>
+#include <span>
 
 #include "comm/communicator.hpp"
 #include "contrastive/ring/link.hpp"
@@ -47,8 +47,8 @@ class Transport {
   // Posts `sends` and `receives` as messages for ring step `step` (the step at
   // which the receiver uses them, 1 .. ranks). The sent buffers stay the
   // caller's until the exchange is waited for; so do the received ones.
-  virtual ExchangePtr exchange(int step, std::initializer_list<Outgoing> sends,
-                               std::initializer_list<Incoming> receives) = 0;
+  virtual ExchangePtr exchange(int step, std::span<const Outgoing> sends,
+                               std::span<const Incoming> receives) = 0;
   // Until every transfer of `posted` is done (nothing when null); resets it.
   // A failure poisons the communicator and is rethrown.
   virtual void wait(ExchangePtr &posted) = 0;
@@ -62,8 +62,8 @@ class HostTransport final : public Transport {
   HostTransport(comm::Communicator &comm, const char *phase, Stats &stats) : link_(comm, phase, stats) {}
   int ranks() const override { return link_.ranks(); }
   int rank() const override { return link_.rank(); }
-  ExchangePtr exchange(int step, std::initializer_list<Outgoing> sends,
-                       std::initializer_list<Incoming> receives) override;
+  ExchangePtr exchange(int step, std::span<const Outgoing> sends,
+                       std::span<const Incoming> receives) override;
   void wait(ExchangePtr &posted) override;
 
  private:

@@ -40,8 +40,8 @@ std::string NcclRingTransport::where(int step) const {
   return std::string(phase_) + ", step " + std::to_string(step) + " of " + std::to_string(ranks_);
 }
 
-ExchangePtr NcclRingTransport::exchange(int step, std::initializer_list<Outgoing> sends,
-                                        std::initializer_list<Incoming> receives) {
+ExchangePtr NcclRingTransport::exchange(int step, std::span<const Outgoing> sends,
+                                        std::span<const Incoming> receives) {
   const std::string what = where(step);
   const comm::Milliseconds timeout = comm_.default_timeout();
   auto posted = std::make_unique<NcclExchange>();

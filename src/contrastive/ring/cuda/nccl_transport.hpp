@@ -33,8 +33,8 @@ class NcclRingTransport final : public Transport {
 
   int ranks() const override { return ranks_; }
   int rank() const override { return rank_; }
-  ExchangePtr exchange(int step, std::initializer_list<Outgoing> sends,
-                       std::initializer_list<Incoming> receives) override;
+  ExchangePtr exchange(int step, std::span<const Outgoing> sends,
+                       std::span<const Incoming> receives) override;
   void wait(ExchangePtr &posted) override;
 
  private:
