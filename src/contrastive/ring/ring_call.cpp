@@ -52,14 +52,17 @@ RankEntry entry_of(const Options &options, const Inputs &in, const std::int64_t 
   return e;
 }
 
-// The local checks of the tensors' device: on CUDA, the device transport and
-// the scalars and labels read to the host (ring_cuda.hpp); on the CPU the
-// values are already there. Returns the labels the host reads.
+// The local checks of the tensors' device: on CUDA, the device transport,
+// that `outputs` and the inputs are memory of q's device, and the scalars and
+// labels read to the host (ring_cuda.hpp); on the CPU the values are already
+// there. Returns the labels as the host reads them (labels_copy keeps them).
 const std::int64_t *device_checks(comm::Communicator &comm, Inputs &in, void *stream,
+                                  std::initializer_list<NamedPointer> outputs,
                                   std::vector<std::int64_t> &labels_copy, const float *dloss_data = nullptr,
                                   float *dloss = nullptr, const float *bias_data = nullptr,
                                   float *bias = nullptr) {
   if (!on_cuda(in)) return in.labels;
+  check_device_tensors(comm, in.q.device.device_id, outputs);
   labels_copy = read_device_inputs(comm, in, stream, dloss_data, dloss, bias_data, bias);
   return labels_copy.data();
 }
@@ -102,11 +105,9 @@ void forward(flatmem_contrastive_s &h, const DLTensor *q, const DLTensor *k, con
     refuse_workspace(workspace, workspace_bytes);
     in = check_inputs(h.options, q, k, labels, logit_scale, Scope::ring);
     out = check_forward_outputs(in, loss, row_lse, col_lse);
-    if (on_cuda(in))
-      check_device_tensors(comm, in.q.device.device_id, {{out.loss, "loss"}, {out.row_lse, "row_lse"},
-                                                   {out.col_lse, "col_lse"}});
     std::vector<std::int64_t> labels_copy;
-    const std::int64_t *host_labels = device_checks(comm, in, stream, labels_copy);
+    const std::int64_t *host_labels = device_checks(
+        comm, in, stream, {{out.loss, "loss"}, {out.row_lse, "row_lse"}, {out.col_lse, "col_lse"}}, labels_copy);
     if (h.options.nonfinite == FLATMEM_NONFINITE_ERROR) check_features_finite(in);
     return entry_of(h.options, in, host_labels);
   });
@@ -131,13 +132,12 @@ void backward(flatmem_contrastive_s &h, const DLTensor *q, const DLTensor *k,
     refuse_workspace(workspace, workspace_bytes);
     in = check_inputs(h.options, q, k, labels, logit_scale, Scope::ring);
     args = check_backward_args(h.options, in, row_lse, col_lse, dloss, dq, dk, dlogit_scale);
-    if (on_cuda(in))
-      check_device_tensors(comm, in.q.device.device_id,
-                           {{args.row_lse, "row_lse"}, {args.col_lse, "col_lse"}, {args.dq.data, "dq"},
-                            {args.dk.data, "dk"}, {args.dscale, "dlogit_scale"}});
     std::vector<std::int64_t> labels_copy;
-    const std::int64_t *host_labels =
-        device_checks(comm, in, stream, labels_copy, args.dloss_data, &args.dloss);
+    const std::int64_t *host_labels = device_checks(
+        comm, in, stream,
+        {{args.row_lse, "row_lse"}, {args.col_lse, "col_lse"}, {args.dq.data, "dq"}, {args.dk.data, "dk"},
+         {args.dscale, "dlogit_scale"}},
+        labels_copy, args.dloss_data, &args.dloss);
     if (h.options.nonfinite == FLATMEM_NONFINITE_ERROR) check_features_finite(in);
     RankEntry e = entry_of(h.options, in, host_labels);
     e.dloss_bits = bits_of(args.dloss);
@@ -162,13 +162,12 @@ void sigmoid(flatmem_contrastive_s &h, const char *call,
   const Layout layout = agree(comm, call, [&] {
     refuse_workspace(workspace, workspace_bytes);
     local_check(in, args);
-    if (on_cuda(in))
-      check_device_tensors(comm, in.q.device.device_id,
-                           {{args.loss, "loss"}, {args.dq.data, "dq"}, {args.dk.data, "dk"},
-                            {args.dscale, "dlogit_scale"}, {args.dbias, "dlogit_bias"}});
     std::vector<std::int64_t> labels_copy;
-    const std::int64_t *host_labels = device_checks(comm, in, stream, labels_copy, args.dloss_data,
-                                                    &args.dloss, args.bias_data, &args.bias);
+    const std::int64_t *host_labels = device_checks(
+        comm, in, stream,
+        {{args.loss, "loss"}, {args.dq.data, "dq"}, {args.dk.data, "dk"}, {args.dscale, "dlogit_scale"},
+         {args.dbias, "dlogit_bias"}},
+        labels_copy, args.dloss_data, &args.dloss, args.bias_data, &args.bias);
     if (h.options.nonfinite == FLATMEM_NONFINITE_ERROR) check_features_finite(in);
     RankEntry e = entry_of(h.options, in, host_labels);
     e.bias_bits = bits_of(args.bias);
