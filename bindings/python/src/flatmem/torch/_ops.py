@@ -13,7 +13,8 @@ operators, an autograd formula that calls the backward operator:
 A gradient the caller does not need is not computed (an empty tensor stands in its place). The
 non-tensor arguments are plain values: ``comm`` is a communicator slot (distributed.slot; -1 =
 this process alone), ``propagate`` chooses FLATMEM_NONFINITE_PROPAGATE over _ERROR (CUDA tensors
-need it), ``grad_scale`` multiplies the incoming gradient (a ring under DDP, distributed.py),
+need it), ``grad_scale`` multiplies the gradients of q and k -- not those of the scale and bias,
+which every rank of a ring already holds for the global batch (a ring under DDP, distributed.py),
 ``precision`` is options.fp32_precision (flatmem_fp32_precision: 0 default, 1 TF32, 2 full; the
 losses take it by name, losses.py).
 Gradients are first order only (the backward operators have no autograd of their own).
@@ -91,6 +92,13 @@ def _incoming(dloss: Tensor, grad_scale: float) -> Tensor:
     """The upstream gradient as the C calls take it: fp32, times grad_scale."""
     g = dloss.to(_F32)
     return g * grad_scale if grad_scale != 1.0 else g
+
+
+def _scalar_gradient(d: Tensor, grad_scale: float, shape) -> Tensor:
+    """A scale or bias gradient from a C call that took dloss * grad_scale, as the gradient of
+    dloss alone: grad_scale is for the feature gradients only (distributed.py: every rank already
+    holds the global dL/ds and dL/dt; DDP's average of N equal values must stay that value)."""
+    return (d / grad_scale if grad_scale != 1.0 else d).reshape(shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,8 +181,8 @@ def _contrastive_grad(ctx, dloss, _drow, _dcol):
     g = _incoming(dloss, grad_scale)
     dq, dk, ds = torch.ops.flatmem.contrastive_backward(q, k, s, labels, row, col, g, symmetric, want_dq,
                                                         want_dk, cache_bytes, comm, propagate, precision)
-    return (dq if want_dq else None, dk if want_dk else None, ds.reshape(s.shape) if want_ds else None,
-            None, None, None, None, None, None, None)
+    return (dq if want_dq else None, dk if want_dk else None,
+            _scalar_gradient(ds, grad_scale, s.shape) if want_ds else None, None, None, None, None, None, None, None)
 
 
 torch.library.register_autograd("flatmem::contrastive_forward", _contrastive_grad,
@@ -259,8 +267,9 @@ def _sigmoid_grad(ctx, dloss):
     g = _incoming(dloss, grad_scale)
     dq, dk, ds, dt = torch.ops.flatmem.sigmoid_backward(q, k, s, t, labels, g, want[0], want[1], comm, propagate,
                                                         precision)
-    return (dq if want[0] else None, dk if want[1] else None, ds.reshape(s.shape) if want[2] else None,
-            dt.reshape(t.shape) if want[3] else None, None, None, None, None, None)
+    return (dq if want[0] else None, dk if want[1] else None,
+            _scalar_gradient(ds, grad_scale, s.shape) if want[2] else None,
+            _scalar_gradient(dt, grad_scale, t.shape) if want[3] else None, None, None, None, None, None)
 
 
 torch.library.register_autograd("flatmem::sigmoid_forward", _sigmoid_grad, setup_context=_sigmoid_setup)
@@ -307,17 +316,20 @@ def _is_one(g: Tensor) -> bool:
 
 
 def _saved_grad(ctx, dloss, *_unused):
-    """The gradients the forward computed, times the incoming one (exact for g = 1)."""
+    """The gradients the forward computed, times the incoming one (exact for g = 1); grad_scale
+    multiplies the feature gradients only (_scalar_gradient)."""
     dq, dk, ds, dt = ctx.saved_tensors
     want = ctx.needs_input_grad
     g = _incoming(dloss, ctx.grad_scale)
+    g_scalar = _incoming(dloss, 1.0)
     s_shape, t_shape = ctx.shapes
     if _is_one(g):
         dq_g, dk_g = dq, dk
     else:
         dq_g, dk_g = (dq * g).to(dq.dtype), (dk * g).to(dk.dtype)
-    return (dq_g if want[0] else None, dk_g if want[1] else None, (ds * g).reshape(s_shape) if want[2] else None,
-            (dt * g).reshape(t_shape) if want[3] else None, None, None, None, None, None)
+    return (dq_g if want[0] else None, dk_g if want[1] else None,
+            (ds * g_scalar).reshape(s_shape) if want[2] else None,
+            (dt * g_scalar).reshape(t_shape) if want[3] else None, None, None, None, None, None)
 
 
 torch.library.register_autograd("flatmem::sigmoid_value_and_grad", _saved_grad, setup_context=_saved_setup)

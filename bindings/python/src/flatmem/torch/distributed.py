@@ -14,13 +14,19 @@ the coordinator ``FLATMEM_COORDINATOR=host:port``, or, when that is unset, MASTE
 MASTER_PORT + 1 (torchrun's store listens on MASTER_PORT itself).
 
 Gradient convention: a ring loss returns the loss of the GLOBAL batch (identical on every rank) and
-the exact gradient of that loss with respect to THIS rank's rows q_r, k_r (and the global gradient
-of the scale and bias): nothing is summed or averaged over ranks. DistributedDataParallel then
-AVERAGES parameter gradients over the N ranks, which gives 1/N of the global loss's gradient; to
-train as one process would on the concatenated batch (and as open_clip's ClipLoss with
-gather_with_grad=True does under DDP), multiply the gradient by N: ``grad_scale=N`` in the
-functional calls, which ``flatmem.torch.ClipLoss`` / ``SigLipLoss`` pass for you when they run the
-ring. The returned loss value is never scaled.
+the exact gradient of that loss with respect to THIS rank's rows q_r, k_r, and the global gradient
+of the scale and bias (identical on every rank): nothing is summed or averaged over ranks.
+DistributedDataParallel then AVERAGES parameter gradients over the N ranks:
+
+* a tower parameter's gradient is a sum over ranks of what each rank's rows contribute, so the
+  average is 1/N of the global loss's gradient: the feature gradients need a factor N;
+* logit_scale and logit_bias get N equal global gradients, whose average is already right: they
+  need no factor (a factor N there made open_clip-style training drive the scale N times too fast).
+
+``grad_scale=N`` in the functional calls multiplies the gradients of q and k only, which is exactly
+that; ``flatmem.torch.ClipLoss`` / ``SigLipLoss`` pass it for you when they run the ring. With it,
+every parameter's gradient under DDP is the single-process gradient of the concatenated batch (and
+open_clip's under DDP with gather_with_grad=True). The returned loss value is never scaled.
 """
 from __future__ import annotations
 

@@ -29,7 +29,9 @@ Options:
                      every rank (without it the call fails naming options.comm). The CUDA ring
                      synchronises the current stream once per call and keeps its transit buffers
                      in memory it allocates itself (outside torch's caching allocator).
-  grad_scale         the incoming gradient is multiplied by this (the ring under DDP: the world size)
+  grad_scale         the gradients of q and k are multiplied by this (the ring under DDP: the world
+                     size); the scale and bias gradients are not (every rank of a ring holds the
+                     global dL/ds, dL/dt, which DDP's average leaves as they are; distributed.py)
   nonfinite          "propagate" (default: NaN / Inf flow into the results, as in torch; CUDA needs
                      it) or "error" (the CPU refuses them, naming the tensor)
   precision          "default", "tf32" or "full" (flatmem_fp32_precision; anything else: ValueError).
@@ -141,8 +143,9 @@ class _RingModule(torch.nn.Module):
         return self.comm
 
     def _grad_scale(self, comm):
-        # DDP averages parameter gradients over the ranks; the ring's are those of the global loss
-        # for this rank's rows, so N times them averages to the global gradient (distributed.py).
+        # DDP averages parameter gradients over the ranks; the ring's feature gradients are those of
+        # the global loss for this rank's rows, so N times them averages to the global gradient; the
+        # scale / bias gradients are global on every rank already and stay unscaled (distributed.py).
         return float(comm.world_size) if comm is not None else 1.0
 
     @staticmethod
