@@ -23,7 +23,7 @@ import torch
 
 from .. import reversible as _rev
 from . import _bridge as br
-from .reversible import _Segment
+from .reversible import SegmentOwner, run_segment
 
 ATTENTION_NAMES = ("ln_weight", "ln_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias")
 MLP_NAMES = ("ln_weight", "ln_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
@@ -54,7 +54,7 @@ class _Pair(torch.nn.Module):
         self.attention, self.mlp = attention, mlp
 
 
-class ReversibleTransformer(torch.nn.Module):
+class ReversibleTransformer(SegmentOwner):
     """depth reversible blocks of flatmem's built-in attention (F) and MLP (G) (module docstring).
 
     width, heads   width % heads == 0
@@ -106,7 +106,7 @@ class ReversibleTransformer(torch.nn.Module):
         nbytes = h.backward_workspace_size(a.tensor) if backward else h.forward_workspace_size(a.tensor)
         return br.workspace(nbytes, state.device, stream)
 
-    def _run_forward(self, x1, x2, seed):
+    def _run_forward(self, x1, x2, seed, call):
         x1, x2 = self._states(x1, x2)
         stream = br.stream_of(x1.device)
         self._point_blocks(x1.device, None)
@@ -117,7 +117,7 @@ class ReversibleTransformer(torch.nn.Module):
             h.forward(a[0].tensor, a[1].tensor, seed, 0, a[2].tensor, a[3].tensor, ws and ws.tensor, stream)
         return y1, y2
 
-    def _run_backward(self, y1, y2, dy1, dy2, seed):
+    def _run_backward(self, y1, y2, dy1, dy2, seed, call):
         dy1, dy2 = self._states(dy1, dy2)
         stream = br.stream_of(y1.device)
         parameters = [p for pair in self.blocks for part in (pair.attention, pair.mlp) for p in part.ordered()]
@@ -130,13 +130,14 @@ class ReversibleTransformer(torch.nn.Module):
             ws = self._workspace(h, y1, True, stream)
             h.backward(a[0].tensor, a[1].tensor, a[2].tensor, a[3].tensor, seed, 0, a[4].tensor, a[5].tensor,
                        None, None, ws and ws.tensor, stream)
-        wanted = {id(p) for p in self.parameters() if p.requires_grad}
-        return dx1, dx2, [g if id(p) in wanted else None for p, g in zip(parameters, gradients)]
+        return dx1, dx2, gradients, []  # autograd drops those of parameters that want none
 
     @property
     def last_mode(self):
         return self._segment.last_mode
 
     def forward(self, x1, x2):
+        self._states(x1, x2)
         parameters = [p for pair in self.blocks for part in (pair.attention, pair.mlp) for p in part.ordered()]
-        return _Segment.apply(self, 0, x1, x2, *parameters)
+        # the built-in blocks draw no random numbers: seed 0
+        return run_segment(self, torch.zeros(1, dtype=torch.int64), x1, x2, parameters)
