@@ -52,8 +52,7 @@ update it in the rebuild too, as in eager mode; a compiled graph does not see th
 Randomness replays exactly: every call of F_k / G_k (forward, rebuild) runs with torch's CPU
 generator seeded from flatmem's per-block (seed, offset) (flatmem_reversible_block_seed), in a
 forked RNG state, so dropout draws the same mask in the rebuild as in the forward; each forward
-of the sequence draws its seed from torch's generator, so masks differ step to step. Modules with
-running statistics (BatchNorm in training mode) update them in the rebuild too.
+of the sequence draws its seed from torch's generator, so masks differ step to step.
 
 Exceptions: one raised in F or G comes back as itself from the forward or from backward(), with
 a note naming the block and phase.
@@ -183,10 +182,8 @@ class _Call:
         with contextlib.ExitStack() as stack:
             stack.enter_context(_autograd_dispatch())
             stack.enter_context(torch.enable_grad() if grad else torch.no_grad())
-            if self.autocast_dtype is not None:
-                stack.enter_context(torch.autocast("cpu", dtype=self.autocast_dtype))
-            else:
-                stack.enter_context(torch.autocast("cpu", enabled=False))
+            stack.enter_context(torch.autocast("cpu", dtype=self.autocast_dtype or torch.bfloat16,
+                                               enabled=self.autocast_dtype is not None))
             if ctx is not None:
                 stack.enter_context(_RngScope(ctx))
             yield
