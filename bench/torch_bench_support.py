@@ -295,3 +295,98 @@ def write_csv(path: str, fields: Sequence[str], rows: Iterable[dict]):
             w.writerow({k: ("" if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()})
 
 
+# ---------------------------------------------------------------------------
+# A busy torch intra-op pool beside the measured call
+# ---------------------------------------------------------------------------
+
+BUSY_SIZE = 512  # the neighbour's fp32 matmuls: n x n by n x n, 2 n^3 FLOPs each
+
+
+class TorchPoolBusy:
+    """torch's intra-op pool kept busy beside the measured work, as a data loader's transforms or
+    another op on a side stream keep it: a thread of this process multiplies 512 x 512 fp32
+    matrices back to back (torch.mm: torch.get_num_threads() OpenMP threads) until stopped.
+    ``with TorchPoolBusy() as load: ...`` then ``load.gflops``: the neighbour's own rate over the
+    span (the same load must run beside each implementation compared)."""
+
+    def __init__(self):
+        import threading
+
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.products = 0
+        self.seconds = math.nan
+
+    def _run(self):
+        import time
+
+        import torch
+
+        a, b = torch.randn(BUSY_SIZE, BUSY_SIZE), torch.randn(BUSY_SIZE, BUSY_SIZE)
+        started = time.perf_counter()
+        while not self.stop.is_set():
+            torch.mm(a, b)
+            self.products += 1
+        self.seconds = time.perf_counter() - started
+
+    def __enter__(self):
+        import time
+
+        self.thread.start()
+        time.sleep(0.2)  # the pool spun up before the measured call starts
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+    @property
+    def gflops(self) -> float:
+        return 2.0 * BUSY_SIZE**3 * self.products / self.seconds / 1e9 if self.seconds > 0 else math.nan
+
+
+def busy_main(threads: int):
+    """A process whose only work is TorchPoolBusy at `threads` torch threads, until SIGTERM; prints
+    RESULT {"gflops": ...} on the way out (the neighbour of a benchmark that has no torch)."""
+    import json
+    import signal
+    import sys
+
+    import torch
+
+    torch.set_num_threads(threads)
+    done = []
+    signal.signal(signal.SIGTERM, lambda *_: done.append(1))
+    with TorchPoolBusy() as load:
+        print("busy: running", flush=True)
+        while not done:
+            signal.pause()
+    print(RESULT + json.dumps({"gflops": load.gflops}), flush=True)
+    sys.exit(0)
+
+
+class BusyProcess:
+    """``with BusyProcess(threads) as load:`` a busy_main process beside the block; load.gflops after."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.gflops = math.nan
+
+    def __enter__(self):
+        import sys
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        code = f"import sys; sys.path.insert(0, {here!r}); import torch_bench_support as s; s.busy_main({self.threads})"
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, text=True)
+        first = self.proc.stdout.readline()
+        if "busy: running" not in first:
+            raise RuntimeError(f"the busy neighbour did not start: {first.strip()}")
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        output, _ = self.proc.communicate(timeout=60)
+        result = result_of(output) or {}
+        self.gflops = result.get("gflops", math.nan)
+

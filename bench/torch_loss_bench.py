@@ -80,6 +80,7 @@ same libflatmem (Release).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -200,12 +201,15 @@ def worker(o) -> dict:
     del loss
     times = []
     reps = o.reps if b <= LARGE else o.large_reps
-    for _ in range(max(1, reps)):
-        elapsed, loss = call(q, k)
-        times.append(elapsed)
-        value = float(loss.detach())
-        info["loss_dtype"] = str(loss.dtype).replace("torch.", "")
-        del loss
+    with sup.TorchPoolBusy() if o.busy else contextlib.nullcontext() as load:
+        for _ in range(max(1, reps)):
+            elapsed, loss = call(q, k)
+            times.append(elapsed)
+            value = float(loss.detach())
+            info["loss_dtype"] = str(loss.dtype).replace("torch.", "")
+            del loss
+    if load is not None:
+        info["busy_gflops"] = load.gflops
     result = {"best_s": min(times), "median_s": statistics.median(times), "reps": len(times),
               "warmup_s": warmup, "warmup_rows": warm_rows, "times": times, "loss_value": value,
               "dscale": float(s.grad), "dq_norm": float(q.grad.norm())}
@@ -234,6 +238,8 @@ def run_torch(o, impl: str, loss: str, b: int, dtype: str = "fp32") -> dict:
             "--threads", str(o.threads), "--scale", repr(o.scale), "--bias", repr(o.bias)]
     if o.full_warmup:
         argv.append("--full-warmup")
+    if getattr(o, "busy", False):
+        argv.append("--busy")
     started = time.monotonic()
     rc, output, maxrss = sup.spawn(argv, timeout=o.timeout)
     row = {"status": "ok", "wall_s": time.monotonic() - started, "wait4_maxrss_bytes": maxrss}
@@ -278,8 +284,11 @@ def run_c(o, loss: str, b: int, isa: str, dtype: str = "fp32") -> dict:
         if isa:
             argv += ["--isas", isa]
         started = time.monotonic()
-        rc, output, _ = sup.spawn(argv, timeout=o.timeout)
+        with sup.BusyProcess(o.threads) if getattr(o, "busy", False) else contextlib.nullcontext() as load:
+            rc, output, _ = sup.spawn(argv, timeout=o.timeout)
         row = {"status": "ok", "wall_s": time.monotonic() - started}
+        if load is not None:
+            row["busy_gflops"] = load.gflops
         rows = []
         if os.path.exists(path):
             import csv
@@ -544,6 +553,9 @@ def parse_args(argv):
     p.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
     p.add_argument("--timeout", type=float, help="seconds per child (default: none)")
     p.add_argument("--quick", action="store_true", help="b = 512, 1024, 2 reps: a smoke run")
+    p.add_argument("--busy", action="store_true",
+                   help="keep torch's intra-op pool busy beside every measured call (torch_bench_support."
+                        "TorchPoolBusy; beside the C benchmark in a process of its own)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     o = p.parse_args(argv)
