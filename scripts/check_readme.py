@@ -3,7 +3,9 @@ block in README.md or docs/**/*.md that follows a marker comment is checked:
 
   <!-- snippet: same as PATH -->   the block must equal, byte for byte, a block
                                    of the same language in PATH, a README whose
-                                   blocks the binding's own tests execute;
+                                   blocks the binding's own tests execute, or,
+                                   when PATH is a program (not .md), the whole
+                                   program, which the tests run;
   <!-- snippet: start of PATH -->  the block must be the first lines of such a
                                    block: a runnable beginning of a program the
                                    tests execute whole (the front page's short
@@ -31,7 +33,10 @@ ANY_BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 
 
 def blocks_of(path, language):
-    return [c for lang, c in ANY_BLOCK.findall((ROOT / path).read_text()) if lang == language]
+    text = (ROOT / path).read_text()
+    if not str(path).endswith(".md"):
+        return [text]  # a program shown whole
+    return [c for lang, c in ANY_BLOCK.findall(text) if lang == language]
 
 
 def check_same_as(path, language, code):

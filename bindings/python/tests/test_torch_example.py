@@ -58,3 +58,18 @@ def test_flatmem_fits_at_least_open_clips_batch(smoke):
     assert flatmem["largest"] >= open_clip["largest"]
     # open_clip (b x b logits) ended its doubling at the budget (estimated or measured)
     assert open_clip["trials"][-1]["fits"] is False
+
+
+@pytest.mark.parametrize("loss", ["clip", "siglip"])
+def test_the_ddp_example_trains_under_torchrun(loss):
+    """examples/torch/ddp_clip.py (the PyTorch guide shows it whole) under torchrun on 2 ranks: the
+    global loss falls and every rank ends with the same parameters."""
+    from test_torch_ring import torchrun_worker
+
+    example = EXAMPLE.parent / "ddp_clip.py"
+    rc, out = torchrun_worker(str(example), f"--loss={loss}", 2, 240)
+    assert rc == 0, out
+    losses = [float(line.split(" loss ")[1].split()[0]) for line in out.splitlines() if line.startswith("step ")]
+    assert len(losses) == 4 and losses[-1] < 0.5 * losses[0], out
+    for r in range(2):
+        assert f"rank {r}: done, parameters identical on every rank" in out, out
