@@ -43,27 +43,15 @@ def test_the_comparison_fails_with_the_old_scalar_gradients():
             assert "relative after step 1 " in line, line
 
 
-# The two below fail today (strict: when they pass, drop the mark). Both are in flatmem's Python
-# glue around the operators, not in the operators: torch.compile(fullgraph=True) of a function
-# calling torch.ops.flatmem.contrastive_forward / sigmoid_value_and_grad with the communicator's
-# slot as a plain int traces without a graph break and gives the eager values.
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "torch.compile(ClipLoss / SigLipLoss(comm=comm), fullgraph=True) raises torch._dynamo.exc.Unsupported: "
-    "_RingModule._ring (losses.py) reads self.comm.world_size, i.e. the SWIG builtin "
-    "flatmem._capi.Communicator_world_size, which dynamo cannot trace; past it, distributed.slot() enters "
-    "`with _lock:` (a threading.Lock), an unsupported context manager. Without fullgraph those are the two "
-    "graph breaks the 'compiled' cases print, and training is right"))
+# torch.compile(fullgraph=True) of the loss modules: the communicator's slot and size are plain
+# attributes by the time the forward is traced (distributed.slot), and a module whose communicator
+# it makes itself makes it when it is constructed (collective, eager), so nothing in the forward
+# needs a graph break.
 def test_the_loss_modules_compile_without_graph_breaks():
     rc, out = launch("fullgraph", 2)
     assert_ok(rc, out, 2, FULLGRAPH_CASES)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "torch.compile(ClipLoss(rank=r, world_size=N)) whose communicator is made at the first call: rank 0 "
-    "graph-breaks at flatmem._capi.new_UniqueId and runs the broadcast eagerly, every other rank traces "
-    "dist.broadcast_object_list (distributed.communicator) and fails with InternalTorchDynamoError "
-    "(UnsafeScriptObjectError: ProcessGroup._device_types), a hard error, not a graph break; rank 0 is left "
-    "in the broadcast. Workaround: pass comm=flatmem.torch.communicator() (the compiled cases do)"))
-def test_a_compiled_loss_module_makes_its_communicator_at_the_first_call():
+def test_a_compiled_loss_module_that_makes_its_own_communicator():
     rc, out = launch("lazy", 2)
     assert_ok(rc, out, 2, LAZY_CASES)

@@ -26,13 +26,13 @@ Cases, KIND[-VARIANT], KIND clip | infonce | siglip; VARIANT:
   uneven      UNEVEN rows per rank (DDP still averages the ranks equally: each rank's feature
               gradient is N times the global loss's for its rows, whatever their number)
   fullgraph   torch.compile(module, fullgraph=True), its communicator passed in
-  lazy        torch.compile(module) of ClipLoss(rank, world_size), whose communicator is made at
-              the first call (inside the compiled call)
+  lazy        torch.compile(module, fullgraph=True) of ClipLoss(rank, world_size), whose
+              communicator the module makes itself (when it is constructed: the group exists)
 
 MODE
   train       CASES; prints "rank R: ddp CASE ok (...)" per case; stops at the first failure
-  fullgraph   FULLGRAPH_CASES (prints the same lines); fails today, see test_torch_ddp_training.py
-  lazy        LAZY_CASES (the same); fails today, see test_torch_ddp_training.py
+  fullgraph   FULLGRAPH_CASES (prints the same lines)
+  lazy        LAZY_CASES (the same)
   buggy       the scale / bias gradients of the ring made N times too large again, as before
               commit 94538a7 (reintroduce_the_bug); every case of BUGGY_CASES must FAIL the
               comparison; prints "rank R: buggy CASE caught (...)" per case
@@ -185,10 +185,10 @@ def ring_criterion(kind, variant, rank, world, comm):
         criterion = module(rank=rank, world_size=world, comm=comm)
         compiled = torch.compile(criterion, fullgraph=variant == "fullgraph")
     else:
-        # as open_clip's: rank and world_size only, the communicator made at the first call from
-        # the default process group
+        # as open_clip's: rank and world_size only, the communicator made by the module from the
+        # default process group
         criterion = module(rank=rank, world_size=world)
-        compiled = torch.compile(criterion) if variant == "lazy" else None
+        compiled = torch.compile(criterion, fullgraph=True) if variant == "lazy" else None
     call = compiled if compiled is not None else criterion
     if kind == "clip":
         return (lambda q, k, s, t: call(q, k, s)), criterion, compiled

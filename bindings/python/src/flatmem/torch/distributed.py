@@ -33,35 +33,57 @@ from __future__ import annotations
 import os
 import threading
 
+import torch
+
 from ..comm import Communicator, UniqueId
 
 _lock = threading.Lock()
 _by_slot: dict[int, Communicator] = {}
-_slot_of: dict[int, int] = {}  # id(comm) -> slot
 _next_slot = [1]
 
 
 def slot(comm) -> int:
     """The integer the custom operators carry for `comm` (-1 for None). A communicator keeps its
-    slot until it is closed; slots of closed ones are dropped at the next registration."""
+    slot until it is closed; slots of closed ones are dropped at the next registration. The slot
+    is kept on the communicator too (a plain attribute), so that torch.compile reads it as a
+    constant of the graph: a communicator gets it here, the first time it is used, and from
+    communicator() / communicator_from_env() and the loss modules when they are given or make one;
+    one used for the first time inside a compiled function is a graph break (call slot(comm)
+    once before compiling with fullgraph=True)."""
     if comm is None:
         return -1
+    known = getattr(comm, _SLOT, None)
+    if known is not None:
+        return known
+    return _register(comm)
+
+
+def world_size(comm) -> int:
+    """comm's world size (1 for None), readable under torch.compile once comm has a slot."""
+    if comm is None:
+        return 1
+    slot(comm)
+    return getattr(comm, _WORLD)
+
+
+_SLOT, _WORLD = "_flatmem_torch_slot", "_flatmem_torch_world_size"
+
+
+@torch.compiler.disable  # a lock and a SWIG call: eager, a graph break where it is traced
+def _register(comm) -> int:
     if not isinstance(comm, Communicator):
         raise TypeError(f"flatmem.torch: comm must be a flatmem.Communicator (flatmem.torch.communicator()), "
                         f"not {type(comm).__name__}")
     with _lock:
-        found = _slot_of.get(id(comm))
-        if found is not None and _by_slot.get(found) is comm:
-            return found
         for s, c in list(_by_slot.items()):
             if c.closed:
                 del _by_slot[s]
-                _slot_of.pop(id(c), None)
         s = _next_slot[0]
         _next_slot[0] += 1
         _by_slot[s] = comm
-        _slot_of[id(comm)] = s
-        return s
+    setattr(comm, _WORLD, comm.world_size)
+    setattr(comm, _SLOT, s)
+    return s
 
 
 def at(s: int):
@@ -88,8 +110,10 @@ def communicator(group=None, *, timeout_ms=0, connect_timeout_ms=0) -> Communica
     uid = UniqueId() if rank == 0 else None
     box = [bytes(uid) if uid is not None else None]
     dist.broadcast_object_list(box, src=src, group=group)
-    return Communicator(rank, size, uid if uid is not None else UniqueId.from_bytes(box[0]),
+    comm = Communicator(rank, size, uid if uid is not None else UniqueId.from_bytes(box[0]),
                         timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms)
+    slot(comm)
+    return comm
 
 
 def communicator_from_env(*, timeout_ms=0, connect_timeout_ms=0) -> Communicator:
@@ -101,11 +125,9 @@ def communicator_from_env(*, timeout_ms=0, connect_timeout_ms=0) -> Communicator
             raise RuntimeError("flatmem.torch.communicator_from_env: neither FLATMEM_COORDINATOR=host:port nor "
                                "torchrun's MASTER_ADDR / MASTER_PORT is set")
         os.environ["FLATMEM_COORDINATOR"] = f"{host}:{int(port) + 1}"
-    return Communicator.from_env(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms)
-
-
-def world_size(comm) -> int:
-    return 1 if comm is None else comm.world_size
+    comm = Communicator.from_env(timeout_ms=timeout_ms, connect_timeout_ms=connect_timeout_ms)
+    slot(comm)
+    return comm
 
 
 __all__ = ["communicator", "communicator_from_env"]

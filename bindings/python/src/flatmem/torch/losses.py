@@ -108,10 +108,16 @@ def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, recompute=False,
     return torch.ops.flatmem.sigmoid_forward(*args)
 
 
+def _process_group_ready() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 class _RingModule(torch.nn.Module):
     """What ClipLoss and SigLipLoss share: open_clip's rank / world_size arguments and the
-    communicator of a ring (made from the default process group at the first call when
-    world_size > 1 and none is given)."""
+    communicator of a ring when world_size > 1 and none is given: made from the default process
+    group when the module is made (collective), or at its first call if the group did not exist
+    yet. Slot and size are plain attributes then, so a compiled forward (fullgraph=True) reads
+    them as constants."""
 
     def __init__(self, rank, world_size, use_horovod, comm, nonfinite, comm_timeout_ms, precision="default"):
         super().__init__()
@@ -122,31 +128,49 @@ class _RingModule(torch.nn.Module):
             raise ValueError("flatmem.torch: use_horovod is not supported; the ring runs over a "
                              "flatmem.Communicator (flatmem.torch.communicator())")
         self.rank, self.world_size = int(rank), int(world_size)
-        self.comm = comm
+        self.comm = None
         self._made_comm = comm is None  # made here: the device transport is ours to start too
         self._device_ready = False
         self.nonfinite = nonfinite
         _propagate(nonfinite)
+        if comm is not None:
+            self._use(comm)
+        elif self.world_size > 1 and _process_group_ready():
+            self._start_ring()  # collective: every rank makes its loss module, as in any DDP script
+
+    def _use(self, comm):
+        """Takes comm as this module's ring (checked against world_size; given its slot now, so that
+        a compiled forward reads slot and size as constants)."""
+        size = dist_.world_size(comm)
+        if self.world_size > 1 and size != self.world_size:
+            raise ValueError(f"flatmem.torch: world_size={self.world_size} but the communicator has "
+                             f"{size} ranks")
+        self.comm = comm
+
+    @torch.compiler.disable  # collective set-up: eager (made at construction when the group exists)
+    def _start_ring(self):
+        self._use(dist_.communicator(timeout_ms=self.comm_timeout_ms))
+
+    @torch.compiler.disable  # collective set-up of the NCCL transport, once
+    def _start_device(self, features):
+        self.comm.init_device(features.device.index if features.device.index is not None
+                              else torch.cuda.current_device(), self.comm_timeout_ms)
+        self._device_ready = True
 
     def _ring(self, features):
         if self.comm is None and self.world_size > 1:
-            self.comm = dist_.communicator(timeout_ms=self.comm_timeout_ms)
-        if self.comm is not None and self.comm.world_size != self.world_size and self.world_size > 1:
-            raise ValueError(f"flatmem.torch: world_size={self.world_size} but the communicator has "
-                             f"{self.comm.world_size} ranks")
+            self._start_ring()
         if self.comm is not None and self._made_comm and features.is_cuda and not self._device_ready:
             # CUDA features: the communicator made here gets its NCCL transport on their GPU
             # (collective: every rank's first call comes here with its own CUDA features).
-            self.comm.init_device(features.device.index if features.device.index is not None
-                                  else torch.cuda.current_device(), self.comm_timeout_ms)
-            self._device_ready = True
+            self._start_device(features)
         return self.comm
 
     def _grad_scale(self, comm):
         # DDP averages parameter gradients over the ranks; the ring's feature gradients are those of
         # the global loss for this rank's rows, so N times them averages to the global gradient; the
         # scale / bias gradients are global on every rank already and stay unscaled (distributed.py).
-        return float(comm.world_size) if comm is not None else 1.0
+        return float(dist_.world_size(comm))
 
     @staticmethod
     def _result(loss, output_dict):
