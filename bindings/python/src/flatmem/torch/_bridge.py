@@ -15,6 +15,11 @@ Layout: the library takes row-strided matrices (rows any distance apart,
 elements of a row adjacent). A tensor whose last dimension is not unit-stride
 (a transposed or expanded view) is made contiguous here, once -- the one copy
 this module ever makes, and only for layouts the C API cannot describe.
+
+Gradients are first order: every backward formula hands its gradients through
+first_order_only, which lets a second backward (create_graph=True, then
+differentiating those gradients) fail with a message instead of giving silent
+zeros.
 """
 from __future__ import annotations
 
@@ -85,3 +90,52 @@ def workspace(nbytes: int, device: torch.device, stream: int):
     if device.type != "cuda" or nbytes == 0:
         return None
     return arg(torch.empty(nbytes, dtype=torch.uint8, device=device), "workspace", stream)
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """The identity on a flatmem backward's gradients whose own backward raises: the node a second
+    backward meets where flatmem has no formula."""
+
+    @staticmethod
+    def forward(what, *grads):
+        # Aliases, not copies: a custom Function's output that is its input is returned as a view
+        # of it (what torch itself does with an input returned unchanged).
+        return tuple(g.view_as(g) for g in grads)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.what = inputs[0]
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(
+            f"flatmem.torch: {ctx.what} is differentiable once: its gradients have no gradient of their "
+            f"own, so double backward (create_graph=True and a second backward through them, as in "
+            f"a gradient penalty on this loss or a Hessian-vector product) is not supported; a second "
+            f"backward that does not pass through flatmem's gradients works")
+
+
+def first_order_only(what: str, *grads):
+    """The gradients a flatmem backward formula returns, made safe against double backward.
+
+    A flatmem operator's backward is a C call that torch cannot differentiate; under
+    ``torch.autograd.grad(..., create_graph=True)`` its results would silently act as constants
+    (a second backward through them gives zeros, or only part of the truth where the formula also
+    multiplies by the incoming gradient). Here, when grad mode is on -- a backward run with
+    create_graph=True -- each tensor among `grads` goes through an identity autograd node whose
+    backward raises a RuntimeError naming `what` (the operator, e.g. "flatmem::contrastive_forward").
+    Otherwise (loss.backward(), and torch.compile's traced backward, both run with grad mode off)
+    they are returned unchanged, at no cost. None entries stay None; returns a tuple as long as
+    `grads`. Every flatmem autograd formula returns its gradients through this (one of
+    ``return first_order_only(what, *grads)``), so that the first derivative stays usable under
+    create_graph=True (a gradient penalty on another term) and the second fails loudly."""
+    if not torch.is_grad_enabled():
+        return grads
+    at = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
+    if not at:
+        return grads
+    wrapped = _FirstOrderOnly.apply(what, *(grads[i] for i in at))
+    out = list(grads)
+    for i, g in zip(at, wrapped):
+        out[i] = g
+    return tuple(out)

@@ -17,7 +17,10 @@ need it), ``grad_scale`` multiplies the gradients of q and k -- not those of the
 which every rank of a ring already holds for the global batch (a ring under DDP, distributed.py),
 ``precision`` is options.fp32_precision (flatmem_fp32_precision: 0 default, 1 TF32, 2 full; the
 losses take it by name, losses.py).
-Gradients are first order only (the backward operators have no autograd of their own).
+Gradients are first order only (the backward operators have no autograd of their own): every
+formula hands its gradients through _bridge.first_order_only, so that a double backward
+(create_graph=True, then a backward through those gradients) raises a RuntimeError naming the
+operator rather than giving zeros.
 
 The operators are defined with torch.library.Library (schema strings below) rather than
 torch.library.custom_op, whose wrapper imports torch._dynamo (and sympy) at the first call: about
@@ -181,8 +184,9 @@ def _contrastive_grad(ctx, dloss, _drow, _dcol):
     g = _incoming(dloss, grad_scale)
     dq, dk, ds = torch.ops.flatmem.contrastive_backward(q, k, s, labels, row, col, g, symmetric, want_dq,
                                                         want_dk, cache_bytes, comm, propagate, precision)
-    return (dq if want_dq else None, dk if want_dk else None,
-            _scalar_gradient(ds, grad_scale, s.shape) if want_ds else None, None, None, None, None, None, None, None)
+    grads = br.first_order_only("flatmem::contrastive_forward", dq if want_dq else None, dk if want_dk else None,
+                                _scalar_gradient(ds, grad_scale, s.shape) if want_ds else None)
+    return (*grads, None, None, None, None, None, None, None)
 
 
 torch.library.register_autograd("flatmem::contrastive_forward", _contrastive_grad,
@@ -267,9 +271,10 @@ def _sigmoid_grad(ctx, dloss):
     g = _incoming(dloss, grad_scale)
     dq, dk, ds, dt = torch.ops.flatmem.sigmoid_backward(q, k, s, t, labels, g, want[0], want[1], comm, propagate,
                                                         precision)
-    return (dq if want[0] else None, dk if want[1] else None,
-            _scalar_gradient(ds, grad_scale, s.shape) if want[2] else None,
-            _scalar_gradient(dt, grad_scale, t.shape) if want[3] else None, None, None, None, None, None)
+    grads = br.first_order_only("flatmem::sigmoid_forward", dq if want[0] else None, dk if want[1] else None,
+                                _scalar_gradient(ds, grad_scale, s.shape) if want[2] else None,
+                                _scalar_gradient(dt, grad_scale, t.shape) if want[3] else None)
+    return (*grads, None, None, None, None, None)
 
 
 torch.library.register_autograd("flatmem::sigmoid_forward", _sigmoid_grad, setup_context=_sigmoid_setup)
@@ -327,9 +332,13 @@ def _saved_grad(ctx, dloss, *_unused):
         dq_g, dk_g = dq, dk
     else:
         dq_g, dk_g = (dq * g).to(dq.dtype), (dk * g).to(dk.dtype)
-    return (dq_g if want[0] else None, dk_g if want[1] else None,
-            (ds * g_scalar).reshape(s_shape) if want[2] else None,
-            (dt * g_scalar).reshape(t_shape) if want[3] else None, None, None, None, None, None)
+    # Under create_graph=True the saved dq, dk, ds, dt are this node's own outputs: a second
+    # backward through them would come back here as their (ignored) incoming gradients and give
+    # part of the truth silently; first_order_only stops it with an error instead.
+    grads = br.first_order_only("flatmem::sigmoid_value_and_grad", dq_g if want[0] else None,
+                                dk_g if want[1] else None, (ds * g_scalar).reshape(s_shape) if want[2] else None,
+                                (dt * g_scalar).reshape(t_shape) if want[3] else None)
+    return (*grads, None, None, None, None, None)
 
 
 torch.library.register_autograd("flatmem::sigmoid_value_and_grad", _saved_grad, setup_context=_saved_setup)
