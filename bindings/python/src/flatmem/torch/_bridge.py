@@ -13,8 +13,12 @@
 
 Layout: the library takes row-strided matrices (rows any distance apart,
 elements of a row adjacent). A tensor whose last dimension is not unit-stride
-(a transposed or expanded view) is made contiguous here, once -- the one copy
-this module ever makes, and only for layouts the C API cannot describe.
+(a transposed or expanded view) is made contiguous here, once -- and only for
+layouts the C API cannot describe.
+
+Dtype: the library takes q and k in one dtype. Two different feature dtypes
+(a bf16 image tower next to an fp32 text tower) are promoted as torch promotes
+them (features()); the other copy this module makes, and only for such a pair.
 
 Gradients are first order: every backward formula hands its gradients through
 first_order_only, which lets a second backward (create_graph=True, then
@@ -62,6 +66,21 @@ def matrix(t, name: str) -> torch.Tensor:
     rows_apart = t.shape[0] <= 1 or t.stride(0) >= t.shape[1]
     elements_adjacent = t.shape[1] <= 1 or t.stride(1) == 1
     return t if rows_apart and elements_adjacent else t.contiguous()
+
+
+def features(q, k):
+    """The feature matrices q and k as the library takes them: each as matrix() makes it, and
+    both in one dtype. Two different dtypes among FEATURE_DTYPES are promoted as torch promotes
+    them, torch.promote_types (bfloat16 or float16 with float32 -> float32, float16 with
+    bfloat16 -> float32): the dtype open_clip computes such a pair's logits in. Widening is
+    exact, so the results are those of the promoted inputs; autograd's cast hands each gradient
+    back in its own input's dtype. Equal dtypes pass as they are (no copy, no cast); any other
+    dtype (float64, an integer) passes too, for the library to refuse naming the argument."""
+    q, k = matrix(q, "q"), matrix(k, "k")
+    if q.dtype != k.dtype and q.dtype in FEATURE_DTYPES and k.dtype in FEATURE_DTYPES:
+        common = torch.promote_types(q.dtype, k.dtype)
+        q, k = matrix(q.to(common), "q"), matrix(k.to(common), "k")  # .to() of the wider one: itself
+    return q, k
 
 
 def scalar(x, like: torch.Tensor, name: str) -> torch.Tensor:

@@ -12,11 +12,14 @@ never materialised; the b x c matrix is walked in tiles.
 The scale s is the multiplier itself (open_clip's ``logit_scale.exp()``); its gradient is dL/ds,
 so a learned log-scale passed as ``log_s.exp()`` gets its gradient through autograd.
 
-Inputs: q (b, d) and k (c, d), float32, bfloat16 or float16 (the same dtype; fp32 accumulation),
-on the CPU or one CUDA device (torch's current stream is the call's), any row stride (other
-layouts are made contiguous); the scale and bias are numbers or one-element tensors (cast to
+Inputs: q (b, d) and k (c, d), float32, bfloat16 or float16 (fp32 accumulation), on the CPU or
+one CUDA device (torch's current stream is the call's), any row stride (other layouts are made
+contiguous); q and k of different dtypes are promoted as torch promotes them (torch.promote_types:
+bfloat16 + float32 -> float32, float16 + bfloat16 -> float32, ...; what open_clip computes in),
+equal dtypes are used as they are (no copy), other dtypes (float64, integers) are refused by the
+library naming the argument; the scale and bias are numbers or one-element tensors (cast to
 float32); labels integer (b,). Results are torch tensors on the inputs' device: the loss a 0-d
-float32 tensor, dq and dk in the input dtype. Every call is a torch custom operator: eager,
+float32 tensor, dq and dk each in its own input's dtype (computed in the promoted one). Every call is a torch custom operator: eager,
 under torch.compile without a graph break, under torch.library.opcheck.
 
 Options:
@@ -69,7 +72,7 @@ def _propagate(nonfinite) -> bool:
 
 def _softmax(q, k, logit_scale, labels, symmetric, logit_cache_bytes, comm, grad_scale, nonfinite, precision):
     p = _precision(precision)
-    q, k = br.matrix(q, "q"), br.matrix(k, "k")
+    q, k = br.features(q, k)
     s = br.scalar(logit_scale, q, "logit_scale")
     labels = br.labels_tensor(labels, q)
     loss, _, _ = torch.ops.flatmem.contrastive_forward(q, k, s, labels, symmetric, _cache_bytes(logit_cache_bytes),
@@ -98,7 +101,7 @@ def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, recompute=False,
     """The pairwise sigmoid (SigLIP) loss of rows q (b, d) against columns k (c, d) (module docstring;
     precision as clip_loss)."""
     p = _precision(precision)
-    q, k = br.matrix(q, "q"), br.matrix(k, "k")
+    q, k = br.features(q, k)
     s, t = br.scalar(logit_scale, q, "logit_scale"), br.scalar(logit_bias, q, "logit_bias")
     labels = br.labels_tensor(labels, q)
     args = (q, k, s, t, labels, dist_.slot(comm), _propagate(nonfinite), float(grad_scale), p)
