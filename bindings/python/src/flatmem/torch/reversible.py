@@ -71,6 +71,8 @@ from .. import reversible as _rev
 from . import _bridge as br
 from . import _ops
 
+__all__ = ["ReversibleSequence"]
+
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
 _NARROW = (torch.bfloat16, torch.float16)
@@ -125,7 +127,7 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def split_arguments(kwargs):
+def _split_arguments(kwargs):
     """(spec, context) of a call's keyword arguments: the tensors and the numbers (as 0-d
     tensors: torch.compile treats Python numbers as graph inputs, not constants) travel in
     `context`, the layout and every other value (str, bool, None, ...) in the int `spec`."""
@@ -139,8 +141,8 @@ def split_arguments(kwargs):
     return _intern((tensors, numbers, constants)), context
 
 
-def join_arguments(spec, context):
-    """The keyword arguments of `spec` from the operator's `context` (split_arguments reversed);
+def _join_arguments(spec, context):
+    """The keyword arguments of `spec` from the operator's `context` (_split_arguments reversed);
     returns (kwargs, names of the tensor arguments in context order)."""
     with _known_lock:
         tensors, numbers, constants = _known_arguments[spec]
@@ -157,7 +159,7 @@ class _Call:
     autocast dtype (None: off), the dtype the modules take and the streams' dtype."""
 
     def __init__(self, spec, context, wants, autocast_dtype, module_dtype, stream_dtype):
-        self.kwargs, self.names = join_arguments(spec, context)
+        self.kwargs, self.names = _join_arguments(spec, context)
         self.wanted = [n for n, w in zip(self.names, wants) if w]
         self.autocast_dtype = autocast_dtype
         self.module_dtype = module_dtype or stream_dtype
@@ -270,7 +272,7 @@ _owners: "weakref.WeakValueDictionary[int, torch.nn.Module]" = weakref.WeakValue
 _next_owner = itertools.count(1)
 
 
-class SegmentOwner(torch.nn.Module):
+class _SegmentOwner(torch.nn.Module):
     """A module whose forward runs a segment through the operators (ReversibleSequence,
     ReversibleTransformer): it owns the int the operators name it by, a fresh one for every
     instance, a deepcopy or an unpickled copy included (a plain attribute, so that torch.compile
@@ -299,7 +301,7 @@ def _owner(slot: int):
 
 @_ops._op("reversible_forward(int owner, Tensor seed, Tensor x1, Tensor x2, Tensor[] parameters, "
           "Tensor[] context, int spec, ScalarType? autocast_dtype, ScalarType? module_dtype) -> (Tensor, Tensor)")
-def reversible_forward(owner, seed, x1, x2, parameters, context, spec, autocast_dtype, module_dtype):
+def _forward_kernel(owner, seed, x1, x2, parameters, context, spec, autocast_dtype, module_dtype):
     call = _Call(spec, context, [False] * len(context), autocast_dtype, module_dtype, x1.dtype)
     return _owner(owner)._run_forward(x1, x2, int(seed.item()), call)
 
@@ -312,7 +314,7 @@ def _(owner, seed, x1, x2, parameters, context, spec, autocast_dtype, module_dty
 @_ops._op("reversible_backward(int owner, Tensor seed, Tensor y1, Tensor y2, Tensor dy1, Tensor dy2, "
           "Tensor[] parameters, Tensor[] context, bool[] context_wanted, int spec, ScalarType? autocast_dtype, "
           "ScalarType? module_dtype) -> (Tensor, Tensor, Tensor[], Tensor[])")
-def reversible_backward(owner, seed, y1, y2, dy1, dy2, parameters, context, context_wanted, spec, autocast_dtype,
+def _backward_kernel(owner, seed, y1, y2, dy1, dy2, parameters, context, context_wanted, spec, autocast_dtype,
                         module_dtype):
     call = _Call(spec, context, context_wanted, autocast_dtype, module_dtype, y1.dtype)
     dx1, dx2, grads, context_grads = _owner(owner)._run_backward(y1, y2, dy1, dy2, int(seed.item()), call)
@@ -357,14 +359,14 @@ def _autocast_dtype():
     return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
 
 
-def run_segment(owner, seed, x1, x2, parameters, kwargs=None):
+def _run_segment(owner, seed, x1, x2, parameters, kwargs=None):
     """(y1, y2) of owner's segment through the operator: owner._run_forward(x1, x2, seed, call) and
     owner._run_backward(y1, y2, dy1, dy2, seed, call) -> (dx1, dx2, [grad or None per parameter],
     [grad or None per context tensor]) run it on streams of float32 / float64; 16-bit states are
     widened here (autograd narrows their gradients back) and their dtype told to the modules."""
     dtype = x1.dtype
     stream = torch.float32 if dtype in _NARROW else dtype
-    spec, context = split_arguments(kwargs or {})
+    spec, context = _split_arguments(kwargs or {})
     y1, y2 = torch.ops.flatmem.reversible_forward(owner._flatmem_slot, seed, x1.to(stream), x2.to(stream), parameters,
                                                   context, spec, _autocast_dtype(),
                                                   dtype if dtype != stream else None)
@@ -375,7 +377,7 @@ def run_segment(owner, seed, x1, x2, parameters, kwargs=None):
 # The module
 # ---------------------------------------------------------------------------------------------
 
-class ReversibleSequence(SegmentOwner):
+class ReversibleSequence(_SegmentOwner):
     """A reversible stack of (F, G) module pairs (module docstring).
 
     blocks       [(F_0, G_0), (F_1, G_1), ...] of nn.Modules (registered as submodules
@@ -492,4 +494,4 @@ class ReversibleSequence(SegmentOwner):
     def forward(self, x1, x2, **kwargs):
         self._check_states(x1, x2)
         seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
-        return run_segment(self, seed, x1, x2, self._trainable(), kwargs)
+        return _run_segment(self, seed, x1, x2, self._trainable(), kwargs)

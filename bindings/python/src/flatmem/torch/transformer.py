@@ -23,7 +23,7 @@ import torch
 
 from .. import reversible as _rev
 from . import _bridge as br
-from .reversible import SegmentOwner, run_segment
+from .reversible import _run_segment, _SegmentOwner
 
 ATTENTION_NAMES = ("ln_weight", "ln_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias")
 MLP_NAMES = ("ln_weight", "ln_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
@@ -54,7 +54,7 @@ class _Pair(torch.nn.Module):
         self.attention, self.mlp = attention, mlp
 
 
-class ReversibleTransformer(SegmentOwner):
+class ReversibleTransformer(_SegmentOwner):
     """depth reversible blocks of flatmem's built-in attention (F) and MLP (G) (module docstring).
 
     width, heads   width % heads == 0
@@ -140,4 +140,4 @@ class ReversibleTransformer(SegmentOwner):
         self._states(x1, x2)
         parameters = [p for pair in self.blocks for part in (pair.attention, pair.mlp) for p in part.ordered()]
         # the built-in blocks draw no random numbers: seed 0
-        return run_segment(self, torch.zeros(1, dtype=torch.int64), x1, x2, parameters)
+        return _run_segment(self, torch.zeros(1, dtype=torch.int64), x1, x2, parameters)
