@@ -27,7 +27,7 @@
  *
  * Errors. Every status other than SUCCESS becomes an exception in the target
  * language whose message is "<status name>: <flatmem_last_error()>", e.g.
- * "FLATMEM_STATUS_INVALID_ARGUMENT: q: dtype (code 2, bits 64, lanes 1) is not
+ * "FLATMEM_STATUS_INVALID_ARGUMENT: q: dtype float64 is not
  * accepted here; ...". The mechanism is one %exception block (below) around
  * every wrapped call: wrapped code records a failed status in a thread-local
  * slot with flatmem_swig_check(), and the block turns it into

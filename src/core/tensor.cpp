@@ -17,6 +17,33 @@ std::string shape_text(const DLTensor *t) {
   return s.str();
 }
 
+// The name of a DLPack type code whose width is part of the name (int32, float64, ...); NULL
+// for codes spelled otherwise. Numeric values, not enumerators: the installed dlpack.h may
+// predate kDLBool (DLPack 0.8) and the 8/6/4-bit floats (DLPack 1.1).
+const char *sized_code_name(std::uint8_t code) {
+  switch (code) {
+    case 0: return "int";      // kDLInt
+    case 1: return "uint";     // kDLUInt
+    case 2: return "float";    // kDLFloat
+    case 4: return "bfloat";   // kDLBfloat
+    case 5: return "complex";  // kDLComplex
+    default: return nullptr;
+  }
+}
+
+// The full name of a code that has one width only (kDLBool and DLPack 1.1's narrow floats,
+// codes 6 to 17), or NULL; *bits is set to that width.
+const char *fixed_width_name(std::uint8_t code, int *bits) {
+  struct Named { const char *name; int bits; };
+  static const Named names[] = {
+      {"bool", 8},           {"float8_e3m4", 8},    {"float8_e4m3", 8},     {"float8_e4m3b11fnuz", 8},
+      {"float8_e4m3fn", 8},  {"float8_e4m3fnuz", 8}, {"float8_e5m2", 8},    {"float8_e5m2fnuz", 8},
+      {"float8_e8m0fnu", 8}, {"float6_e2m3fn", 6},  {"float6_e3m2fn", 6},   {"float4_e2m1fn", 4}};
+  if (code < 6 || code >= 6 + sizeof names / sizeof names[0]) return nullptr;
+  *bits = names[code - 6].bits;
+  return names[code - 6].name;
+}
+
 const char *device_name(std::int32_t type) {
   switch (type) {
     case kDLCPU: return "kDLCPU";
@@ -34,12 +61,6 @@ bool decode_dtype(const DLDataType &t, Dtype &out) {
   if (t.code == kDLBfloat && t.bits == 16) return out = Dtype::bf16, true;
   if (t.code == kDLInt && t.bits == 64) return out = Dtype::i64, true;
   return false;
-}
-
-std::string dtype_text(const DLDataType &t) {
-  std::ostringstream s;
-  s << "(code " << int(t.code) << ", bits " << int(t.bits) << ", lanes " << t.lanes << ")";
-  return s.str();
 }
 
 std::string allowed_text(std::initializer_list<Dtype> dtypes) {
@@ -68,8 +89,7 @@ Dtype check_common(const DLTensor *t, const char *name, std::initializer_list<Dt
   bool allowed = false;
   for (Dtype d : dtypes) allowed = allowed || (known && d == dtype);
   if (!allowed)
-    invalid(name, ": dtype ", known ? dtype_name(dtype) : dtype_text(t->dtype).c_str(),
-            " is not accepted here; expected ", allowed_text(dtypes));
+    invalid(name, ": dtype ", dtype_text(t->dtype), " is not accepted here; expected ", allowed_text(dtypes));
   if (t->ndim < 0 || t->ndim > 8) invalid(name, ": ndim ", t->ndim, " is out of range");
   if (t->ndim > 0 && t->shape == nullptr) invalid(name, ": shape is NULL with ndim ", t->ndim);
   for (int i = 0; i < t->ndim; ++i)
@@ -95,6 +115,20 @@ void check_extent(const DLTensor *t, const char *name, std::int64_t rows, std::i
 }
 
 }  // namespace
+
+std::string dtype_text(const DLDataType &t) {
+  int width = 0;
+  const char *fixed = fixed_width_name(t.code, &width);
+  const char *sized = sized_code_name(t.code);
+  std::string name;
+  if (fixed != nullptr && t.bits == width) name = fixed;
+  else if (sized != nullptr && t.bits > 0 && (t.code != 4 || t.bits == 16))  // bfloat16 is the one bfloat
+    name = sized + std::to_string(t.bits);
+  if (name.empty() || t.lanes == 0)
+    return "(code " + std::to_string(t.code) + ", bits " + std::to_string(t.bits) + ", lanes " +
+           std::to_string(t.lanes) + ")";
+  return t.lanes > 1 ? name + "x" + std::to_string(t.lanes) : name;
+}
 
 bool cuda_backend_built() {
 #ifdef FLATMEM_HAVE_CUDA_BACKEND

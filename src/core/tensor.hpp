@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <string>
 
 #include "core/dtype.hpp"
 
@@ -45,6 +46,11 @@ enum class DataUse { required, metadata_only };
 // and a library built with its CUDA backend (FLATMEM_HAVE_CUDA_BACKEND);
 // otherwise it is FLATMEM_STATUS_UNSUPPORTED, as before.
 enum class Devices { cpu_only, cpu_or_cuda };
+
+// A DLDataType as the frameworks spell it, for messages: "int32", "uint8", "float64", "bfloat16",
+// "bool", "complex64", "float8_e4m3fn"; lanes > 1 appended as "x<lanes>" ("float32x4"); a code
+// DLPack does not define, or a width that does not go with it, as "(code 9, bits 32, lanes 1)".
+std::string dtype_text(const DLDataType &t);
 
 // Whether this library was built with the CUDA backend.
 bool cuda_backend_built();

@@ -8,6 +8,7 @@
 
 #include "comm/message.hpp"
 #include "core/error.hpp"
+#include "core/tensor.hpp"
 #include "cyclic/chain_io.hpp"
 #include "cyclic/tags.hpp"
 
@@ -80,7 +81,7 @@ void Relay::set_shard(std::int32_t stage, const DLTensor *shard, void *stream) {
   check_memory(m, "shard");
   const bool f32 = m.dtype.code == kDLFloat && m.dtype.bits == 32;
   const bool f64 = m.dtype.code == kDLFloat && m.dtype.bits == 64;
-  if (!f32 && !f64) invalid("shard: dtype code ", int(m.dtype.code), " bits ", int(m.dtype.bits), "; expected float32 or float64");
+  if (!f32 && !f64) invalid("shard: dtype ", dtype_text(m.dtype), "; expected float32 or float64");
   const std::size_t element = m.dtype.bits / 8;
   if (element_ != 0 && element != element_)
     invalid("shard: ", int(m.dtype.bits), "-bit floats, but the shards registered before are ", 8 * element_,
@@ -270,8 +271,7 @@ void Relay::parameters(const flatmem_cyclic_action &current, const DLTensor *ful
   const comm::Message m = comm::check_message(full, "full");
   check_memory(m, "full");
   if (m.dtype.code != kDLFloat || m.dtype.bits != 8 * element_)
-    invalid("full: dtype code ", int(m.dtype.code), " bits ", int(m.dtype.bits), "; the shards are ",
-            8 * element_, "-bit floats");
+    invalid("full: dtype ", dtype_text(m.dtype), "; the shards are float", 8 * element_);
   const std::int64_t n = plan_.count[std::size_t(current.stage)];
   if (std::int64_t(m.count) != n)
     invalid("full: ", m.count, " elements; stage ", current.stage, " has ", n, " (options.parameter_count)");

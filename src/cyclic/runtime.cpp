@@ -7,6 +7,7 @@
 #include "comm/device_transport.hpp"
 #include "comm/message.hpp"
 #include "core/error.hpp"
+#include "core/tensor.hpp"
 #include "cyclic/kept.hpp"
 #include "cyclic/tags.hpp"
 
@@ -307,7 +308,7 @@ void Runtime::reduce(std::int32_t stage, const DLTensor *gradient, void *stream)
   check_memory(*gradient, std::int32_t(m.device.device_type));
   const bool f32 = m.dtype.code == kDLFloat && m.dtype.bits == 32;
   const bool f64 = m.dtype.code == kDLFloat && m.dtype.bits == 64;
-  if (!f32 && !f64) invalid("gradient: dtype code ", int(m.dtype.code), " bits ", int(m.dtype.bits), "; expected float32 or float64");
+  if (!f32 && !f64) invalid("gradient: dtype ", dtype_text(m.dtype), "; expected float32 or float64");
   if (m.count == 0) invalid("gradient: no elements");
   if (relay_) {
     const std::int64_t n = settings_.parameter_count[std::size_t(stage)];

@@ -57,8 +57,7 @@ StateLayout check_state(const DLTensor *t, const char *name, DataUse use) {
   if (d.code == kDLFloat && d.bits == 32 && d.lanes == 1) s.real = Real::f32;
   else if (d.code == kDLFloat && d.bits == 64 && d.lanes == 1) s.real = Real::f64;
   else
-    invalid(name, ": dtype (code ", int(d.code), ", bits ", int(d.bits), ", lanes ", d.lanes,
-            ") is not accepted; a state is fp32 or fp64");
+    invalid(name, ": dtype ", dtype_text(d), " is not accepted; a state is float32 or float64");
   s.dtype = d;
   if (t->ndim < 1 || t->ndim > 8) invalid(name, ": ndim is ", t->ndim, "; expected 1 to 8");
   if (t->shape == nullptr) invalid(name, ": shape is NULL with ndim ", t->ndim);

@@ -290,6 +290,28 @@ TEST_CASE("contrastive/bad-input/dtype-lanes-2") {
   expect_refused(f, f.forward(), FLATMEM_STATUS_INVALID_ARGUMENT, {"q", "dtype"});
 }
 
+// The message spells the dtype as torch / NumPy / JAX do (int32, float64, ...), lanes as
+// "x<lanes>", and only a code DLPack does not define as its raw fields.
+TEST_CASE("contrastive/bad-input/dtype-message-names-int32-float64-uint8-float32x4") {
+  const std::string rest = " is not accepted here; expected float32 or bfloat16 or float16";
+  struct Case { DLDataType dtype; const char *name; };
+  const Case cases[] = {{{kDLInt, 32, 1}, "int32"},
+                        {{kDLFloat, 64, 1}, "float64"},
+                        {{kDLUInt, 8, 1}, "uint8"},
+                        {{kDLFloat, 32, 4}, "float32x4"},
+                        {{kDLBfloat, 16, 2}, "bfloat16x2"},
+                        {{kDLComplex, 64, 1}, "complex64"},
+                        {{6, 8, 1}, "bool"},  // kDLBool (DLPack 0.8)
+                        {{9, 32, 1}, "(code 9, bits 32, lanes 1)"}};
+  for (const Case &c : cases) {
+    CAPTURE(c.name);
+    Fixture f;
+    f.q.dl()->dtype = c.dtype;  // the dtype is checked before the data is read
+    const std::string message = std::string("q: dtype ") + c.name + rest;
+    expect_refused(f, f.forward(), FLATMEM_STATUS_INVALID_ARGUMENT, {message.c_str()});
+  }
+}
+
 TEST_CASE("contrastive/bad-input/dtype-labels-int32") {
   Fixture f(NCE);
   HostTensor l32 = HostTensor::vector(Dtype::i32, f.b);

@@ -124,7 +124,7 @@ TEST_CASE("reversible/bad_input/forward_tensors") {
   HostTensor half = HostTensor::matrix(Dtype::f16, 5, 6);
   CHECK(flatmem_reversible_forward(f.h, half.dl(), f.in.x2.dl(), 0, 0, f.y1.dl(), f.y2.dl(), nullptr, 0, nullptr) ==
         FLATMEM_STATUS_INVALID_ARGUMENT);
-  CHECK(message_has("x1: dtype"));
+  CHECK(message_has("x1: dtype float16 is not accepted; a state is float32 or float64"));
   HostTensor dbl = HostTensor::matrix(Dtype::f64, 5, 6);
   CHECK(flatmem_reversible_forward(f.h, f.in.x1.dl(), f.in.x2.dl(), 0, 0, dbl.dl(), f.y2.dl(), nullptr, 0, nullptr) ==
         FLATMEM_STATUS_INVALID_ARGUMENT);

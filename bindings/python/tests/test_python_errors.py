@@ -24,7 +24,7 @@ def qk():
 
 def test_float64_features(qk):
     q, k = qk
-    with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "q: dtype (code 2, bits 64, lanes 1)",
+    with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "q: dtype float64",
                         "expected float32 or bfloat16 or float16") as info:
         flatmem.contrastive_loss(q.astype(np.float64), k, 10.0)
     assert isinstance(info.value, ValueError)  # the Pythonic base class as well
@@ -54,7 +54,7 @@ def test_labels_refused_for_symmetric_and_checked_for_dtype_and_shape(qk):
     q, k = qk
     with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "labels: must be NULL for the symmetric loss"):
         flatmem.contrastive_loss(q, k, 10.0, labels=np.arange(4))
-    with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "labels: dtype (code 0, bits 32", "int64"):
+    with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "labels: dtype int32", "int64"):
         flatmem.contrastive_loss(q, k, 10.0, labels=np.arange(4, dtype=np.int32), symmetric=False)
     with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "labels: shape (3,); expected (4,)"):
         flatmem.contrastive_loss(q, k, 10.0, labels=np.arange(3), symmetric=False)
@@ -135,7 +135,7 @@ def test_workspace_too_small_and_bad_gradient_dtype(qk):
                         f"workspace: {needed - 1} bytes given; {needed} bytes needed"):
         h.forward(q, k, 10.0, workspace=np.empty(needed - 1, np.uint8))
     saved = h.forward(q, k, 10.0)
-    with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "dq: dtype (code 2, bits 64"):
+    with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "dq: dtype float64"):
         h.backward(q, k, 10.0, saved.row_lse, saved.col_lse, grad_dtype=np.float64)
     with raises_flatmem(flatmem.InvalidArgumentError, INVALID, "col_lse"):
         h.backward(q, k, 10.0, saved.row_lse, None)

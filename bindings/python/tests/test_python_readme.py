@@ -24,7 +24,7 @@ def test_readme_python_snippet_runs(capsys):
     exec(compile(blocks[0], str(README), "exec"), namespace)
     printed = capsys.readouterr().out
     assert printed.startswith("loss ")
-    assert "FLATMEM_STATUS_INVALID_ARGUMENT: q: dtype (code 2, bits 64, lanes 1)" in printed
+    assert "FLATMEM_STATUS_INVALID_ARGUMENT: q: dtype float64" in printed
     # What the snippet computed is what it says it computed.
     assert namespace["dq"].shape == (256, 64) and np.isfinite(namespace["ds"]).all()
     compact = namespace["flatmem"].contrastive_loss(namespace["q"], namespace["k"], 10.0)[0]

@@ -103,15 +103,20 @@ def test_of_a_mixed_pair_only_the_narrower_one_is_converted(monkeypatch):
     assert all(a.dtype == F32 and b.dtype == F32 for _, a, b in seen)
 
 
-def test_dtypes_flatmem_does_not_take_are_not_converted_and_the_library_names_the_argument():
+def test_dtypes_flatmem_does_not_take_are_not_converted_and_the_library_names_them_and_the_argument():
+    # The library's message spells the dtype as torch does (not DLPack's code / bits / lanes).
     q, k = unit_rows(9, B, D), unit_rows(10, B, D)
-    for bad in (q.to(torch.float64), (q * 100).to(torch.int32), (q * 100).to(torch.int64)):
-        with pytest.raises(flatmem.InvalidArgumentError, match=r"q: dtype .* is not accepted here"):
+    expected = "is not accepted here; expected float32 or bfloat16 or float16"
+    for bad, name in ((q.to(torch.float64), "float64"), ((q * 100).to(torch.int32), "int32"),
+                      ((q * 100).to(torch.int64), "int64"), ((q * 100).to(torch.uint8), "uint8")):
+        with pytest.raises(flatmem.InvalidArgumentError, match=f"q: dtype {name} {expected}"):
             fmt.clip_loss(bad, k, 10.0)
-        with pytest.raises(flatmem.InvalidArgumentError, match=r"k: dtype .* is not accepted here"):
+        with pytest.raises(flatmem.InvalidArgumentError, match=f"k: dtype {name} {expected}"):
             fmt.sigmoid_loss(k, bad, 10.0, -1.0)
-    with pytest.raises(flatmem.InvalidArgumentError, match=r"q: dtype .* is not accepted here"):
+    with pytest.raises(flatmem.InvalidArgumentError, match=f"q: dtype float64 {expected}"):
         fmt.infonce_loss(q.to(torch.float64), k.to(torch.float64), 10.0)
+    with pytest.raises(flatmem.InvalidArgumentError, match=f"q: dtype float64 {expected}"):
+        fmt.ClipLoss()(q.to(torch.float64), k.to(torch.float64), 10.0)
 
 
 @pytest.mark.parametrize("name", ["clip", "sigmoid"])

@@ -6,6 +6,7 @@
 #include "comm/device_transport.hpp"
 #include "comm/message.hpp"
 #include "core/error.hpp"
+#include "core/tensor.hpp"
 #include "cyclic/chain_io.hpp"
 #include "cyclic/kept.hpp"
 
@@ -444,8 +445,7 @@ void StageRuntime::accumulate(const DLTensor *gradient, void *stream) {
   const comm::Message m = comm::check_message(gradient, "gradient");
   check_memory(m, "gradient");
   if (m.dtype.code != kDLFloat || (m.dtype.bits != 32 && m.dtype.bits != 64))
-    invalid("gradient: dtype code ", int(m.dtype.code), " bits ", int(m.dtype.bits),
-            "; expected float32 or float64");
+    invalid("gradient: dtype ", dtype_text(m.dtype), "; expected float32 or float64");
   if (m.count == 0) invalid("gradient: no elements");
   check_element_aligned(m.data, m.dtype.bits / 8, "gradient");  // added to as float / double
   const comm::SumType type = m.dtype.bits == 32 ? comm::SumType::f32 : comm::SumType::f64;
@@ -503,8 +503,8 @@ void StageRuntime::average(DLTensor *out, void *stream) const {
   check_memory(m, "out");
   const int bits = type_ == comm::SumType::f32 ? 32 : 64;
   if (m.dtype.code != kDLFloat || m.dtype.bits != bits || m.count != gradient_count_)
-    invalid("out: ", m.count, " elements of dtype code ", int(m.dtype.code), " bits ", int(m.dtype.bits),
-            "; expected ", gradient_count_, " elements of float", bits, " (as the gradients)");
+    invalid("out: ", m.count, " elements of dtype ", dtype_text(m.dtype), "; expected ", gradient_count_,
+            " elements of float", bits, " (as the gradients)");
   const std::size_t slot = std::size_t(current_.update_step % 2);
   if (device_)
     device_->average(int(slot), m.data, gradient_bytes_, stream);

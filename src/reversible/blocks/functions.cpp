@@ -69,8 +69,7 @@ BlockShape check_state(const flatmem_block_s &block, const DLTensor *t, const ch
             ") differs from the block parameters' ", device_text(block.device), " (id ", block.device.device_id,
             "); a block runs where its parameters are");
   if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1)
-    invalid(name, ": dtype (code ", int(t->dtype.code), ", bits ", int(t->dtype.bits), ", lanes ",
-            t->dtype.lanes, "); the built-in blocks take float32 states");
+    invalid(name, ": dtype ", dtype_text(t->dtype), " is not accepted; the built-in blocks take float32 states");
   if (t->ndim != 2 && t->ndim != 3)
     invalid(name, ": ndim ", t->ndim, "; expected 3 (batch, tokens, width) or 2 (tokens, width)");
   if (t->shape == nullptr) invalid(name, ": shape is NULL");
