@@ -19,8 +19,10 @@ bfloat16 + float32 -> float32, float16 + bfloat16 -> float32, ...; what open_cli
 equal dtypes are used as they are (no copy), other dtypes (float64, integers) are refused by the
 library naming the argument; the scale and bias are numbers or one-element tensors (cast to
 float32); labels integer (b,). Results are torch tensors on the inputs' device: the loss a 0-d
-float32 tensor, dq and dk each in its own input's dtype (computed in the promoted one). Every call is a torch custom operator: eager,
-under torch.compile without a graph break, under torch.library.opcheck.
+float32 tensor, dq and dk each in its own input's dtype (computed in the promoted one). Every
+call is a torch custom operator: eager, under torch.compile without a graph break, under
+torch.library.opcheck. Gradients are first order: a second backward through them (after
+create_graph=True) raises a RuntimeError (_bridge.first_order_only).
 
 Options:
   logit_cache_bytes  (softmax losses, CPU) bytes of logit tiles the forward keeps for the backward:
