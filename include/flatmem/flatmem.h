@@ -192,7 +192,7 @@ typedef enum flatmem_nonfinite_policy {
  * runs, for the whole process:
  *  - by default the best this processor (and its OS) supports;
  *  - else the one the environment variable FLATMEM_CPU_ISA names when the
- *    process first asks (avx512bf16, avx512, avx2, baseline, any case;
+ *    process first asks (amx, avx512bf16, avx512, avx2, baseline, any case;
  *    empty or "auto" = the best), the way ONEDNN_MAX_CPU_ISA or OPENBLAS_CORETYPE cap theirs;
  *  - else the one flatmem_cpu_isa_set() chose last (it overrides the
  *    variable).
@@ -223,6 +223,15 @@ typedef enum flatmem_cpu_isa {
    *  fp32 for sgemm; the element-wise kernels are those of AVX512. See
    *  "16-bit inputs on the CPU" below flatmem_contrastive_options. */
   FLATMEM_CPU_ISA_AVX512BF16 = 4,
+  /** AVX512BF16 plus AMX-TILE and AMX-BF16 (Sapphire Rapids, Emerald Rapids,
+   *  Granite Rapids Xeons), with the OS's tile state enabled and this
+   *  process's permission for it, which flatmem asks Linux for once
+   *  (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), as oneDNN does)
+   *  the first time the library detects the processor: the contrastive tile
+   *  products of bf16 inputs run on AMX tiles (bf16 products, fp32 sums;
+   *  the numerics of AVX512BF16, see "16-bit inputs on the CPU"); everything
+   *  else as AVX512BF16. */
+  FLATMEM_CPU_ISA_AMX = 5,
   FLATMEM_CPU_ISA_MAX = 0x7fffffff
 } flatmem_cpu_isa;
 
@@ -239,7 +248,7 @@ FLATMEM_API flatmem_status flatmem_cpu_isa_get(flatmem_cpu_isa *in_use, flatmem_
  *  reproducibility matters. */
 FLATMEM_API flatmem_status flatmem_cpu_isa_set(flatmem_cpu_isa isa);
 
-/** "avx512bf16", "avx512", "avx2", "baseline", "default"; "unknown" for
+/** "amx", "avx512bf16", "avx512", "avx2", "baseline", "default"; "unknown" for
  *  other values.
  *  A static string. Thread-safe. */
 FLATMEM_API const char *flatmem_cpu_isa_name(flatmem_cpu_isa isa);

@@ -58,8 +58,8 @@ flatmem_status flatmem_cpu_isa_set(flatmem_cpu_isa isa) {
   return flatmem::guarded([&] {
     const std::int32_t value = flatmem::enum_value(isa);  // a C caller may pass any int
     if (value == FLATMEM_CPU_ISA_DEFAULT) return flatmem::cpu_isa::reset();
-    if (value < FLATMEM_CPU_ISA_BASELINE || value > FLATMEM_CPU_ISA_AVX512BF16)
-      flatmem::invalid("isa: ", value, " is not a flatmem_cpu_isa value (0 .. 4)");
+    if (value < FLATMEM_CPU_ISA_BASELINE || value > FLATMEM_CPU_ISA_AMX)
+      flatmem::invalid("isa: ", value, " is not a flatmem_cpu_isa value (0 .. 5)");
     flatmem::cpu_isa::select(flatmem::cpu_isa::Isa(value));
   });
 }
@@ -71,6 +71,7 @@ const char *flatmem_cpu_isa_name(flatmem_cpu_isa isa) {
     case FLATMEM_CPU_ISA_AVX2: return "avx2";
     case FLATMEM_CPU_ISA_AVX512: return "avx512";
     case FLATMEM_CPU_ISA_AVX512BF16: return "avx512bf16";
+    case FLATMEM_CPU_ISA_AMX: return "amx";
     default: return "unknown";
   }
 }

@@ -6,18 +6,52 @@
 #include <strings.h>
 #include <string>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "core/error.hpp"
 #include "core/isa_variants.hpp"
 
 namespace flatmem::cpu_isa {
 namespace {
 
+#if defined(__x86_64__) && defined(__GNUC__)
+// Linux's arch_prctl codes (asm/prctl.h) and the XSAVE feature number of AMX
+// tile data (XFEATURE_XTILEDATA), spelled out: older kernel headers lack them.
+constexpr long kArchGetXcompPerm = 0x1022, kArchReqXcompPerm = 0x1023;
+constexpr unsigned kXfeatureTileData = 18;
+
+bool amx_detect() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool tile = d & (1u << 24), bf16 = d & (1u << 22);
+  if (!tile || !bf16) return false;
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & (3u << 17)) != (3u << 17)) return false;  // XTILECFG and XTILEDATA enabled by the OS
+  // Permission for the process (Linux 5.16+); an older kernel answers EINVAL,
+  // and then tiles are not for us.
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureTileData) != 0) return false;
+  unsigned long permitted = 0;
+  if (syscall(SYS_arch_prctl, kArchGetXcompPerm, &permitted) != 0) return false;
+  return permitted & (1ul << kXfeatureTileData);
+}
+#else
+bool amx_detect() { return false; }
+#endif
+
 Isa detect() {
 #if FLATMEM_ISA_VARIANTS
   __builtin_cpu_init();
   // GCC's checks include the OS's XSAVE support of the wider registers.
-  if (__builtin_cpu_supports("x86-64-v4"))
-    return __builtin_cpu_supports("avx512bf16") ? Isa::avx512bf16 : Isa::avx512;
+  if (__builtin_cpu_supports("x86-64-v4")) {
+    if (!__builtin_cpu_supports("avx512bf16")) return Isa::avx512;
+    return amx_usable() ? Isa::amx : Isa::avx512bf16;
+  }
   if (__builtin_cpu_supports("x86-64-v3")) return Isa::avx2;
 #endif
   return Isa::baseline;
@@ -38,7 +72,8 @@ EnvironmentChoice from_environment() {
   // Case-insensitive, as users write ISA names both ways (AVX2, avx2).
   if (value == nullptr || value[0] == '\0' || strcasecmp(value, "auto") == 0) return c;
   Isa wanted;
-  if (strcasecmp(value, "avx512bf16") == 0) wanted = Isa::avx512bf16;
+  if (strcasecmp(value, "amx") == 0) wanted = Isa::amx;
+  else if (strcasecmp(value, "avx512bf16") == 0) wanted = Isa::avx512bf16;
   else if (strcasecmp(value, "avx512") == 0) wanted = Isa::avx512;
   else if (strcasecmp(value, "avx2") == 0) wanted = Isa::avx2;
   else if (strcasecmp(value, "baseline") == 0) wanted = Isa::baseline;
@@ -67,6 +102,11 @@ const EnvironmentChoice &environment() {
 std::atomic<int> selected{0};
 
 }  // namespace
+
+bool amx_usable() {
+  static const bool usable = amx_detect();
+  return usable;
+}
 
 Isa detected() {
   static const Isa best = detect();
@@ -99,6 +139,7 @@ void reset() { selected.store(0, std::memory_order_relaxed); }
 
 const char *name(Isa isa) {
   switch (isa) {
+    case Isa::amx: return "amx";
     case Isa::avx512bf16: return "avx512bf16";
     case Isa::avx512: return "avx512";
     case Isa::avx2: return "avx2";

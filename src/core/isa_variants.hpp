@@ -34,6 +34,7 @@
 #define FLATMEM_ISA_CALL(FN, ...)                                  \
   do {                                                             \
     switch (::flatmem::cpu_isa::for_kernels()) {                        \
+      case ::flatmem::cpu_isa::Isa::amx:                           \
       case ::flatmem::cpu_isa::Isa::avx512bf16:                    \
       case ::flatmem::cpu_isa::Isa::avx512: return isa_avx512::FN(__VA_ARGS__); \
       case ::flatmem::cpu_isa::Isa::avx2: return isa_avx2::FN(__VA_ARGS__);     \

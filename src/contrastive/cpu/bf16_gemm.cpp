@@ -52,10 +52,10 @@ bool active() {
     const char *v = std::getenv("FLATMEM_TEST_EMULATE_BF16");
     return v != nullptr && v[0] == '1';
   }();
-  return on || cpu_isa::for_kernels() == cpu_isa::Isa::avx512bf16;
+  return on || cpu_isa::for_kernels() >= cpu_isa::Isa::avx512bf16;
 }
 #else
-bool active() { return cpu_isa::for_kernels() == cpu_isa::Isa::avx512bf16; }
+bool active() { return cpu_isa::for_kernels() >= cpu_isa::Isa::avx512bf16; }
 #endif
 
 void tile_logits(Rows q, Rows k, std::int64_t rows, std::int64_t cols, std::int64_t d, float *raw,
