@@ -22,7 +22,7 @@ using Libdl
 
 export Contrastive, FlatmemError, BF16, contrastive_loss, forward_workspace_size,
        backward_workspace_size, sigmoid_loss, sigmoid_forward, sigmoid_value_and_grad, sigmoid_backward,
-       sigmoid_workspace_size, library_version, version_string, cpu_isa, set_cpu_isa!,
+       sigmoid_workspace_size, library_version, version_string, cpu_isa, set_cpu_isa!, cpu_engine,
        Block, Segment, set_parameters!, zero_gradients!, parameter_sizes, forward!, backward!,
        last_mode, rebuild_error, block_seed,
        CyclicSchedule, CyclicAction, cyclic_schedule, cyclic_offset, cyclic_delay, cyclic_length,
@@ -79,6 +79,7 @@ const FLATMEM_CPU_ISA_BASELINE = Cint(1)
 const FLATMEM_CPU_ISA_AVX2 = Cint(2)
 const FLATMEM_CPU_ISA_AVX512 = Cint(3)
 const FLATMEM_CPU_ISA_AVX512BF16 = Cint(4)
+const FLATMEM_CPU_ISA_AMX = Cint(5)
 
 # flatmem_fp32_precision (CUDA tensor cores; the CPU always multiplies in fp32)
 const FLATMEM_FP32_PRECISION_DEFAULT = Cint(0)
@@ -260,25 +261,26 @@ end
 # CPU instruction set
 # ---------------------------------------------------------------------------
 #
-# The CPU kernels (the contrastive loss's exponentials and reductions, the
-# built-in blocks' LayerNorm, softmax and GELU) are compiled once per
-# instruction set and one runs for the whole process: the best this processor
-# supports, capped by the environment variable FLATMEM_CPU_ISA (avx512bf16,
-# avx512, avx2, baseline, any case; empty or auto = the best) when the process
-# first asks, unless set_cpu_isa! chose one since. avx512bf16 is avx512's
-# element-wise kernels plus the contrastive tile products of bf16 inputs on
-# vdpbf16ps (fp32 accumulation); on CPUs without it the bf16 inputs are widened
-# to fp32 for sgemm. Results are bitwise reproducible for one instruction set,
-# not across them.
+# The CPU kernels (the matrix products, the contrastive loss's exponentials and
+# reductions, the built-in blocks' LayerNorm, softmax and GELU) are compiled
+# once per instruction set and one runs for the whole process: the best this
+# processor supports, capped by the environment variable FLATMEM_CPU_ISA (amx,
+# avx512bf16, avx512, avx2, baseline, any case; empty or auto = the best) when
+# the process first asks, unless set_cpu_isa! chose one since. The matrix
+# products are flatmem's own kernels for that level, no BLAS's. avx512bf16 adds
+# the contrastive tile products of bf16 inputs on vdpbf16ps, amx on AMX tiles
+# (fp32 accumulation); below them bf16 inputs are widened to fp32.
+# cpu_engine() names the kernels. Results are bitwise reproducible for one
+# instruction set, not across them.
 
 const CPU_ISAS = (baseline = FLATMEM_CPU_ISA_BASELINE, avx2 = FLATMEM_CPU_ISA_AVX2, avx512 = FLATMEM_CPU_ISA_AVX512,
-                  avx512bf16 = FLATMEM_CPU_ISA_AVX512BF16)
+                  avx512bf16 = FLATMEM_CPU_ISA_AVX512BF16, amx = FLATMEM_CPU_ISA_AMX)
 
 """
     cpu_isa() -> (in_use, best)
 
 The instruction set the CPU kernels run with now and the best this processor supports
-(`flatmem_cpu_isa_get`), as Symbols: `:baseline`, `:avx2`, `:avx512` or `:avx512bf16`,
+(`flatmem_cpu_isa_get`), as Symbols: `:baseline`, `:avx2`, `:avx512`, `:avx512bf16` or `:amx`,
 least capable first. Throws a `FlatmemError` when `FLATMEM_CPU_ISA` is malformed
 (`FLATMEM_STATUS_INVALID_ARGUMENT`) or asks for more than `best`
 (`FLATMEM_STATUS_UNSUPPORTED`), unless `set_cpu_isa!` chose one since.
@@ -295,7 +297,7 @@ end
     set_cpu_isa!(nothing)
 
 Selects the instruction set of the CPU kernels for the whole process
-(`flatmem_cpu_isa_set`): `:baseline`, `:avx2`, `:avx512` or `:avx512bf16`; `nothing` goes back to the
+(`flatmem_cpu_isa_set`): `:baseline`, `:avx2`, `:avx512`, `:avx512bf16` or `:amx`; `nothing` goes back to the
 default (`FLATMEM_CPU_ISA`, else the best). One above the best of `cpu_isa()` throws a
 `FlatmemError` (`FLATMEM_STATUS_UNSUPPORTED`) and changes nothing. Select before
 computing when the bits matter: a call already running may finish with the previous one.
@@ -315,11 +317,23 @@ end
     cpu_isa_name(isa) -> String
 
 The library's name of an instruction set (`flatmem_cpu_isa_name`), given as a Symbol of
-`cpu_isa()` or a `FLATMEM_CPU_ISA_*` value: "avx512bf16", "avx512", "avx2", "baseline", "default";
-"unknown" for other values.
+`cpu_isa()` or a `FLATMEM_CPU_ISA_*` value: "amx", "avx512bf16", "avx512", "avx2", "baseline",
+"default"; "unknown" for other values.
 """
 cpu_isa_name(isa::Symbol) = cpu_isa_name(cpu_isa_value(isa))
 cpu_isa_name(isa::Integer) = unsafe_string(ccall((:flatmem_cpu_isa_name, libflatmem), Cstring, (Cint,), isa))
+
+"""
+    cpu_engine(isa = nothing) -> String
+
+The kernels behind the CPU products at `isa` (a Symbol of `cpu_isa()`, a
+`FLATMEM_CPU_ISA_*` value, or `nothing`: the one in use), in words
+(`flatmem_cpu_isa_engine`): library, version and the kernel per input dtype. For logs
+and benchmark rows; not a stable format.
+"""
+cpu_engine(isa::Nothing = nothing) = cpu_engine(FLATMEM_CPU_ISA_DEFAULT)
+cpu_engine(isa::Symbol) = cpu_engine(cpu_isa_value(isa))
+cpu_engine(isa::Integer) = unsafe_string(ccall((:flatmem_cpu_isa_engine, libflatmem), Cstring, (Cint,), isa))
 
 # ---------------------------------------------------------------------------
 # Element types

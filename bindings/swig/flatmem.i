@@ -10,8 +10,8 @@
  *   VERSION, VERSION_MAJOR/MINOR/PATCH      the header this wrapper was built from
  *   ABI_VERSION, MAX_STRUCT_SIZE            its ABI (libflatmem.so.ABI_VERSION) and size limit
  *   STATUS_*, NONFINITE_*, CONTRASTIVE_*     enum values
- *   CPU_ISA_*, cpu_isa_in_use(), cpu_isa_best(), cpu_isa_set(isa), cpu_isa_name(isa)
- *                        the CPU instruction set (flatmem_cpu_isa_get / _set / _name;
+ *   CPU_ISA_*, cpu_isa_in_use(), cpu_isa_best(), cpu_isa_set(isa), cpu_isa_name(isa),
+ *   cpu_isa_engine(isa)  the CPU instruction set (flatmem_cpu_isa_get / _set / _name / _engine;
  *                        Java: the CpuIsa enum), see "CPU instruction set" below
  *   REVERSIBLE_*, BLOCK_ATTENTION/MLP, BLOCK_MATH_FP32/TF32   reversible.h's enum values
  *   kDLCPU, kDLCUDA, kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex   DLPack codes
@@ -892,10 +892,12 @@ const char *flatmem_status_string_of(int status) {
  * cpu_isa_set(isa): flatmem_cpu_isa_set, for the whole process (CPU_ISA_DEFAULT:
  * back to FLATMEM_CPU_ISA or the best); UNSUPPORTED, and nothing changes, for
  * an instruction set this processor lacks. cpu_isa_name(isa) is the
- * library's own ("avx512bf16", "avx512", "avx2", "baseline", "default").
+ * library's own ("amx", "avx512bf16", "avx512", "avx2", "baseline", "default").
  * CPU_ISA_AVX512BF16 (4) = AVX512 plus AVX512_BF16: the element-wise kernels
  * of AVX512, and the contrastive tile products of bf16 inputs on vdpbf16ps
- * (fp32 accumulation); below it bf16 inputs are widened to fp32 for sgemm. */
+ * (fp32 accumulation); CPU_ISA_AMX (5): those products on AMX tiles; below
+ * AVX512BF16 bf16 inputs are widened to fp32. cpu_isa_engine(isa) names the
+ * kernels at isa (CPU_ISA_DEFAULT: the one in use), wrapped as declared. */
 %rename(cpu_isa_in_use) flatmem_swig_cpu_isa_in_use;
 %rename(cpu_isa_best) flatmem_swig_cpu_isa_best;
 %rename(cpu_isa_set) flatmem_swig_cpu_isa_set;

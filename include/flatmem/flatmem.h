@@ -204,9 +204,11 @@ typedef enum flatmem_nonfinite_policy {
  * processor has.
  * Results are bitwise reproducible for one instruction set; different ones
  * round differently (fused multiply-adds, vector widths), within the error
- * bounds each function states. The BLAS (sgemm) picks its own kernels and is
- * not covered by this setting; below AVX512BF16 every contrastive tile
- * product (fp32, bf16 widened to fp32, fp16 widened) is an sgemm.
+ * bounds each function states. The setting covers the matrix products too:
+ * they are flatmem's own register-blocked kernels for each instruction set
+ * (no BLAS, so no BLAS's table of known processors, decides what runs);
+ * below AVX512BF16 every contrastive tile product (fp32, bf16 widened to
+ * fp32, fp16 widened) is an fp32 product. flatmem_cpu_isa_engine names them.
  */
 typedef enum flatmem_cpu_isa {
   /** flatmem_cpu_isa_set(DEFAULT): back to FLATMEM_CPU_ISA, or the best. */
@@ -252,6 +254,17 @@ FLATMEM_API flatmem_status flatmem_cpu_isa_set(flatmem_cpu_isa isa);
  *  other values.
  *  A static string. Thread-safe. */
 FLATMEM_API const char *flatmem_cpu_isa_name(flatmem_cpu_isa isa);
+
+/** The engine behind the CPU products at instruction set `isa` (DEFAULT: the
+ *  one the kernels use now), in words: library, version and the kernel per
+ *  input dtype, e.g. "flatmem 0.2.0 own kernels at amx: fp32 avx512 fma
+ *  12x32; bf16 AMX tiles ...; fp16 widened to fp32". Every product -- the
+ *  contrastive tile products and the built-in blocks' GEMMs -- runs on
+ *  flatmem's own kernels for the selected instruction set; no BLAS's CPU
+ *  table decides. For logs and benchmark rows: the text is not a stable
+ *  format. A static string; "unknown" for a value that is no
+ *  flatmem_cpu_isa. Thread-safe. */
+FLATMEM_API const char *flatmem_cpu_isa_engine(flatmem_cpu_isa isa);
 
 /** A communicator (see <flatmem/comm.h>, included at the end of this file). */
 typedef struct flatmem_comm_s flatmem_comm_t;

@@ -1,4 +1,5 @@
 // extern "C" entry points that belong to no handle: versions and statuses.
+#include "core/cpu_engine.hpp"
 #include "core/cpu_isa.hpp"
 #include "core/options.hpp"
 #include "core/error.hpp"
@@ -74,6 +75,13 @@ const char *flatmem_cpu_isa_name(flatmem_cpu_isa isa) {
     case FLATMEM_CPU_ISA_AMX: return "amx";
     default: return "unknown";
   }
+}
+
+const char *flatmem_cpu_isa_engine(flatmem_cpu_isa isa) {
+  const std::int32_t value = flatmem::enum_value(isa);
+  if (value == FLATMEM_CPU_ISA_DEFAULT) return flatmem::cpu_isa::engine(flatmem::cpu_isa::for_kernels());
+  if (value < FLATMEM_CPU_ISA_BASELINE || value > FLATMEM_CPU_ISA_AMX) return "unknown";
+  return flatmem::cpu_isa::engine(flatmem::cpu_isa::Isa(value));
 }
 
 }  // extern "C"

@@ -1,9 +1,10 @@
 """The CPU instruction set (flatmem.cpu_isa / set_cpu_isa over
 flatmem_cpu_isa_get / _set / _name): names, the round trip, every instruction
 set up to the best selectable and computing, those above the best refused
-(avx512bf16 on AVX2-only and AVX-512-without-BF16 processors), and
-FLATMEM_CPU_ISA honoured and checked. Expectations follow the processor's
-best, so the tests pass on AVX2, AVX-512 and AVX512_BF16 machines alike.
+(avx512bf16 on AVX2-only and AVX-512-without-BF16 processors, amx where
+there are no AMX tiles), FLATMEM_CPU_ISA honoured and checked, and
+cpu_engine() naming the kernels of each. Expectations follow the processor's
+best, so the tests pass on AVX2, AVX-512, AVX512_BF16 and AMX machines alike.
 Every test puts the process back on the environment's choice."""
 import os
 import subprocess
@@ -17,7 +18,7 @@ from python_support import BFLOAT16, features, raises_flatmem
 import flatmem
 from flatmem import capi
 
-RANK = {name: i for i, name in enumerate(reversed(flatmem.CPU_ISAS))}  # baseline 0 .. avx512bf16 3
+RANK = {name: i for i, name in enumerate(reversed(flatmem.CPU_ISAS))}  # baseline 0 .. amx 4
 
 
 @pytest.fixture(autouse=True)
@@ -28,11 +29,11 @@ def back_to_default():
 
 
 def test_names_and_values():
-    assert flatmem.CPU_ISAS == ("avx512bf16", "avx512", "avx2", "baseline")
+    assert flatmem.CPU_ISAS == ("amx", "avx512bf16", "avx512", "avx2", "baseline")
     assert (capi.CPU_ISA_DEFAULT, capi.CPU_ISA_BASELINE, capi.CPU_ISA_AVX2, capi.CPU_ISA_AVX512,
-            capi.CPU_ISA_AVX512BF16) == (0, 1, 2, 3, 4)
-    assert ([capi.cpu_isa_name(v) for v in range(6)]
-            == ["default", "baseline", "avx2", "avx512", "avx512bf16", "unknown"])
+            capi.CPU_ISA_AVX512BF16, capi.CPU_ISA_AMX) == (0, 1, 2, 3, 4, 5)
+    assert ([capi.cpu_isa_name(v) for v in range(7)]
+            == ["default", "baseline", "avx2", "avx512", "avx512bf16", "amx", "unknown"])
     in_use, best = flatmem.cpu_isa()
     assert in_use in flatmem.CPU_ISAS and best in flatmem.CPU_ISAS
     assert RANK[in_use] <= RANK[best]
@@ -79,23 +80,24 @@ def test_names_are_case_insensitive_and_default_is_none():
     flatmem.set_cpu_isa(capi.CPU_ISA_BASELINE)
     assert flatmem.cpu_isa()[0] == "baseline"
     flatmem.set_cpu_isa(None)
-    for word in ("AVX512BF16", "Avx512Bf16"):  # a known name in any case: selected, or refused as above the best
-        if best == "avx512bf16":
+    for word in ("AVX512BF16", "Avx512Bf16", "AMX", "Amx"):  # any case: selected, or refused as above the best
+        name = word.lower()
+        if RANK[name] <= RANK[best]:
             flatmem.set_cpu_isa(word)
-            assert flatmem.cpu_isa() == ("avx512bf16", best)
+            assert flatmem.cpu_isa() == (name, best)
             flatmem.set_cpu_isa(None)
         else:
-            with raises_flatmem(flatmem.UnsupportedError, capi.STATUS_UNSUPPORTED, "avx512bf16"):
+            with raises_flatmem(flatmem.UnsupportedError, capi.STATUS_UNSUPPORTED, name):
                 flatmem.set_cpu_isa(word)
             assert flatmem.cpu_isa() == (in_use, best)
 
 
-@pytest.mark.skipif(capi.cpu_isa_best() == capi.CPU_ISA_AVX512BF16,
-                    reason="this processor has AVX512_BF16: no instruction set above its best")
+@pytest.mark.skipif(capi.cpu_isa_best() == capi.CPU_ISA_AMX,
+                    reason="this processor has AMX tiles: no instruction set above its best")
 def test_above_the_best_is_refused():
     in_use, best = flatmem.cpu_isa()
     above = [name for name in flatmem.CPU_ISAS if RANK[name] > RANK[best]]
-    assert above and above[0] == "avx512bf16"
+    assert above and above[0] == "amx"
     for name in above:
         with raises_flatmem(flatmem.UnsupportedError, capi.STATUS_UNSUPPORTED, name) as info:
             flatmem.set_cpu_isa(name)
@@ -104,7 +106,7 @@ def test_above_the_best_is_refused():
         assert flatmem.cpu_isa() == (in_use, best)  # nothing changed
 
 
-@pytest.mark.skipif(capi.cpu_isa_best() != capi.CPU_ISA_AVX512BF16,
+@pytest.mark.skipif(capi.cpu_isa_best() < capi.CPU_ISA_AVX512BF16,
                     reason="this processor lacks AVX512_BF16 (test_above_the_best_is_refused covers it)")
 def test_avx512bf16_bf16_tile_products_agree_with_widening():
     """bf16 inputs: vdpbf16ps tile products (fp32 accumulation) under
@@ -123,7 +125,7 @@ def test_avx512bf16_bf16_tile_products_agree_with_widening():
 
 
 def test_not_an_isa():
-    for value in (5, 7, -1):
+    for value in (6, 7, -1):
         with raises_flatmem(flatmem.InvalidArgumentError, capi.STATUS_INVALID_ARGUMENT,
                             f"isa: {value} is not a flatmem_cpu_isa value"):
             flatmem.set_cpu_isa(value)
@@ -161,7 +163,7 @@ def test_malformed_environment_variable():
     assert lines[2] == "after set: baseline"
 
 
-@pytest.mark.parametrize("word", ["baseline", "avx2", "avx512", "avx512bf16", "AVX512BF16", "Avx512"])
+@pytest.mark.parametrize("word", ["baseline", "avx2", "avx512", "avx512bf16", "AVX512BF16", "Avx512", "amx", "AMX"])
 def test_environment_variable_selects(word):
     name, best = word.lower(), flatmem.cpu_isa()[1]
     done = _child(word, "import flatmem; print(*flatmem.cpu_isa())")
@@ -173,3 +175,22 @@ def test_environment_variable_selects(word):
         assert "UnsupportedError: FLATMEM_STATUS_UNSUPPORTED" in done.stderr
         assert "FLATMEM_CPU_ISA" in done.stderr
         assert name in done.stderr and best in done.stderr
+
+
+def test_engine_names_the_kernels_of_every_level():
+    """cpu_engine(): library, version, the ISA and a kernel per input dtype;
+    the fp32 kernel changes with the vector width, bf16 goes to vdpbf16ps at
+    avx512bf16 and to AMX tiles at amx; no BLAS appears anywhere."""
+    in_use, best = flatmem.cpu_isa()
+    assert flatmem.cpu_engine() == flatmem.cpu_engine(in_use)
+    texts = {name: flatmem.cpu_engine(name) for name in flatmem.CPU_ISAS}  # above the best too: what would run
+    for name, text in texts.items():
+        assert text.startswith(f"flatmem {flatmem.library_version()} own kernels at {name}: fp32 "), text
+        assert "blas" not in text.lower(), text
+    assert "widened to fp32" in texts["avx512"].split("bf16")[1]
+    assert "vdpbf16ps" in texts["avx512bf16"] and "AMX" in texts["amx"]
+    assert len({texts[n].split(";")[0].split(": ")[1] for n in ("baseline", "avx2", "avx512")}) == 3
+    assert flatmem.cpu_engine(capi.CPU_ISA_AVX2) == texts["avx2"]
+    assert capi.cpu_isa_engine(99) == "unknown"
+    with pytest.raises(ValueError, match="'sse9' is not one of"):
+        flatmem.cpu_engine("sse9")

@@ -19,7 +19,8 @@
     with flatmem.CyclicStages(comm, micro_batches=8, steps=3,           # one rank per stage
                               boundary_bytes=[4096] * 3) as h: ...
 
-    flatmem.cpu_isa()                  # ('avx512bf16', 'avx512bf16'): CPU instruction set in use, best
+    flatmem.cpu_isa()                  # ('amx', 'amx'): CPU instruction set in use, best
+    flatmem.cpu_engine()               # the kernels it runs: 'flatmem 0.2.0 own kernels at amx: ...'
     flatmem.set_cpu_isa("avx2")        # for the whole process; None: back to $FLATMEM_CPU_ISA
 
 flatmem.capi is the SWIG module generated from bindings/swig/flatmem.i (the C
@@ -47,7 +48,7 @@ from .capi import (
 from .comm import Communicator, Request, UniqueId
 from .contrastive import (Contrastive, ForwardResult, SigmoidGrads, SigmoidResult, contrastive_loss,
                           sigmoid_loss, sigmoid_value_and_grad)
-from .cpu import CPU_ISAS, cpu_isa, set_cpu_isa
+from .cpu import CPU_ISAS, cpu_engine, cpu_isa, set_cpu_isa
 from .cyclic import (Cyclic, CyclicAction, CyclicRelaySummary, CyclicRelayTimeStep, CyclicSchedule, CyclicSummary,
                      CyclicTimeStepStats)
 from .cyclic_stages import (CyclicStages, CyclicStagesAction, CyclicStagesOccupancy, CyclicStagesSchedule,
@@ -100,6 +101,7 @@ __all__ = [
     "WorkspaceTooSmallError",
     "capi",
     "contrastive_loss",
+    "cpu_engine",
     "cpu_isa",
     "library_version",
     "set_cpu_isa",
