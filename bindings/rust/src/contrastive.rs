@@ -68,12 +68,12 @@ impl NonFinite {
 /// (`flatmem_fp32_precision`, the options' `fp32_precision`).
 ///
 /// On CUDA tensor cores it picks how fp32 inputs multiply. On the CPU it
-/// matters only at ISA level [`CpuIsa::Avx512Bf16`](crate::CpuIsa::Avx512Bf16) with bf16
-/// features, where it decides how the fp32 gradient matrix `G` enters the
-/// backward's products `dq = s G k`, `dk = s G^T q` (softmax and sigmoid
-/// losses alike); everywhere else the CPU multiplies in full fp32 and the
-/// value has no effect. The loss, `row_lse` / `col_lse` and the scale (and
-/// bias) gradients do not depend on it.
+/// matters only at ISA levels [`CpuIsa::Avx512Bf16`](crate::CpuIsa::Avx512Bf16) and
+/// [`CpuIsa::Amx`](crate::CpuIsa::Amx) with bf16 features, where it decides how the
+/// fp32 gradient matrix `G` enters the backward's products `dq = s G k`,
+/// `dk = s G^T q` (softmax and sigmoid losses alike); everywhere else the CPU
+/// multiplies in full fp32 and the value has no effect. The loss, `row_lse` /
+/// `col_lse` and the scale (and bias) gradients do not depend on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Fp32Precision {
     /// The library's default: TF32 on CUDA, [`Full`](Fp32Precision::Full)
@@ -165,9 +165,10 @@ impl Options {
     /// How fp32 operands enter reduced-precision products
     /// (`options.fp32_precision`; [`Fp32Precision::Default`] unless set):
     /// TF32 or 3xTF32 for fp32 inputs on CUDA; on the CPU at ISA level
-    /// avx512bf16 with bf16 features, whether the backward's gradient matrix
-    /// is split in two bf16 parts (`Default`, `Full`: about fp32 gradients)
-    /// or rounded once to bf16 (`Tf32`: bf16-accurate gradients, fastest).
+    /// avx512bf16 or amx with bf16 features, whether the backward's gradient
+    /// matrix is split in two bf16 parts (`Default`, `Full`: about fp32
+    /// gradients) or rounded once to bf16 (`Tf32`: bf16-accurate gradients,
+    /// fastest).
     /// No effect elsewhere on the CPU.
     pub fn precision(mut self, precision: Fp32Precision) -> Options {
         self.precision = precision;

@@ -9,7 +9,7 @@
 //! - [`sigmoid`]: the pairwise sigmoid (SigLIP) loss [`SigmoidLoss`] and its
 //!   ring across ranks [`RingSigmoidLoss`].
 //! - [`cpu_isa`](mod@cpu_isa): the instruction set of the CPU kernels
-//!   ([`CpuIsa`], [`cpu_isa()`], [`set_cpu_isa`]).
+//!   ([`CpuIsa`], [`cpu_isa()`], [`set_cpu_isa`], [`cpu_engine`]).
 //! - [`reversible`]: reversible segments [`Segment`] over built-in transformer
 //!   [`Block`]s or Rust functions ([`ReversibleFunction`], closures).
 //! - [`comm`]: communicators ([`Communicator`]: from a [`UniqueId`], from
@@ -53,7 +53,7 @@ pub use contrastive::{
     Contrastive, ForwardOutput, Fp32Precision, Gradients, GradientsMut, Loss, NonFinite, Options, RingContrastive,
     Saved,
 };
-pub use cpu_isa::{cpu_isa, set_cpu_isa, CpuIsa};
+pub use cpu_isa::{cpu_engine, cpu_isa, set_cpu_isa, CpuIsa};
 pub use error::{Error, Result, Status};
 pub use handle::live_handles;
 pub use reversible::{Block, BlockMath, BlockOptions, Layer, Parameters, ReversibleFunction, Segment, SegmentOptions};

@@ -1,9 +1,11 @@
 //! The CPU instruction set (`flatmem::cpu_isa`): the library's names, get /
 //! set round trips, refusal of an instruction set above the processor's
 //! best, the contrastive loss under each one (within the f64 reference's
-//! bounds, bitwise reproducible), and the environment variable
-//! `FLATMEM_CPU_ISA`, which the library reads once per process and is
-//! therefore tried in child processes.
+//! bounds, bitwise reproducible), `cpu_engine` naming the kernels of each,
+//! and the environment variable `FLATMEM_CPU_ISA`, which the library reads
+//! once per process and is therefore tried in child processes.
+//! Expectations follow the processor's best, so the tests pass on AVX2,
+//! AVX-512, AVX512_BF16 and AMX machines alike.
 //!
 //! The selection is process-wide: the tests that change it hold
 //! `SELECTION` and put the default back when they end, panicking or not.
@@ -16,7 +18,7 @@ use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 
 use common::{assert_close, backward_tolerance, forward_tolerance, reference, widen, Problem, Rng};
-use flatmem::{cpu_isa, set_cpu_isa, sys, CpuIsa, Dtype, Features, Loss, Options, Status};
+use flatmem::{cpu_engine, cpu_isa, set_cpu_isa, sys, CpuIsa, Dtype, Features, Loss, Options, Status};
 
 static SELECTION: Mutex<()> = Mutex::new(());
 
@@ -43,10 +45,12 @@ fn best() -> CpuIsa {
 #[test]
 fn names_and_order() {
     let names: Vec<&str> = CpuIsa::ALL.iter().map(|isa| isa.name()).collect();
-    assert_eq!(names, ["baseline", "avx2", "avx512", "avx512bf16"]);
+    assert_eq!(names, ["baseline", "avx2", "avx512", "avx512bf16", "amx"]);
     assert_eq!(CpuIsa::Avx512.to_string(), "avx512");
     assert_eq!(CpuIsa::Avx512Bf16.to_string(), "avx512bf16");
-    assert!(CpuIsa::Baseline < CpuIsa::Avx2 && CpuIsa::Avx2 < CpuIsa::Avx512 && CpuIsa::Avx512 < CpuIsa::Avx512Bf16);
+    assert_eq!(CpuIsa::Amx.to_string(), "amx");
+    assert!(CpuIsa::ALL.windows(2).all(|pair| pair[0] < pair[1]), "{:?} not least capable first", CpuIsa::ALL);
+    assert_eq!(CpuIsa::ALL.iter().max(), Some(&CpuIsa::Amx));
     let raw: Vec<sys::flatmem_cpu_isa> = CpuIsa::ALL.iter().map(|isa| isa.raw()).collect();
     assert_eq!(
         raw,
@@ -54,29 +58,35 @@ fn names_and_order() {
             sys::FLATMEM_CPU_ISA_BASELINE,
             sys::FLATMEM_CPU_ISA_AVX2,
             sys::FLATMEM_CPU_ISA_AVX512,
-            sys::FLATMEM_CPU_ISA_AVX512BF16
+            sys::FLATMEM_CPU_ISA_AVX512BF16,
+            sys::FLATMEM_CPU_ISA_AMX
         ]
     );
-    assert_eq!(raw, [1, 2, 3, 4]);
+    assert_eq!(raw, [1, 2, 3, 4, 5]);
 }
 
+/// The levels machines answer differently, each selected exactly where the
+/// processor has it: AVX2-only and AVX-512 processors without BF16 refuse
+/// `Avx512Bf16` and `Amx`, AVX512_BF16 ones without AMX tiles refuse `Amx`
+/// (nothing changes), AMX ones select both.
 #[test]
-fn avx512bf16_exactly_where_the_processor_has_it() {
-    // The level machines answer differently: AVX2-only and AVX-512 processors
-    // without BF16 refuse it (nothing changes), AVX512_BF16 ones select it.
+fn bf16_levels_exactly_where_the_processor_has_them() {
     let _selecting = Selecting::start();
     let (in_use, best) = cpu_isa().unwrap();
-    match set_cpu_isa(Some(CpuIsa::Avx512Bf16)) {
-        Ok(()) => {
-            assert_eq!(best, CpuIsa::Avx512Bf16);
-            assert_eq!(cpu_isa().unwrap(), (CpuIsa::Avx512Bf16, best));
+    for isa in [CpuIsa::Avx512Bf16, CpuIsa::Amx] {
+        match set_cpu_isa(Some(isa)) {
+            Ok(()) => {
+                assert!(isa <= best, "{} selected but the best is {}", isa, best);
+                assert_eq!(cpu_isa().unwrap(), (isa, best));
+                set_cpu_isa(None).unwrap();
+            }
+            Err(err) => {
+                assert!(best < isa, "best {} but {} refused: {}", best, isa, err);
+                assert_eq!(err.status(), Status::Unsupported, "{}", err);
+                assert!(err.message().contains(isa.name()) && err.message().contains(best.name()), "{}", err);
+            }
         }
-        Err(err) => {
-            assert!(best < CpuIsa::Avx512Bf16, "best {} but avx512bf16 refused: {}", best, err);
-            assert_eq!(err.status(), Status::Unsupported, "{}", err);
-            assert!(err.message().contains("avx512bf16") && err.message().contains(best.name()), "{}", err);
-            assert_eq!(cpu_isa().unwrap(), (in_use, best));
-        }
+        assert_eq!(cpu_isa().unwrap(), (in_use, best));
     }
 }
 
@@ -89,8 +99,8 @@ fn set_and_get_round_trip() {
         set_cpu_isa(Some(isa)).unwrap_or_else(|e| panic!("{} (best {}): {}", isa, best, e));
         assert_eq!(cpu_isa().unwrap(), (isa, best));
     }
-    // Above the best (none when the processor runs AVX512_BF16): refused, and
-    // the one in use stays.
+    // Above the best (none when the processor has AMX tiles; Amx alone on an
+    // AVX512_BF16 one): refused, and the one in use stays.
     let in_use = cpu_isa().unwrap().0;
     for &isa in CpuIsa::ALL.iter().filter(|&&isa| isa > best) {
         let err = set_cpu_isa(Some(isa)).unwrap_err();
@@ -236,23 +246,61 @@ fn environment_variable() {
     }
     assert_eq!(report["get after set"], ok(CpuIsa::Baseline));
     assert_eq!(report["create after set"], "Ok ()");
-    // More than this processor has (nothing above AVX512_BF16 exists).
+    // More than this processor has (nothing above AMX exists).
     for &isa in CpuIsa::ALL.iter().filter(|&&isa| isa > best) {
         let report = child(isa.name());
         assert_refused(&report, "get", Status::Unsupported, isa.name());
         assert_refused(&report, "create", Status::Unsupported, isa.name());
         assert_eq!(report["get after set"], ok(CpuIsa::Baseline));
     }
-    // The words in any case: AVX512BF16 as avx512bf16 (selected, or refused
-    // as above the best).
-    for value in ["AVX512BF16", "Avx512Bf16"] {
+    // The words in any case: selected, or refused as above the best.
+    for (value, isa) in [
+        ("AVX512BF16", CpuIsa::Avx512Bf16),
+        ("Avx512Bf16", CpuIsa::Avx512Bf16),
+        ("AMX", CpuIsa::Amx),
+        ("Amx", CpuIsa::Amx),
+    ] {
         let report = child(value);
-        if best == CpuIsa::Avx512Bf16 {
-            assert_eq!(report["get"], ok(CpuIsa::Avx512Bf16), "FLATMEM_CPU_ISA={:?}", value);
+        if isa <= best {
+            assert_eq!(report["get"], ok(isa), "FLATMEM_CPU_ISA={:?}", value);
         } else {
             assert_refused(&report, "get", Status::Unsupported, value);
-            assert!(report["get"].contains("avx512bf16"), "{:?}", report["get"]);
+            assert!(report["get"].contains(isa.name()), "{:?}", report["get"]);
         }
         assert_eq!(report["get after set"], ok(CpuIsa::Baseline));
     }
+}
+
+// ---------------------------------------------------------------------------
+// cpu_engine
+// ---------------------------------------------------------------------------
+
+/// `cpu_engine`: library, version and the instruction set's name lead, then
+/// a kernel per input dtype; `None` is the level in use; levels above the
+/// best are described too (what would run there). Only the prefix and the
+/// dtype sections are asserted: the kernel words are not a stable format.
+/// At avx512bf16 and amx bf16 inputs are no longer widened to fp32.
+#[test]
+fn engine_names_the_kernels_of_every_level() {
+    let _selecting = Selecting::start();
+    let in_use = cpu_isa().unwrap().0;
+    assert_eq!(cpu_engine(None), cpu_engine(Some(in_use)));
+    for &isa in CpuIsa::ALL.iter() {
+        let text = cpu_engine(Some(isa));
+        let prefix = format!("flatmem {} own kernels at {}: fp32 ", flatmem::version_string(), isa.name());
+        assert!(text.starts_with(&prefix), "{:?} does not start with {:?}", text, prefix);
+        assert!(text.contains("; bf16 "), "{}: {:?}", isa, text);
+        if isa >= CpuIsa::Avx512Bf16 {
+            let bf16 = text.split("; bf16 ").nth(1).unwrap().split(';').next().unwrap();
+            assert!(!bf16.contains("widened to fp32"), "{}: bf16 {:?} in {:?}", isa, bf16, text);
+        }
+    }
+    // The selection moves None's answer with it.
+    set_cpu_isa(Some(CpuIsa::Baseline)).unwrap();
+    assert_eq!(cpu_engine(None), cpu_engine(Some(CpuIsa::Baseline)));
+    // Not a flatmem_cpu_isa value: the library's "unknown" (the raw call; the
+    // safe one takes only CpuIsa).
+    // SAFETY: a plain value; the result is a static NUL-terminated string.
+    let unknown = unsafe { std::ffi::CStr::from_ptr(sys::flatmem_cpu_isa_engine(99)) };
+    assert_eq!(unknown.to_str(), Ok("unknown"));
 }

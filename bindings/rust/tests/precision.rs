@@ -4,7 +4,7 @@
 //! has no bf16 products (the baseline level: no effect there), and `Tf32` on
 //! bf16 features within the bf16-gradient bound of flatmem.h's "bf16
 //! products on the CPU" at the process's own level (G rounded once to bf16
-//! at avx512bf16).
+//! at avx512bf16 and amx).
 
 mod common;
 

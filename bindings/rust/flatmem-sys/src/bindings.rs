@@ -482,11 +482,23 @@ pub const FLATMEM_CPU_ISA_AVX512: flatmem_cpu_isa = 3;
 #[doc = "  fp32 for sgemm; the element-wise kernels are those of AVX512. See"]
 #[doc = "  \"16-bit inputs on the CPU\" below flatmem_contrastive_options."]
 pub const FLATMEM_CPU_ISA_AVX512BF16: flatmem_cpu_isa = 4;
-#[doc = " AVX512 plus AVX512_BF16 (Cooper Lake, Sapphire Rapids and later Xeons;"]
-#[doc = "  AMD Zen 4 and later): the contrastive tile products of bf16 inputs run"]
-#[doc = "  on vdpbf16ps (bf16 products, fp32 accumulation) instead of widening to"]
-#[doc = "  fp32 for sgemm; the element-wise kernels are those of AVX512. See"]
-#[doc = "  \"16-bit inputs on the CPU\" below flatmem_contrastive_options."]
+#[doc = " AVX512BF16 plus AMX-TILE and AMX-BF16 (Sapphire Rapids, Emerald Rapids,"]
+#[doc = "  Granite Rapids Xeons), with the OS's tile state enabled and this"]
+#[doc = "  process's permission for it, which flatmem asks Linux for once"]
+#[doc = "  (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), as oneDNN does)"]
+#[doc = "  the first time the library detects the processor: the contrastive tile"]
+#[doc = "  products of bf16 inputs run on AMX tiles (bf16 products, fp32 sums;"]
+#[doc = "  the numerics of AVX512BF16, see \"16-bit inputs on the CPU\"); everything"]
+#[doc = "  else as AVX512BF16."]
+pub const FLATMEM_CPU_ISA_AMX: flatmem_cpu_isa = 5;
+#[doc = " AVX512BF16 plus AMX-TILE and AMX-BF16 (Sapphire Rapids, Emerald Rapids,"]
+#[doc = "  Granite Rapids Xeons), with the OS's tile state enabled and this"]
+#[doc = "  process's permission for it, which flatmem asks Linux for once"]
+#[doc = "  (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), as oneDNN does)"]
+#[doc = "  the first time the library detects the processor: the contrastive tile"]
+#[doc = "  products of bf16 inputs run on AMX tiles (bf16 products, fp32 sums;"]
+#[doc = "  the numerics of AVX512BF16, see \"16-bit inputs on the CPU\"); everything"]
+#[doc = "  else as AVX512BF16."]
 pub const FLATMEM_CPU_ISA_MAX: flatmem_cpu_isa = 2147483647;
 pub type flatmem_cpu_isa = ::std::os::raw::c_uint;
 extern "C" {
@@ -508,10 +520,22 @@ extern "C" {
     pub fn flatmem_cpu_isa_set(isa: flatmem_cpu_isa) -> flatmem_status;
 }
 extern "C" {
-    #[doc = " \"avx512bf16\", \"avx512\", \"avx2\", \"baseline\", \"default\"; \"unknown\" for"]
+    #[doc = " \"amx\", \"avx512bf16\", \"avx512\", \"avx2\", \"baseline\", \"default\"; \"unknown\" for"]
     #[doc = "  other values."]
     #[doc = "  A static string. Thread-safe."]
     pub fn flatmem_cpu_isa_name(isa: flatmem_cpu_isa) -> *const ::std::os::raw::c_char;
+}
+extern "C" {
+    #[doc = " The engine behind the CPU products at instruction set `isa` (DEFAULT: the"]
+    #[doc = "  one the kernels use now), in words: library, version and the kernel per"]
+    #[doc = "  input dtype, e.g. \"flatmem 0.2.0 own kernels at amx: fp32 avx512 fma"]
+    #[doc = "  12x32; bf16 AMX tiles ...; fp16 widened to fp32\". Every product -- the"]
+    #[doc = "  contrastive tile products and the built-in blocks' GEMMs -- runs on"]
+    #[doc = "  flatmem's own kernels for the selected instruction set; no BLAS's CPU"]
+    #[doc = "  table decides. For logs and benchmark rows: the text is not a stable"]
+    #[doc = "  format. A static string; \"unknown\" for a value that is no"]
+    #[doc = "  flatmem_cpu_isa. Thread-safe."]
+    pub fn flatmem_cpu_isa_engine(isa: flatmem_cpu_isa) -> *const ::std::os::raw::c_char;
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
