@@ -10,7 +10,8 @@
 // closed forms of cyclic.h, the stage-parallel ones (structs the library fills
 // with the wrapper's sizes, ABI 1) those of cyclic_stages.h; ContrastiveOptions.logit_cache_bytes gives the
 // bits of a handle without it; the CPU instruction set can be read and set
-// (CpuIsa, avx512bf16 included), and those above the processor's best are refused; the sigmoid (SigLIP)
+// (CpuIsa, avx512bf16 and amx included), those above the processor's best are refused, and
+// cpu_isa_engine names the kernels of each; the sigmoid (SigLIP)
 // loss's five outputs against ContrastiveReference.Sigmoid, and its refusals.
 // Built and run by scripts/check-java.sh; exits 1 on failure.
 import flatmem.Block;
@@ -512,13 +513,16 @@ public final class FlatmemTest {
 
   /** cpu_isa_in_use / _best / _set / _name (flatmem_cpu_isa_*): every
    *  instruction set up to the best can be selected, DEFAULT goes back to
-   *  where the process started, those above the best (avx512bf16 on AVX2-only
-   *  and AVX-512-without-BF16 processors) are refused. */
+   *  where the process started, those above the best (avx512bf16 and amx on
+   *  AVX2-only and AVX-512-without-BF16 processors, amx on those without AMX
+   *  tiles) are refused. */
   private static void cpuIsa() {
     CpuIsa start = Flatmem.cpu_isa_in_use(), best = Flatmem.cpu_isa_best();
-    check(CpuIsa.CPU_ISA_AVX512BF16.swigValue() == 4 && CpuIsa.CPU_ISA_AVX512.swigValue() == 3,
+    check(CpuIsa.CPU_ISA_AMX.swigValue() == 5 && CpuIsa.CPU_ISA_AVX512BF16.swigValue() == 4
+              && CpuIsa.CPU_ISA_AVX512.swigValue() == 3,
           "CpuIsa values");
-    check(Flatmem.cpu_isa_name(CpuIsa.CPU_ISA_AVX512BF16).equals("avx512bf16")
+    check(Flatmem.cpu_isa_name(CpuIsa.CPU_ISA_AMX).equals("amx")
+              && Flatmem.cpu_isa_name(CpuIsa.CPU_ISA_AVX512BF16).equals("avx512bf16")
               && Flatmem.cpu_isa_name(CpuIsa.CPU_ISA_AVX512).equals("avx512")
               && Flatmem.cpu_isa_name(CpuIsa.CPU_ISA_AVX2).equals("avx2")
               && Flatmem.cpu_isa_name(CpuIsa.CPU_ISA_BASELINE).equals("baseline")
@@ -527,8 +531,7 @@ public final class FlatmemTest {
     check(start.swigValue() >= 1 && start.swigValue() <= best.swigValue(),
           "cpu_isa_in_use " + Flatmem.cpu_isa_name(start) + " <= cpu_isa_best " + Flatmem.cpu_isa_name(best));
     try {
-      for (CpuIsa isa : new CpuIsa[] {CpuIsa.CPU_ISA_BASELINE, CpuIsa.CPU_ISA_AVX2, CpuIsa.CPU_ISA_AVX512,
-                                      CpuIsa.CPU_ISA_AVX512BF16}) {
+      for (CpuIsa isa : CPU_ISAS) {
         if (isa.swigValue() > best.swigValue()) {
           CpuIsa before = Flatmem.cpu_isa_in_use();
           expectFailure("cpu_isa_set(" + isa + ") above the best is refused", () -> Flatmem.cpu_isa_set(isa),
@@ -543,6 +546,31 @@ public final class FlatmemTest {
       Flatmem.cpu_isa_set(CpuIsa.CPU_ISA_DEFAULT);
     }
     check(Flatmem.cpu_isa_in_use() == start, "cpu_isa_set(CPU_ISA_DEFAULT) goes back to " + start);
+  }
+
+  /** The instruction sets, least capable first. */
+  private static final CpuIsa[] CPU_ISAS = {CpuIsa.CPU_ISA_BASELINE, CpuIsa.CPU_ISA_AVX2, CpuIsa.CPU_ISA_AVX512,
+                                            CpuIsa.CPU_ISA_AVX512BF16, CpuIsa.CPU_ISA_AMX};
+
+  /** cpu_isa_engine (flatmem_cpu_isa_engine): for every level, above the best
+   *  too, the library, its version and the level's name lead, then a kernel
+   *  per input dtype; at avx512bf16 and amx bf16 inputs are not widened to
+   *  fp32; DEFAULT is the level in use. (A non-value, "unknown" in C, cannot
+   *  be passed: CpuIsa is a closed Java enum.) Only that much is asserted: the
+   *  kernel words are no stable format. */
+  private static void cpuIsaEngine() {
+    check(Flatmem.cpu_isa_engine(CpuIsa.CPU_ISA_DEFAULT).equals(Flatmem.cpu_isa_engine(Flatmem.cpu_isa_in_use())),
+          "cpu_isa_engine(CPU_ISA_DEFAULT) is the level in use's");
+    for (CpuIsa isa : CPU_ISAS) {
+      String text = Flatmem.cpu_isa_engine(isa);
+      String prefix = "flatmem " + Flatmem.version_string() + " own kernels at " + Flatmem.cpu_isa_name(isa) + ": fp32 ";
+      check(text.startsWith(prefix) && text.contains("; bf16 "),
+            "cpu_isa_engine(" + isa + ") = '" + text + "' starts with '" + prefix + "' and has a bf16 part");
+      if (isa.swigValue() >= CpuIsa.CPU_ISA_AVX512BF16.swigValue()) {
+        String bf16 = text.split("; bf16 ", 2)[1].split(";", 2)[0];
+        check(!bf16.contains("widened to fp32"), "cpu_isa_engine(" + isa + "): bf16 '" + bf16 + "' is no widening");
+      }
+    }
   }
 
   /** Tensor.of / toFloatArray / toDoubleArray / copyFrom / bytes / wrap: copies in
@@ -658,6 +686,7 @@ public final class FlatmemTest {
     logitCache();
     sigmoidLoss();
     cpuIsa();
+    cpuIsaEngine();
 
     System.out.println(failures == 0 ? "FlatmemTest: OK" : "FlatmemTest: " + failures + " FAILED");
     System.exit(failures == 0 ? 0 : 1);
