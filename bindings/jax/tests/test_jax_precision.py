@@ -6,7 +6,8 @@ CPU and CUDA lowerings) as the fp32_precision attribute and reaching the
 pooled handle's options (a value flatmem refuses fails in
 flatmem_contrastive_create naming options.fp32_precision; each precision has
 handles of its own); results bitwise the default's where it has no CPU effect
-(fp32 and fp16 inputs everywhere, bf16 below avx512bf16); "tf32" on bf16
+(fp32 and fp16 inputs everywhere, bf16 below avx512bf16, whose bf16 tile
+products amx shares); "tf32" on bf16
 inputs within the float64 reference's bound plus flatmem.h's extra
 2^-8 s sum |G| |k| (|G|^T |q|) for dq (dk), which holds at every ISA level.
 test_jax_ring.py runs the ring ones across processes (ring_worker.py)."""
@@ -157,9 +158,15 @@ def test_each_precision_has_pooled_handles_of_its_own():
     assert made == [1, 1, 2, 3, 3, 3], made
 
 
+#: flatmem_cpu_isa's first level with bf16 tile products (FLATMEM_CPU_ISA_AVX512BF16);
+#: every level above it (amx, 5) has them too.
+AVX512BF16 = 4
+
+
 def cpu_isa():
     """flatmem's CPU instruction set in use (flatmem_cpu_isa: 1 baseline, 2
-    avx2, 3 avx512, 4 avx512bf16), from the libflatmem libflatmem_jax loaded."""
+    avx2, 3 avx512, 4 avx512bf16, 5 amx), from the libflatmem libflatmem_jax
+    loaded."""
     in_use = ctypes.c_int(0)
     assert flatmem_jax._lib.flatmem_cpu_isa_get(ctypes.byref(in_use), None) == 0
     return in_use.value
@@ -167,11 +174,12 @@ def cpu_isa():
 
 def no_cpu_effect(dtype):
     """True where precision changes nothing on the CPU: fp32 and fp16 inputs,
-    and bf16 below avx512bf16 (a FLATMEM_BF16_EMULATED library, as
+    and bf16 below avx512bf16 (at avx512bf16 and amx the bf16 tile products
+    see the precision; a FLATMEM_BF16_EMULATED library, as
     FLATMEM_TEST_EMULATE_BF16=1 says, runs the bf16 kernels at every level)."""
     if np.dtype(dtype) != np.dtype(jnp.bfloat16):
         return True
-    return cpu_isa() < 4 and os.environ.get("FLATMEM_TEST_EMULATE_BF16") != "1"
+    return cpu_isa() < AVX512BF16 and os.environ.get("FLATMEM_TEST_EMULATE_BF16") != "1"
 
 
 def as_bytes(tree):
@@ -181,7 +189,7 @@ def as_bytes(tree):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: jnp.dtype(t).name)
 def test_same_bits_as_the_default_where_it_has_no_cpu_effect(dtype):
     if not no_cpu_effect(dtype):
-        pytest.skip("bf16 at avx512bf16: the precisions differ (test_tf32_on_bf16_* bounds them)")
+        pytest.skip("bf16 at avx512bf16 or amx: the precisions differ (test_tf32_on_bf16_* bounds them)")
     b, c = 13, 17
     q, k = unit_rows(11, b, 37, dtype), unit_rows(12, c, 37, dtype)
     s, t = jnp.float32(12.0), jnp.float32(-2.0)
@@ -213,9 +221,10 @@ def _assert_within(name, got, want, tau):
 
 @pytest.mark.parametrize("symmetric", [True, False], ids=["clip", "infonce"])
 def test_tf32_on_bf16_stays_within_the_bf16_gradient_bound(symmetric):
-    """At this process's level (avx512bf16 where the CPU has it: G rounded once
-    to bf16) the loss keeps its fp32 bound and dq, dk stay within the default
-    bound plus 2^-8 s |G| |k| (|G|^T |q|); ds is formed from the fp32 G."""
+    """At this process's level (avx512bf16 or amx where the CPU has it: G
+    rounded once to bf16) the loss keeps its fp32 bound and dq, dk stay
+    within the default bound plus 2^-8 s |G| |k| (|G|^T |q|); ds is formed
+    from the fp32 G."""
     b, c, d, g = 70, (70 if symmetric else 83), 96, 0.5
     q, k = unit_rows(21, b, d, jnp.bfloat16), unit_rows(22, c, d, jnp.bfloat16)
     labels = None if symmetric else np.random.default_rng(3).permutation(c)[:b].astype(np.int64)

@@ -54,11 +54,12 @@ Arguments
                  without comm. CUDA: float32 inputs multiply as TF32
                  ("default", "tf32") or in about full fp32 ("full": 3xTF32,
                  about 3x the tensor-core time). CPU at ISA level avx512bf16
-                 with bfloat16 q and k: how the fp32 gradient matrix G enters
-                 the backward products dq = s G k, dk = s G^T q -- "default"
-                 and "full" split G in two bf16 parts (about fp32 gradients),
-                 "tf32" rounds it once to bf16 (bf16-accurate gradients, the
-                 fastest); the loss and the scale's gradient do not change.
+                 or amx (bf16 tile products) with bfloat16 q and k: how the
+                 fp32 gradient matrix G enters the backward products
+                 dq = s G k, dk = s G^T q -- "default" and "full" split G in
+                 two bf16 parts (about fp32 gradients), "tf32" rounds it once
+                 to bf16 (bf16-accurate gradients, the fastest); the loss and
+                 the scale's gradient do not change.
                  Anywhere else on the CPU (other ISA levels, float32 /
                  float16 inputs) it has no effect: the same bits as
                  "default".
@@ -477,8 +478,8 @@ def clip_loss(q, k, logit_scale, *, logit_cache_bytes=0, comm=None, precision="d
     dq and dk and the global ds (see flatmem_jax.ring). Collective.
     precision (static, "default" | "tf32" | "full"; anything else:
     ValueError): options.fp32_precision -- CUDA: TF32 or 3xTF32 products for
-    float32 inputs; CPU at ISA level avx512bf16 with bfloat16 inputs: "tf32"
-    rounds the gradient matrix G once to bf16 in the backward's products
+    float32 inputs; CPU at ISA level avx512bf16 or amx with bfloat16 inputs:
+    "tf32" rounds the gradient matrix G once to bf16 in the backward's products
     (bf16-accurate dq, dk, the fastest) where "default" / "full" split it in
     two bf16 parts (about fp32 gradients); no effect elsewhere on the CPU.
     See the module's docstring.
@@ -625,10 +626,10 @@ def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, recompute=False,
     precision    static, "default" (default), "tf32" or "full" (anything
                  else: ValueError): options.fp32_precision, as for clip_loss
                  -- CUDA: TF32 or 3xTF32 products for float32 inputs; CPU at
-                 ISA level avx512bf16 with bfloat16 inputs: "tf32" rounds
-                 the gradient matrix G once to bf16 in the gradient products
-                 (bf16-accurate dq, dk), "default" / "full" split it in two
-                 bf16 parts; no effect elsewhere on the CPU.
+                 ISA level avx512bf16 or amx with bfloat16 inputs: "tf32"
+                 rounds the gradient matrix G once to bf16 in the gradient
+                 products (bf16-accurate dq, dk), "default" / "full" split it
+                 in two bf16 parts; no effect elsewhere on the CPU.
 
     Errors: shapes and dtypes flatmem refuses raise FlatmemError at trace
     time; labels out of range, NaN/Inf, s <= 0 or a non-finite t fail when
