@@ -3,7 +3,8 @@ flatmem.Contrastive and the functional API: names checked in Python, the value
 reaching the C options and the kept handles' keys, results unchanged where it
 has no CPU effect (every ISA level below avx512bf16; fp32 and fp16 inputs
 everywhere), and "tf32" on bf16 inputs within the bf16-gradient bound
-flatmem.h gives for the avx512bf16 path (and so on every machine)."""
+flatmem.h gives for the bf16 path of avx512bf16 and amx (and so on every
+machine)."""
 import os
 import numpy as np
 import pytest
@@ -142,9 +143,9 @@ def _tf32_extra(s, G_abs, ka, qa, g=1.0):
 
 @pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric", "infonce"])
 def test_tf32_on_bf16_stays_within_the_bf16_gradient_bound(symmetric):
-    """At the process's own level (avx512bf16 where the CPU has it: G rounded
-    once to bf16) the loss keeps its fp32 bound and dq, dk stay within the
-    default bound plus 2^-8 s |G| |k| (|G|^T |q|)."""
+    """At the process's own level (avx512bf16 or amx where the CPU has it: G
+    rounded once to bf16) the loss keeps its fp32 bound and dq, dk stay
+    within the default bound plus 2^-8 s |G| |k| (|G|^T |q|)."""
     q, k = _qk(BFLOAT16, b=70, c=70 if symmetric else 83, d=96, seed=11)
     labels = None if symmetric else np.random.default_rng(3).permutation(83)[:70].astype(np.int64)
     s, g = 12.0, 0.5

@@ -1,7 +1,8 @@
 """flatmem.torch's precision option (options.fp32_precision): checked by name
 in the losses and the open_clip modules, passed through the operators to the
-kept handle, no effect where the CPU has none (below avx512bf16; fp32 inputs
-everywhere), and "tf32" on bf16 inputs within the bf16-gradient bound."""
+kept handle, no effect where the CPU has none (below avx512bf16, whose bf16
+path amx shares; fp32 inputs everywhere), and "tf32" on bf16 inputs within
+the bf16-gradient bound."""
 import os
 import numpy as np
 import pytest
@@ -88,7 +89,7 @@ def test_no_cpu_effect_below_avx512bf16(dtype):
 
 
 def test_tf32_clip_on_bf16_stays_within_the_bf16_gradient_bound():
-    """At the process's own level (G rounded once to bf16 at avx512bf16)."""
+    """At the process's own level (G rounded once to bf16 at avx512bf16 and amx)."""
     b, d, s = 64, 80, 12.0
     q, k = unit_rows(7, b, d, torch.bfloat16), unit_rows(8, b, d, torch.bfloat16)
     loss, dq, dk, ds = _run(fmt.clip_loss, q, k, s, precision="tf32")

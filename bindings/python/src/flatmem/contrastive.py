@@ -169,8 +169,8 @@ class Contrastive:
                 "tf32" or "full" (anything else: ValueError). CUDA: fp32
                 inputs multiply as TF32 ("default", "tf32") or in about full
                 fp32 ("full": 3xTF32, about 3x the tensor-core time). CPU at
-                ISA level avx512bf16 (flatmem.cpu_isa()) with bfloat16 q and
-                k: how the fp32 gradient matrix G enters the backward products
+                ISA level avx512bf16 or amx (flatmem.cpu_isa()) with bfloat16
+                q and k: how the fp32 gradient matrix G enters the backward products
                 dq = s G k, dk = s G^T q (for the sigmoid loss too): "default"
                 and "full" split G in two bf16 parts (about fp32 gradients),
                 "tf32" rounds it once to bf16 (bf16-accurate gradients, like
@@ -510,8 +510,8 @@ def contrastive_loss(q, k, logit_scale, labels=None, symmetric=True, *, num_thre
     flatmem's (which argument, its shape or value, what was expected).
 
     precision: "default", "tf32" or "full", as for Contrastive (CUDA: TF32
-    or 3xTF32 products for float32 inputs; CPU at ISA level avx512bf16 with
-    bfloat16 inputs: "tf32" rounds the gradient matrix G once to bf16 in the
+    or 3xTF32 products for float32 inputs; CPU at ISA level avx512bf16 or amx
+    with bfloat16 inputs: "tf32" rounds the gradient matrix G once to bf16 in the
     backward's products -- bf16-accurate dq, dk, the fastest -- where
     "default" / "full" split it in two bf16 parts for about fp32 gradients;
     no effect elsewhere on the CPU).
@@ -570,7 +570,7 @@ def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, comm=None, num_t
     between calls. Errors raise flatmem.Error subclasses whose message is
     flatmem's (which argument, its shape or value, what was expected).
     precision ("default", "tf32" or "full"): as for Contrastive -- on the
-    CPU at avx512bf16 with bfloat16 inputs "tf32" rounds the gradient
+    CPU at avx512bf16 or amx with bfloat16 inputs "tf32" rounds the gradient
     matrix once to bf16 in the dq / dk products (bf16-accurate gradients);
     on CUDA it picks TF32 or 3xTF32 for float32 inputs.
 

@@ -42,7 +42,7 @@ Options:
   precision          "default", "tf32" or "full" (flatmem_fp32_precision; anything else: ValueError).
                      CUDA: float32 inputs multiply as TF32 ("default", "tf32") or in about full fp32
                      ("full": 3xTF32, about 3x the tensor-core time). CPU at ISA level avx512bf16
-                     (flatmem.cpu_isa()) with bfloat16 inputs: how the fp32 gradient matrix G enters
+                     or amx (flatmem.cpu_isa()) with bfloat16 inputs: how the fp32 gradient matrix G enters
                      the backward's products dq = s G k, dk = s G^T q -- "default" / "full" split it
                      in two bf16 parts (about fp32 gradients), "tf32" rounds it once to bf16
                      (bf16-accurate gradients, as torch's own bf16 autograd; the fastest). The loss
@@ -87,7 +87,7 @@ def clip_loss(q, k, logit_scale, *, logit_cache_bytes=0, comm=None, grad_scale=1
               precision="default"):
     """The symmetric CLIP loss of rows q (b, d) and columns k (b, d) at scale s (module docstring;
     precision "default" | "tf32" | "full": TF32 / 3xTF32 on CUDA, the bf16 gradient products at
-    avx512bf16 on the CPU)."""
+    avx512bf16 or amx on the CPU)."""
     return _softmax(q, k, logit_scale, None, True, logit_cache_bytes, comm, grad_scale, nonfinite, precision)
 
 
