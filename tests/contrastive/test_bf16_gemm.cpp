@@ -63,7 +63,7 @@ using flatmem::f32_to_bf16;
 constexpr double u32 = 0x1p-24;
 double gamma_n(double n) { return n * u32 / (1.0 - n * u32); }
 
-// The kernels' three products, from either build.
+// The kernels' three products and G's two conversions, from either build.
 struct Kernels {
   const char *name;
   void (*logits)(bf::Rows, bf::Rows, std::int64_t, std::int64_t, std::int64_t, float *, std::uint32_t *);
@@ -71,17 +71,20 @@ struct Kernels {
                      std::int64_t, bool, std::uint32_t *);
   void (*cols_times)(const float *, bf::Rows, std::int64_t, std::int64_t, std::int64_t, float *,
                      std::int64_t, bool, std::uint32_t *);
+  void (*g_rows)(const float *, std::int64_t, std::int64_t, int, std::uint16_t *, std::int64_t);
+  void (*g_columns)(const float *, std::int64_t, std::int64_t, int, std::uint32_t *);
 };
 
 std::vector<Kernels> builds() {
   std::vector<Kernels> out{{"emulated", emulated::tile_logits, emulated::accumulate_rows_times,
-                            emulated::accumulate_cols_times}};
+                            emulated::accumulate_cols_times, emulated::convert_g_rows,
+                            emulated::convert_g_columns}};
   flatmem_cpu_isa best = FLATMEM_CPU_ISA_BASELINE;
   REQUIRE(flatmem_cpu_isa_get(nullptr, &best) == FLATMEM_STATUS_SUCCESS);
 #ifdef FLATMEM_TEST_HARDWARE_BF16
-  if (best == FLATMEM_CPU_ISA_AVX512BF16)
+  if (best >= FLATMEM_CPU_ISA_AVX512BF16)  // amx machines have it too
     out.push_back({"avx512bf16 hardware", hardware::tile_logits, hardware::accumulate_rows_times,
-                   hardware::accumulate_cols_times});
+                   hardware::accumulate_cols_times, hardware::convert_g_rows, hardware::convert_g_columns});
 #endif
   return out;
 }
@@ -116,9 +119,12 @@ std::vector<std::uint32_t> scratch_for(std::int64_t r, std::int64_t c, std::int6
 struct Shape {
   std::int64_t r, c, d, pad;
 };
+// The last two reduce over more than one K block (bf::kKBlockPairs pairs) with
+// an odd remainder: logits over d = 519, dq over c = 261, dk over r = 259.
+static_assert(2 * bf::kKBlockPairs < 259, "the K-blocked shapes must span more than one block");
 const Shape shapes[] = {{1, 1, 1, 0},   {1, 1, 2, 1},     {6, 64, 2, 0},   {7, 65, 3, 1},
                         {5, 63, 31, 2}, {13, 129, 64, 0}, {37, 97, 97, 3}, {64, 17, 128, 1},
-                        {97, 131, 61, 0}};
+                        {97, 131, 61, 0}, {7, 11, 519, 2}, {259, 261, 33, 1}};
 
 TEST_CASE("contrastive/bf16-kernels/logits-within-the-fp32-accumulation-bound") {
   std::mt19937_64 rng(11);
@@ -240,22 +246,87 @@ TEST_CASE("contrastive/bf16-kernels/the-split-is-what-makes-gradients-fp32-accur
 
 TEST_CASE("contrastive/bf16-kernels/nan-in-g-reaches-only-its-own-outputs") {
   // G's NaN (PROPAGATE policy) must stay NaN through the hi/lo split and
-  // reach exactly the output rows it feeds.
+  // reach exactly the output rows it feeds: row 3 of dq, row 4 of dk.
   const Shape s{7, 9, 5, 0};
   std::mt19937_64 rng(14);
   for (const Kernels &kern : builds())
-    for (bool split : {true, false}) {
-      CAPTURE(kern.name);
-      CAPTURE(split);
-      const Bf16Matrix k(s.c, s.d, s.pad, rng);
-      std::vector<float> g = gaussian(std::size_t(s.r * s.c), rng, 1.0f);
-      g[std::size_t(3 * s.c + 4)] = std::nanf("");
-      std::vector<float> out(std::size_t(s.r * s.d), 0.0f);
-      auto scratch = scratch_for(s.r, s.c, s.d);
-      kern.rows_times(g.data(), k.rows_view(), s.r, s.c, s.d, out.data(), s.d, split, scratch.data());
-      for (std::int64_t i = 0; i < s.r; ++i)
-        for (std::int64_t t = 0; t < s.d; ++t) CHECK(std::isnan(out[std::size_t(i * s.d + t)]) == (i == 3));
-    }
+    for (bool rows_times : {true, false})
+      for (bool split : {true, false}) {
+        CAPTURE(kern.name);
+        CAPTURE(rows_times);
+        CAPTURE(split);
+        const Bf16Matrix x(rows_times ? s.c : s.r, s.d, s.pad, rng);
+        std::vector<float> g = gaussian(std::size_t(s.r * s.c), rng, 1.0f);
+        g[std::size_t(3 * s.c + 4)] = std::nanf("");
+        const std::int64_t m = rows_times ? s.r : s.c, poisoned = rows_times ? 3 : 4;
+        std::vector<float> out(std::size_t(m * s.d), 0.0f);
+        auto scratch = scratch_for(s.r, s.c, s.d);
+        if (rows_times)
+          kern.rows_times(g.data(), x.rows_view(), s.r, s.c, s.d, out.data(), s.d, split, scratch.data());
+        else
+          kern.cols_times(g.data(), x.rows_view(), s.r, s.c, s.d, out.data(), s.d, split, scratch.data());
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t t = 0; t < s.d; ++t)
+            CHECK(std::isnan(out[std::size_t(i * s.d + t)]) == (i == poisoned));
+      }
+}
+
+// G's parts as the scalar code defines them: hi = bf16(G), lo = bf16(G - hi),
+// lo = 0 where G - hi is NaN (G NaN or infinite).
+std::uint16_t hi_of(float g) { return f32_to_bf16(g); }
+std::uint16_t lo_of(float g) {
+  const float rest = g - bf16_to_f32(f32_to_bf16(g));
+  return rest == rest ? f32_to_bf16(rest) : std::uint16_t(0);
+}
+
+// Values whose rounding is delicate: ties (even and odd), the largest finite
+// (rounds to Inf), subnormals, signed zeros, Inf, NaN, then random bit patterns.
+std::vector<float> awkward_floats(std::size_t n, std::mt19937_64 &rng) {
+  const std::uint32_t special[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00008000u,
+                                   0x00018000u, 0x3f808000u, 0x3f818000u, 0x3f80c000u, 0x7f7fffffu,
+                                   0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
+                                   0x7f800001u, 0x3f7fffffu, 0x477fe000u};
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t bits = i < std::size(special) ? special[i] : std::uint32_t(rng());
+    std::memcpy(&v[i], &bits, sizeof bits);
+  }
+  return v;
+}
+
+TEST_CASE("contrastive/bf16-kernels/g-conversions-equal-the-scalar-rounding") {
+  // The vector conversions round in integer lanes: bit for bit flatmem::f32_to_bf16
+  // for every input, subnormals and NaN included, in both layouts and both builds
+  // (tails of 1..31 columns, odd rows).
+  std::mt19937_64 rng(16);
+  for (const Kernels &kern : builds())
+    for (const Shape &s : {Shape{1, 1, 0, 0}, Shape{3, 17, 0, 0}, Shape{4, 33, 0, 0}, Shape{5, 64, 0, 0}})
+      for (int part : {0, 1}) {
+        CAPTURE(kern.name);
+        CAPTURE(s.r);
+        CAPTURE(s.c);
+        CAPTURE(part);
+        const std::vector<float> g = awkward_floats(std::size_t(s.r * s.c), rng);
+        auto expect = [&](std::int64_t i, std::int64_t j) -> std::uint16_t {
+          if (i >= s.r || j >= s.c) return 0;  // padding
+          const float v = g[std::size_t(i * s.c + j)];
+          return part == 0 ? hi_of(v) : lo_of(v);
+        };
+        const std::int64_t ld = (s.c + 1) / 2 * 2;
+        std::vector<std::uint16_t> rows(std::size_t(s.r * ld), 0xdeadu);
+        kern.g_rows(g.data(), s.r, s.c, part, rows.data(), ld);
+        for (std::int64_t i = 0; i < s.r; ++i)
+          for (std::int64_t j = 0; j < ld; ++j) REQUIRE(rows[std::size_t(i * ld + j)] == expect(i, j));
+        const std::int64_t pairs = (s.r + 1) / 2, groups = (s.c + 15) / 16;
+        std::vector<std::uint32_t> cols(std::size_t(groups * 16 * pairs), 0xdeadbeefu);
+        kern.g_columns(g.data(), s.r, s.c, part, cols.data());
+        for (std::int64_t c = 0; c < groups * 16; ++c)
+          for (std::int64_t p = 0; p < pairs; ++p) {
+            const std::uint32_t w = cols[std::size_t(((c / 16) * pairs + p) * 16 + c % 16)];
+            REQUIRE((w & 0xffffu) == expect(2 * p, c));
+            REQUIRE((w >> 16) == expect(2 * p + 1, c));
+          }
+      }
 }
 
 TEST_CASE("contrastive/bf16-kernels/outputs-outside-the-tile-are-untouched") {

@@ -4,8 +4,10 @@
 //
 // One register-blocked kernel serves all three products: C (M x N) = / +=
 // A (M x K) B (K x N), K consumed in pairs (vdpbf16ps multiplies adjacent
-// bf16 pairs). A is read in place (a row of q, or the tile's G rounded to
-// bf16), B is packed panel by panel (kPanelWidth columns, zero padded):
+// bf16 pairs) and in blocks of kKBlockPairs pairs. A is read in place (q's
+// rows) or from scratch (the tile's G rounded to bf16: its rows for dq, its
+// column pairs in groups of kTransposedGroup columns for dk), B is packed
+// panel by panel (kPanelWidth columns x one K block, zero padded):
 //   logits  raw = Q K^T   A = q rows, B = k rows transposed into pairs along d
 //   dq     += G K         A = bf16(G) rows, B = k row pairs
 //   dk     += G^T Q       A = bf16(G) column pairs, B = q row pairs
@@ -26,6 +28,8 @@ namespace flatmem::contrastive::cpu::bf16 {
 
 constexpr std::int64_t kPanelRows = 6;    // rows of C per kernel call (register block)
 constexpr std::int64_t kPanelWidth = 64;  // columns of C per kernel call: 4 x 16 fp32 lanes
+constexpr std::int64_t kKBlockPairs = 64;  // pairs of K per packed panel (16 KB: stays in L1)
+constexpr std::int64_t kTransposedGroup = 16;  // columns of G per group in dk's packed G^T
 
 // bf16 rows: element (r, t) at data[r * ld + t].
 struct Rows {
@@ -33,14 +37,28 @@ struct Rows {
   std::int64_t ld = 0;
 };
 
+// 32-bit words of the packed B panel: one K block of the longest reduction
+// (d for the logits, tile_cols for dq, tile_rows for dk).
+inline std::int64_t panel_words(std::int64_t tile_rows, std::int64_t tile_cols, std::int64_t d) {
+  const std::int64_t longest = d > tile_rows ? (d > tile_cols ? d : tile_cols) : (tile_rows > tile_cols ? tile_rows : tile_cols);
+  const std::int64_t pairs = (longest + 1) / 2;
+  return (pairs < kKBlockPairs ? pairs : kKBlockPairs) * kPanelWidth;
+}
+
+// 32-bit words of one bf16 part of G: dq's rows (tile_rows x ceil(C / 2)
+// pairs) or dk's G^T (ceil(C / 16) groups x ceil(R / 2) pairs x 16 words).
+inline std::int64_t g_part_words(std::int64_t tile_rows, std::int64_t tile_cols) {
+  const std::int64_t rows_layout = tile_rows * ((tile_cols + 1) / 2);
+  const std::int64_t columns_layout =
+      (tile_cols + kTransposedGroup - 1) / kTransposedGroup * kTransposedGroup * ((tile_rows + 1) / 2);
+  return rows_layout > columns_layout ? rows_layout : columns_layout;
+}
+
 // 32-bit words of per-thread scratch the three products need for tiles of at
 // most tile_rows x tile_cols and feature dimension d: one packed B panel,
 // and two bf16 copies (hi, lo) of the tile's G.
 inline std::int64_t scratch_words(std::int64_t tile_rows, std::int64_t tile_cols, std::int64_t d) {
-  const std::int64_t longest = d > tile_rows ? (d > tile_cols ? d : tile_cols) : (tile_rows > tile_cols ? tile_rows : tile_cols);
-  const std::int64_t panel = (longest + 1) / 2 * kPanelWidth;
-  const std::int64_t g_part = (tile_rows + 1) / 2 * (tile_cols + 1);
-  return panel + 2 * g_part;
+  return panel_words(tile_rows, tile_cols, d) + 2 * g_part_words(tile_rows, tile_cols);
 }
 
 // True when the bf16 kernels are compiled in and the active CPU ISA is
