@@ -28,7 +28,7 @@ namespace flatmem::contrastive::cpu::bf16 {
 
 constexpr std::int64_t kPanelRows = 6;    // rows of C per kernel call (register block)
 constexpr std::int64_t kPanelWidth = 64;  // columns of C per kernel call: 4 x 16 fp32 lanes
-constexpr std::int64_t kKBlockPairs = 64;  // pairs of K per packed panel (16 KB: stays in L1)
+constexpr std::int64_t kKBlockPairs = 128;  // pairs of K per packed panel (32 KB: stays in L1)
 constexpr std::int64_t kTransposedGroup = 16;  // columns of G per group in dk's packed G^T
 
 // bf16 rows: element (r, t) at data[r * ld + t].
