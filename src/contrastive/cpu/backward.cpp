@@ -57,7 +57,7 @@ void gradient_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const 
                  const TileRows &k, const ThreadScratch &s, const TileProducts &engine) {
                const float *raw = cache.slot(rows, cols);  // the forward's tile, or recompute
                if (raw == nullptr) {
-                 tile_logits(q, k, rows.size(), cols.size(), plan.d, s.tile, s.pack);
+                 tile_logits(engine, q, k, rows.size(), cols.size(), plan.d, s.tile, s.pack);
                  raw = s.tile;
                }
                tile_positives(in, rows, cols, s.positives);

@@ -31,10 +31,10 @@ void fold_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const LseS
                 const std::vector<ThreadScratch> &scratch, const CachedTiles &cache) {
   walk_tiles(pool, plan, in, scratch,
              [&](std::int64_t, Range r, Range c, const TileRows &q, const TileRows &k,
-                 const ThreadScratch &s, const TileProducts &) {
+                 const ThreadScratch &s, const TileProducts &engine) {
                float *const slot = cache.slot(r, c);
                float *const raw = slot ? slot : s.tile;
-               tile_logits(q, k, r.size(), c.size(), plan.d, raw, s.pack);
+               tile_logits(engine, q, k, r.size(), c.size(), plan.d, raw, s.pack);
                tile_positives(in, r, c, s.positives);
                FoldTargets t;
                t.row_max = rows.max + r.begin;

@@ -40,7 +40,7 @@ void sigmoid_block(ThreadPool &pool, const Plan &plan, const Inputs &in, const S
   walk_tiles(pool, plan, in, scratch,
              [&](std::int64_t row_group, Range rows, Range cols, const TileRows &q,
                  const TileRows &k, const ThreadScratch &s, const TileProducts &engine) {
-               tile_logits(q, k, rows.size(), cols.size(), plan.d, s.tile, s.pack);
+               tile_logits(engine, q, k, rows.size(), cols.size(), plan.d, s.tile, s.pack);
                tile_positives(in, rows, cols, s.positives);
                SigmoidTile t = tile;
                t.positive_col = s.positives;

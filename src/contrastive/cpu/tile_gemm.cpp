@@ -1,6 +1,6 @@
 #include "contrastive/cpu/tile_gemm.hpp"
 
-#include <cblas.h>
+#include "core/gemm/sgemm.hpp"
 
 namespace flatmem::contrastive::cpu {
 namespace {
@@ -18,6 +18,7 @@ void widen_rows(const MatrixView &m, Range range, float *out, Widen widen) {
 
 TileProducts tile_products(const Plan &plan, Dtype input) {
   TileProducts p;
+  p.isa = cpu_isa::for_kernels();
   p.bf16_kernels = input == Dtype::bf16 && bf16::active();
   p.split_gradient = plan.split_gradient;
   return p;
@@ -37,11 +38,11 @@ TileRows tile_rows(const TileProducts &engine, const MatrixView &m, Range range,
   return t;
 }
 
-void tile_logits(const TileRows &q, const TileRows &k, std::int64_t rows, std::int64_t cols,
-                 std::int64_t d, float *raw, std::uint32_t *pack) {
+void tile_logits(const TileProducts &engine, const TileRows &q, const TileRows &k, std::int64_t rows,
+                 std::int64_t cols, std::int64_t d, float *raw, std::uint32_t *pack) {
   if (q.bf16.data) return bf16::tile_logits(q.bf16, k.bf16, rows, cols, d, raw, pack);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(cols), int(d), 1.0f, q.data,
-              int(q.ld), k.data, int(k.ld), 0.0f, raw, int(cols));
+  gemm::sgemm(engine.isa, gemm::Op::none, gemm::Op::transpose, rows, cols, d, 1.0f, q.data, q.ld, k.data,
+              k.ld, 0.0f, raw, cols);
 }
 
 void accumulate_rows_times(const TileProducts &engine, const float *g, const TileRows &k,
@@ -49,8 +50,8 @@ void accumulate_rows_times(const TileProducts &engine, const float *g, const Til
                            std::int64_t out_ld, std::uint32_t *pack) {
   if (k.bf16.data)
     return bf16::accumulate_rows_times(g, k.bf16, rows, cols, d, out, out_ld, engine.split_gradient, pack);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(d), int(cols), 1.0f, g,
-              int(cols), k.data, int(k.ld), 1.0f, out, int(out_ld));
+  gemm::sgemm(engine.isa, gemm::Op::none, gemm::Op::none, rows, d, cols, 1.0f, g, cols, k.data, k.ld,
+              1.0f, out, out_ld);
 }
 
 void accumulate_cols_times(const TileProducts &engine, const float *g, const TileRows &q,
@@ -58,8 +59,8 @@ void accumulate_cols_times(const TileProducts &engine, const float *g, const Til
                            std::int64_t out_ld, std::uint32_t *pack) {
   if (q.bf16.data)
     return bf16::accumulate_cols_times(g, q.bf16, rows, cols, d, out, out_ld, engine.split_gradient, pack);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(cols), int(d), int(rows), 1.0f, g,
-              int(cols), q.data, int(q.ld), 1.0f, out, int(out_ld));
+  gemm::sgemm(engine.isa, gemm::Op::transpose, gemm::Op::none, cols, d, rows, 1.0f, g, cols, q.data, q.ld,
+              1.0f, out, out_ld);
 }
 
 }  // namespace flatmem::contrastive::cpu

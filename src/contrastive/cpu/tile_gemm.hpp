@@ -1,6 +1,6 @@
 // The three tile products of the contrastive loss: one single-threaded call
-// per tile (flatmem's own threads run tiles in parallel), through CBLAS sgemm
-// on fp32 rows, or, for bf16 inputs at the CPU ISA level avx512bf16, through
+// per tile (flatmem's own threads run tiles in parallel), through flatmem's
+// fp32 GEMM (core/gemm/sgemm.hpp) on fp32 rows, or, for bf16 inputs at the CPU ISA level avx512bf16, through
 // flatmem's own bf16 kernels (bf16_gemm.hpp) on the bf16 rows themselves.
 #pragma once
 
@@ -8,6 +8,7 @@
 
 #include "contrastive/cpu/bf16_gemm.hpp"
 #include "contrastive/plan.hpp"
+#include "core/cpu_isa.hpp"
 #include "core/tensor.hpp"
 
 namespace flatmem::contrastive::cpu {
@@ -25,6 +26,7 @@ struct TileRows {
 // Which engine a walk's tiles use: decided once per call (a concurrent
 // flatmem_cpu_isa_set cannot mix engines within a call).
 struct TileProducts {
+  cpu_isa::Isa isa = cpu_isa::Isa::baseline;  // the fp32 products' sgemm variant
   bool bf16_kernels = false;   // bf16 inputs at avx512bf16
   bool split_gradient = true;  // bf16 kernels: G as hi + lo (else rounded once)
 };
@@ -35,7 +37,7 @@ TileRows tile_rows(const TileProducts &engine, const MatrixView &m, Range range,
 
 // `pack`: the thread's bf16 kernel scratch (bf16::scratch_words), unused by sgemm.
 // raw (R x C, ld C) = Q_I (R x d) * K_J^T.
-void tile_logits(const TileRows &q, const TileRows &k, std::int64_t rows, std::int64_t cols,
+void tile_logits(const TileProducts &engine, const TileRows &q, const TileRows &k, std::int64_t rows, std::int64_t cols,
                  std::int64_t d, float *raw, std::uint32_t *pack);
 
 // out (R x d, ld out_ld) += G (R x C, ld C) * K_J (C x d).

@@ -22,11 +22,10 @@
 // p (batch x heads x tokens x tokens): (5 width + 2) rows + batch heads tokens^2
 // floats. The forward without residuals uses the same layout in scratch, with
 // one tokens^2 tile of p per thread instead.
-#include <cblas.h>
-
 #include <cmath>
 
 #include "core/blas.hpp"
+#include "core/gemm/sgemm.hpp"
 #include "core/workspace.hpp"
 #include "reversible/blocks/cpu/kernels.hpp"
 #include "reversible/blocks/cpu/layer_norm.hpp"
@@ -100,15 +99,15 @@ void attention_forward(const Parallel &parallel, const BlockShape &s, const Bloc
   });
 
   const float scale = score_scale(s);
+  const cpu_isa::Isa isa = cpu_isa::for_kernels();
   parallel.run(s.batch * H, [&](std::int64_t item, int thread) {
     const std::int64_t batch = item / H, head = item % H;
     const float *q = b.qkv + batch * T * W3 + head * d, *k = q + W, *v = q + 2 * W;
     float *probs = b.probs + (keep ? item : thread) * T * T;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(T), int(d), scale, q, int(W3),
-                k, int(W3), 0.0f, probs, int(T));
+    gemm::sgemm(isa, gemm::Op::none, gemm::Op::transpose, T, T, d, scale, q, W3, k, W3, 0.0f, probs, T);
     softmax_rows(probs, T, T);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(T), int(d), int(T), 1.0f, probs,
-                int(T), v, int(W3), 0.0f, b.attn + batch * T * W + head * d, int(W));
+    gemm::sgemm(isa, gemm::Op::none, gemm::Op::none, T, d, T, 1.0f, probs, T, v, W3, 0.0f,
+                b.attn + batch * T * W + head * d, W);
   });
 
   parallel.run(slab_count(s.rows, slab_rows), [&](std::int64_t item, int) {
@@ -137,6 +136,7 @@ void attention_vjp(const Parallel &parallel, const BlockShape &s, const BlockPar
   });
 
   const float scale = score_scale(s);
+  const cpu_isa::Isa isa = cpu_isa::for_kernels();
   parallel.run(s.batch * H, [&](std::int64_t item, int thread) {
     const std::int64_t batch = item / H, head = item % H;
     const std::int64_t offset = batch * T * W3 + head * d;
@@ -145,15 +145,11 @@ void attention_vjp(const Parallel &parallel, const BlockShape &s, const BlockPar
     const float *probs = b.probs + item * T * T;
     const float *da = g.dattn + batch * T * W + head * d;
     float *dprobs = g.dprobs + thread * T * T;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(T), int(d), 1.0f, da, int(W),
-                v, int(W3), 0.0f, dprobs, int(T));
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(T), int(d), int(T), 1.0f, probs,
-                int(T), da, int(W), 0.0f, dv, int(W3));
+    gemm::sgemm(isa, gemm::Op::none, gemm::Op::transpose, T, T, d, 1.0f, da, W, v, W3, 0.0f, dprobs, T);
+    gemm::sgemm(isa, gemm::Op::transpose, gemm::Op::none, T, d, T, 1.0f, probs, T, da, W, 0.0f, dv, W3);
     softmax_backward_rows(probs, dprobs, T, T, scale);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(T), int(d), int(T), 1.0f, dprobs,
-                int(T), k, int(W3), 0.0f, dq, int(W3));
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(T), int(d), int(T), 1.0f, dprobs,
-                int(T), q, int(W3), 0.0f, dk, int(W3));
+    gemm::sgemm(isa, gemm::Op::none, gemm::Op::none, T, d, T, 1.0f, dprobs, T, k, W3, 0.0f, dq, W3);
+    gemm::sgemm(isa, gemm::Op::transpose, gemm::Op::none, T, d, T, 1.0f, dprobs, T, q, W3, 0.0f, dk, W3);
   });
 
   float *dln = g.dattn;  // da is consumed: reuse its rows for dln

@@ -1,12 +1,12 @@
-// The affine maps of the blocks: GEMMs in the BLAS; the bias broadcast and
-// column sums compiled once per CPU ISA (core/isa_variants.hpp).
+// The affine maps of the blocks: GEMMs in flatmem's sgemm (core/gemm/sgemm.hpp)
+// at the active CPU ISA; the bias broadcast and column sums compiled once per
+// CPU ISA (core/isa_variants.hpp).
 #ifndef FLATMEM_ISA_NS
 #include "reversible/blocks/cpu/linear.hpp"
 
-#include <cblas.h>
-
 #include <algorithm>
 
+#include "core/gemm/sgemm.hpp"
 #include "core/isa_variants.hpp"
 
 #define FLATMEM_ISA_SELF "reversible/blocks/cpu/linear.cpp"
@@ -29,22 +29,21 @@ void column_sums_isa(const float *a, std::int64_t rows, std::int64_t ld, std::in
 void linear_rows(const float *x, std::int64_t rows, std::int64_t in, const float *weight,
                  const float *bias, std::int64_t out, float *y) {
   broadcast_rows_isa(bias, rows, out, y);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(out), int(in), 1.0f, x,
-              int(in), weight, int(out), 1.0f, y, int(out));
+  gemm::sgemm(cpu_isa::for_kernels(), gemm::Op::none, gemm::Op::none, rows, out, in, 1.0f, x, in, weight,
+              out, 1.0f, y, out);
 }
 
 void linear_input_grad_rows(const float *dy, std::int64_t rows, std::int64_t out,
                             const float *weight, std::int64_t in, float *dx, bool accumulate) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(in), int(out), 1.0f, dy,
-              int(out), weight, int(out), accumulate ? 1.0f : 0.0f, dx, int(in));
+  gemm::sgemm(cpu_isa::for_kernels(), gemm::Op::none, gemm::Op::transpose, rows, in, out, 1.0f, dy, out,
+              weight, out, accumulate ? 1.0f : 0.0f, dx, in);
 }
 
 void linear_parameter_grads(const float *x, const float *dy, std::int64_t rows, std::int64_t in,
                             std::int64_t out, std::int64_t col_begin, std::int64_t col_end,
                             float *dweight, float *dbias) {
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(in), int(col_end - col_begin),
-              int(rows), 1.0f, x, int(in), dy + col_begin, int(out), 1.0f, dweight + col_begin,
-              int(out));
+  gemm::sgemm(cpu_isa::for_kernels(), gemm::Op::transpose, gemm::Op::none, in, col_end - col_begin, rows,
+              1.0f, x, in, dy + col_begin, out, 1.0f, dweight + col_begin, out);
   column_sums_isa(dy, rows, out, col_begin, col_end, dbias);
 }
 
