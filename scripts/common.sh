@@ -66,7 +66,7 @@ FLATMEM_WHEEL_VENV=${FLATMEM_WHEEL_VENV:-$FLATMEM_ROOT/build/wheel-venv}
 # Where scripts/test.sh installs the Release build for the bindings' tests.
 FLATMEM_PREFIX=${FLATMEM_PREFIX:-$FLATMEM_ROOT/build/prefix}
 
-# flatmem_cpu_isas PREFIX: the CPU instruction sets this processor runs (avx512bf16 avx512
+# flatmem_cpu_isas PREFIX: the CPU instruction sets this processor runs (amx avx512bf16 avx512
 # avx2 baseline, best first), as the libflatmem installed in PREFIX reports them
 # (flatmem_cpu_isa_get's best and everything below it). The bindings' checks run their
 # numeric tests once per ISA with FLATMEM_CPU_ISA set, as ctest -L isa does for the C++ ones.
@@ -82,6 +82,6 @@ library = ctypes.CDLL(sys.argv[1])
 best = ctypes.c_int(0)
 if library.flatmem_cpu_isa_get(None, ctypes.byref(best)) != 0:
     sys.exit("flatmem_cpu_isa_get failed")
-print(" ".join(["baseline", "avx2", "avx512", "avx512bf16"][: best.value][::-1]))
+print(" ".join(["baseline", "avx2", "avx512", "avx512bf16", "amx"][: best.value][::-1]))
 PYTHON
 }

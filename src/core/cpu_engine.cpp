@@ -4,6 +4,8 @@
 
 #include <flatmem/flatmem.h>
 
+#include "core/gemm/sgemm.hpp"
+
 
 namespace flatmem::cpu_isa {
 namespace {
@@ -14,14 +16,16 @@ constexpr const char *kVersion = FLATMEM_STRINGIZE(FLATMEM_VERSION_MAJOR) "." FL
     FLATMEM_VERSION_MINOR) "." FLATMEM_STRINGIZE(FLATMEM_VERSION_PATCH);
 
 // The bf16 tile products' engine at `isa` (contrastive/cpu/tile_gemm.cpp decides the same way).
+// The amx level runs avx512bf16's vdpbf16ps kernels: no AMX tile kernel exists yet (issue 40).
 std::string bf16_engine(Isa isa) {
+  if (isa == Isa::amx) return "vdpbf16ps 6x64 (bf16 products, fp32 sums; no AMX tile kernels yet)";
   if (isa >= Isa::avx512bf16) return "vdpbf16ps 6x64 (bf16 products, fp32 sums)";
   return "widened to fp32";
 }
 
 std::string describe(Isa isa) {
   return std::string("flatmem ") + kVersion + " own kernels at " + name(isa) + ": fp32 " +
-         "sgemm (OpenBLAS)" + "; bf16 " + bf16_engine(isa) + "; fp16 widened to fp32";
+         gemm::sgemm_kernel(isa) + "; bf16 " + bf16_engine(isa) + "; fp16 widened to fp32";
 }
 
 }  // namespace

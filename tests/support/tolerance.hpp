@@ -102,11 +102,11 @@ inline double output_rounding(Dtype out) {
 inline double output_floor(Dtype out) { return out == Dtype::f16 ? 0x1p-25 : 0.0; }
 
 // Whether the CPU's bf16 kernels compute this process's bf16 products: the
-// ISA in use is avx512bf16, or a build with FLATMEM_BF16_EMULATED runs their
+// ISA in use is avx512bf16 or above (amx), or a build with FLATMEM_BF16_EMULATED runs their
 // SIMDe emulation (FLATMEM_TEST_EMULATE_BF16=1, see src/contrastive/cpu/bf16_gemm.cpp).
 inline bool bf16_kernels_in_use() {
   flatmem_cpu_isa in_use = FLATMEM_CPU_ISA_BASELINE;
-  if (flatmem_cpu_isa_get(&in_use, nullptr) == FLATMEM_STATUS_SUCCESS && in_use == FLATMEM_CPU_ISA_AVX512BF16)
+  if (flatmem_cpu_isa_get(&in_use, nullptr) == FLATMEM_STATUS_SUCCESS && in_use >= FLATMEM_CPU_ISA_AVX512BF16)
     return true;
   const char *emulate = std::getenv("FLATMEM_TEST_EMULATE_BF16");
   return emulate != nullptr && emulate[0] == '1';
