@@ -1,0 +1,124 @@
+// The panel engine's element and segment work, written once: the CUDA kernels
+// (panels/cuda/passes.cu) call these per thread, the CPU executor
+// (panels/cpu_executor.cpp) per loop iteration, in the same decomposition, so
+// that the engine proven on every CI machine is the one the GPU runs.
+//
+// A state (m, s) stands for log-sum-exp = m + log(s); merges rescale both sums
+// to the larger maximum. NaN in a logit makes the sum NaN (fmaxf ignores it in
+// the maximum, exp(NaN) does not); -inf entries contribute 0.
+//
+// Forward fold of one fold tile (fold_rows x fold_cols of the panel, raw
+// logits, row-major at `pitch`): row r's part is the merge, in the order
+// ((q0 + q1) + (q2 + q3)), of its four quarters of fold_cols / 4 columns;
+// column j's part is (h0 + h1) of its two halves of fold_rows / 2 rows.
+// A tile at the panel's edge passes its real extents; missing entries are
+// skipped (an all-missing segment is the empty state (-inf, 0)).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "contrastive/panels/plan.hpp"
+
+#if defined(__CUDACC__)
+#define FLATMEM_HD __host__ __device__ __forceinline__
+#else
+#define FLATMEM_HD inline
+#endif
+
+namespace flatmem::contrastive::panels {
+
+struct alignas(8) State {
+  float max, sum;
+};
+
+constexpr int row_quarter = int(fold_cols / 4);  // columns per row segment
+constexpr int col_half = int(fold_rows / 2);     // rows per column segment
+
+FLATMEM_HD float neg_inf() { return -INFINITY; }
+FLATMEM_HD State empty_state() { return State{neg_inf(), 0.0f}; }
+
+FLATMEM_HD float exp_of(float x) {
+#if defined(__CUDA_ARCH__)
+  return expf(x);
+#else
+  return std::exp(x);
+#endif
+}
+
+// exp(x - m) with an empty state's m = -inf read as 0, so -inf entries give 0.
+FLATMEM_HD float exp_shifted(float x, float m) { return exp_of(x - (m == neg_inf() ? 0.0f : m)); }
+
+FLATMEM_HD float max_of(float a, float b) { return fmaxf(a, b); }
+
+// a <- a merged with b (a first: the order is part of the result's bits).
+FLATMEM_HD void merge(State &a, State b) {
+  const float m = max_of(a.max, b.max);
+  a.sum = a.sum * exp_shifted(a.max, m) + b.sum * exp_shifted(b.max, m);
+  a.max = m;
+}
+
+// The state of s x[0], s x[stride], ... (n entries): maximum first, then the sum.
+FLATMEM_HD State fold_segment(const float *x, std::int64_t stride, int n, float s) {
+  State st = empty_state();
+  for (int i = 0; i < n; ++i) st.max = max_of(st.max, s * x[i * stride]);
+  for (int i = 0; i < n; ++i) st.sum += exp_shifted(s * x[i * stride], st.max);
+  return st;
+}
+
+// Row `r` of a fold tile, quarter q (0..3), of a tile with `cols` real columns.
+FLATMEM_HD State fold_row_quarter(const float *tile, std::int64_t pitch, int r, int q, int cols, float s) {
+  const int begin = q * row_quarter;
+  const int n = cols - begin < row_quarter ? cols - begin : row_quarter;
+  return n > 0 ? fold_segment(tile + r * pitch + begin, 1, n, s) : empty_state();
+}
+
+// Column `j` of a fold tile, half h (0..1), of a tile with `rows` real rows.
+FLATMEM_HD State fold_col_half(const float *tile, std::int64_t pitch, int j, int h, int rows, float s) {
+  const int begin = h * col_half;
+  const int n = rows - begin < col_half ? rows - begin : col_half;
+  return n > 0 ? fold_segment(tile + begin * pitch + j, pitch, n, s) : empty_state();
+}
+
+// The logit scale as the kernels use it: s outside (0, FLT_MAX] is NaN (the
+// tile kernels' rule; the host validates CPU scales before this).
+FLATMEM_HD float checked_scale(float s) { return (s > 0.0f && s <= 3.402823466e38f) ? s : NAN; }
+
+// Gt of one element (N G / g): the softmax terms of the loss and the positive.
+//   InfoNCE:   exp(x - row_lse) - [positive]
+//   Symmetric: exp(x - row_lse) + exp(x - col_lse) - 2 [positive]
+// `bad` (an out-of-range label) makes it NaN.
+struct EntryTerms {
+  bool symmetric = true;
+  float row_lse = 0.0f, col_lse = 0.0f;
+  bool positive = false, bad = false;
+};
+FLATMEM_HD float gradient_entry(float x, const EntryTerms &t) {
+  if (t.bad) return NAN;
+  float gt = exp_of(x - t.row_lse);
+  if (t.symmetric) gt += exp_of(x - t.col_lse);
+  if (t.positive) gt -= t.symmetric ? 2.0f : 1.0f;
+  return gt;
+}
+
+// Whether column `col` (global) is row `row`'s (global) positive, and whether
+// its label is out of range: labels == nullptr pairs row i with column i.
+FLATMEM_HD bool positive_of(const std::int64_t *labels, std::int64_t row, std::int64_t col, std::int64_t c,
+                            bool *bad) {
+  if (labels == nullptr) {
+    *bad = false;
+    return row == col;
+  }
+  const std::int64_t y = labels[row];
+  *bad = y < 0 || y >= c;
+  return y == col;
+}
+
+// The gradient pass's per-element work distribution: a row of C entries is
+// walked in chunks of pass_chunk columns; within a chunk, "lane" l (0..31)
+// holds the pass_vector columns l * pass_vector ... Each lane sums Gt raw of
+// its columns in fp32 in walk order; the row's ds part is the lanes' sums added
+// by the tree ((l + l^16) ... pairwise halving) in double.
+constexpr int pass_lanes = 32, pass_vector = 4, pass_chunk = pass_lanes * pass_vector;
+
+}  // namespace flatmem::contrastive::panels

@@ -1,0 +1,271 @@
+// The CUDA panel engine's algorithm, proven on the CPU (src/contrastive/panels):
+//
+// 1. The plan: at b in {1, primes, 65536, 262144} and dials from 1 byte to
+//    4 GiB, every region lies inside the workspace, none overlaps another,
+//    cuBLASLt's is 256-byte aligned, the whole stays within the dial unless the
+//    smallest panel does not fit (then over_budget says so), the panels cover
+//    b and c exactly, and the default dial at b = 65536, d = 768 is <= 64 MiB.
+// 2. The executor (the CUDA engine's launch sequence with sgemm and loops)
+//    against the float64 materialised reference (support/reference.hpp) with
+//    support/tolerance.hpp's bounds, over shapes with short last panels and
+//    fold tiles (1, primes, 300 with 128-wide panels), symmetric and InfoNCE
+//    (labels, c != b), one panel and many, dk in its own sweep and resident,
+//    G kept (fp32 / TF32 operands) and rounded to bf16 (bound + 2^-8 |G|).
+//    Then: the same bits on a second run and at another workspace alignment,
+//    no byte written outside the workspace, NaN in q and a label out of range
+//    giving a NaN loss.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "contrastive/panels/cpu_executor.hpp"
+#include "contrastive/panels/plan.hpp"
+#include "support/contrastive.hpp"
+#include "support/random.hpp"
+#include "support/reference.hpp"
+#include "support/tolerance.hpp"
+
+namespace panels = flatmem::contrastive::panels;
+using flatmem::contrastive::Loss;
+using namespace flatmem_test;
+
+namespace {
+
+std::vector<panels::Region> regions_of(const panels::PanelPlan &p) {
+  std::vector<panels::Region> all;
+  for (const panels::Region &r : {p.panel, p.row_parts, p.col_parts, p.row_state, p.col_state, p.loss_parts,
+                                  p.row_acc, p.col_acc, p.ds_rows, p.lt})
+    if (r.bytes != 0) all.push_back(r);
+  return all;
+}
+
+void check_plan(const panels::PanelPlan &p, std::size_t budget) {
+  INFO("b=", p.b, " c=", p.c, " d=", p.d, " budget=", budget, " panel=", p.rows, "x", p.cols);
+  const std::size_t dial = budget == 0 ? panels::default_budget : budget;
+  CHECK(p.budget == dial);
+  if (!p.over_budget) CHECK(p.bytes <= dial);
+  CHECK(p.rows >= 1);
+  CHECK(p.cols >= 1);
+  CHECK(p.rows <= p.b);
+  CHECK(p.cols <= p.c);
+  CHECK((p.rows == p.b || p.rows % panels::min_extent == 0));
+  CHECK((p.cols == p.c || p.cols % panels::min_extent == 0));
+  CHECK(p.row_panels * p.rows >= p.b);
+  CHECK((p.row_panels - 1) * p.rows < p.b);
+  CHECK(p.col_panels * p.cols >= p.c);
+  CHECK((p.col_panels - 1) * p.cols < p.c);
+  std::int64_t covered = 0;
+  for (std::int64_t i = 0; i < p.row_panels; ++i) covered += p.row_count(i);
+  CHECK(covered == p.b);
+  covered = 0;
+  for (std::int64_t j = 0; j < p.col_panels; ++j) covered += p.col_count(j);
+  CHECK(covered == p.c);
+  const auto all = regions_of(p);
+  for (std::size_t a = 0; a < all.size(); ++a) {
+    CHECK(all[a].end() + panels::lt_alignment <= p.bytes);  // room to align any base
+    CHECK(all[a].offset % panels::lt_alignment == 0);
+    for (std::size_t b = a + 1; b < all.size(); ++b)
+      CHECK((all[a].end() <= all[b].offset || all[b].end() <= all[a].offset));
+  }
+  CHECK(p.lt.bytes == panels::lt_workspace_bytes);
+  CHECK(p.panel.bytes == std::size_t(p.rows * p.cols * 4));
+  if (p.call == panels::Call::forward) {
+    CHECK(p.row_state.bytes == std::size_t(p.b) * 8);
+    CHECK(p.row_parts.bytes == std::size_t(p.rows * p.col_folds) * 8);
+    if (p.loss == Loss::symmetric) CHECK(p.col_parts.bytes == std::size_t(p.cols * p.row_folds) * 8);
+  } else {
+    if (p.want_dq) CHECK(p.row_acc.bytes == std::size_t(p.rows * p.d) * 4);
+    if (p.want_dk) CHECK(p.col_acc.bytes == std::size_t((p.dk_resident ? p.c : p.cols) * p.d) * 4);
+    if (p.want_ds) CHECK(p.ds_rows.bytes == std::size_t(p.b) * 8);
+    CHECK((p.rows_sweep || p.cols_sweep || !(p.want_dq || p.want_dk || p.want_ds)));
+    CHECK(p.cols_sweep == (p.want_dk && !p.dk_resident));
+    if (p.want_dq) CHECK(p.rows_sweep);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("contrastive/panels/plan/every_byte_accounted_for") {
+  const std::int64_t sizes[] = {1, 2, 127, 128, 129, 131, 8191, 65536, 262144};
+  const std::size_t budgets[] = {0, 1, std::size_t(1) << 20, std::size_t(16) << 20, std::size_t(256) << 20,
+                                 std::size_t(4) << 30};
+  for (std::int64_t b : sizes)
+    for (std::int64_t d : {1, 97, 768})
+      for (std::size_t budget : budgets) {
+        check_plan(panels::plan_forward(b, b, d, Loss::symmetric, budget), budget);
+        check_plan(panels::plan_forward(b, 2 * b + 1, d, Loss::infonce, budget), budget);
+        for (int want = 1; want < 8; ++want)
+          check_plan(panels::plan_backward(b, b, d, Loss::symmetric, want & 1, want & 2, want & 4, budget), budget);
+      }
+}
+
+TEST_CASE("contrastive/panels/plan/default_dial_at_65536") {
+  const auto f = panels::plan_forward(65536, 65536, 768, Loss::symmetric, 0);
+  const auto g = panels::plan_backward(65536, 65536, 768, Loss::symmetric, true, true, true, 0);
+  CHECK(!f.over_budget);
+  CHECK(!g.over_budget);
+  CHECK(f.bytes <= std::size_t(64) << 20);
+  CHECK(g.bytes <= std::size_t(64) << 20);
+  CHECK(g.rows >= 2048);  // panels large enough for the GEMMs to run at their rate
+  CHECK(g.cols >= 1024);
+  CHECK(!g.dk_resident);  // c x d fp32 = 192 MiB does not fit 64 MiB
+  const auto big = panels::plan_backward(65536, 65536, 768, Loss::symmetric, true, true, true, std::size_t(1) << 30);
+  CHECK(big.dk_resident);
+  CHECK(!big.cols_sweep);
+  // A dial too small for the smallest panel: the smallest panel, reported.
+  const auto tiny = panels::plan_backward(65536, 65536, 768, Loss::symmetric, true, true, true, 1);
+  CHECK(tiny.over_budget);
+  CHECK(tiny.rows == panels::min_extent);
+  CHECK(tiny.cols == panels::min_extent);
+}
+
+TEST_CASE("contrastive/panels/plan/refusals") {
+  CHECK_THROWS(panels::plan_forward(0, 1, 1, Loss::symmetric, 0));
+  CHECK_THROWS(panels::plan_forward(1, 1, 0, Loss::symmetric, 0));
+  CHECK_THROWS(panels::plan_forward(4, 4, 4, Loss::sigmoid, 0));
+  CHECK_THROWS(panels::plan_backward(std::int64_t(1) << 40, std::int64_t(1) << 40, std::int64_t(1) << 30,
+                                     Loss::symmetric, true, true, true, 0));
+}
+
+namespace {
+
+struct Case {
+  bool symmetric = true;
+  std::int64_t b = 1, c = 1, d = 1;
+  std::size_t budget = 0;
+  int g_bits = 32;
+  bool labels = false;
+};
+
+struct Outputs {
+  float loss = 0.0f, ds = 0.0f;
+  std::vector<float> row_lse, col_lse, dq, dk;
+};
+
+std::string name_of(const Case &k) {
+  return std::string(k.symmetric ? "symmetric" : "infonce") + " b=" + std::to_string(k.b) + " c=" +
+         std::to_string(k.c) + " d=" + std::to_string(k.d) + " budget=" + std::to_string(k.budget) +
+         " g_bits=" + std::to_string(k.g_bits);
+}
+
+Outputs run(const Case &k, const std::vector<float> &q, const std::vector<float> &kk,
+            const std::vector<std::int64_t> &labels, float scale, float dloss, std::size_t misalign = 0) {
+  const Loss loss = k.symmetric ? Loss::symmetric : Loss::infonce;
+  panels::CpuProblem pr;
+  pr.q = q.data(), pr.k = kk.data();
+  pr.labels = labels.empty() ? nullptr : labels.data();
+  pr.scale = scale, pr.g_bits = k.g_bits;
+  flatmem_cpu_isa in_use = FLATMEM_CPU_ISA_BASELINE;
+  REQUIRE(flatmem_cpu_isa_get(&in_use, nullptr) == FLATMEM_STATUS_SUCCESS);
+  pr.isa = flatmem::cpu_isa::Isa(in_use);
+  Outputs o;
+  o.row_lse.resize(k.b), o.col_lse.resize(k.symmetric ? k.c : 0), o.dq.resize(k.b * k.d), o.dk.resize(k.c * k.d);
+  const auto fp = panels::plan_forward(k.b, k.c, k.d, loss, k.budget);
+  {
+    GuardedBuffer ws(fp.bytes, misalign);
+    panels::cpu_forward(fp, pr, ws.data(), &o.loss, o.row_lse.data(), k.symmetric ? o.col_lse.data() : nullptr);
+    CHECK(ws.guards_intact());
+  }
+  const auto bp = panels::plan_backward(k.b, k.c, k.d, loss, true, true, true, k.budget);
+  GuardedBuffer ws(bp.bytes, misalign);
+  panels::cpu_backward(bp, pr, o.row_lse.data(), k.symmetric ? o.col_lse.data() : nullptr, dloss, ws.data(),
+                       o.dq.data(), o.dk.data(), &o.ds);
+  CHECK(ws.guards_intact());
+  return o;
+}
+
+bool same_bits(const Outputs &a, const Outputs &b) {
+  const auto eq = [](const std::vector<float> &x, const std::vector<float> &y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  return std::memcmp(&a.loss, &b.loss, 4) == 0 && std::memcmp(&a.ds, &b.ds, 4) == 0 && eq(a.row_lse, b.row_lse) &&
+         eq(a.col_lse, b.col_lse) && eq(a.dq, b.dq) && eq(a.dk, b.dk);
+}
+
+void check_case(const Case &k, std::uint64_t seed) {
+  INFO(name_of(k));
+  Random rng(seed);
+  std::vector<float> q(k.b * k.d), kk(k.c * k.d);
+  const auto fill = [&](std::vector<float> &m, std::int64_t rows) {  // unit rows, as CLIP's features
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double norm = 0.0;
+      std::vector<double> row(k.d);
+      for (auto &v : row) v = rng.normal(), norm += v * v;
+      for (std::int64_t e = 0; e < k.d; ++e) m[r * k.d + e] = float(row[e] / std::sqrt(norm));
+    }
+  };
+  fill(q, k.b), fill(kk, k.c);
+  std::vector<std::int64_t> labels;
+  if (k.labels)
+    for (std::int64_t i = 0; i < k.b; ++i) labels.push_back(rng.below(k.c));
+  const float scale = 14.285714f, dloss = 0.75f;
+
+  ReferenceProblem p;
+  p.symmetric = k.symmetric, p.b = k.b, p.c = k.c, p.d = k.d;
+  p.q.assign(q.begin(), q.end()), p.k.assign(kk.begin(), kk.end());
+  p.labels = labels;
+  p.scale = scale, p.dloss = dloss;
+  const ReferenceResult r = reference_loss(p);
+  const ForwardTolerance ft = forward_tolerance(p, r);
+  const BackwardTolerance bt = backward_tolerance(p, r, ft, Dtype::f32, Dtype::f32);
+  const double g_round = k.g_bits == 16 ? 0x1p-8 * slack * scale : 0.0;  // Gt rounded to bf16
+
+  const Outputs o = run(k, q, kk, labels, scale, dloss);
+  CHECK(std::fabs(o.loss - r.loss) <= ft.loss);
+  for (std::int64_t i = 0; i < k.b; ++i) CHECK(std::fabs(o.row_lse[i] - r.row_lse[i]) <= ft.row_lse[i]);
+  if (k.symmetric)
+    for (std::int64_t j = 0; j < k.c; ++j) CHECK(std::fabs(o.col_lse[j] - r.col_lse[j]) <= ft.col_lse[j]);
+  int bad = 0;
+  for (std::int64_t e = 0; e < k.b * k.d; ++e)
+    bad += !(std::fabs(o.dq[e] - r.dq[e]) <= bt.dq[e] + g_round * r.dq_abs[e]);
+  for (std::int64_t e = 0; e < k.c * k.d; ++e)
+    bad += !(std::fabs(o.dk[e] - r.dk[e]) <= bt.dk[e] + g_round * r.dk_abs[e]);
+  CHECK(bad == 0);
+  CHECK(std::fabs(o.ds - r.ds) <= bt.ds + g_round * r.ds_abs / scale);
+  CHECK(same_bits(o, run(k, q, kk, labels, scale, dloss)));
+  CHECK(same_bits(o, run(k, q, kk, labels, scale, dloss, 8)));
+}
+
+}  // namespace
+
+TEST_CASE("contrastive/panels/executor/symmetric") {
+  for (int g_bits : {32, 16})
+    for (Case k : {Case{true, 1, 1, 1}, Case{true, 7, 7, 5}, Case{true, 131, 131, 33},
+                   Case{true, 300, 300, 64, 1}, Case{true, 257, 257, 97, 1}})
+      k.g_bits = g_bits, check_case(k, 11 + std::uint64_t(k.b));
+}
+
+TEST_CASE("contrastive/panels/executor/infonce") {
+  for (int g_bits : {32, 16})
+    for (Case k : {Case{false, 1, 1, 3, 0, 32, false}, Case{false, 13, 29, 7, 0, 32, true},
+                   Case{false, 300, 131, 48, 1, 32, true}, Case{false, 131, 389, 17, 1, 32, true}})
+      k.g_bits = g_bits, check_case(k, 5 + std::uint64_t(k.c));
+}
+
+TEST_CASE("contrastive/panels/executor/dk_resident_equals_its_own_sweep") {
+  // A dial that holds c x d beside the panel: one sweep; the same values as
+  // dk's own sweep within the bound (the sums run in another order).
+  Case k{true, 300, 300, 64, std::size_t(64) << 20};
+  const auto resident = panels::plan_backward(300, 300, 64, Loss::symmetric, true, true, true, k.budget);
+  CHECK(resident.dk_resident);
+  check_case(k, 3);
+}
+
+TEST_CASE("contrastive/panels/executor/nan_and_bad_labels") {
+  Case k{false, 140, 150, 8, 1, 32, true};
+  std::vector<float> q(k.b * k.d, 0.1f), kk(k.c * k.d, 0.2f);
+  std::vector<std::int64_t> labels(k.b, 3);
+  const Outputs good = run(k, q, kk, labels, 2.0f, 1.0f);
+  CHECK(std::isfinite(good.loss));
+  labels[139] = 150;  // out of range, in the second row panel
+  CHECK(std::isnan(run(k, q, kk, labels, 2.0f, 1.0f).loss));
+  labels[139] = 3;
+  q[130 * k.d + 2] = NAN;
+  const Outputs nan = run(k, q, kk, labels, 2.0f, 1.0f);
+  CHECK(std::isnan(nan.loss));
+  CHECK(std::isnan(nan.row_lse[130]));
+  CHECK(std::isfinite(nan.row_lse[0]));
+}
