@@ -1,18 +1,7 @@
-// A row-major C (m x n) = op(A) op(B) is the column-major C^T (n x m) =
-// op(B)^T op(A)^T, and a row-major stored matrix is the column-major
-// storage of its transpose: cuBLASLt gets B's buffer as its first operand and
-// A's as its second, each with its row-major leading dimension and the same
-// transpose flag, and C^T with ldc. The bias epilogue adds a vector over the
-// rows of the column-major output, i.e. over the columns of row-major C.
+// The blocks' fp32 products on the shared cuBLASLt wrapper (core/cuda/lt_matmul.hpp).
 #include "reversible/blocks/cuda/matmul.hpp"
 
-#include <map>
-#include <mutex>
-#include <tuple>
-
-#include "core/cuda/cublaslt_library.hpp"
-#include "core/cuda/device.hpp"
-#include "core/error.hpp"
+#include "core/cuda/lt_matmul.hpp"
 #include "reversible/blocks/cuda/kernels.hpp"
 
 namespace flatmem::blocks::cuda {
@@ -20,158 +9,28 @@ namespace {
 
 namespace lt = flatmem::cuda::lt;
 
-// The largest power of two <= 16 dividing the address of every batch item.
-std::uint32_t alignment_of(const void *p, std::int64_t batch_stride_floats) {
-  std::uintptr_t bits = reinterpret_cast<std::uintptr_t>(p) |
-                        std::uintptr_t(batch_stride_floats * std::int64_t(sizeof(float))) | 16;
-  return std::uint32_t(bits & (~bits + 1));
-}
-
-using Key = std::tuple<int, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool, bool,
-                       std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                       std::int64_t, bool, bool, std::uint32_t, std::uint32_t, std::uint32_t,
-                       std::size_t>;
-
-struct Cache {
-  std::mutex mutex;
-  std::map<int, cublasLtHandle_t> handles;  // per device, never destroyed (process lifetime)
-  std::map<Key, cublasLtMatmulAlgo_t> algorithms;
-};
-
-Cache &cache() {
-  static Cache *c = new Cache;  // leaked on purpose: outlives static destruction order
-  return *c;
-}
-
-// RAII owners of the descriptors of one call.
-struct Descriptors {
-  const lt::Api &api;
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;
-  cublasLtMatmulPreference_t preference = nullptr;
-  explicit Descriptors(const lt::Api &a) : api(a) {}
-  ~Descriptors() {
-    if (preference) api.MatmulPreferenceDestroy(preference);
-    if (out) api.MatrixLayoutDestroy(out);
-    if (second) api.MatrixLayoutDestroy(second);
-    if (first) api.MatrixLayoutDestroy(first);
-    if (op) api.MatmulDescDestroy(op);
-  }
-};
-
-// Column-major layout of a row-major stored matrix of `rows` x `cols` (as
-// stored), batched.
-cublasLtMatrixLayout_t layout(const lt::Api &api, std::int64_t stored_rows, std::int64_t stored_cols,
-                              std::int64_t ld, std::int64_t batch, std::int64_t batch_stride) {
-  cublasLtMatrixLayout_t l = nullptr;
-  // column-major: stored_cols rows of length stored_rows, leading dimension ld
-  lt::check(api.MatrixLayoutCreate(&l, CUDA_R_32F, std::uint64_t(stored_cols), std::uint64_t(stored_rows), ld),
-            "matmul: layout");
-  if (batch > 1) {
-    const std::int32_t count = std::int32_t(batch);
-    lt::check(api.MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
-              "matmul: batch count");
-    lt::check(api.MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride,
-                                           sizeof batch_stride),
-              "matmul: batch stride");
-  }
-  return l;
-}
-
-cublasLtHandle_t handle_for(Cache &c, int device) {
-  auto it = c.handles.find(device);
-  if (it != c.handles.end()) return it->second;
-  cublasLtHandle_t h = nullptr;
-  lt::check(lt::api().Create(&h), "matmul: cublasLtCreate");
-  c.handles.emplace(device, h);
-  return h;
+lt::MatrixArg operand(const Operand &o) {
+  lt::MatrixArg m;
+  m.data = o.data;
+  m.type = lt::Type::f32;
+  m.ld = o.ld;
+  m.transposed = o.transposed;
+  m.batch_stride = o.batch_stride;
+  return m;
 }
 
 }  // namespace
 
 void matmul(const MatmulContext &context, const Product &p) {
-  if (reinterpret_cast<std::uintptr_t>(context.workspace) % matmul_workspace_alignment != 0)
-    fail(FLATMEM_STATUS_INTERNAL, "matmul: the cuBLASLt workspace at ", context.workspace, " is not ",
-         matmul_workspace_alignment, "-byte aligned");
-  const lt::Api &api = lt::api();
-  const cublasOperation_t op_first = p.b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_second = p.a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-  Descriptors d(api);
-  const cublasComputeType_t compute = context.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  lt::check(api.MatmulDescCreate(&d.op, compute, CUDA_R_32F), "matmul: descriptor");
-  lt::check(api.MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first),
-            "matmul: transa");
-  lt::check(api.MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second),
-            "matmul: transb");
-  if (p.bias != nullptr) {
-    if (p.batch != 1) invalid("matmul: a bias needs batch 1");
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    lt::check(api.MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
-              "matmul: epilogue");
-    lt::check(api.MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof p.bias),
-              "matmul: bias");
-  }
-  // Stored shapes (row-major): B is k x n (n x k transposed), A is m x k (k x m transposed).
-  d.first = p.b.transposed ? layout(api, p.n, p.k, p.b.ld, p.batch, p.b.batch_stride)
-                           : layout(api, p.k, p.n, p.b.ld, p.batch, p.b.batch_stride);
-  d.second = p.a.transposed ? layout(api, p.k, p.m, p.a.ld, p.batch, p.a.batch_stride)
-                            : layout(api, p.m, p.k, p.a.ld, p.batch, p.a.batch_stride);
-  d.out = layout(api, p.m, p.n, p.ldc, p.batch, p.c_batch_stride);
-
-  const std::uint32_t align_first = alignment_of(p.b.data, p.b.batch_stride);
-  const std::uint32_t align_second = alignment_of(p.a.data, p.a.batch_stride);
-  const std::uint32_t align_out = alignment_of(p.c, p.c_batch_stride) &
-                                  (p.bias ? alignment_of(p.bias, 0) : 16u);
-  const Key key{context.device, context.tf32, p.m, p.n, p.k, p.batch, p.a.transposed, p.b.transposed,
-                p.a.ld, p.b.ld, p.ldc, p.a.batch_stride, p.b.batch_stride, p.c_batch_stride,
-                p.bias != nullptr, p.beta != 0.0f, align_first, align_second, align_out,
-                context.workspace_bytes};
-
-  flatmem::cuda::DeviceGuard guard(context.device);
-  Cache &c = cache();
-  cublasLtHandle_t handle;
-  cublasLtMatmulAlgo_t algorithm{};
-  {
-    std::lock_guard<std::mutex> lock(c.mutex);
-    handle = handle_for(c, context.device);
-    auto found = c.algorithms.find(key);
-    if (found != c.algorithms.end()) {
-      algorithm = found->second;
-    } else {
-      lt::check(api.MatmulPreferenceCreate(&d.preference), "matmul: preference");
-      const std::uint64_t workspace = context.workspace_bytes;
-      lt::check(api.MatmulPreferenceSetAttribute(d.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                 &workspace, sizeof workspace),
-                "matmul: workspace preference");
-      const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> alignments[] = {
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_first},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_out},
-          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_out}};
-      for (const auto &[attribute, bytes] : alignments)
-        lt::check(api.MatmulPreferenceSetAttribute(d.preference, attribute, &bytes, sizeof bytes),
-                  "matmul: alignment preference");
-      cublasLtMatmulHeuristicResult_t result{};
-      int found_count = 0;
-      lt::check(api.MatmulAlgoGetHeuristic(handle, d.op, d.first, d.second, d.out, d.out, d.preference, 1,
-                                           &result, &found_count),
-                "matmul: heuristic");
-      if (found_count == 0)
-        fail(FLATMEM_STATUS_UNSUPPORTED, "matmul: cuBLASLt has no algorithm for ", p.m, " x ", p.n, " x ",
-             p.k, " (batch ", p.batch, ")");
-      algorithm = result.algo;
-      c.algorithms.emplace(key, algorithm);
-    }
-  }
-  const cublasStatus_t status = api.Matmul(handle, d.op, &p.alpha, p.b.data, d.first, p.a.data, d.second, &p.beta,
-                                           p.c, d.out, p.c, d.out, &algorithm, context.workspace,
-                                           context.workspace_bytes, context.stream);
-  if (status != CUBLAS_STATUS_SUCCESS)
-    fail(FLATMEM_STATUS_INTERNAL, "matmul: cublasLtMatmul: cuBLASLt ", api.GetStatusString(status), " (",
-         int(status), ") for ", p.m, " x ", p.n, " x ", p.k, " (batch ", p.batch, ", A", p.a.transposed ? "^T" : "",
-         " ld ", p.a.ld, ", B", p.b.transposed ? "^T" : "", " ld ", p.b.ld, ", ldc ", p.ldc, ", beta ", p.beta,
-         p.bias ? ", bias" : "", context.tf32 ? ", TF32" : ", FP32", "; alignments ", align_first, "/",
-         align_second, "/", align_out, " bytes)");
+  lt::Gemm g;
+  g.m = p.m, g.n = p.n, g.k = p.k, g.batch = p.batch;
+  g.a = operand(p.a), g.b = operand(p.b);
+  g.c = p.c, g.ldc = p.ldc, g.c_batch_stride = p.c_batch_stride;
+  g.alpha = p.alpha, g.beta = p.beta, g.bias = p.bias;
+  lt::Context c;
+  c.device = context.device, c.tf32 = context.tf32, c.stream = context.stream;
+  c.workspace = context.workspace, c.workspace_bytes = context.workspace_bytes;
+  lt::matmul(c, g);
 }
 
 void linear_parameter_grads(const MatmulContext &context, const float *input, const float *dy, std::int64_t rows,
