@@ -8,7 +8,11 @@
 //     exact loss: logits, recomputation-free backward); the b x b output does
 //     not fit at large b, so the rate of a b x 8192 x d slice is measured and
 //     the four full GEMMs' time is 8 b^2 d / rate;
-//   - the naive materialised loss (naive_loss.cuh) where its 6 b^2 bytes fit.
+//   - the naive materialised loss (naive_loss.cuh) where its 6 b^2 bytes fit;
+//   - "panels" rows: the same loss on the panel engine (src/contrastive/panels,
+//     FLATMEM_CUDA_ENGINE=panels) at its default dial (<= 64 MiB) and at 1 GiB
+//     (dk's fp32 accumulator resident: one sweep), its time over the tiles'
+//     and its loss and ds beside theirs.
 // Sigmoid loss (c = b, s = 10, t = -10, no labels), the same shapes:
 //   - flatmem_contrastive_sigmoid_value_and_grad with loss, dq, dk (bf16), ds
 //     and dt, TFLOP/s counted on the useful 6 b^2 d FLOPs (flatmem does 8:
@@ -117,7 +121,7 @@ struct Row {
   std::int64_t b = 0;
   double flatmem_s = 0, gemm_s = 0, naive_s = -1;
   double workspace_mb = 0, measured_delta_mb = 0, naive_mb = 0;
-  float loss = 0;
+  float loss = 0, dscale = 0;
 };
 
 // The device buffers of one shape, shared by both losses: q, k, dq, dk (bf16,
@@ -170,19 +174,15 @@ bool naive_fits(std::int64_t b) {
   return std::size_t(b) * b * 6 < std::size_t(0.85 * double(free_bytes()));
 }
 
-Row run(Problem &p, double rate, cudaStream_t stream, bench::LtGemm &lt, int reps) {
-  Row row;
-  const std::int64_t b = p.b;
-  const int d = p.d;
-  row.d = d;
-  row.b = b;
-  DeviceMemory &q = p.q, &k = p.k, &dq = p.dq, &dk = p.dk, &row_lse = p.row_lse, &col_lse = p.col_lse;
-  const float scale = 14.3f;
-  p.set_scalar(0, scale);
+// flatmem's symmetric loss, forward + backward, on the engine `engine`
+// (FLATMEM_CUDA_ENGINE: tiles or panels) with the panel dial `dial`
+// (FLATMEM_CUDA_PANEL_BYTES, "" = default), both read when the handle is created.
+void time_flatmem(Problem &p, const char *engine, const char *dial, cudaStream_t stream, int reps, Row &row) {
+  setenv("FLATMEM_CUDA_ENGINE", engine, 1);
+  setenv("FLATMEM_CUDA_PANEL_BYTES", dial, 1);
+  p.set_scalar(0, 14.3f);
   DLTensor &Q = p.Q, &K = p.K, &DQ = p.DQ, &DK = p.DK, &RL = p.RL, &CL = p.CL;
   DLTensor S = p.scalar(0), L = p.scalar(1), DS = p.scalar(2);
-
-  // --- flatmem ---------------------------------------------------------------------
   flatmem_contrastive_options options = FLATMEM_CONTRASTIVE_OPTIONS_INIT;
   options.nonfinite = FLATMEM_NONFINITE_PROPAGATE;
   flatmem_contrastive_t *h = nullptr;
@@ -203,14 +203,29 @@ Row run(Problem &p, double rate, cudaStream_t stream, bench::LtGemm &lt, int rep
               "backward");
     });
     row.loss = p.get_scalar(1);
+    row.dscale = p.get_scalar(2);
   }
   flatmem_contrastive_destroy(h);
+  unsetenv("FLATMEM_CUDA_ENGINE");
+  unsetenv("FLATMEM_CUDA_PANEL_BYTES");
+}
+
+Row run(Problem &p, double rate, cudaStream_t stream, bench::LtGemm &lt, int reps, const char *engine = "tiles",
+        const char *dial = "", bool with_naive = true) {
+  Row row;
+  const std::int64_t b = p.b;
+  const int d = p.d;
+  row.d = d;
+  row.b = b;
+  DeviceMemory &q = p.q, &k = p.k, &dq = p.dq, &dk = p.dk, &row_lse = p.row_lse, &col_lse = p.col_lse;
+  const float scale = 14.3f;
+  time_flatmem(p, engine, dial, stream, reps, row);
 
   // --- four cuBLASLt GEMMs, from the measured rate -------------------------------------------
   row.gemm_s = 4.0 * 2.0 * double(b) * double(b) * d / rate;
 
   // --- naive materialised loss where it fits -----------------------------------------------
-  if (naive_fits(b)) {
+  if (with_naive && naive_fits(b)) {
     DeviceMemory logits(std::size_t(b) * b * 4), g(std::size_t(b) * b * 2);
     row.naive_mb = double(std::size_t(b) * b * 6) / 1048576.0;
     row.naive_s = time_it(stream, reps, [&] {
@@ -417,6 +432,16 @@ int main(int argc, char **argv) {
       const double rate = gemm_rate(p, stream, lt, reps);
       const Row symmetric = run(p, rate, stream, lt, reps);
       print_row("symmetric", symmetric, 8.0 * double(b) * double(b) * d);
+      // The panel engine at its default dial and at a large one (dk's accumulator resident).
+      for (const char *dial : {"", "1G"}) {
+        const Row panels = run(p, rate, stream, lt, reps, "panels", dial, false);
+        char label[32];
+        std::snprintf(label, sizeof label, "panels%s%s", dial[0] ? "/" : "", dial);
+        print_row(label, panels, 8.0 * double(b) * double(b) * d);
+        std::printf("      (panels/tiles time %.3f; loss %.6f vs %.6f, ds %.6g vs %.6g)\n",
+                    panels.flatmem_s / symmetric.flatmem_s, panels.loss, symmetric.loss, panels.dscale,
+                    symmetric.dscale);
+      }
       if (comm) print_ring_row("ring/1 sym", p, run_ring(p, false, comm, stream, reps), symmetric);
       const Row sigmoid = run_sigmoid(p, rate, stream, lt, reps);
       print_row("sigmoid", sigmoid, 6.0 * double(b) * double(b) * d);

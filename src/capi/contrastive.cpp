@@ -85,7 +85,7 @@ flatmem_status flatmem_contrastive_forward_workspace_size(const flatmem_contrast
       return;
     }
     if (on_cuda(qv)) {
-      FLATMEM_CUDA_ONLY(*bytes = cuda::forward_workspace_bytes(qv, kv, handle->options.loss));
+      FLATMEM_CUDA_ONLY(*bytes = cuda::forward_workspace_bytes(handle->options, qv, kv));
       return;
     }
     *bytes = cpu::forward_workspace_bytes(plan_for(handle, qv, kv), handle->options.loss, qv.dtype,
@@ -110,7 +110,7 @@ flatmem_status flatmem_contrastive_backward_workspace_size(const flatmem_contras
       return;
     }
     if (on_cuda(qv)) {
-      FLATMEM_CUDA_ONLY(*bytes = cuda::backward_workspace_bytes(qv, kv, dq != nullptr, dk != nullptr));
+      FLATMEM_CUDA_ONLY(*bytes = cuda::backward_workspace_bytes(handle->options, qv, kv, dq != nullptr, dk != nullptr));
       return;
     }
     *bytes = cpu::backward_workspace_bytes(plan_for(handle, qv, kv), qv.dtype,

@@ -22,6 +22,14 @@ enum class Loss { symmetric, infonce, sigmoid };
 // bf16 kernels' G as hi + lo (the CPU's products stay about full fp32).
 enum class Fp32Precision { unspecified, tf32, full };
 
+// Which CUDA engine runs the softmax losses on one device (panels/plan.hpp
+// and contrastive/cuda/): the tile kernels, or cuBLASLt panels with fused
+// passes. automatic: the handle's default for the shape (see
+// panels::choose_engine). Forced by FLATMEM_CUDA_ENGINE=tiles|panels, read
+// once when the handle is created. The sigmoid loss and the ring always run
+// the tile kernels.
+enum class CudaEngine { automatic, tiles, panels };
+
 struct Options {
   Loss loss = Loss::symmetric;
   int num_threads = 1;
@@ -30,6 +38,8 @@ struct Options {
   Fp32Precision fp32_precision = Fp32Precision::unspecified;
   flatmem_comm_t *comm = nullptr;  // non-null: the ring across its ranks (src/contrastive/ring/)
   std::size_t logit_cache_bytes = 0;  // CPU: raw logit tiles kept for the backward (cpu/logit_cache.hpp)
+  CudaEngine cuda_engine = CudaEngine::automatic;  // FLATMEM_CUDA_ENGINE
+  std::size_t panel_budget = 0;  // the panel engine's workspace dial, FLATMEM_CUDA_PANEL_BYTES (0: default)
 };
 
 // Inputs shared by forward and backward.

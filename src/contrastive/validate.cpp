@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "contrastive/panels/plan.hpp"
 #include "core/error.hpp"
 #include "core/options.hpp"
 #include "core/thread_pool.hpp"
@@ -79,6 +80,8 @@ Options resolve_options(const flatmem_contrastive_options *given) {
   if (r.loss == Loss::sigmoid && r.logit_cache_bytes != 0)
     fail(FLATMEM_STATUS_UNSUPPORTED, "options.logit_cache_bytes: ", r.logit_cache_bytes,
          "; the sigmoid loss keeps no logit tiles (value_and_grad needs none), set it to 0");
+  r.cuda_engine = panels::engine_from_environment();
+  r.panel_budget = panels::budget_from_environment();
   return r;
 }
 

@@ -14,6 +14,8 @@
 
 #include "contrastive/cuda/dispatch.hpp"
 #include "contrastive/cuda/kernels.hpp"
+#include "contrastive/panels/cuda/engine.hpp"
+#include "contrastive/panels/plan.hpp"
 #include "core/cuda/device.hpp"
 #include "core/error.hpp"
 #include "core/workspace.hpp"
@@ -116,14 +118,38 @@ SigmoidSpace carve_sigmoid(WorkspaceCarver &carver, const MatrixView &q, const M
 
 }  // namespace
 
-std::size_t forward_workspace_bytes(const MatrixView &q, const MatrixView &k, Loss loss) {
+namespace {
+
+// The panel engine's plans for a call (panels::use_panels decided it runs).
+panels::PanelPlan forward_plan(const Options &options, const MatrixView &q, const MatrixView &k) {
+  return panels::plan_forward(q.rows, k.rows, q.cols, options.loss, options.panel_budget);
+}
+panels::PanelPlan backward_plan(const Options &options, const MatrixView &q, const MatrixView &k, bool want_dq,
+                                bool want_dk) {
+  // ds is always planned for: the size query does not know whether it is wanted.
+  return panels::plan_backward(q.rows, k.rows, q.cols, options.loss, want_dq, want_dk, true, options.panel_budget);
+}
+bool panels_run(const Options &options, const MatrixView &q, const MatrixView &k) {
+  return panels::use_panels(options.cuda_engine, options.loss, q.rows, k.rows);
+}
+
+}  // namespace
+
+const char *engine_name(const Options &options, const MatrixView &q, const MatrixView &k) {
+  return panels_run(options, q, k) ? "panels" : "tiles";
+}
+
+std::size_t forward_workspace_bytes(const Options &options, const MatrixView &q, const MatrixView &k) {
+  if (panels_run(options, q, k)) return forward_plan(options, q, k).bytes;
+  const Loss loss = options.loss;
   WorkspaceCarver measure;
   carve_forward(measure, q.rows, k.rows, loss);
   return measure.bytes();
 }
 
-std::size_t backward_workspace_bytes(const MatrixView &q, const MatrixView &k, bool want_dq,
-                                     bool want_dk) {
+std::size_t backward_workspace_bytes(const Options &options, const MatrixView &q, const MatrixView &k,
+                                     bool want_dq, bool want_dk) {
+  if (panels_run(options, q, k)) return backward_plan(options, q, k, want_dq, want_dk).bytes;
   const int device = q.device.device_id;
   WorkspaceCarver measure;
   carve_backward(measure, q, k, want_dq, want_dk, multiprocessor_count(device));
@@ -136,7 +162,13 @@ void forward(const Options &options, const Inputs &in, const ForwardOutputs &out
   DeviceGuard guard(device);
   check_device_pointers(in, {{out.loss, "loss"}, {out.row_lse, "row_lse"}, {out.col_lse, "col_lse"}},
                         device);
-  check_workspace(workspace, workspace_bytes, forward_workspace_bytes(in.q, in.k, in.loss), device);
+  if (panels_run(options, in.q, in.k)) {
+    const panels::PanelPlan plan = forward_plan(options, in.q, in.k);
+    check_workspace(workspace, workspace_bytes, plan.bytes, device);
+    panels::cuda::forward(plan, options, in, out, workspace, stream);
+    return;
+  }
+  check_workspace(workspace, workspace_bytes, forward_workspace_bytes(options, in.q, in.k), device);
 
   WorkspaceCarver carver(workspace);
   const ForwardSpace space = carve_forward(carver, in.b(), in.c(), in.loss);
@@ -190,6 +222,12 @@ void backward(const Options &options, const Inputs &in, const BackwardArgs &args
                             {args.dloss_data, "dloss"}, {args.dq.data, "dq"}, {args.dk.data, "dk"},
                             {args.dscale, "dlogit_scale"}},
                         device);
+  if (panels_run(options, in.q, in.k)) {
+    const panels::PanelPlan plan = backward_plan(options, in.q, in.k, want_dq, want_dk);
+    check_workspace(workspace, workspace_bytes, plan.bytes, device);
+    panels::cuda::backward(plan, options, in, args, workspace, stream);
+    return;
+  }
   const int multiprocessors = multiprocessor_count(device);
   WorkspaceCarver measure;
   carve_backward(measure, in.q, in.k, want_dq, want_dk, multiprocessors);

@@ -10,12 +10,17 @@
 
 namespace flatmem::contrastive::cuda {
 
-std::size_t forward_workspace_bytes(const MatrixView &q, const MatrixView &k, Loss loss);
+// Which engine runs a softmax call of these shapes: "tiles" or "panels"
+// (Options::cuda_engine, panels::use_panels).
+const char *engine_name(const Options &options, const MatrixView &q, const MatrixView &k);
+
+std::size_t forward_workspace_bytes(const Options &options, const MatrixView &q, const MatrixView &k);
 
 // dq / dk: data == nullptr for a size query that does not request them (only
-// their presence matters); the SM count of q's device sizes the accumulators.
-std::size_t backward_workspace_bytes(const MatrixView &q, const MatrixView &k, bool want_dq,
-                                     bool want_dk);
+// their presence matters); the tiles: the SM count of q's device sizes the
+// accumulators; the panels: the plan of panels/plan.hpp.
+std::size_t backward_workspace_bytes(const Options &options, const MatrixView &q, const MatrixView &k,
+                                     bool want_dq, bool want_dk);
 
 void forward(const Options &options, const Inputs &in, const ForwardOutputs &out,
              void *workspace, std::size_t workspace_bytes, void *stream);

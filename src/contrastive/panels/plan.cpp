@@ -139,6 +139,20 @@ PanelPlan plan_backward(std::int64_t b, std::int64_t c, std::int64_t d, Loss los
   return try_with(false);
 }
 
+CudaEngine engine_from_environment() {
+  const char *text = std::getenv("FLATMEM_CUDA_ENGINE");
+  if (text == nullptr || text[0] == '\0' || std::string(text) == "auto") return CudaEngine::automatic;
+  if (std::string(text) == "tiles") return CudaEngine::tiles;
+  if (std::string(text) == "panels") return CudaEngine::panels;
+  invalid("FLATMEM_CUDA_ENGINE: '", text, "' is not one of auto, tiles, panels");
+}
+
+bool use_panels(CudaEngine engine, Loss loss, std::int64_t b, std::int64_t c) {
+  (void)b, (void)c;
+  if (loss == Loss::sigmoid) return false;
+  return engine == CudaEngine::panels;
+}
+
 std::size_t budget_from_environment() {
   const char *text = std::getenv("FLATMEM_CUDA_PANEL_BYTES");
   if (text == nullptr || text[0] == '\0') return 0;

@@ -91,6 +91,15 @@ PanelPlan plan_forward(std::int64_t b, std::int64_t c, std::int64_t d, Loss loss
 PanelPlan plan_backward(std::int64_t b, std::int64_t c, std::int64_t d, Loss loss, bool want_dq,
                         bool want_dk, bool want_ds, std::size_t budget);
 
+// FLATMEM_CUDA_ENGINE: unset, empty or "auto" -> automatic; "tiles", "panels";
+// anything else is INVALID_ARGUMENT naming the variable and the choices.
+CudaEngine engine_from_environment();
+
+// Whether a softmax call on one CUDA device runs the panels: forced by the
+// option, else the default, which is the tile kernels until a GPU run has
+// measured the panels faster (docs/benchmarks/gpu.md says which commit).
+bool use_panels(CudaEngine engine, Loss loss, std::int64_t b, std::int64_t c);
+
 // The dial from FLATMEM_CUDA_PANEL_BYTES (bytes, suffix K / M / G allowed), 0
 // when unset; INVALID_ARGUMENT naming the variable when it does not parse.
 std::size_t budget_from_environment();

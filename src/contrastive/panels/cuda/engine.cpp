@@ -1,0 +1,223 @@
+#include "contrastive/panels/cuda/engine.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "contrastive/cuda/dispatch.hpp"
+#include "contrastive/cuda/kernels.hpp"
+#include "contrastive/panels/cuda/kernels.hpp"
+#include "core/cuda/device.hpp"
+#include "core/cuda/lt_matmul.hpp"
+#include "core/error.hpp"
+
+namespace flatmem::contrastive::panels::cuda {
+namespace {
+
+namespace lt = flatmem::cuda::lt;
+namespace tiles = flatmem::contrastive::cuda;
+using flatmem::cuda::check_launch;
+
+template <class T>
+T *region(char *base, const Region &r) {
+  return r.bytes == 0 ? nullptr : reinterpret_cast<T *>(base + r.offset);
+}
+
+char *aligned_base(void *workspace) {
+  const auto address = reinterpret_cast<std::uintptr_t>(workspace);
+  return static_cast<char *>(workspace) + (lt_alignment - address % lt_alignment) % lt_alignment;
+}
+
+lt::Type lt_type(Dtype t) { return t == Dtype::bf16 ? lt::Type::bf16 : t == Dtype::f16 ? lt::Type::f16 : lt::Type::f32; }
+GType g_type(Dtype t) { return t == Dtype::bf16 ? GType::bf16 : t == Dtype::f16 ? GType::f16 : GType::f32; }
+
+// Rows [first, first + count) of a feature matrix as a GEMM operand.
+lt::MatrixArg rows_of(const MatrixView &m, std::int64_t first, bool transposed) {
+  lt::MatrixArg a;
+  a.data = m.data + first * m.row_stride * std::int64_t(dtype_bytes(m.dtype));
+  a.type = lt_type(m.dtype);
+  a.ld = m.row_stride;
+  a.transposed = transposed;
+  return a;
+}
+
+struct Walk {
+  const PanelPlan &plan;
+  const Inputs &in;
+  lt::Context lt;
+  cudaStream_t stream;
+  float *panel;
+
+  // panel = Q_I K_J^T (raw <q, k>, fp32, pitch plan.cols).
+  void logits(std::int64_t i, std::int64_t j) const {
+    lt::Gemm g;
+    g.m = plan.row_count(i), g.n = plan.col_count(j), g.k = plan.d;
+    g.a = rows_of(in.q, plan.row_begin(i), false);
+    g.b = rows_of(in.k, plan.col_begin(j), true);
+    g.c = panel, g.ldc = plan.cols;
+    lt::matmul(lt, g);
+  }
+
+  // Gt as a GEMM operand: rows x cols at the pitch of its element type.
+  lt::MatrixArg gradient_operand(bool transposed) const {
+    lt::MatrixArg a;
+    a.data = panel;
+    a.type = lt_type(in.q.dtype);
+    a.ld = a.type == lt::Type::f32 ? plan.cols : 2 * plan.cols;
+    a.transposed = transposed;
+    return a;
+  }
+
+  // acc (rows x d, dense fp32) (+)= Gt K_J  (rows = R_I)
+  void times_k(std::int64_t i, std::int64_t j, float *acc, bool first) const {
+    lt::Gemm g;
+    g.m = plan.row_count(i), g.n = plan.d, g.k = plan.col_count(j);
+    g.a = gradient_operand(false);
+    g.b = rows_of(in.k, plan.col_begin(j), false);
+    g.c = acc, g.ldc = plan.d, g.beta = first ? 0.0f : 1.0f;
+    lt::matmul(lt, g);
+  }
+
+  // acc (cols x d, dense fp32) (+)= Gt^T Q_I  (cols = C_J)
+  void times_q(std::int64_t i, std::int64_t j, float *acc, bool first) const {
+    lt::Gemm g;
+    g.m = plan.col_count(j), g.n = plan.d, g.k = plan.row_count(i);
+    g.a = gradient_operand(true);
+    g.b = rows_of(in.q, plan.row_begin(i), false);
+    g.c = acc, g.ldc = plan.d, g.beta = first ? 0.0f : 1.0f;
+    lt::matmul(lt, g);
+  }
+};
+
+Walk make_walk(const PanelPlan &plan, const Options &options, const Inputs &in, char *base, void *stream) {
+  lt::Context c;
+  c.device = in.q.device.device_id;
+  c.tf32 = options.fp32_precision != Fp32Precision::full;
+  c.fixed_order = true;
+  c.stream = static_cast<cudaStream_t>(stream);
+  c.workspace = region<char>(base, plan.lt);
+  c.workspace_bytes = plan.lt.bytes;
+  return Walk{plan, in, c, c.stream, region<float>(base, plan.panel)};
+}
+
+}  // namespace
+
+void forward(const PanelPlan &plan, const Options &options, const Inputs &in, const ForwardOutputs &out,
+             void *workspace, void *stream) {
+  char *base = aligned_base(workspace);
+  const Walk w = make_walk(plan, options, in, base, stream);
+  const bool symmetric = plan.loss == Loss::symmetric;
+  State *row_parts = region<State>(base, plan.row_parts), *col_parts = region<State>(base, plan.col_parts);
+  State *row_state = region<State>(base, plan.row_state), *col_state = region<State>(base, plan.col_state);
+  check_launch(launch_reset(row_state, plan.b, w.stream), "panels: resetting the row states");
+  if (symmetric) check_launch(launch_reset(col_state, plan.c, w.stream), "panels: resetting the column states");
+  for (std::int64_t i = 0; i < plan.row_panels; ++i)
+    for (std::int64_t j = 0; j < plan.col_panels; ++j) {
+      w.logits(i, j);
+      FoldParams f;
+      f.panel = w.panel, f.pitch = plan.cols, f.rows = plan.row_count(i), f.cols = plan.col_count(j);
+      f.scale = in.scale_data;
+      f.row_parts = row_parts, f.col_parts = symmetric ? col_parts : nullptr;
+      f.row_folds = plan.row_folds, f.col_folds = plan.col_folds;
+      check_launch(launch_fold(f, w.stream), "panels: launching the fold kernel");
+      MergeParams m;
+      m.row_parts = row_parts, m.col_parts = f.col_parts;
+      m.rows = f.rows, m.cols = f.cols, m.row_folds = plan.row_folds, m.col_folds = plan.col_folds;
+      m.row_state = row_state, m.col_state = col_state;
+      m.row0 = plan.row_begin(i), m.col0 = plan.col_begin(j);
+      check_launch(launch_merge(m, w.stream), "panels: launching the merge kernel");
+    }
+  // The running states are the tile engine's partial states with one group each.
+  const tiles::Operand op = tiles::operand_for(in.q.dtype, options.fp32_precision);
+  tiles::ForwardFinishParams finish;
+  finish.q = tiles::device_matrix(in.q);
+  finish.k = tiles::device_matrix(in.k);
+  finish.scale = in.scale_data;
+  finish.labels = in.labels;
+  finish.symmetric = symmetric;
+  finish.tf32_positive = op == tiles::Operand::tf32;
+  finish.row_groups = finish.col_groups = 1;
+  static_assert(sizeof(State) == sizeof(tiles::MaxSum), "a State is the tiles' MaxSum");
+  finish.row_partial = reinterpret_cast<const tiles::MaxSum *>(row_state);
+  finish.col_partial = reinterpret_cast<const tiles::MaxSum *>(col_state);
+  finish.row_lse = out.row_lse;
+  finish.col_lse = out.col_lse;
+  finish.loss_partial = region<double>(base, plan.loss_parts);
+  const int blocks = int(finish_blocks(plan.b));
+  check_launch(tiles::launch_forward_finish(finish, op, blocks, w.stream), "panels: launching the finish kernel");
+  tiles::LossSumParams sum;
+  sum.partial = finish.loss_partial;
+  sum.count = blocks;
+  sum.inv_count = 1.0 / (symmetric ? 2.0 * double(plan.b) : double(plan.b));
+  sum.loss = out.loss;
+  check_launch(tiles::launch_loss_sum(sum, w.stream), "panels: launching the loss sum kernel");
+}
+
+void backward(const PanelPlan &plan, const Options &options, const Inputs &in, const BackwardArgs &args,
+              void *workspace, void *stream) {
+  char *base = aligned_base(workspace);
+  const Walk w = make_walk(plan, options, in, base, stream);
+  const bool symmetric = plan.loss == Loss::symmetric;
+  float *row_acc = region<float>(base, plan.row_acc), *col_acc = region<float>(base, plan.col_acc);
+  double *ds_rows = args.dscale ? region<double>(base, plan.ds_rows) : nullptr;
+  if (args.dscale && !ds_rows) fail(FLATMEM_STATUS_INTERNAL, "panels: a plan without ds rows for a ds call");
+  if (ds_rows)
+    check_launch(cudaMemsetAsync(ds_rows, 0, std::size_t(plan.b) * sizeof(double), w.stream),
+                 "panels: clearing the ds rows");
+  const double inv_n = 1.0 / (symmetric ? 2.0 * double(plan.b) : double(plan.b));
+
+  GradientParams gp;
+  gp.panel = w.panel, gp.pitch = plan.cols, gp.c = plan.c, gp.symmetric = symmetric;
+  gp.scale = in.scale_data, gp.row_lse = args.row_lse, gp.col_lse = symmetric ? args.col_lse : nullptr;
+  gp.labels = in.labels, gp.g_type = g_type(in.q.dtype);
+  const auto gradient = [&](std::int64_t i, std::int64_t j, double *ds) {
+    GradientParams p = gp;
+    p.rows = plan.row_count(i), p.cols = plan.col_count(j);
+    p.row0 = plan.row_begin(i), p.col0 = plan.col_begin(j);
+    p.ds_rows = ds;
+    check_launch(launch_gradient(p, w.stream), "panels: launching the gradient pass");
+  };
+  const auto store = [&](const float *acc, std::int64_t rows, const MatrixView &out, std::int64_t first) {
+    StoreParams s;
+    s.acc = acc, s.rows = rows, s.d = plan.d;
+    s.out = out.data + first * out.row_stride * std::int64_t(dtype_bytes(out.dtype));
+    s.out_ld = out.row_stride, s.out_type = g_type(out.dtype);
+    s.scale = in.scale_data, s.dloss = args.dloss_data, s.inv_n = inv_n;
+    check_launch(launch_store(s, w.stream), "panels: launching the store kernel");
+  };
+
+  if (plan.rows_sweep) {
+    for (std::int64_t i = 0; i < plan.row_panels; ++i) {
+      for (std::int64_t j = 0; j < plan.col_panels; ++j) {
+        w.logits(i, j);
+        gradient(i, j, ds_rows);
+        if (plan.want_dq) w.times_k(i, j, row_acc, j == 0);
+        if (plan.dk_resident) w.times_q(i, j, col_acc + plan.col_begin(j) * plan.d, i == 0);
+      }
+      if (plan.want_dq) store(row_acc, plan.row_count(i), args.dq, plan.row_begin(i));
+    }
+    if (plan.dk_resident) store(col_acc, plan.c, args.dk, 0);
+  }
+  if (plan.cols_sweep) {
+    double *ds = plan.rows_sweep ? nullptr : ds_rows;
+    for (std::int64_t j = 0; j < plan.col_panels; ++j) {
+      for (std::int64_t i = 0; i < plan.row_panels; ++i) {
+        w.logits(i, j);
+        gradient(i, j, ds);
+        w.times_q(i, j, col_acc, i == 0);
+      }
+      store(col_acc, plan.col_count(j), args.dk, plan.col_begin(j));
+    }
+  }
+  if (args.dscale) {
+    tiles::DsSumParams sum;
+    sum.partial = ds_rows;
+    sum.count = int(plan.b);
+    sum.inv_n = inv_n;
+    sum.dloss = args.dloss_data;
+    sum.dscale = args.dscale;
+    check_launch(tiles::launch_ds_sum(sum, w.stream), "panels: launching the ds sum kernel");
+  }
+}
+
+}  // namespace flatmem::contrastive::panels::cuda

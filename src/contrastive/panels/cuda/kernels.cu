@@ -1,0 +1,184 @@
+// The panel engine's passes (kernels.hpp). Layout of the work:
+//   fold:     one CTA of 256 threads per fold tile (64 x 128): the tile is
+//             staged in shared memory (coalesced rows), thread (r, q) folds
+//             row r's quarter q, thread (j, h) column j's half h
+//             (passes.hpp), then warp shuffles merge them in passes.hpp's order.
+//   merge:    one thread per panel row and per panel column.
+//   gradient: one warp per panel row; lane l holds columns 4l .. 4l + 3 of
+//             every 128-column chunk (passes.hpp's distribution).
+//   store:    a grid-stride loop over the accumulator.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "contrastive/panels/cuda/kernels.hpp"
+
+namespace flatmem::contrastive::panels::cuda {
+namespace {
+
+constexpr int fold_threads = 256;
+constexpr int tile_pitch = int(fold_cols) + 1;  // shared-memory pitch: no bank conflicts on columns
+constexpr unsigned full_mask = 0xffffffffu;
+static_assert(fold_rows * fold_cols == 32 * fold_threads, "a fold tile is 32 entries per thread");
+static_assert(fold_rows * 4 == fold_threads && fold_cols * 2 == fold_threads, "thread <-> segment maps");
+
+__device__ State shuffle_down(State s, int delta) {
+  return State{__shfl_down_sync(full_mask, s.max, delta), __shfl_down_sync(full_mask, s.sum, delta)};
+}
+
+__global__ void __launch_bounds__(fold_threads) fold_kernel(FoldParams p) {
+  __shared__ float tile[fold_rows * tile_pitch];
+  const std::int64_t fi = blockIdx.y, fj = blockIdx.x;
+  const int tr = int(p.rows - fi * fold_rows < fold_rows ? p.rows - fi * fold_rows : fold_rows);
+  const int tc = int(p.cols - fj * fold_cols < fold_cols ? p.cols - fj * fold_cols : fold_cols);
+  const float s = checked_scale(*p.scale);
+  const float *src = p.panel + fi * fold_rows * p.pitch + fj * fold_cols;
+  for (int e = threadIdx.x; e < int(fold_rows * fold_cols); e += fold_threads) {
+    const int r = e / int(fold_cols), c = e % int(fold_cols);
+    tile[r * tile_pitch + c] = (r < tr && c < tc) ? src[r * p.pitch + c] : 0.0f;
+  }
+  __syncthreads();
+  {
+    const int r = threadIdx.x >> 2, q = threadIdx.x & 3;
+    State st = r < tr ? fold_row_quarter(tile, tile_pitch, r, q, tc, s) : empty_state();
+    State other = shuffle_down(st, 1);
+    if ((q & 1) == 0) merge(st, other);  // q0 + q1, q2 + q3
+    other = shuffle_down(st, 2);
+    if (q == 0) merge(st, other);  // (q0 + q1) + (q2 + q3)
+    if (q == 0 && r < tr) p.row_parts[(fi * fold_rows + r) * p.col_folds + fj] = st;
+  }
+  if (p.col_parts) {
+    const int j = threadIdx.x >> 1, h = threadIdx.x & 1;
+    State st = j < tc ? fold_col_half(tile, tile_pitch, j, h, tr, s) : empty_state();
+    const State other = shuffle_down(st, 1);
+    if (h == 0) merge(st, other);
+    if (h == 0 && j < tc) p.col_parts[(fj * fold_cols + j) * p.row_folds + fi] = st;
+  }
+}
+
+__global__ void merge_kernel(MergeParams p) {
+  const std::int64_t idx = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx < p.rows) {
+    const std::int64_t n = (p.cols + fold_cols - 1) / fold_cols;
+    const State *parts = p.row_parts + idx * p.col_folds;
+    State st = parts[0];
+    for (std::int64_t f = 1; f < n; ++f) merge(st, parts[f]);
+    merge(p.row_state[p.row0 + idx], st);
+  } else if (p.col_parts && idx < p.rows + p.cols) {
+    const std::int64_t c = idx - p.rows, n = (p.rows + fold_rows - 1) / fold_rows;
+    const State *parts = p.col_parts + c * p.row_folds;
+    State st = parts[0];
+    for (std::int64_t f = 1; f < n; ++f) merge(st, parts[f]);
+    merge(p.col_state[p.col0 + c], st);
+  }
+}
+
+__global__ void reset_kernel(State *states, std::int64_t n) {
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x)
+    states[i] = empty_state();
+}
+
+constexpr int gradient_warps = 8;
+
+__device__ void store_g(float *line, std::int64_t c, float gt, GType type) {
+  switch (type) {
+    case GType::bf16: reinterpret_cast<__nv_bfloat16 *>(line)[c] = __float2bfloat16_rn(gt); break;
+    case GType::f16: reinterpret_cast<__half *>(line)[c] = __float2half_rn(gt); break;
+    default: line[c] = gt; break;
+  }
+}
+
+__global__ void __launch_bounds__(gradient_warps * 32) gradient_kernel(GradientParams p) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const std::int64_t r = std::int64_t(blockIdx.x) * gradient_warps + warp;
+  if (r >= p.rows) return;  // the whole warp
+  const std::int64_t row = p.row0 + r;
+  const float s = checked_scale(*p.scale);
+  float *line = p.panel + r * p.pitch;
+  EntryTerms t;
+  t.symmetric = p.symmetric;
+  t.row_lse = p.row_lse[row];
+  float ds = 0.0f;
+  for (std::int64_t c0 = 0; c0 < p.cols; c0 += pass_chunk) {
+    float raw[pass_vector], gt[pass_vector];
+#pragma unroll
+    for (int v = 0; v < pass_vector; ++v) {
+      const std::int64_t c = c0 + lane * pass_vector + v;
+      raw[v] = c < p.cols ? line[c] : 0.0f;
+    }
+    __syncwarp();  // every lane has read the chunk before any writes over it (16-bit G, chunk 0)
+#pragma unroll
+    for (int v = 0; v < pass_vector; ++v) {
+      const std::int64_t c = c0 + lane * pass_vector + v;
+      if (c >= p.cols) continue;
+      const std::int64_t col = p.col0 + c;
+      if (p.symmetric) t.col_lse = p.col_lse[col];
+      t.positive = positive_of(p.labels, row, col, p.c, &t.bad);
+      gt[v] = gradient_entry(s * raw[v], t);
+      ds += gt[v] * raw[v];
+      store_g(line, c, gt[v], p.g_type);
+    }
+    __syncwarp();
+  }
+  if (!p.ds_rows) return;
+  double sum = ds;
+  for (int half = 16; half > 0; half >>= 1) {
+    const double other = __shfl_down_sync(full_mask, sum, half);
+    if (lane < half) sum += other;
+  }
+  if (lane == 0) p.ds_rows[row] += sum;
+}
+
+__global__ void store_kernel(StoreParams p) {
+  const float s = checked_scale(*p.scale);
+  const float g = p.dloss ? *p.dloss : 1.0f;
+  const float mult = float(double(s) * double(g) * p.inv_n);
+  const std::int64_t n = p.rows * p.d;
+  for (std::int64_t e = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t r = e / p.d, f = e % p.d;
+    const float v = mult * p.acc[e];
+    const std::int64_t at = r * p.out_ld + f;
+    switch (p.out_type) {
+      case GType::bf16: static_cast<__nv_bfloat16 *>(p.out)[at] = __float2bfloat16_rn(v); break;
+      case GType::f16: static_cast<__half *>(p.out)[at] = __float2half_rn(v); break;
+      default: static_cast<float *>(p.out)[at] = v; break;
+    }
+  }
+}
+
+int blocks_for(std::int64_t n, int threads) {
+  const std::int64_t b = (n + threads - 1) / threads;
+  return int(b < 4096 ? (b < 1 ? 1 : b) : 4096);
+}
+
+}  // namespace
+
+cudaError_t launch_fold(const FoldParams &p, cudaStream_t stream) {
+  const dim3 grid(unsigned((p.cols + fold_cols - 1) / fold_cols), unsigned((p.rows + fold_rows - 1) / fold_rows));
+  fold_kernel<<<grid, fold_threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_merge(const MergeParams &p, cudaStream_t stream) {
+  const std::int64_t n = p.rows + (p.col_parts ? p.cols : 0);
+  merge_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_reset(State *states, std::int64_t n, cudaStream_t stream) {
+  reset_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(states, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gradient(const GradientParams &p, cudaStream_t stream) {
+  gradient_kernel<<<unsigned((p.rows + gradient_warps - 1) / gradient_warps), gradient_warps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_store(const StoreParams &p, cudaStream_t stream) {
+  store_kernel<<<blocks_for(p.rows * p.d, 256), 256, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace flatmem::contrastive::panels::cuda
