@@ -28,7 +28,8 @@
 // machinery's overhead over the plain call (issue target <= 1.05x) and the
 // device memory the ring handle allocates for itself.
 //
-// Usage: contrastive_cuda_bench [--quick] [--d 768,512] [--b 16384,65536,262144]
+// Usage: contrastive_cuda_bench [--quick | --shapes] [--d 768,512] [--b 16384,65536,262144]
+//   (--shapes: the panel engine at forced extents, 64M and 1G dials, only)
 //   (--quick: d = 512, b = 16384 only; --d / --b: the sweep, in that order, default as shown)
 // Without a CUDA device it prints "no CUDA device" and exits 0.
 #include <cuda_bf16.h>
@@ -122,6 +123,7 @@ struct Row {
   double flatmem_s = 0, gemm_s = 0, naive_s = -1;
   double workspace_mb = 0, measured_delta_mb = 0, naive_mb = 0;
   float loss = 0, dscale = 0;
+  double forward_s = 0;
 };
 
 // The device buffers of one shape, shared by both losses: q, k, dq, dk (bf16,
@@ -177,9 +179,11 @@ bool naive_fits(std::int64_t b) {
 // flatmem's symmetric loss, forward + backward, on the engine `engine`
 // (FLATMEM_CUDA_ENGINE: tiles or panels) with the panel dial `dial`
 // (FLATMEM_CUDA_PANEL_BYTES, "" = default), both read when the handle is created.
-void time_flatmem(Problem &p, const char *engine, const char *dial, cudaStream_t stream, int reps, Row &row) {
+void time_flatmem(Problem &p, const char *engine, const char *dial, cudaStream_t stream, int reps, Row &row,
+                  const char *shape = "") {
   setenv("FLATMEM_CUDA_ENGINE", engine, 1);
   setenv("FLATMEM_CUDA_PANEL_BYTES", dial, 1);
+  setenv("FLATMEM_CUDA_PANEL_SHAPE", shape, 1);
   p.set_scalar(0, 14.3f);
   DLTensor &Q = p.Q, &K = p.K, &DQ = p.DQ, &DK = p.DK, &RL = p.RL, &CL = p.CL;
   DLTensor S = p.scalar(0), L = p.scalar(1), DS = p.scalar(2);
@@ -204,10 +208,34 @@ void time_flatmem(Problem &p, const char *engine, const char *dial, cudaStream_t
     });
     row.loss = p.get_scalar(1);
     row.dscale = p.get_scalar(2);
+    row.forward_s = time_it(stream, reps, [&] {
+      require(flatmem_contrastive_forward(h, &Q, &K, nullptr, &S, &L, &RL, &CL, workspace.p, fwd_bytes, stream),
+              "forward");
+    });
   }
   flatmem_contrastive_destroy(h);
   unsetenv("FLATMEM_CUDA_ENGINE");
   unsetenv("FLATMEM_CUDA_PANEL_BYTES");
+  unsetenv("FLATMEM_CUDA_PANEL_SHAPE");
+}
+
+// --shapes: the panel engine at forced panel extents, with dk in a sweep of its
+// own (dial 64M) and resident (dial 1G), against the four GEMMs' time: which
+// extents the planner should prefer.
+void sweep_shapes(int d, std::int64_t b, cudaStream_t stream, bench::LtGemm &lt) {
+  Problem p(d, b, stream);
+  const double rate = gemm_rate(p, stream, lt, 5);
+  const double gemm_s = 8.0 * double(b) * double(b) * d / rate;
+  std::printf("shapes d=%d b=%lld: 4 GEMMs %.4f s (rate %.1f TFLOP/s)\n", d, (long long)b, gemm_s, rate / 1e12);
+  std::printf("%-8s %-12s | %10s %10s %9s %9s\n", "dial", "panel", "fwd+bwd s", "fwd s", "GEMMs/fm", "ws MiB");
+  for (const char *dial : {"64M", "1G"})
+    for (const char *shape : {"2048x1024", "2048x2048", "4096x2048", "4096x4096", "8192x4096", "16384x8192"}) {
+      Row row;
+      time_flatmem(p, "panels", dial, stream, 5, row, shape);
+      std::printf("%-8s %-12s | %10.4f %10.4f %9.3f %9.1f   loss %.6f\n", dial, shape, row.flatmem_s, row.forward_s,
+                  gemm_s / row.flatmem_s, row.workspace_mb, row.loss);
+      std::fflush(stdout);
+    }
 }
 
 Row run(Problem &p, double rate, cudaStream_t stream, bench::LtGemm &lt, int reps, const char *engine = "tiles",
@@ -379,9 +407,12 @@ int main(int argc, char **argv) {
   // (default d 768 then 512 -- the issue's shape first, so a run cut off early still has it).
   std::vector<int> dims = {768, 512};
   std::vector<std::int64_t> batches = {16384, 65536, 262144};
+  bool shapes = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--quick") {
+    if (a == "--shapes") {
+      shapes = true;
+    } else if (a == "--quick") {
       dims = {512};
       batches = {16384};
     } else if ((a == "--d" || a == "--b") && i + 1 < argc) {
@@ -399,7 +430,7 @@ int main(int argc, char **argv) {
       if (a == "--d") dims.assign(list.begin(), list.end());
       else batches = list;
     } else {
-      std::fprintf(stderr, "usage: contrastive_cuda_bench [--quick] [--d 768,512] [--b 16384,65536,262144]\n");
+      std::fprintf(stderr, "usage: contrastive_cuda_bench [--quick | --shapes] [--d 768,512] [--b 16384,65536,262144]\n");
       return 2;
     }
   }
@@ -414,6 +445,12 @@ int main(int argc, char **argv) {
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreate(&stream));
   bench::LtGemm lt;
+  if (shapes) {  // --shapes: the panel extents sweep only, at each --d and --b
+    for (int d : dims)
+      for (std::int64_t b : batches) sweep_shapes(d, b, stream, lt);
+    cudaStreamDestroy(stream);
+    return 0;
+  }
   // The ring rows' one-rank communicator with its NCCL transport on this GPU.
   flatmem_comm_t *comm = nullptr;
   require(flatmem_comm_create_local(&comm, 1, nullptr), "flatmem_comm_create_local");

@@ -40,6 +40,7 @@ struct Options {
   std::size_t logit_cache_bytes = 0;  // CPU: raw logit tiles kept for the backward (cpu/logit_cache.hpp)
   CudaEngine cuda_engine = CudaEngine::automatic;  // FLATMEM_CUDA_ENGINE
   std::size_t panel_budget = 0;  // the panel engine's workspace dial, FLATMEM_CUDA_PANEL_BYTES (0: default)
+  std::int64_t panel_rows = 0, panel_cols = 0;  // FLATMEM_CUDA_PANEL_SHAPE (0: the plan chooses)
 };
 
 // Inputs shared by forward and backward.

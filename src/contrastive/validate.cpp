@@ -82,6 +82,8 @@ Options resolve_options(const flatmem_contrastive_options *given) {
          "; the sigmoid loss keeps no logit tiles (value_and_grad needs none), set it to 0");
   r.cuda_engine = panels::engine_from_environment();
   r.panel_budget = panels::budget_from_environment();
+  const panels::Shape shape = panels::shape_from_environment();
+  r.panel_rows = shape.rows, r.panel_cols = shape.cols;
   return r;
 }
 

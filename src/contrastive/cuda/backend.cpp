@@ -122,12 +122,14 @@ namespace {
 
 // The panel engine's plans for a call (panels::use_panels decided it runs).
 panels::PanelPlan forward_plan(const Options &options, const MatrixView &q, const MatrixView &k) {
-  return panels::plan_forward(q.rows, k.rows, q.cols, options.loss, options.panel_budget);
+  return panels::plan_forward(q.rows, k.rows, q.cols, options.loss, options.panel_budget,
+                              {options.panel_rows, options.panel_cols});
 }
 panels::PanelPlan backward_plan(const Options &options, const MatrixView &q, const MatrixView &k, bool want_dq,
                                 bool want_dk) {
   // ds is always planned for: the size query does not know whether it is wanted.
-  return panels::plan_backward(q.rows, k.rows, q.cols, options.loss, want_dq, want_dk, true, options.panel_budget);
+  return panels::plan_backward(q.rows, k.rows, q.cols, options.loss, want_dq, want_dk, true, options.panel_budget,
+                               {options.panel_rows, options.panel_cols});
 }
 bool panels_run(const Options &options, const MatrixView &q, const MatrixView &k) {
   return panels::use_panels(options.cuda_engine, options.loss, q.rows, k.rows);

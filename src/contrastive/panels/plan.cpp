@@ -68,7 +68,13 @@ void lay_out(PanelPlan &p) {
 // ones, larger before smaller; each clamped to the matrix. A smaller panel
 // is only chosen when the larger does not fit the budget.
 template <class Fits>
-void choose_extents(PanelPlan &p, Fits fits) {
+void choose_extents(PanelPlan &p, Fits fits, Shape forced) {
+  if (forced.rows > 0 && forced.cols > 0) {
+    p.rows = std::min(p.b, forced.rows), p.cols = std::min(p.c, forced.cols);
+    lay_out(p);
+    p.over_budget = p.bytes > p.budget;
+    return;
+  }
   const std::int64_t b_cap = std::min(p.b, max_extent), c_cap = std::min(p.c, max_extent);
   std::int64_t best_rows = std::min(b_cap, min_extent), best_cols = std::min(c_cap, min_extent);
   u128 best_area = 0;
@@ -101,17 +107,21 @@ PanelPlan base_plan(Call call, std::int64_t b, std::int64_t c, std::int64_t d, L
 
 std::int64_t finish_blocks(std::int64_t b) { return std::min<std::int64_t>(1024, ceil_div(b, 8)); }
 
-PanelPlan plan_forward(std::int64_t b, std::int64_t c, std::int64_t d, Loss loss, std::size_t budget) {
+PanelPlan plan_forward(std::int64_t b, std::int64_t c, std::int64_t d, Loss loss, std::size_t budget,
+                       Shape forced) {
   PanelPlan p = base_plan(Call::forward, b, c, d, loss, budget);
-  choose_extents(p, [](PanelPlan &t) {
-    lay_out(t);
-    return t.bytes <= t.budget;
-  });
+  choose_extents(
+      p,
+      [](PanelPlan &t) {
+        lay_out(t);
+        return t.bytes <= t.budget;
+      },
+      forced);
   return p;
 }
 
 PanelPlan plan_backward(std::int64_t b, std::int64_t c, std::int64_t d, Loss loss, bool want_dq,
-                        bool want_dk, bool want_ds, std::size_t budget) {
+                        bool want_dk, bool want_ds, std::size_t budget, Shape forced) {
   PanelPlan p = base_plan(Call::backward, b, c, d, loss, budget);
   p.want_dq = want_dq, p.want_dk = want_dk, p.want_ds = want_ds;
   // dk resident (one sweep) when dq is wanted too and the budget holds c x d
@@ -122,18 +132,22 @@ PanelPlan plan_backward(std::int64_t b, std::int64_t c, std::int64_t d, Loss los
     // ds comes from the rows sweep when it runs, else from the cols sweep.
     t.rows_sweep = want_dq || (want_dk && resident) || (!want_dk && want_ds);
     t.cols_sweep = want_dk && !resident;
-    choose_extents(t, [](PanelPlan &u) {
-      lay_out(u);
-      return u.bytes <= u.budget;
-    });
+    choose_extents(
+        t,
+        [](PanelPlan &u) {
+          lay_out(u);
+          return u.bytes <= u.budget;
+        },
+        forced);
     return t;
   };
   if (want_dq && want_dk) {
+    // Resident saves a fifth of the GEMMs and a gradient pass: taken whenever it
+    // fits with a panel of preferred_area, or no smaller than the two sweeps'.
     PanelPlan resident = try_with(true);
-    // Only when the panel it leaves is no smaller than without it.
     PanelPlan two = try_with(false);
-    if (!resident.over_budget && u128(resident.rows) * u128(resident.cols) >= u128(two.rows) * u128(two.cols))
-      return resident;
+    const u128 area = u128(resident.rows) * u128(resident.cols), two_area = u128(two.rows) * u128(two.cols);
+    if (!resident.over_budget && (area >= u128(preferred_area) || area >= two_area)) return resident;
     return two;
   }
   return try_with(false);
@@ -151,6 +165,23 @@ bool use_panels(CudaEngine engine, Loss loss, std::int64_t b, std::int64_t c) {
   (void)b, (void)c;
   if (loss == Loss::sigmoid) return false;
   return engine == CudaEngine::panels;
+}
+
+Shape shape_from_environment() {
+  const char *text = std::getenv("FLATMEM_CUDA_PANEL_SHAPE");
+  if (text == nullptr || text[0] == '\0') return {};
+  char *end = nullptr;
+  const long long rows = std::strtoll(text, &end, 10);
+  long long cols = 0;
+  bool ok = end != text && (*end == 'x' || *end == 'X');
+  if (ok) {
+    const char *second = end + 1;
+    cols = std::strtoll(second, &end, 10);
+    ok = end != second && *end == '\0';
+  }
+  if (!ok || rows < 1 || cols < 1 || rows > max_extent || cols > max_extent)
+    invalid("FLATMEM_CUDA_PANEL_SHAPE: '", text, "' is not <rows>x<cols> with each 1 to ", max_extent);
+  return Shape{rows, cols};
 }
 
 std::size_t budget_from_environment() {

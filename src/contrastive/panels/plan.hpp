@@ -41,6 +41,8 @@ constexpr std::int64_t fold_rows = 64, fold_cols = 128;
 // Panel extents are multiples of this (or the whole extent when smaller).
 constexpr std::int64_t min_extent = 128;
 constexpr std::int64_t max_extent = 16384;
+// A panel this large (4096 x 2048) keeps cuBLASLt's GEMMs at their rate.
+constexpr std::int64_t preferred_area = std::int64_t(4096) * 2048;
 
 struct Region {
   std::size_t offset = 0, bytes = 0;  // bytes == 0: not used by this call
@@ -85,11 +87,24 @@ struct PanelPlan {
 // Finish blocks of the forward's loss sum (as the tile kernels' forward_grid).
 std::int64_t finish_blocks(std::int64_t b);
 
-// budget 0: default_budget. Throws flatmem::Error (INVALID_ARGUMENT) when the
+// Panel extents forced by FLATMEM_CUDA_PANEL_SHAPE (0 x 0: the plan chooses).
+struct Shape {
+  std::int64_t rows = 0, cols = 0;
+};
+
+// budget 0: default_budget. `forced`: extents to use (clamped to b and c)
+// instead of the largest that fit; the plan then may exceed the budget
+// (over_budget says so). Throws flatmem::Error (INVALID_ARGUMENT) when the
 // sizes overflow.
-PanelPlan plan_forward(std::int64_t b, std::int64_t c, std::int64_t d, Loss loss, std::size_t budget);
+PanelPlan plan_forward(std::int64_t b, std::int64_t c, std::int64_t d, Loss loss, std::size_t budget,
+                       Shape forced = {});
 PanelPlan plan_backward(std::int64_t b, std::int64_t c, std::int64_t d, Loss loss, bool want_dq,
-                        bool want_dk, bool want_ds, std::size_t budget);
+                        bool want_dk, bool want_ds, std::size_t budget, Shape forced = {});
+
+// FLATMEM_CUDA_PANEL_SHAPE: "<rows>x<cols>" (each 1 .. max_extent), a tuning
+// knob for benchmarks; unset or empty: 0 x 0. INVALID_ARGUMENT naming the
+// variable when it does not parse.
+Shape shape_from_environment();
 
 // FLATMEM_CUDA_ENGINE: unset, empty or "auto" -> automatic; "tiles", "panels";
 // anything else is INVALID_ARGUMENT naming the variable and the choices.
