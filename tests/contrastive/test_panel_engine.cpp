@@ -17,6 +17,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -128,6 +129,61 @@ TEST_CASE("contrastive/panels/plan/refusals") {
   CHECK_THROWS(panels::plan_forward(4, 4, 4, Loss::sigmoid, 0));
   CHECK_THROWS(panels::plan_backward(std::int64_t(1) << 40, std::int64_t(1) << 40, std::int64_t(1) << 30,
                                      Loss::symmetric, true, true, true, 0));
+}
+
+TEST_CASE("contrastive/panels/engine_choice") {
+  using flatmem::contrastive::CudaEngine;
+  const std::int64_t big = panels::auto_min_extent;
+  // automatic: bf16, b and c >= auto_min_extent, sm_90 or newer; softmax losses only
+  CHECK(panels::use_panels(CudaEngine::automatic, Loss::symmetric, true, big, big, 9));
+  CHECK(panels::use_panels(CudaEngine::automatic, Loss::infonce, true, big, 4 * big, 10));
+  CHECK(!panels::use_panels(CudaEngine::automatic, Loss::symmetric, false, big, big, 9));  // fp32 / fp16
+  CHECK(!panels::use_panels(CudaEngine::automatic, Loss::symmetric, true, big - 1, big, 9));
+  CHECK(!panels::use_panels(CudaEngine::automatic, Loss::infonce, true, big, big - 1, 9));
+  CHECK(!panels::use_panels(CudaEngine::automatic, Loss::symmetric, true, big, big, 8));  // sm_80
+  CHECK(!panels::use_panels(CudaEngine::automatic, Loss::sigmoid, true, big, big, 9));
+  // forced
+  CHECK(panels::use_panels(CudaEngine::panels, Loss::symmetric, false, 1, 1, 0));
+  CHECK(!panels::use_panels(CudaEngine::panels, Loss::sigmoid, true, big, big, 9));
+  CHECK(!panels::use_panels(CudaEngine::tiles, Loss::symmetric, true, big, big, 9));
+}
+
+TEST_CASE("contrastive/panels/environment") {
+  using flatmem::contrastive::CudaEngine;
+  const auto with = [](const char *name, const char *value, auto &&body) {
+    setenv(name, value, 1);
+    body();
+    unsetenv(name);
+  };
+  CHECK(panels::engine_from_environment() == CudaEngine::automatic);
+  with("FLATMEM_CUDA_ENGINE", "auto", [] { CHECK(panels::engine_from_environment() == CudaEngine::automatic); });
+  with("FLATMEM_CUDA_ENGINE", "tiles", [] { CHECK(panels::engine_from_environment() == CudaEngine::tiles); });
+  with("FLATMEM_CUDA_ENGINE", "panels", [] { CHECK(panels::engine_from_environment() == CudaEngine::panels); });
+  with("FLATMEM_CUDA_ENGINE", "Panels", [] { CHECK_THROWS_WITH(panels::engine_from_environment(),
+                                                              doctest::Contains("FLATMEM_CUDA_ENGINE")); });
+  CHECK(panels::budget_from_environment() == 0);
+  with("FLATMEM_CUDA_PANEL_BYTES", "1G", [] { CHECK(panels::budget_from_environment() == std::size_t(1) << 30); });
+  with("FLATMEM_CUDA_PANEL_BYTES", "96M", [] { CHECK(panels::budget_from_environment() == std::size_t(96) << 20); });
+  with("FLATMEM_CUDA_PANEL_BYTES", "12345", [] { CHECK(panels::budget_from_environment() == 12345); });
+  for (const char *bad : {"-1", "1T", "M", "1GB", "99999999999999999999"})
+    with("FLATMEM_CUDA_PANEL_BYTES", bad, [] { CHECK_THROWS_WITH(panels::budget_from_environment(),
+                                                                doctest::Contains("FLATMEM_CUDA_PANEL_BYTES")); });
+  with("FLATMEM_CUDA_PANEL_SHAPE", "4096x2048", [] {
+    const panels::Shape s = panels::shape_from_environment();
+    CHECK(s.rows == 4096);
+    CHECK(s.cols == 2048);
+  });
+  for (const char *bad : {"4096", "x2048", "0x5", "4096x", "4096x99999", "4096x2048x1"})
+    with("FLATMEM_CUDA_PANEL_SHAPE", bad, [] { CHECK_THROWS_WITH(panels::shape_from_environment(),
+                                                                doctest::Contains("FLATMEM_CUDA_PANEL_SHAPE")); });
+  // A forced shape is used as given (clamped to the matrix), over the dial if need be.
+  const auto p = panels::plan_backward(65536, 65536, 768, Loss::symmetric, true, true, true, 0, {8192, 8192});
+  CHECK(p.rows == 8192);
+  CHECK(p.cols == 8192);
+  CHECK(p.over_budget);
+  const auto q = panels::plan_forward(300, 200, 8, Loss::infonce, 0, {4096, 4096});
+  CHECK(q.rows == 300);
+  CHECK(q.cols == 200);
 }
 
 namespace {

@@ -132,7 +132,12 @@ panels::PanelPlan backward_plan(const Options &options, const MatrixView &q, con
                                {options.panel_rows, options.panel_cols});
 }
 bool panels_run(const Options &options, const MatrixView &q, const MatrixView &k) {
-  return panels::use_panels(options.cuda_engine, options.loss, q.rows, k.rows);
+  const bool bf16 = q.dtype == Dtype::bf16;
+  // The device is asked only when its answer matters.
+  const bool ask = options.cuda_engine == CudaEngine::automatic && options.loss != Loss::sigmoid && bf16 &&
+                   q.rows >= panels::auto_min_extent && k.rows >= panels::auto_min_extent;
+  const int sm_major = ask ? flatmem::cuda::compute_capability_major(q.device.device_id) : 0;
+  return panels::use_panels(options.cuda_engine, options.loss, bf16, q.rows, k.rows, sm_major);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "contrastive/panels/plan.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -161,10 +162,10 @@ CudaEngine engine_from_environment() {
   invalid("FLATMEM_CUDA_ENGINE: '", text, "' is not one of auto, tiles, panels");
 }
 
-bool use_panels(CudaEngine engine, Loss loss, std::int64_t b, std::int64_t c) {
-  (void)b, (void)c;
-  if (loss == Loss::sigmoid) return false;
-  return engine == CudaEngine::panels;
+bool use_panels(CudaEngine engine, Loss loss, bool bf16, std::int64_t b, std::int64_t c, int sm_major) {
+  if (loss == Loss::sigmoid || engine == CudaEngine::tiles) return false;
+  if (engine == CudaEngine::panels) return true;
+  return bf16 && b >= auto_min_extent && c >= auto_min_extent && sm_major >= 9;
 }
 
 Shape shape_from_environment() {
@@ -188,7 +189,9 @@ std::size_t budget_from_environment() {
   const char *text = std::getenv("FLATMEM_CUDA_PANEL_BYTES");
   if (text == nullptr || text[0] == '\0') return 0;
   char *end = nullptr;
+  errno = 0;
   const unsigned long long value = std::strtoull(text, &end, 10);
+  const bool overflow = errno == ERANGE;
   unsigned shift = 0;
   if (end != text) {
     switch (*end) {
@@ -198,7 +201,8 @@ std::size_t budget_from_environment() {
       default: break;
     }
   }
-  if (end == text || *end != '\0' || text[0] == '-' || value > (std::numeric_limits<std::uint64_t>::max() >> shift))
+  if (end == text || *end != '\0' || text[0] == '-' || overflow ||
+      value > (std::numeric_limits<std::uint64_t>::max() >> shift))
     invalid("FLATMEM_CUDA_PANEL_BYTES: '", text, "' is not a byte count (digits, optionally K, M or G)");
   return std::size_t(value) << shift;
 }

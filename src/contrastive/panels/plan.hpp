@@ -110,10 +110,15 @@ Shape shape_from_environment();
 // anything else is INVALID_ARGUMENT naming the variable and the choices.
 CudaEngine engine_from_environment();
 
-// Whether a softmax call on one CUDA device runs the panels: forced by the
-// option, else the default, which is the tile kernels until a GPU run has
-// measured the panels faster (docs/benchmarks/gpu.md says which commit).
-bool use_panels(CudaEngine engine, Loss loss, std::int64_t b, std::int64_t c);
+// Whether a softmax call on one CUDA device runs the panels. Forced by the
+// option (engine tiles / panels); automatic: the panels where a GPU run has
+// measured them faster than the tile kernels and correct -- bf16 features,
+// b and c >= auto_min_extent, compute capability 9.0 or newer (bench/gpu/run5
+// on an H200 at cdb2b93: 3.0-4.0x the tiles' speed at b = 16384..262144,
+// d = 512 and 768); everything else keeps the tile kernels until measured.
+// The sigmoid loss always runs the tile kernels.
+constexpr std::int64_t auto_min_extent = 16384;
+bool use_panels(CudaEngine engine, Loss loss, bool bf16, std::int64_t b, std::int64_t c, int sm_major);
 
 // The dial from FLATMEM_CUDA_PANEL_BYTES (bytes, suffix K / M / G allowed), 0
 // when unset; INVALID_ARGUMENT naming the variable when it does not parse.

@@ -56,6 +56,15 @@ int multiprocessor_count(int device) {
   return count;
 }
 
+int compute_capability_major(int device) {
+  int major = 0;
+  const cudaError_t status = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (status != cudaSuccess)
+    fail(FLATMEM_STATUS_UNSUPPORTED, "q: kDLCUDA device ", device, " cannot be queried (",
+         consume(status), ")");
+  return major;
+}
+
 void check_launch(cudaError_t status, const char *what) {
   if (status != cudaSuccess) fail(FLATMEM_STATUS_INTERNAL, what, ": ", consume(status));
 }

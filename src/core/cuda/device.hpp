@@ -30,6 +30,9 @@ void check_device_pointer(const void *p, const char *name, int device);
 // Streaming multiprocessors of `device` (a host attribute query).
 int multiprocessor_count(int device);
 
+// The major compute capability of `device` (9 on Hopper; a host attribute query).
+int compute_capability_major(int device);
+
 // Throws FLATMEM_STATUS_INTERNAL "<what>: <CUDA error text>" unless status is cudaSuccess.
 void check_launch(cudaError_t status, const char *what);
 

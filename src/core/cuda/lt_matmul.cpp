@@ -41,18 +41,10 @@ using Key = std::tuple<int, int, bool, bool, std::int64_t, std::int64_t, std::in
                        std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool,
                        bool, std::uint32_t, std::uint32_t, std::uint32_t, std::size_t>;
 
-// The descriptors and the algorithm of one key.
-struct Prepared {
-  cublasLtMatmulDesc_t op;
-  cublasLtMatrixLayout_t first, second, out;
-  cublasLtMatmulAlgo_t algorithm;
-};
-
 struct Cache {
   std::mutex mutex;
   std::map<int, cublasLtHandle_t> handles;  // per device, never destroyed (process lifetime)
-  std::map<Key, Prepared> prepared;         // calls without a bias (process lifetime)
-  std::map<Key, cublasLtMatmulAlgo_t> algorithms;  // calls with a bias: the algorithm only
+  std::map<Key, cublasLtMatmulAlgo_t> algorithms;
 };
 
 Cache &cache() {
@@ -107,13 +99,18 @@ cublasLtHandle_t handle_for(Cache &c, int device) {
 
 }  // namespace
 
-namespace {
-
-// The descriptors of `p` (op, the two operand layouts, the output layout) into d.
-void describe(const Api &api, const Gemm &p, bool tf32, Descriptors &d) {
+void matmul(const Context &context, const Gemm &p) {
+  if (reinterpret_cast<std::uintptr_t>(context.workspace) % workspace_alignment != 0)
+    fail(FLATMEM_STATUS_INTERNAL, "matmul: the cuBLASLt workspace at ", context.workspace, " is not ",
+         workspace_alignment, "-byte aligned");
+  if (p.a.type != p.b.type) fail(FLATMEM_STATUS_INTERNAL, "matmul: A and B of different element types");
+  const Api &api = lt::api();
   const cudaDataType_t operand = data_type(p.a.type);
+  const std::int64_t esize = std::int64_t(element_bytes(p.a.type));
   const cublasOperation_t op_first = p.b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_second = p.a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  Descriptors d(api);
+  const bool tf32 = context.tf32 && p.a.type == Type::f32;
   const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   check(api.MatmulDescCreate(&d.op, compute, CUDA_R_32F), "matmul: descriptor");
   check(api.MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first),
@@ -134,70 +131,10 @@ void describe(const Api &api, const Gemm &p, bool tf32, Descriptors &d) {
   d.second = p.a.transposed ? layout(api, operand, p.k, p.m, p.a.ld, p.batch, p.a.batch_stride)
                             : layout(api, operand, p.m, p.k, p.a.ld, p.batch, p.a.batch_stride);
   d.out = layout(api, CUDA_R_32F, p.m, p.n, p.ldc, p.batch, p.c_batch_stride);
-}
 
-struct Alignments {
-  std::uint32_t first, second, out;
-};
-
-// cuBLASLt's first heuristic algorithm for d (see the header for fixed_order).
-cublasLtMatmulAlgo_t choose(const Api &api, cublasLtHandle_t handle, const Context &context, const Gemm &p,
-                            const Alignments &align, Descriptors &d) {
-  check(api.MatmulPreferenceCreate(&d.preference), "matmul: preference");
-  const std::uint64_t workspace = context.workspace_bytes;
-  check(api.MatmulPreferenceSetAttribute(d.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
-                                         sizeof workspace),
-        "matmul: workspace preference");
-  const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> alignments[] = {
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align.first},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align.second},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align.out},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align.out}};
-  for (const auto &[attribute, bytes] : alignments)
-    check(api.MatmulPreferenceSetAttribute(d.preference, attribute, &bytes, sizeof bytes),
-          "matmul: alignment preference");
-  if (context.fixed_order) {
-    const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_INPLACE;  // and NONE (no bit)
-    check(api.MatmulPreferenceSetAttribute(d.preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
-                                           sizeof schemes),
-          "matmul: reduction scheme preference");
-  }
-  cublasLtMatmulHeuristicResult_t result{};
-  int found_count = 0;
-  check(api.MatmulAlgoGetHeuristic(handle, d.op, d.first, d.second, d.out, d.out, d.preference, 1, &result,
-                                   &found_count),
-        "matmul: heuristic");
-  if (found_count == 0 && context.fixed_order) {
-    // No in-place / unsplit algorithm for this shape: cuBLASLt's others reduce split-K
-    // partials in its own workspace, in a fixed order too (the algorithm is pinned here).
-    const std::uint32_t any = CUBLASLT_REDUCTION_SCHEME_MASK;
-    check(api.MatmulPreferenceSetAttribute(d.preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &any,
-                                           sizeof any),
-          "matmul: reduction scheme preference");
-    check(api.MatmulAlgoGetHeuristic(handle, d.op, d.first, d.second, d.out, d.out, d.preference, 1, &result,
-                                     &found_count),
-          "matmul: heuristic");
-  }
-  if (found_count == 0)
-    fail(FLATMEM_STATUS_UNSUPPORTED, "matmul: cuBLASLt has no algorithm for ", p.m, " x ", p.n, " x ", p.k, " (",
-         type_name(p.a.type), ", batch ", p.batch, ")");
-  return result.algo;
-}
-
-}  // namespace
-
-void matmul(const Context &context, const Gemm &p) {
-  if (reinterpret_cast<std::uintptr_t>(context.workspace) % workspace_alignment != 0)
-    fail(FLATMEM_STATUS_INTERNAL, "matmul: the cuBLASLt workspace at ", context.workspace, " is not ",
-         workspace_alignment, "-byte aligned");
-  if (p.a.type != p.b.type) fail(FLATMEM_STATUS_INTERNAL, "matmul: A and B of different element types");
-  const Api &api = lt::api();
-  const std::int64_t esize = std::int64_t(element_bytes(p.a.type));
-  const bool tf32 = context.tf32 && p.a.type == Type::f32;
-  const Alignments align{alignment_of(p.b.data, p.b.batch_stride * esize),
-                         alignment_of(p.a.data, p.a.batch_stride * esize),
-                         alignment_of(p.c, p.c_batch_stride * 4) & (p.bias ? alignment_of(p.bias, 0) : 16u)};
-  const std::uint32_t align_first = align.first, align_second = align.second, align_out = align.out;
+  const std::uint32_t align_first = alignment_of(p.b.data, p.b.batch_stride * esize);
+  const std::uint32_t align_second = alignment_of(p.a.data, p.a.batch_stride * esize);
+  const std::uint32_t align_out = alignment_of(p.c, p.c_batch_stride * 4) & (p.bias ? alignment_of(p.bias, 0) : 16u);
   const Key key{context.device, int(p.a.type), tf32, context.fixed_order, p.m, p.n, p.k, p.batch,
                 p.a.transposed, p.b.transposed, p.a.ld, p.b.ld, p.ldc, p.a.batch_stride, p.b.batch_stride,
                 p.c_batch_stride, p.bias != nullptr, p.beta != 0.0f, align_first, align_second, align_out,
@@ -205,34 +142,59 @@ void matmul(const Context &context, const Gemm &p) {
 
   DeviceGuard guard(context.device);
   Cache &c = cache();
-  Descriptors d(api);  // per call: a bias (its pointer is an attribute of the descriptor)
-  Prepared use{};
   cublasLtHandle_t handle;
+  cublasLtMatmulAlgo_t algorithm{};
   {
     std::lock_guard<std::mutex> lock(c.mutex);
     handle = handle_for(c, context.device);
-    if (p.bias == nullptr) {
-      // Without a bias the descriptors depend on the key alone: made once, kept for the
-      // process (a panel walk calls thousands of GEMMs of a few shapes).
-      auto found = c.prepared.find(key);
-      if (found == c.prepared.end()) {
-        Descriptors made(api);
-        describe(api, p, tf32, made);
-        Prepared prepared{made.op, made.first, made.second, made.out, choose(api, handle, context, p, align, made)};
-        made.op = nullptr, made.first = made.second = made.out = nullptr;  // owned by the cache now
-        found = c.prepared.emplace(key, prepared).first;
-      }
-      use = found->second;
+    auto found = c.algorithms.find(key);
+    if (found != c.algorithms.end()) {
+      algorithm = found->second;
     } else {
-      describe(api, p, tf32, d);
-      auto found = c.algorithms.find(key);
-      if (found == c.algorithms.end()) found = c.algorithms.emplace(key, choose(api, handle, context, p, align, d)).first;
-      use = Prepared{d.op, d.first, d.second, d.out, found->second};
+      check(api.MatmulPreferenceCreate(&d.preference), "matmul: preference");
+      const std::uint64_t workspace = context.workspace_bytes;
+      check(api.MatmulPreferenceSetAttribute(d.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                             sizeof workspace),
+            "matmul: workspace preference");
+      const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> alignments[] = {
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_first},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_out},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_out}};
+      for (const auto &[attribute, bytes] : alignments)
+        check(api.MatmulPreferenceSetAttribute(d.preference, attribute, &bytes, sizeof bytes),
+              "matmul: alignment preference");
+      if (context.fixed_order) {
+        const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_INPLACE;  // and NONE (no bit)
+        check(api.MatmulPreferenceSetAttribute(d.preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                               sizeof schemes),
+              "matmul: reduction scheme preference");
+      }
+      cublasLtMatmulHeuristicResult_t result{};
+      int found_count = 0;
+      check(api.MatmulAlgoGetHeuristic(handle, d.op, d.first, d.second, d.out, d.out, d.preference, 1, &result,
+                                       &found_count),
+            "matmul: heuristic");
+      if (found_count == 0 && context.fixed_order) {
+        // No in-place / unsplit algorithm for this shape: cuBLASLt's others reduce split-K
+        // partials in its own workspace, in a fixed order too (the algorithm is pinned here).
+        const std::uint32_t any = CUBLASLT_REDUCTION_SCHEME_MASK;
+        check(api.MatmulPreferenceSetAttribute(d.preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &any,
+                                               sizeof any),
+              "matmul: reduction scheme preference");
+        check(api.MatmulAlgoGetHeuristic(handle, d.op, d.first, d.second, d.out, d.out, d.preference, 1, &result,
+                                         &found_count),
+              "matmul: heuristic");
+      }
+      if (found_count == 0)
+        fail(FLATMEM_STATUS_UNSUPPORTED, "matmul: cuBLASLt has no algorithm for ", p.m, " x ", p.n, " x ", p.k,
+             " (", type_name(p.a.type), ", batch ", p.batch, ")");
+      algorithm = result.algo;
+      c.algorithms.emplace(key, algorithm);
     }
   }
-  const cublasLtMatmulAlgo_t algorithm = use.algorithm;
-  const cublasStatus_t status = api.Matmul(handle, use.op, &p.alpha, p.b.data, use.first, p.a.data, use.second,
-                                           &p.beta, p.c, use.out, p.c, use.out, &algorithm, context.workspace,
+  const cublasStatus_t status = api.Matmul(handle, d.op, &p.alpha, p.b.data, d.first, p.a.data, d.second, &p.beta,
+                                           p.c, d.out, p.c, d.out, &algorithm, context.workspace,
                                            context.workspace_bytes, context.stream);
   if (status != CUBLAS_STATUS_SUCCESS)
     fail(FLATMEM_STATUS_INTERNAL, "matmul: cublasLtMatmul: cuBLASLt ", api.GetStatusString(status), " (",

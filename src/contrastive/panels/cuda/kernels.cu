@@ -88,29 +88,6 @@ __device__ void store_g(float *line, std::int64_t c, float gt, GType type) {
   }
 }
 
-// Four entries c .. c + 3 (c a multiple of 4, the row 16-byte aligned).
-__device__ void store_g4(float *line, std::int64_t c, const float (&gt)[pass_vector], GType type) {
-  switch (type) {
-    case GType::bf16: {
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(gt[0], gt[1]), hi = __floats2bfloat162_rn(gt[2], gt[3]);
-      uint2 packed;
-      packed.x = *reinterpret_cast<const unsigned *>(&lo);
-      packed.y = *reinterpret_cast<const unsigned *>(&hi);
-      *reinterpret_cast<uint2 *>(reinterpret_cast<__nv_bfloat16 *>(line) + c) = packed;
-      break;
-    }
-    case GType::f16: {
-      const __half2 lo = __floats2half2_rn(gt[0], gt[1]), hi = __floats2half2_rn(gt[2], gt[3]);
-      uint2 packed;
-      packed.x = *reinterpret_cast<const unsigned *>(&lo);
-      packed.y = *reinterpret_cast<const unsigned *>(&hi);
-      *reinterpret_cast<uint2 *>(reinterpret_cast<__half *>(line) + c) = packed;
-      break;
-    }
-    default: *reinterpret_cast<float4 *>(line + c) = make_float4(gt[0], gt[1], gt[2], gt[3]); break;
-  }
-}
-
 __global__ void __launch_bounds__(gradient_warps * 32) gradient_kernel(GradientParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const std::int64_t r = std::int64_t(blockIdx.x) * gradient_warps + warp;
@@ -121,38 +98,25 @@ __global__ void __launch_bounds__(gradient_warps * 32) gradient_kernel(GradientP
   EntryTerms t;
   t.symmetric = p.symmetric;
   t.row_lse = p.row_lse[row];
-  // Whole 4-column groups of a row whose pitch keeps 16-byte alignment move as
-  // one float4 load and one 16- or 8-byte store; the rest element by element.
-  const bool vector_rows = p.pitch % pass_vector == 0;
   float ds = 0.0f;
   for (std::int64_t c0 = 0; c0 < p.cols; c0 += pass_chunk) {
-    const std::int64_t first = c0 + lane * pass_vector;
-    const bool whole = vector_rows && first + pass_vector <= p.cols;
     float raw[pass_vector], gt[pass_vector];
-    if (whole) {
-      const float4 v = *reinterpret_cast<const float4 *>(line + first);
-      raw[0] = v.x, raw[1] = v.y, raw[2] = v.z, raw[3] = v.w;
-    } else {
 #pragma unroll
-      for (int v = 0; v < pass_vector; ++v) raw[v] = first + v < p.cols ? line[first + v] : 0.0f;
+    for (int v = 0; v < pass_vector; ++v) {
+      const std::int64_t c = c0 + lane * pass_vector + v;
+      raw[v] = c < p.cols ? line[c] : 0.0f;
     }
     __syncwarp();  // every lane has read the chunk before any writes over it (16-bit G, chunk 0)
 #pragma unroll
     for (int v = 0; v < pass_vector; ++v) {
-      const std::int64_t c = first + v;
-      gt[v] = 0.0f;
+      const std::int64_t c = c0 + lane * pass_vector + v;
       if (c >= p.cols) continue;
       const std::int64_t col = p.col0 + c;
       if (p.symmetric) t.col_lse = p.col_lse[col];
       t.positive = positive_of(p.labels, row, col, p.c, &t.bad);
       gt[v] = gradient_entry(s * raw[v], t);
       ds += gt[v] * raw[v];
-    }
-    if (whole) {
-      store_g4(line, first, gt, p.g_type);
-    } else {
-      for (int v = 0; v < pass_vector; ++v)
-        if (first + v < p.cols) store_g(line, first + v, gt[v], p.g_type);
+      store_g(line, c, gt[v], p.g_type);
     }
     __syncwarp();
   }
