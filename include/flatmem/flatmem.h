@@ -340,12 +340,34 @@ typedef struct flatmem_comm_s flatmem_comm_t;
  *  - Values behind device pointers are not checked on the host: a logit
  *    scale that is not finite and > 0, or a label outside [0, c), makes the
  *    loss (and the gradients it touches) NaN instead of an error status.
+ *  - Two engines run the softmax losses on one device. The tile kernels
+ *    fuse every product on chip (64 x 128 tiles). The panel engine lets
+ *    cuBLASLt write R x C panels of fp32 logits into the workspace and runs
+ *    its own passes over them (running log-sum-exps in the forward; G in
+ *    place, then cuBLASLt products into fp32 accumulators, in the backward;
+ *    docs/contrastive/panels.md). The handle chooses when it is created:
+ *    the panels for bf16 q and k with b and c >= 16384 on a device of
+ *    compute capability 9.0 or newer (where a GPU run measured them 3-4x
+ *    faster), the tiles otherwise and always for the sigmoid loss and the
+ *    ring. Environment, read by flatmem_contrastive_create:
+ *    FLATMEM_CUDA_ENGINE = auto | tiles | panels forces an engine;
+ *    FLATMEM_CUDA_PANEL_BYTES (bytes, suffix K / M / G; default 64M) is the
+ *    panel engine's workspace dial -- larger panels and, once dk's fp32
+ *    accumulator (c x d x 4 bytes) fits, one backward sweep instead of two;
+ *    FLATMEM_CUDA_PANEL_SHAPE = <rows>x<cols> forces the panel extents (a
+ *    tuning knob). A value these do not parse fails the create with
+ *    FLATMEM_STATUS_INVALID_ARGUMENT naming the variable. The panel engine
+ *    opens cuBLASLt (libcublasLt.so.<major>, or $FLATMEM_CUBLASLT_LIBRARY)
+ *    at its first call; FLATMEM_STATUS_UNSUPPORTED when it cannot.
  *  - workspace must be a device buffer of at least the queried size (NULL
  *    is refused with FLATMEM_STATUS_INVALID_ARGUMENT: the CUDA backend never
- *    allocates). Queries with kDLCUDA tensors return the CUDA needs: forward
+ *    allocates). Queries with kDLCUDA tensors return the CUDA needs of the
+ *    engine the handle chooses for those shapes. Tiles: forward
  *    (16 b + 32 c) * 8 bytes at most (partial log-sum-exp states); backward
  *    2 * SMs * 64 * ceil(d / 64) * 4 bytes (one fp32 accumulator tile per
  *    resident CTA; SMs = multiprocessors of the device) plus b / 8 bytes.
+ *    Panels: at most the dial (54.5 MiB at b = 65536, d = 768 by default),
+ *    unless the smallest panel (128 x 128) does not fit in it.
  *  - Errors found before the first kernel launch are reported as for the
  *    CPU, with nothing written. Launch failures give FLATMEM_STATUS_INTERNAL;
  *    errors while the kernels run surface on the stream, as for any CUDA
@@ -360,9 +382,12 @@ typedef struct flatmem_comm_s flatmem_comm_t;
  *    CPU settings. Results are bitwise reproducible from run to run on one
  *    GPU (fixed work split, fixed-order reductions, no atomics) but are not
  *    bitwise equal to the CPU backend's.
- *  - Cost: the forward does 2 b c d FLOPs, the backward 8 b c d (dq and dk
- *    in two passes, each recomputing its logit tiles: every output row then
- *    has a single owner and needs no atomics).
+ *  - Cost (tiles): the forward does 2 b c d FLOPs, the backward 8 b c d (dq
+ *    and dk in two passes, each recomputing its logit tiles: every output
+ *    row then has a single owner and needs no atomics). Panels: the forward
+ *    2 b c d; the backward 6 b c d when dk's accumulator fits the dial, else
+ *    8 b c d (a sweep for dq, one for dk), all in cuBLASLt GEMMs with fixed
+ *    algorithms and fixed-order split-K, so also bitwise reproducible.
  *
  * Ring across ranks (options.comm != NULL; CPU tensors over the host
  * transport, CUDA tensors over NCCL -- "On CUDA tensors" below):
