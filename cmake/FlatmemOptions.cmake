@@ -70,7 +70,7 @@ macro(flatmem_detect_optional_backends)
 endmacro()
 
 function(flatmem_print_summary)
-  message(STATUS "flatmem ${PROJECT_VERSION}: CPU backend with ${FLATMEM_BLAS_DESCRIPTION}")
+  message(STATUS "flatmem ${PROJECT_VERSION}: CPU backend on flatmem's own kernels (no BLAS)")
   if(FLATMEM_HAVE_CUDA)
     set(_cuda_what "CUDA backend of the contrastive loss for sm ${FLATMEM_CUDA_ARCHITECTURES}")
   else()

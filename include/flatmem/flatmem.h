@@ -494,10 +494,9 @@ typedef struct flatmem_comm_s flatmem_comm_t;
  *
  * Threads (CPU): the handle owns num_threads - 1 worker threads (created by
  * flatmem_contrastive_create, joined by flatmem_contrastive_destroy); the
- * calling thread is the remaining one. flatmem calls its BLAS (sgemm) from
- * these threads, one call per tile; link the single-threaded OpenBLAS
- * variant (Debian: libopenblas0-serial) for best speed. A threaded BLAS gives
- * the same results, a little slower.
+ * calling thread is the remaining one. Each tile's products run on the
+ * thread that owns the tile, in flatmem's own kernels (no BLAS is linked or
+ * called), so the host's BLAS settings and threads are never touched.
  */
 
 typedef struct flatmem_contrastive_s flatmem_contrastive_t;

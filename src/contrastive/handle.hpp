@@ -6,16 +6,13 @@
 #include "contrastive/cpu/logit_cache.hpp"
 #include "contrastive/problem.hpp"
 #include "contrastive/ring/stats.hpp"
-#include "core/blas.hpp"
 #include "core/device_workspace.hpp"
 #include "core/owned_workspace.hpp"
 #include "core/thread_pool.hpp"
 
 struct flatmem_contrastive_s {
   explicit flatmem_contrastive_s(const flatmem::contrastive::Options &o)
-      : options(o), pool(o.num_threads), logit_cache(o.logit_cache_bytes) {
-    flatmem::prepare_blas();
-  }
+      : options(o), pool(o.num_threads), logit_cache(o.logit_cache_bytes) {}
 
   flatmem::contrastive::Options options;
   flatmem::ThreadPool pool;

@@ -157,7 +157,7 @@ TEST_CASE("core/cpu-isa/set-and-name-take-any-int-a-c-caller-passes") {
   const auto set = reinterpret_cast<flatmem_status (*)(std::int32_t)>(&flatmem_cpu_isa_set);
   const auto name = reinterpret_cast<const char *(*)(std::int32_t)>(&flatmem_cpu_isa_name);
   const flatmem_cpu_isa before = isa_in_use();
-  for (std::int32_t value : {-1, 5, 0x7fffffff, -0x7fffffff - 1}) {
+  for (std::int32_t value : {-1, FLATMEM_CPU_ISA_AMX + 1, 0x7fffffff, -0x7fffffff - 1}) {
     CAPTURE(value);
     CHECK(set(value) == FLATMEM_STATUS_INVALID_ARGUMENT);
     CHECK(std::string(flatmem_last_error()).find("isa: " + std::to_string(value)) != std::string::npos);

@@ -24,7 +24,6 @@
 // one tokens^2 tile of p per thread instead.
 #include <cmath>
 
-#include "core/blas.hpp"
 #include "core/gemm/sgemm.hpp"
 #include "core/workspace.hpp"
 #include "reversible/blocks/cpu/kernels.hpp"
@@ -81,7 +80,6 @@ std::size_t attention_residual_bytes(const BlockShape &s) {
 
 void attention_forward(const Parallel &parallel, const BlockShape &s, const BlockParameters &p,
                        const float *x, float *y, void *residuals) {
-  prepare_blas();
   const std::int64_t T = s.tokens, W = s.width, W3 = 3 * s.width, H = s.heads, d = s.head_dim;
   const bool keep = residuals != nullptr;
   WorkspaceCarver measure;
@@ -119,7 +117,6 @@ void attention_forward(const Parallel &parallel, const BlockShape &s, const Bloc
 
 void attention_vjp(const Parallel &parallel, const BlockShape &s, const BlockParameters &p,
                    const float *x, const void *residuals, const float *dy, float *dx) {
-  prepare_blas();
   const std::int64_t T = s.tokens, W = s.width, W3 = 3 * s.width, H = s.heads, d = s.head_dim;
   WorkspaceCarver saved_carve(const_cast<void *>(residuals));
   const Saved b = carve_saved(saved_carve, s, true, 1);

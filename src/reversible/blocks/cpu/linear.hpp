@@ -1,6 +1,6 @@
 // The affine maps of the blocks, y = x W + b with x (rows, in), W (in, out)
 // row-major, b (out), and their gradients. GEMMs go to the single-threaded
-// BLAS (core/blas.hpp); the callers split the work into fixed slabs.
+// GEMM (core/gemm/sgemm.hpp); the callers split the work into fixed slabs.
 #pragma once
 
 #include <cstdint>

@@ -14,7 +14,6 @@
 // ln (rows x width), u (rows x hidden): (width + hidden + 2) rows floats.
 // GELU(u) is recomputed by the VJP rather than kept (hidden rows floats
 // less). The forward without residuals keeps ln and u of one slab per thread.
-#include "core/blas.hpp"
 #include "core/workspace.hpp"
 #include "reversible/blocks/cpu/gelu.hpp"
 #include "reversible/blocks/cpu/kernels.hpp"
@@ -65,7 +64,6 @@ std::size_t mlp_residual_bytes(const BlockShape &s) {
 
 void mlp_forward(const Parallel &parallel, const BlockShape &s, const BlockParameters &p,
                  const float *x, float *y, void *residuals) {
-  prepare_blas();
   const std::int64_t W = s.width, Hd = s.hidden, threads = parallel.threads();
   const bool keep = residuals != nullptr;
   // Per-thread slabs: ln and u (when not kept) and GELU(u).
@@ -103,7 +101,6 @@ void mlp_forward(const Parallel &parallel, const BlockShape &s, const BlockParam
 
 void mlp_vjp(const Parallel &parallel, const BlockShape &s, const BlockParameters &p,
              const float *x, const void *residuals, const float *dy, float *dx) {
-  prepare_blas();
   const std::int64_t W = s.width, Hd = s.hidden;
   WorkspaceCarver saved_carve(const_cast<void *>(residuals));
   const Saved b = carve_saved(saved_carve, s, s.rows);
