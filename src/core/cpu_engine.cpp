@@ -4,6 +4,7 @@
 
 #include <flatmem/flatmem.h>
 
+#include "contrastive/cpu/amx_gemm.hpp"
 #include "core/gemm/sgemm.hpp"
 
 
@@ -16,9 +17,8 @@ constexpr const char *kVersion = FLATMEM_STRINGIZE(FLATMEM_VERSION_MAJOR) "." FL
     FLATMEM_VERSION_MINOR) "." FLATMEM_STRINGIZE(FLATMEM_VERSION_PATCH);
 
 // The bf16 tile products' engine at `isa` (contrastive/cpu/tile_gemm.cpp decides the same way).
-// The amx level runs avx512bf16's vdpbf16ps kernels: no AMX tile kernel exists yet (issue 40).
 std::string bf16_engine(Isa isa) {
-  if (isa == Isa::amx) return "vdpbf16ps 6x64 (bf16 products, fp32 sums; no AMX tile kernels yet)";
+  if (isa == Isa::amx) return contrastive::cpu::amx::kKernelName;
   if (isa >= Isa::avx512bf16) return "vdpbf16ps 6x64 (bf16 products, fp32 sums)";
   return "widened to fp32";
 }

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "contrastive/cpu/bf16_gemm.hpp"
+#include "contrastive/cpu/tile_gemm.hpp"
 #include "contrastive/cpu/tile_math.hpp"
 
 namespace flatmem::contrastive::cpu {
@@ -12,7 +12,7 @@ std::vector<ThreadScratch> carve_thread_scratch(WorkspaceCarver &carver, const P
   const bool widen = input != Dtype::f32;
   const std::int64_t widened = (plan.tile_rows + plan.tile_cols) * plan.d;
   const std::int64_t block =
-      input == Dtype::bf16 ? std::max(widened, bf16::scratch_words(plan.tile_rows, plan.tile_cols, plan.d))
+      input == Dtype::bf16 ? std::max(widened, bf16_pack_words(plan.tile_rows, plan.tile_cols, plan.d))
                            : widened;
   std::vector<ThreadScratch> out(static_cast<std::size_t>(threads));
   for (auto &t : out) {

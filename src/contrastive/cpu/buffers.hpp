@@ -17,7 +17,7 @@ struct ThreadScratch {
   float *tile = nullptr;             // tile_rows x tile_cols logits / gradients
   float *q_rows = nullptr;           // widened q rows (16-bit inputs only)
   float *k_rows = nullptr;           // widened k rows (16-bit inputs only)
-  std::uint32_t *pack = nullptr;     // bf16 inputs: bf16::scratch_words, over q_rows
+  std::uint32_t *pack = nullptr;     // bf16 inputs: bf16_pack_words (tile_gemm.hpp), over q_rows
   float *math = nullptr;             // tile_math_scratch_floats(tile_rows, tile_cols)
   std::int64_t *positives = nullptr; // tile_rows positive-column slots
 };

@@ -1,11 +1,13 @@
 // The three tile products of the contrastive loss: one single-threaded call
 // per tile (flatmem's own threads run tiles in parallel), through flatmem's
-// fp32 GEMM (core/gemm/sgemm.hpp) on fp32 rows, or, for bf16 inputs at the CPU ISA level avx512bf16, through
-// flatmem's own bf16 kernels (bf16_gemm.hpp) on the bf16 rows themselves.
+// fp32 GEMM (core/gemm/sgemm.hpp) on fp32 rows, or, for bf16 inputs, on the bf16 rows themselves
+// through flatmem's own bf16 kernels: AMX tiles at the CPU ISA level amx (amx_gemm.hpp), vdpbf16ps at
+// avx512bf16 (bf16_gemm.hpp).
 #pragma once
 
 #include <cstdint>
 
+#include "contrastive/cpu/amx_gemm.hpp"
 #include "contrastive/cpu/bf16_gemm.hpp"
 #include "contrastive/plan.hpp"
 #include "core/cpu_isa.hpp"
@@ -25,17 +27,24 @@ struct TileRows {
 
 // Which engine a walk's tiles use: decided once per call (a concurrent
 // flatmem_cpu_isa_set cannot mix engines within a call).
+enum class Bf16Engine { widened, vdpbf16ps, amx };
 struct TileProducts {
   cpu_isa::Isa isa = cpu_isa::Isa::baseline;  // the fp32 products' sgemm variant
-  bool bf16_kernels = false;   // bf16 inputs at avx512bf16
+  Bf16Engine bf16 = Bf16Engine::widened;      // bf16 inputs: amx at amx, vdpbf16ps at avx512bf16
   bool split_gradient = true;  // bf16 kernels: G as hi + lo (else rounded once)
 };
 TileProducts tile_products(const Plan &plan, Dtype input);
 
+// 32-bit words of a thread's scratch for the bf16 kernels of either engine.
+inline std::int64_t bf16_pack_words(std::int64_t tile_rows, std::int64_t tile_cols, std::int64_t d) {
+  const std::int64_t v = bf16::scratch_words(tile_rows, tile_cols, d), a = amx::scratch_words(tile_rows, tile_cols, d);
+  return v > a ? v : a;
+}
+
 // scratch: range.size() * cols floats for widening 16-bit rows.
 TileRows tile_rows(const TileProducts &engine, const MatrixView &m, Range range, float *scratch);
 
-// `pack`: the thread's bf16 kernel scratch (bf16::scratch_words), unused by sgemm.
+// `pack`: the thread's bf16 kernel scratch (bf16_pack_words), unused by sgemm.
 // raw (R x C, ld C) = Q_I (R x d) * K_J^T.
 void tile_logits(const TileProducts &engine, const TileRows &q, const TileRows &k, std::int64_t rows, std::int64_t cols,
                  std::int64_t d, float *raw, std::uint32_t *pack);
