@@ -14,7 +14,7 @@
 //   flatmem         OPENBLAS_NUM_THREADS unset (OpenBLAS default: all cores)
 //   flatmem-blas1   OPENBLAS_NUM_THREADS=1
 //   naive, gemm4    OPENBLAS_NUM_THREADS unset: OpenBLAS threads each GEMM itself
-//   tilegemm        OPENBLAS_NUM_THREADS=1: one single-threaded sgemm per tile
+//   tilegemm        flatmem's own single-threaded sgemm per tile (the engine of its fp32 rows)
 //   flatmem-cache   as flatmem, with options.logit_cache_bytes = 4 b^2 (every
 //                   logit tile kept for the backward: 6 b^2 d FLOPs)
 // The flatmem variants run once per CPU ISA of --isas (default: avx512bf16,
@@ -128,7 +128,7 @@ const VariantSpec specs[] = {
     {"flatmem-blas1", "flatmem", BlasEnv::one, "flatmem, OPENBLAS_NUM_THREADS=1"},
     {"naive", "naive", BlasEnv::all_cores, "naive materialised loss"},
     {"gemm4", "gemm4", BlasEnv::all_cores, "4 GEMMs in column strips"},
-    {"tilegemm", "tilegemm", BlasEnv::one, "4 GEMMs in tiles, 1-thread sgemm per thread"},
+    {"tilegemm", "tilegemm", BlasEnv::one, "4 GEMMs in tiles, flatmem's sgemm per thread"},
     {"flatmem-cache", "flatmem", BlasEnv::all_cores, "flatmem, logit cache 4 b^2 bytes"},
     {"sigmoid", "sigmoid", BlasEnv::all_cores, "flatmem sigmoid loss (value_and_grad)"},
     {"sigmoid-naive", "sigmoid-naive", BlasEnv::all_cores, "naive materialised sigmoid loss"},
@@ -148,16 +148,19 @@ std::string reference_of(const std::string &variant) {
   return "";
 }
 
-// FLATMEM_CPU_ISA names in flatmem_cpu_isa order (baseline = 1 ... avx512bf16 = 4).
-const char *const isa_names[] = {"baseline", "avx2", "avx512", "avx512bf16"};
+// FLATMEM_CPU_ISA names in flatmem_cpu_isa order (baseline = 1 ... amx = 5).
+const char *const isa_names[] = {"baseline", "avx2", "avx512", "avx512bf16", "amx"};
 int isa_rank(const std::string &isa) {
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 5; ++i)
     if (isa == isa_names[i]) return i + 1;
   return 0;
 }
 // What a CPU below `isa` lacks, for the skip notes.
 const char *isa_feature(const std::string &isa) {
-  return isa == "avx512bf16" ? "AVX512_BF16" : isa == "avx512" ? "AVX-512 (x86-64-v4)" : "AVX2 (x86-64-v3)";
+  return isa == "amx"          ? "AMX-TILE and AMX-BF16 (or the kernel's permission for tile data)"
+         : isa == "avx512bf16" ? "AVX512_BF16"
+         : isa == "avx512"     ? "AVX-512 (x86-64-v4)"
+                               : "AVX2 (x86-64-v3)";
 }
 flatmem_cpu_isa best_isa() {
   flatmem_cpu_isa best = FLATMEM_CPU_ISA_BASELINE;
@@ -341,7 +344,7 @@ void usage() {
       "usage: contrastive_bench [--loss clip|sigmoid|all] [--sizes B1,B2,...] [--dim D] [--quick] [--csv PATH]\n"
       "                         [--variants flatmem,flatmem-cache,flatmem-blas1,naive,gemm4,tilegemm,\n"
       "                                     sigmoid,sigmoid-naive,gemm3] [--bias T]\n"
-      "                         [--isas avx512bf16,avx512,avx2,baseline] [--dtypes fp32,bf16]\n"
+      "                         [--isas amx,avx512bf16,avx512,avx2,baseline] [--dtypes fp32,bf16]\n"
       "                         [--ref-max-batch B] [--precision default|tf32|full]\n"
       "                         [--min-time S] [--max-reps N] [--mem-limit-gib G]\n"
       "                         [--strip W] [--tile T] [--tilegemm-max-batch B] [--scale S]\n"
@@ -381,6 +384,7 @@ std::vector<std::string> default_isas() {
     return {isa};
   }
   const flatmem_cpu_isa best = best_isa();
+  if (best == FLATMEM_CPU_ISA_AMX) return {"amx", "avx512bf16", "avx512", "avx2"};
   if (best == FLATMEM_CPU_ISA_AVX512BF16) return {"avx512bf16", "avx512", "avx2"};
   if (best == FLATMEM_CPU_ISA_AVX512) return {"avx512", "avx2"};
   return {flatmem_cpu_isa_name(best)};
@@ -900,6 +904,10 @@ int driver_main(int argc, char **argv) {
   for (const auto &isa : o.isas)
     if (!isa_available(isa))
       std::printf("  %s rows: not run: CPU lacks %s\n", isa.c_str(), isa_feature(isa));
+    else
+      for (int level = FLATMEM_CPU_ISA_BASELINE; level <= FLATMEM_CPU_ISA_AMX; ++level)
+        if (isa == flatmem_cpu_isa_name(flatmem_cpu_isa(level)))
+          std::printf("  engine: %s\n", flatmem_cpu_isa_engine(flatmem_cpu_isa(level)));
   std::printf("dtypes of the flatmem rows: %s; float64 reference loss for b <= %lld; fp32_precision %s\n",
               dtype_list.c_str(), (long long)o.ref_max_batch,
               o.fp32_precision == FLATMEM_FP32_PRECISION_TF32  ? "tf32 (bf16 at avx512bf16: G rounded once)"

@@ -2,6 +2,8 @@
 #include "contrastive_variants.hpp"
 
 #include <cblas.h>
+
+#include "core/gemm/sgemm.hpp"
 #include <flatmem/flatmem.h>
 
 #include <algorithm>
@@ -525,9 +527,14 @@ Report run_gemm_strips(const VariantConfig &c, bool recompute) {
   return report;
 }
 
-// ---- the four GEMMs at tile shapes, single-threaded sgemm per thread --------
+// ---- the four GEMMs at tile shapes, flatmem's own single-threaded sgemm per thread --------
+// (src/core/gemm at the CPU ISA level flatmem runs under: the same engine as flatmem's rows)
 
 Report run_tilegemm(const VariantConfig &c) {
+  using flatmem::gemm::Op;
+  flatmem_cpu_isa in_use = FLATMEM_CPU_ISA_BASELINE;
+  flatmem_cpu_isa_get(&in_use, nullptr);
+  const auto isa = flatmem::cpu_isa::Isa(in_use);
   Features f(c.b, c.d, c.seed);
   const std::int64_t b = c.b, d = c.d, t = std::min(c.tile, c.b), tiles = (b + t - 1) / t;
   const int threads = hardware_threads();
@@ -549,12 +556,10 @@ Report run_tilegemm(const VariantConfig &c) {
           const std::int64_t cols = std::min(t, b - j0);
           const float *kj = f.k.get() + j0 * d;
           for (int pass = 0; pass < 2; ++pass)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(cols), int(d),
-                        c.scale, qi, int(d), kj, int(d), 0.0f, x, int(cols));
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(d), int(cols), 1.0f,
-                      x, int(cols), kj, int(d), 1.0f, f.dq.get() + i0 * d, int(d));
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(cols), int(d), int(rows), 1.0f,
-                      x, int(cols), qi, int(d), 1.0f, dk, int(d));
+            flatmem::gemm::sgemm(isa, Op::none, Op::transpose, rows, cols, d, c.scale, qi, d, kj, d, 0.0f, x, cols);
+          flatmem::gemm::sgemm(isa, Op::none, Op::none, rows, d, cols, 1.0f, x, cols, kj, d, 1.0f,
+                               f.dq.get() + i0 * d, d);
+          flatmem::gemm::sgemm(isa, Op::transpose, Op::none, cols, d, rows, 1.0f, x, cols, qi, d, 1.0f, dk, d);
         }
       }
     });
