@@ -21,6 +21,7 @@
 
 #include "contrastive/cpu/amx_gemm.hpp"
 #include "core/dtype.hpp"
+#include "support/bf16_operands.hpp"
 
 namespace amx_test {
 
@@ -28,8 +29,7 @@ namespace amx = flatmem::contrastive::cpu::amx;
 using flatmem::bf16_to_f32;
 using flatmem::f32_to_bf16;
 
-constexpr double u32 = 0x1p-24;
-inline double gamma_n(double n) { return n * u32 / (1.0 - n * u32); }
+inline double gamma_n(double n) { return flatmem_test::bf16_gamma_n(n); }
 
 struct Kernels {
   const char *name;
@@ -40,27 +40,8 @@ struct Kernels {
                      bool, std::uint32_t *);
 };
 
-// A bf16 matrix with row stride ld = cols + pad; the padding holds NaN so that
-// a kernel reading past a row's end shows up in its results.
-struct Bf16Matrix {
-  std::int64_t rows, cols, ld;
-  std::vector<std::uint16_t> data;
-  Bf16Matrix(std::int64_t r, std::int64_t c, std::int64_t pad, std::mt19937_64 &rng)
-      : rows(r), cols(c), ld(c + pad), data(std::size_t(r * (c + pad)) + 1, f32_to_bf16(std::nanf(""))) {
-    std::normal_distribution<float> n(0.0f, 1.0f);
-    for (std::int64_t i = 0; i < r; ++i)
-      for (std::int64_t j = 0; j < c; ++j) data[std::size_t(i * ld + j)] = f32_to_bf16(n(rng));
-  }
-  double at(std::int64_t i, std::int64_t j) const { return bf16_to_f32(data[std::size_t(i * ld + j)]); }
-  amx::Rows view() const { return {data.data(), ld}; }
-};
-
-inline std::vector<float> gaussian(std::size_t n, std::mt19937_64 &rng, float sigma) {
-  std::normal_distribution<float> d(0.0f, sigma);
-  std::vector<float> v(n);
-  for (float &x : v) x = d(rng);
-  return v;
-}
+using flatmem_test::Bf16Matrix;
+using flatmem_test::gaussian;
 
 // Poisoned: the kernels must write every word they read.
 inline std::vector<std::uint32_t> scratch_for(std::int64_t r, std::int64_t c, std::int64_t d) {
@@ -93,7 +74,7 @@ inline Outcome check_logits(const Kernels &k, const Shape &s, std::uint64_t seed
   const Bf16Matrix q(s.r, s.d, s.pad, rng), kk(s.c, s.d, s.pad, rng);
   std::vector<float> raw(std::size_t(s.r * s.c), std::nanf(""));
   auto scratch = scratch_for(s.r, s.c, s.d);
-  k.logits(q.view(), kk.view(), s.r, s.c, s.d, raw.data(), scratch.data());
+  k.logits(q.rows_view(), kk.rows_view(), s.r, s.c, s.d, raw.data(), scratch.data());
   Outcome o;
   for (std::int64_t i = 0; i < s.r; ++i)
     for (std::int64_t j = 0; j < s.c; ++j) {
@@ -117,9 +98,9 @@ inline Outcome check_gradient(const Kernels &k, const Shape &s, bool columns, bo
   const std::vector<float> before = out;
   auto scratch = scratch_for(r, c, d);
   if (columns)
-    k.cols_times(g.data(), x.view(), r, c, d, out.data(), ld, split, scratch.data());
+    k.cols_times(g.data(), x.rows_view(), r, c, d, out.data(), ld, split, scratch.data());
   else
-    k.rows_times(g.data(), x.view(), r, c, d, out.data(), ld, split, scratch.data());
+    k.rows_times(g.data(), x.rows_view(), r, c, d, out.data(), ld, split, scratch.data());
   const double rho = split ? 0x1p-16 : 0x1p-8;
   Outcome o;
   for (std::int64_t i = 0; i < out_rows; ++i)

@@ -29,6 +29,7 @@
 
 #include "contrastive/cpu/bf16_gemm.hpp"
 #include "core/dtype.hpp"
+#include "support/bf16_operands.hpp"
 #include <flatmem/flatmem.h>
 
 #define FLATMEM_BF16_NS emulated
@@ -60,8 +61,8 @@ namespace bf = flatmem::contrastive::cpu::bf16;
 using flatmem::bf16_to_f32;
 using flatmem::f32_to_bf16;
 
-constexpr double u32 = 0x1p-24;
-double gamma_n(double n) { return n * u32 / (1.0 - n * u32); }
+using flatmem_test::bf16_gamma_n;
+double gamma_n(double n) { return bf16_gamma_n(n); }
 
 // The kernels' three products and G's two conversions, from either build.
 struct Kernels {
@@ -89,27 +90,8 @@ std::vector<Kernels> builds() {
   return out;
 }
 
-// A bf16 matrix with row stride ld >= cols; the padding holds NaN so that a
-// kernel reading past a row's end shows up in its results.
-struct Bf16Matrix {
-  std::int64_t rows, cols, ld;
-  std::vector<std::uint16_t> data;
-  Bf16Matrix(std::int64_t r, std::int64_t c, std::int64_t pad, std::mt19937_64 &rng)
-      : rows(r), cols(c), ld(c + pad), data(std::size_t(r * (c + pad)) + 1, f32_to_bf16(std::nanf(""))) {
-    std::normal_distribution<float> n(0.0f, 1.0f);
-    for (std::int64_t i = 0; i < r; ++i)
-      for (std::int64_t j = 0; j < c; ++j) data[std::size_t(i * ld + j)] = f32_to_bf16(n(rng));
-  }
-  double at(std::int64_t i, std::int64_t j) const { return bf16_to_f32(data[std::size_t(i * ld + j)]); }
-  bf::Rows rows_view() const { return {data.data(), ld}; }
-};
-
-std::vector<float> gaussian(std::size_t n, std::mt19937_64 &rng, float sigma) {
-  std::normal_distribution<float> d(0.0f, sigma);
-  std::vector<float> v(n);
-  for (float &x : v) x = d(rng);
-  return v;
-}
+using flatmem_test::Bf16Matrix;
+using flatmem_test::gaussian;
 
 std::vector<std::uint32_t> scratch_for(std::int64_t r, std::int64_t c, std::int64_t d) {
   // poisoned: the kernels must write every word they read

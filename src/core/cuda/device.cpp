@@ -47,23 +47,20 @@ void check_device_pointer(const void *p, const char *name, int device) {
             " but the tensor says device id ", device);
 }
 
-int multiprocessor_count(int device) {
-  int count = 0;
-  const cudaError_t status = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+namespace {
+int attribute(int device, cudaDeviceAttr which) {
+  int value = 0;
+  const cudaError_t status = cudaDeviceGetAttribute(&value, which, device);
   if (status != cudaSuccess)
     fail(FLATMEM_STATUS_UNSUPPORTED, "q: kDLCUDA device ", device, " cannot be queried (",
          consume(status), ")");
-  return count;
+  return value;
 }
+}  // namespace
 
-int compute_capability_major(int device) {
-  int major = 0;
-  const cudaError_t status = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (status != cudaSuccess)
-    fail(FLATMEM_STATUS_UNSUPPORTED, "q: kDLCUDA device ", device, " cannot be queried (",
-         consume(status), ")");
-  return major;
-}
+int multiprocessor_count(int device) { return attribute(device, cudaDevAttrMultiProcessorCount); }
+
+int compute_capability_major(int device) { return attribute(device, cudaDevAttrComputeCapabilityMajor); }
 
 void check_launch(cudaError_t status, const char *what) {
   if (status != cudaSuccess) fail(FLATMEM_STATUS_INTERNAL, what, ": ", consume(status));
