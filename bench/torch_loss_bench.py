@@ -142,9 +142,35 @@ def library_path(name: str = "libflatmem") -> str:
     return ""
 
 
+def anchor_worker(o) -> dict:
+    """torch's own matmul rate here, the machine's physical anchor: (b x d) @ (d x b) at b = 4096 and
+    the run's d, fp32 and bf16, best of 5 after a warm-up; and the engine flatmem runs."""
+    import torch
+
+    import flatmem
+
+    torch.set_num_threads(o.threads)
+    out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "engine": flatmem.cpu_engine()}
+    n = 4096
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = torch.randn(n, o.dim, dtype=dtype), torch.randn(o.dim, n, dtype=dtype)
+        torch.matmul(a, b)
+        best = min(_timed(lambda: torch.matmul(a, b)) for _ in range(5))
+        out[f"matmul_{name}_gflops"] = 2.0 * n * n * o.dim / best / 1e9
+    return out
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def worker(o) -> dict:
     import torch
 
+    if o.worker == "anchor":
+        return anchor_worker(o)
     torch.set_num_threads(o.threads)
     info = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     if o.worker == "open_clip":
@@ -486,6 +512,14 @@ def driver(o) -> int:
           f"load average at start: {sup.load_average()}")
     print(f"python: {sys.executable}; contrastive_bench: {o.contrastive_bench}; torch threads per child: "
           f"{o.threads}; reps: {o.reps} (b > {LARGE}: {o.large_reps}); skip above {o.mem_limit_gib} GiB")
+    anchor = run_torch(o, "anchor", "clip", 0)
+    if anchor.get("status") == "ok":
+        print(f"flatmem engine: {anchor['engine']}")
+        print(f"torch {anchor['torch']} matmul (b x d) @ (d x b), b = 4096, {anchor['threads']} threads (the "
+              f"machine's anchor): fp32 {anchor['matmul_fp32_gflops']:.0f} GFLOP/s, bf16 "
+              f"{anchor['matmul_bf16_gflops']:.0f} GFLOP/s")
+    else:
+        print(f"torch matmul anchor: not measured ({anchor.get('note', 'failed')})")
     rows, info_printed, isa = [], False, ""
     limit = o.mem_limit_gib * GiB
     started = time.monotonic()
