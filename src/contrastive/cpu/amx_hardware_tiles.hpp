@@ -37,8 +37,12 @@ struct HardwareTiles {
     FLATMEM_AMX_EACH_TILE(FLATMEM_AMX_ZERO);
 #undef FLATMEM_AMX_ZERO
   }
+  // GCC's _tile_loadd is an asm without a memory operand or clobber: the
+  // compiler would be free to keep the packing's stores to `base` pending past
+  // it. The empty asm with a "memory" clobber makes them land first.
   template <int t>
   static void load(const void *base, std::int64_t stride) {
+    __asm__ volatile("" ::: "memory");
 #define FLATMEM_AMX_LOAD(n) _tile_loadd(n, base, stride)
     FLATMEM_AMX_EACH_TILE(FLATMEM_AMX_LOAD);
 #undef FLATMEM_AMX_LOAD
