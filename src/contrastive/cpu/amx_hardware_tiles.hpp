@@ -27,7 +27,7 @@ namespace flatmem::contrastive::cpu::amx {
 
 struct HardwareTiles {
   static void configure() {
-    static const TileConfig config = full_tiles();
+    static constexpr TileConfig config = full_tiles();  // constant-initialised: all 64 bytes in memory
     _tile_loadconfig(&config);
   }
   static void release() { _tile_release(); }

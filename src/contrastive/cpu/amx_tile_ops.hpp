@@ -37,7 +37,7 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
 
-inline TileConfig full_tiles() {
+constexpr TileConfig full_tiles() {
   TileConfig c;
   for (int t = 0; t < 8; ++t) c.colsb[t] = kTileBytes, c.rows[t] = kTileRows;
   return c;
