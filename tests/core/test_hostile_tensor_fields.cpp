@@ -86,11 +86,16 @@ TEST_CASE("core/tensor/byte_offset that wraps data + byte_offset around: no poin
   flatmem_contrastive_t *loss = nullptr;
   REQUIRE(flatmem_contrastive_create(&loss, nullptr) == FLATMEM_STATUS_SUCCESS);
   Tensor q({4, 3}, kDLCPU), k({4, 3}, kDLCPU);
-  // data + byte_offset wraps to data - 64: a metadata query reads no data, so it may
-  // answer; what it must not do is overflow a pointer while checking.
+  // data + byte_offset wraps to data - 64. Every tensor field is checked, byte_offset
+  // included (flatmem.h, Conventions: "byte extents fit in 64 bits"), size queries too: the
+  // documented outcome is INVALID_ARGUMENT naming q and the overflow, with nothing written.
   q.t.byte_offset = ~std::uint64_t(0) - 63;
-  std::size_t bytes = 0;
+  std::size_t bytes = 12345;
   const flatmem_status status = flatmem_contrastive_forward_workspace_size(loss, &q.t, &k.t, &bytes);
-  CHECK((status == FLATMEM_STATUS_SUCCESS || std::string(flatmem_last_error()).find("q") != std::string::npos));
+  const std::string message = flatmem_last_error();
+  CHECK_MESSAGE(status == FLATMEM_STATUS_INVALID_ARGUMENT, message);
+  CHECK_MESSAGE(message.find("q") != std::string::npos, message);
+  CHECK_MESSAGE(message.find("overflows") != std::string::npos, message);
+  CHECK(bytes == 12345);
   flatmem_contrastive_destroy(loss);
 }
