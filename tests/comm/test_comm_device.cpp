@@ -72,9 +72,14 @@ TEST_CASE("comm/device/init_device: UNSUPPORTED without NCCL, a clear error or s
   } else {
     MESSAGE("NCCL build, init_device on device 0 failed (no usable GPU or NCCL here): ",
             std::string(flatmem_status_string(s)), ": ", message);
-    // Local preparation failed (NCCL not loadable, no CUDA driver or device):
-    // not a transport failure, so the handle is not poisoned.
-    CHECK((s == FLATMEM_STATUS_UNSUPPORTED || s == FLATMEM_STATUS_INVALID_ARGUMENT));
+    // Local preparation failed: not a transport failure, so the handle is not poisoned.
+    // comm.h: UNSUPPORTED when NCCL does not load or no CUDA driver / device is usable,
+    // INVALID_ARGUMENT when cuda_device does not exist; the message says which.
+    const bool no_such_device = contains(message, "does not exist");
+    CHECK(s == (no_such_device ? FLATMEM_STATUS_INVALID_ARGUMENT : FLATMEM_STATUS_UNSUPPORTED));
+    if (!no_such_device)
+      CHECK((contains(message, "cannot be loaded") || contains(message, "no usable device") ||
+             contains(message, "cannot be used")));
     CHECK(contains(message, "init_device"));
     CHECK(flatmem_comm_health(comm) == FLATMEM_STATUS_SUCCESS);
   }
