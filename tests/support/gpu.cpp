@@ -1,5 +1,8 @@
 #include "support/gpu.hpp"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -72,5 +75,11 @@ void DeviceTensor::download(HostTensor &host) const {
 }
 
 void device_synchronize() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+
+void skip_this_case(const std::string &why) {
+  std::printf("skipped: %s\n", why.c_str());
+  std::fflush(stdout);
+  std::exit(skip_return_code);
+}
 
 }  // namespace flatmem_test

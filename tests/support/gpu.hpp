@@ -11,6 +11,7 @@
 #include <dlpack/dlpack.h>
 
 #include <cstddef>
+#include <string>
 #include <utility>
 
 #include "support/tensor.hpp"
@@ -19,6 +20,12 @@ namespace flatmem_test {
 
 /** The exit status of a GPU test without a device (CTest SKIP_RETURN_CODE). */
 constexpr int skip_return_code = 77;
+
+/** Ends this process with skip_return_code after printing "skipped: <why>": for a test case
+ *  that cannot run here (e.g. it needs two GPUs), so that CTest, which runs every case in a
+ *  process of its own, reports it skipped rather than passed. Run by hand without a filter,
+ *  the binary stops at the first such case. */
+[[noreturn]] void skip_this_case(const std::string &why);
 
 /** Whether the CUDA runtime sees at least one device. */
 bool cuda_device_available();

@@ -271,8 +271,7 @@ void check_slice(const char *what, const HostTensor &got, const HostTensor &whol
 TEST_CASE("gpu/contrastive/ring/several ranks equal one device on the concatenated batch") {
   const int gpus = std::min(visible_gpus(), 4);
   if (gpus < 2) {
-    MESSAGE("SKIPPED (this case): ", gpus, " GPU visible; the multi-rank ring needs 2 or more");
-    return;
+    flatmem_test::skip_this_case(std::to_string(gpus) + " GPU visible; the multi-rank ring needs 2 or more");
   }
   // Tolerance: the ring sums a row's (max, sum) states, dq, dk and ds over
   // blocks in another order than one device does (fp32 additions of at most
@@ -342,8 +341,7 @@ TEST_CASE("gpu/contrastive/ring/several ranks equal one device on the concatenat
 TEST_CASE("gpu/contrastive/ring/a rank that leaves fails the others within the deadline") {
   const int gpus = std::min(visible_gpus(), 4);
   if (gpus < 2) {
-    MESSAGE("SKIPPED (this case): ", gpus, " GPU visible; needs 2 or more");
-    return;
+    flatmem_test::skip_this_case(std::to_string(gpus) + " GPU visible; needs 2 or more");
   }
   const int n = gpus;
   Ring ring(n, true, 3000);

@@ -275,8 +275,7 @@ TEST_CASE("cyclic/gpu/reduce: wrong memory is INVALID_ARGUMENT naming it, nothin
 TEST_CASE("cyclic/gpu/world 2 on two GPUs: DELAY1 / NEWEST / SYNC bitwise the host world of 2 (needs 2 devices)") {
   const int count = device_count();
   if (count < 2) {
-    MESSAGE("only ", count, " CUDA device(s): the two-rank device test did not run");
-    return;
+    flatmem_test::skip_this_case("only " + std::to_string(count) + " CUDA device(s): the two-rank device test did not run");
   }
   // DELAY1 / NEWEST: the device chains add in the host chains' order and
   // scale by the same factor. SYNC: NCCL sums in an order of its own, but

@@ -345,8 +345,7 @@ TEST_CASE("cyclic_stages/gpu/world 1: StageMlp training with device gradients an
 TEST_CASE("cyclic_stages/gpu/L = 2 and 3 on as many GPUs: device boundaries train bitwise as host ones (needs 2 devices)") {
   const int count = device_count();
   if (count < 2) {
-    MESSAGE("only ", count, " CUDA device(s): the stage-parallel device tests (L >= 2) did not run");
-    return;
+    flatmem_test::skip_this_case("only " + std::to_string(count) + " CUDA device(s): the stage-parallel device tests (L >= 2) did not run");
   }
   for (const int L : {2, 3}) {
     if (L > count) {
@@ -365,8 +364,7 @@ TEST_CASE("cyclic_stages/gpu/L = 2 and 3 on as many GPUs: device boundaries trai
 TEST_CASE("cyclic_stages/gpu/L = 2: a device receive of the wrong size names both sizes, writes nothing, fails the neighbour quickly") {
   const int count = device_count();
   if (count < 2) {
-    MESSAGE("only ", count, " CUDA device(s): the wrong-size device receive did not run");
-    return;
+    flatmem_test::skip_this_case("only " + std::to_string(count) + " CUDA device(s): the wrong-size device receive did not run");
   }
   const std::int64_t timeout = 30000;
   for (const int n : {2, 4})  // 4 = 2L: two actions per time step
