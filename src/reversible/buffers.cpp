@@ -31,7 +31,13 @@ ResidualPlan plan_residuals(const std::vector<flatmem_reversible_block> &blocks,
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     r.f[k] = call_residual_size(blocks[k].f, std::int32_t(k), FLATMEM_REVERSIBLE_F, s);
     r.g[k] = call_residual_size(blocks[k].g, std::int32_t(k), FLATMEM_REVERSIBLE_G, s);
-    r.slot_bytes = std::max(r.slot_bytes, aligned(r.f[k]) + aligned(r.g[k]));
+    // Each part is at most 2^62 bytes (call_residual_size); their sum must stay a
+    // size the workspace arithmetic (signed 64-bit offsets) can hold.
+    const std::size_t slot = aligned(r.f[k]) + aligned(r.g[k]);
+    if (slot > (std::size_t(1) << 62))
+      invalid("block ", k, ": residual_size of F (", r.f[k], " bytes) and G (", r.g[k],
+              " bytes) together are beyond any memory");
+    r.slot_bytes = std::max(r.slot_bytes, slot);
   }
   return r;
 }

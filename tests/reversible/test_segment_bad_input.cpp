@@ -7,6 +7,7 @@
 #include <flatmem/flatmem.h>
 
 #include <string>
+#include <vector>
 
 #include "support/segment_run.hpp"
 #include "support/toy_reversible.hpp"
@@ -221,6 +222,32 @@ TEST_CASE("reversible/bad_input/backward_tensors") {
                                       nullptr, nullptr, nullptr, 0, nullptr) == FLATMEM_STATUS_SUCCESS);
   CHECK(dy1.same_bits(f.dx1));
   CHECK(dy2.same_bits(f.dx2));
+}
+
+// residual_size callbacks whose answers are each allowed (2^62 bytes) but whose sum is not:
+// the workspace queries refuse it naming the block, instead of a size that wrapped
+// (issue 42: the sum once wrapped negative and the query answered 448 bytes).
+flatmem_status huge_residual(void *, const flatmem_reversible_context *, const DLTensor *, size_t *bytes) {
+  *bytes = std::size_t(1) << 62;
+  return FLATMEM_STATUS_SUCCESS;
+}
+
+TEST_CASE("reversible/bad_input/residual_sizes_that_overflow_together") {
+  ToySegment segment(2, 6, true, 1);
+  std::vector<flatmem_reversible_block> blocks = segment.blocks;
+  blocks[1].f.residual_size = huge_residual;
+  blocks[1].g.residual_size = huge_residual;
+  flatmem_reversible_t *h = nullptr;
+  flatmem_reversible_options o = FLATMEM_REVERSIBLE_OPTIONS_INIT;
+  o.mode = FLATMEM_REVERSIBLE_VANILLA;
+  REQUIRE(flatmem_reversible_create(&h, blocks.data(), 2, &o) == FLATMEM_STATUS_SUCCESS);
+  SegmentInputs in(Dtype::f32, 5, 6, 2);
+  std::size_t bytes = 12345;
+  CHECK(flatmem_reversible_backward_workspace_size(h, in.x1.dl(), &bytes) == FLATMEM_STATUS_INVALID_ARGUMENT);
+  CHECK(message_has("block 1"));
+  CHECK(message_has("beyond any memory"));
+  CHECK(bytes == 12345);
+  flatmem_reversible_destroy(h);
 }
 
 TEST_CASE("reversible/bad_input/standard_needs_its_forward") {
