@@ -67,7 +67,9 @@
  *     instead: element i lies at (char *)array + i * element_size.
  *   - A size of 0 or above FLATMEM_MAX_STRUCT_SIZE (4096: no flatmem struct
  *     comes near it; a larger value is uninitialised memory) is
- *     FLATMEM_STATUS_INVALID_ARGUMENT naming the argument.
+ *     FLATMEM_STATUS_INVALID_ARGUMENT naming the argument, and so is a size
+ *     below sizeof(size_t) for a struct that begins with struct_size (inits,
+ *     the get_schedule outputs): it could only hold a truncated struct_size.
  *   - A NULL options pointer means all defaults.
  *   - flatmem_reversible_function, flatmem_reversible_block and
  *     flatmem_comm_unique_id are frozen: they never change (new callbacks

@@ -62,11 +62,16 @@ void put_struct(void *out, std::size_t size, const Struct &value) {
 }
 
 // One output struct with its size argument `size_name` (the struct's pointer
-// is checked by the caller or here: NULL is refused naming `what`).
+// is checked by the caller or here: NULL is refused naming `what`). A struct
+// that begins with struct_size (a schedule) needs at least that field: a
+// smaller size could only receive a truncated struct_size.
 template <typename Struct>
 void write_struct(void *out, std::size_t size, const Struct &value, const char *what, const char *size_name) {
   if (out == nullptr) invalid(what, ": NULL");
-  check_struct_size(size, size_name);
+  if constexpr (requires { value.struct_size; })
+    check_struct_size(size, size_name, sizeof value.struct_size);
+  else
+    check_struct_size(size, size_name);
   put_struct(out, size, value);
 }
 

@@ -242,6 +242,15 @@ TEST_CASE("cyclic/errors/the schedule ends in DONE, again and again, stats argum
   CHECK(flatmem_cyclic_summary_get(nullptr, nullptr, sizeof(flatmem_cyclic_summary)) == FLATMEM_STATUS_INVALID_ARGUMENT);
   flatmem_cyclic_schedule s{};
   CHECK(flatmem_cyclic_get_schedule(h, &s, sizeof(flatmem_cyclic_schedule)) == FLATMEM_STATUS_SUCCESS);
+  // A size below struct_size's own 8 bytes could only receive a truncated struct_size: refused.
+  for (std::size_t small = 1; small < sizeof(std::size_t); ++small) {
+    unsigned char block[16];
+    std::memset(block, 0x5A, sizeof block);
+    CHECK(flatmem_cyclic_get_schedule(h, reinterpret_cast<flatmem_cyclic_schedule *>(block), small) ==
+          FLATMEM_STATUS_INVALID_ARGUMENT);
+    CHECK(std::string(flatmem_last_error()).find("schedule_size") != std::string::npos);
+    for (unsigned char byte : block) CHECK(byte == 0x5A);
+  }
   CHECK(s.world_size == 1);
   CHECK(s.stages == 1);
   CHECK(s.steps == 2);

@@ -268,7 +268,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t *data, std::size_t size
       const std::size_t n = fuzzed_size(in, p.size, sizeof(flatmem_cyclic_schedule));
       flatmem_cyclic_schedule *out = static_cast<flatmem_cyclic_schedule *>(b.data());
       check_write("flatmem_cyclic_get_schedule", flatmem_cyclic_get_schedule(group().cyclic, out, n), b, n,
-                  sizeof(flatmem_cyclic_schedule), 1);
+                  sizeof(flatmem_cyclic_schedule), sizeof(std::size_t));  // it begins with struct_size
       break;
     }
   }
