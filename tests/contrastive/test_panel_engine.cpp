@@ -24,6 +24,7 @@
 
 #include "contrastive/panels/cpu_executor.hpp"
 #include "contrastive/panels/plan.hpp"
+#include "contrastive/sigmoid_reference.hpp"
 #include "support/contrastive.hpp"
 #include "support/random.hpp"
 #include "support/reference.hpp"
@@ -144,7 +145,7 @@ TEST_CASE("contrastive/panels/engine_choice") {
   CHECK(!panels::use_panels(CudaEngine::automatic, Loss::sigmoid, true, big, big, 9));
   // forced
   CHECK(panels::use_panels(CudaEngine::panels, Loss::symmetric, false, 1, 1, 0));
-  CHECK(!panels::use_panels(CudaEngine::panels, Loss::sigmoid, true, big, big, 9));
+  CHECK(panels::use_panels(CudaEngine::panels, Loss::sigmoid, true, big, big, 9));  // forced: yes
   CHECK(!panels::use_panels(CudaEngine::tiles, Loss::symmetric, true, big, big, 9));
 }
 
@@ -324,4 +325,70 @@ TEST_CASE("contrastive/panels/executor/nan_and_bad_labels") {
   CHECK(std::isnan(nan.loss));
   CHECK(std::isnan(nan.row_lse[130]));
   CHECK(std::isfinite(nan.row_lse[0]));
+}
+
+namespace {
+
+// The sigmoid loss's value_and_grad on the panel walk against its float64
+// reference (contrastive/sigmoid_reference.hpp's bounds; + 2^-8 s |G| |x| where
+// Gt is rounded to bf16 for the GEMMs).
+void check_sigmoid(std::int64_t b, std::int64_t c, std::int64_t d, std::size_t budget, bool labels, int g_bits,
+                   std::uint64_t seed) {
+  INFO("sigmoid b=", b, " c=", c, " d=", d, " budget=", budget, " labels=", labels, " g_bits=", g_bits);
+  Random rng(seed);
+  std::vector<float> q(b * d), k(c * d);
+  for (auto *m : {&q, &k})
+    for (float &x : *m) x = float(rng.normal() / std::sqrt(double(d)));
+  std::vector<std::int64_t> y;
+  if (labels)
+    for (std::int64_t i = 0; i < b; ++i) y.push_back(rng.below(c));
+  const float scale = 10.0f, bias = -10.0f, dloss = 0.75f;
+  SigmoidProblem sp;
+  sp.b = b, sp.c = c, sp.d = d;
+  sp.q.assign(q.begin(), q.end()), sp.k.assign(k.begin(), k.end());
+  sp.labels = y;
+  sp.scale = scale, sp.bias = bias, sp.dloss = dloss;
+  const SigmoidResult r = sigmoid_reference(sp);
+  const SigmoidTolerance t = sigmoid_tolerance(sp, r, Dtype::f32, Dtype::f32);
+  const double g_round = g_bits == 16 ? 0x1p-8 * 2.0 * scale : 0.0;
+
+  panels::CpuProblem pr;
+  pr.q = q.data(), pr.k = k.data(), pr.labels = y.empty() ? nullptr : y.data();
+  pr.scale = scale, pr.bias = bias, pr.g_bits = g_bits;
+  flatmem_cpu_isa in_use = FLATMEM_CPU_ISA_BASELINE;
+  REQUIRE(flatmem_cpu_isa_get(&in_use, nullptr) == FLATMEM_STATUS_SUCCESS);
+  pr.isa = flatmem::cpu_isa::Isa(in_use);
+  const auto plan = panels::plan_backward(b, c, d, Loss::sigmoid, true, true, true, budget);
+  const auto run = [&](std::vector<float> &dq, std::vector<float> &dk, float (&scalars)[3]) {
+    dq.assign(b * d, 0.0f), dk.assign(c * d, 0.0f);
+    GuardedBuffer ws(plan.bytes);
+    panels::cpu_sigmoid(plan, pr, dloss, ws.data(), &scalars[0], dq.data(), dk.data(), &scalars[1], &scalars[2]);
+    CHECK(ws.guards_intact());
+  };
+  std::vector<float> dq, dk, dq2, dk2;
+  float scalars[3], again[3];
+  run(dq, dk, scalars);
+  CHECK(std::fabs(scalars[0] - r.loss) <= t.loss);
+  CHECK(std::fabs(scalars[1] - r.ds) <= t.ds + g_round * r.sum_abs_g_r / scale);
+  CHECK(std::fabs(scalars[2] - r.dt) <= t.dt + g_round * r.sum_abs_g / scale);
+  int bad = 0;
+  for (std::int64_t e = 0; e < b * d; ++e) bad += !(std::fabs(dq[e] - r.dq[e]) <= t.dq[e] + g_round * r.dq_abs[e]);
+  for (std::int64_t e = 0; e < c * d; ++e) bad += !(std::fabs(dk[e] - r.dk[e]) <= t.dk[e] + g_round * r.dk_abs[e]);
+  CHECK(bad == 0);
+  run(dq2, dk2, again);  // bitwise repeatable
+  CHECK(std::memcmp(scalars, again, sizeof scalars) == 0);
+  CHECK(std::memcmp(dq.data(), dq2.data(), dq.size() * 4) == 0);
+  CHECK(std::memcmp(dk.data(), dk2.data(), dk.size() * 4) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("contrastive/panels/executor/sigmoid") {
+  for (int g_bits : {32, 16}) {
+    check_sigmoid(1, 1, 1, 0, false, g_bits, 1);
+    check_sigmoid(13, 29, 7, 0, true, g_bits, 2);
+    check_sigmoid(300, 300, 48, 1, false, g_bits, 3);     // 3 x 3 panels of 128, short edges
+    check_sigmoid(131, 389, 17, 1, true, g_bits, 4);      // labels, c != b, dk in its own sweep
+    check_sigmoid(300, 257, 33, std::size_t(64) << 20, true, g_bits, 5);  // dk resident
+  }
 }

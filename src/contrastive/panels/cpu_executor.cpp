@@ -72,34 +72,55 @@ void fold_and_merge(const PanelPlan &p, float s, std::int64_t i, std::int64_t j,
 
 double lse_of(State st) { return double(st.max) + std::log(double(st.sum)); }
 
+// The lanes' fp32 sums of one row added in the pass's tree order (passes.hpp).
+double lane_tree(const float (&lane)[pass_lanes]) {
+  double lanes[pass_lanes];
+  for (int l = 0; l < pass_lanes; ++l) lanes[l] = lane[l];
+  for (int half = pass_lanes / 2; half > 0; half /= 2)
+    for (int l = 0; l < half; ++l) lanes[l] += lanes[l + half];
+  return lanes[0];
+}
+
+// Per-row sums a pass adds to (nullptr: not wanted): softmax ds; sigmoid loss, ds, dt.
+struct RowSums {
+  double *loss = nullptr, *ds = nullptr, *dt = nullptr;
+};
+
 // The gradient pass over panel (i, j): Gt in place (rounded as the operand
-// type), and each row's sum of Gt raw added to ds_rows (nullptr: not wanted).
+// type), and each row's sums added to `sums`. Softmax: Gt from the LSE
+// vectors; sigmoid (row_lse == nullptr): Gt = -z sigmoid(v), x = s raw + bias.
 void gradient_pass(const PanelPlan &p, const CpuProblem &pr, float s, const float *row_lse, const float *col_lse,
-                   std::int64_t i, std::int64_t j, float *panel, double *ds_rows) {
+                   std::int64_t i, std::int64_t j, float *panel, RowSums sums) {
   const std::int64_t rows = p.row_count(i), cols = p.col_count(j);
+  const bool sigmoid = p.loss == Loss::sigmoid;
   EntryTerms t;
   t.symmetric = p.loss == Loss::symmetric;
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t row = p.row_begin(i) + r;
-    t.row_lse = row_lse[row];
-    float lane_ds[pass_lanes] = {};
+    if (!sigmoid) t.row_lse = row_lse[row];
+    float lane_loss[pass_lanes] = {}, lane_ds[pass_lanes] = {}, lane_dt[pass_lanes] = {};
     float *line = panel + r * p.cols;
     for (std::int64_t c = 0; c < cols; ++c) {
       const std::int64_t col = p.col_begin(j) + c;
       if (t.symmetric) t.col_lse = col_lse[col];
       t.positive = positive_of(pr.labels, row, col, p.c, &t.bad);
       const float raw = line[c];
-      const float gt = gradient_entry(s * raw, t);
-      lane_ds[(c % pass_chunk) / pass_vector] += gt * raw;
+      const int lane = int((c % pass_chunk) / pass_vector);
+      float gt;
+      if (sigmoid) {
+        const SigmoidEntry e = sigmoid_entry(s * raw + pr.bias, t.positive, t.bad);
+        gt = e.gt;
+        lane_loss[lane] += e.loss;
+        lane_dt[lane] += gt;
+      } else {
+        gt = gradient_entry(s * raw, t);
+      }
+      lane_ds[lane] += gt * raw;
       line[c] = pr.g_bits == 16 ? bf16_to_f32(f32_to_bf16(gt)) : gt;
     }
-    if (ds_rows) {
-      double lanes[pass_lanes];
-      for (int l = 0; l < pass_lanes; ++l) lanes[l] = lane_ds[l];
-      for (int half = pass_lanes / 2; half > 0; half /= 2)
-        for (int l = 0; l < half; ++l) lanes[l] += lanes[l + half];
-      ds_rows[row] += lanes[0];
-    }
+    if (sums.ds) sums.ds[row] += lane_tree(lane_ds);
+    if (sums.loss) sums.loss[row] += lane_tree(lane_loss);
+    if (sums.dt) sums.dt[row] += lane_tree(lane_dt);
   }
 }
 
@@ -148,14 +169,24 @@ void cpu_forward(const PanelPlan &p, const CpuProblem &pr, void *workspace, floa
   *loss = float(total / (symmetric ? 2.0 * double(p.b) : double(p.b)));
 }
 
-void cpu_backward(const PanelPlan &p, const CpuProblem &pr, const float *row_lse, const float *col_lse, float dloss,
-                  void *workspace, float *dq, float *dk, float *dscale) {
-  if (p.call != Call::backward) invalid("cpu_backward: a forward plan");
+namespace {
+
+// The backward walk (softmax) or value_and_grad (sigmoid): both sweeps; the
+// row sums land in the plan's ds_rows region (sigmoid: loss, ds, dt rows).
+void walk_gradients(const PanelPlan &p, const CpuProblem &pr, const float *row_lse, const float *col_lse,
+                    float dloss, void *workspace, float *dq, float *dk, double *const (&totals)[3]) {
   void *base = aligned_base(workspace);
   float *panel = region<float>(base, p.panel);
   float *row_acc = region<float>(base, p.row_acc), *col_acc = region<float>(base, p.col_acc);
-  double *ds_rows = region<double>(base, p.ds_rows);
-  if (ds_rows) std::fill(ds_rows, ds_rows + p.b, 0.0);
+  double *rows_region = region<double>(base, p.ds_rows);
+  const int sum_kinds = p.loss == Loss::sigmoid ? 3 : 1;
+  if (rows_region) std::fill(rows_region, rows_region + sum_kinds * p.b, 0.0);
+  RowSums sums;
+  if (rows_region) {
+    sums.ds = rows_region;
+    if (sum_kinds == 3) sums.loss = rows_region + p.b, sums.dt = rows_region + 2 * p.b;
+  }
+  double *ds_rows = sums.ds;  // non-null: sums wanted (the first sweep that runs adds them)
   const float s = checked_scale(pr.scale);
   const double inv_n = 1.0 / (p.loss == Loss::symmetric ? 2.0 * double(p.b) : double(p.b));
   const float mult = float(double(s) * double(dloss) * inv_n);
@@ -165,7 +196,7 @@ void cpu_backward(const PanelPlan &p, const CpuProblem &pr, const float *row_lse
     for (std::int64_t i = 0; i < p.row_panels; ++i) {
       for (std::int64_t j = 0; j < p.col_panels; ++j) {
         logits(p, pr, i, j, panel);
-        gradient_pass(p, pr, s, row_lse, col_lse, i, j, panel, ds_rows);
+        gradient_pass(p, pr, s, row_lse, col_lse, i, j, panel, ds_rows ? sums : RowSums{});
         if (p.want_dq)
           gemm::sgemm(isa, Op::none, Op::none, p.row_count(i), p.d, p.col_count(j), 1.0f, panel, p.cols,
                       pr.k + p.col_begin(j) * p.d, p.d, j == 0 ? 0.0f : 1.0f, row_acc, p.d);
@@ -178,22 +209,49 @@ void cpu_backward(const PanelPlan &p, const CpuProblem &pr, const float *row_lse
     if (p.dk_resident) store(col_acc, p.c, p.d, mult, dk);
   }
   if (p.cols_sweep) {
-    double *ds = p.rows_sweep ? nullptr : ds_rows;
+    const RowSums cols_sums = p.rows_sweep ? RowSums{} : sums;
     for (std::int64_t j = 0; j < p.col_panels; ++j) {
       for (std::int64_t i = 0; i < p.row_panels; ++i) {
         logits(p, pr, i, j, panel);
-        gradient_pass(p, pr, s, row_lse, col_lse, i, j, panel, ds);
+        gradient_pass(p, pr, s, row_lse, col_lse, i, j, panel, cols_sums);
         gemm::sgemm(isa, Op::transpose, Op::none, p.col_count(j), p.d, p.row_count(i), 1.0f, panel, p.cols,
                     pr.q + p.row_begin(i) * p.d, p.d, i == 0 ? 0.0f : 1.0f, col_acc, p.d);
       }
       store(col_acc, p.col_count(j), p.d, mult, dk + p.col_begin(j) * p.d);
     }
   }
-  if (p.want_ds) {
+  // Ordered sums of the rows: totals[0] ds, [1] loss, [2] dt (nullptr: not wanted).
+  const double *const rows_of[3] = {sums.ds, sums.loss, sums.dt};
+  for (int kind = 0; kind < 3; ++kind) {
+    if (!totals[kind] || !rows_of[kind]) continue;
     double total = 0.0;
-    for (std::int64_t r = 0; r < p.b; ++r) total += ds_rows[r];
-    *dscale = float(double(dloss) * inv_n * total);
+    for (std::int64_t r = 0; r < p.b; ++r) total += rows_of[kind][r];
+    *totals[kind] = total;
   }
+}
+
+}  // namespace
+
+void cpu_backward(const PanelPlan &p, const CpuProblem &pr, const float *row_lse, const float *col_lse, float dloss,
+                  void *workspace, float *dq, float *dk, float *dscale) {
+  if (p.call != Call::backward || p.loss == Loss::sigmoid) invalid("cpu_backward: not a softmax backward plan");
+  double ds_total = 0.0;
+  double *const totals[3] = {dscale ? &ds_total : nullptr, nullptr, nullptr};
+  walk_gradients(p, pr, row_lse, col_lse, dloss, workspace, dq, dk, totals);
+  const double inv_n = 1.0 / (p.loss == Loss::symmetric ? 2.0 * double(p.b) : double(p.b));
+  if (dscale) *dscale = float(double(dloss) * inv_n * ds_total);
+}
+
+void cpu_sigmoid(const PanelPlan &p, const CpuProblem &pr, float dloss, void *workspace, float *loss, float *dq,
+                 float *dk, float *dscale, float *dbias) {
+  if (p.call != Call::backward || p.loss != Loss::sigmoid) invalid("cpu_sigmoid: not a sigmoid plan");
+  double ds_total = 0.0, loss_total = 0.0, dt_total = 0.0;
+  double *const totals[3] = {&ds_total, &loss_total, &dt_total};
+  walk_gradients(p, pr, nullptr, nullptr, dloss, workspace, dq, dk, totals);
+  const double inv_b = 1.0 / double(p.b);
+  if (loss) *loss = float(loss_total * inv_b);
+  if (dscale) *dscale = float(double(dloss) * inv_b * ds_total);
+  if (dbias) *dbias = float(double(dloss) * inv_b * dt_total);
 }
 
 }  // namespace flatmem::contrastive::panels

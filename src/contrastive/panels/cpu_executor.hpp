@@ -21,6 +21,7 @@ struct CpuProblem {
   const float *q = nullptr, *k = nullptr;  // (b, d), (c, d)
   const std::int64_t *labels = nullptr;    // (b,) InfoNCE or nullptr: y_i = i
   float scale = 1.0f;
+  float bias = 0.0f;  // t: the sigmoid loss only
   int g_bits = 32;
   cpu_isa::Isa isa = cpu_isa::Isa::baseline;  // sgemm's variant (one the processor runs)
 };
@@ -34,5 +35,10 @@ void cpu_forward(const PanelPlan &plan, const CpuProblem &problem, void *workspa
 // as the plan wants them (others may be nullptr), times dloss.
 void cpu_backward(const PanelPlan &plan, const CpuProblem &problem, const float *row_lse,
                   const float *col_lse, float dloss, void *workspace, float *dq, float *dk, float *dscale);
+
+// The sigmoid loss's value_and_grad of `plan` (a sigmoid plan_backward):
+// loss, dq, dk, dscale, dbias as wanted (nullptr: not), times dloss.
+void cpu_sigmoid(const PanelPlan &plan, const CpuProblem &problem, float dloss, void *workspace, float *loss,
+                 float *dq, float *dk, float *dscale, float *dbias);
 
 }  // namespace flatmem::contrastive::panels

@@ -101,6 +101,28 @@ FLATMEM_HD float gradient_entry(float x, const EntryTerms &t) {
   return gt;
 }
 
+// The sigmoid loss's element (SigLIP): x = s raw + t, z = +1 at the positive
+// and -1 elsewhere, v = -z x; loss term softplus(v) = max(v, 0) +
+// log1p(exp(-|v|)); Gt = -z sigmoid(v) (G without its g / b). `bad` (an
+// out-of-range label) makes both NaN.
+struct SigmoidEntry {
+  float loss, gt;
+};
+FLATMEM_HD float log1p_of(float x) {
+#if defined(__CUDA_ARCH__)
+  return log1pf(x);
+#else
+  return std::log1p(x);
+#endif
+}
+FLATMEM_HD SigmoidEntry sigmoid_entry(float x, bool positive, bool bad) {
+  if (bad) return SigmoidEntry{NAN, NAN};
+  const float v = positive ? -x : x;
+  const float e = exp_of(-fabsf(v));
+  const float sig = v >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+  return SigmoidEntry{fmaxf(v, 0.0f) + log1p_of(e), positive ? -sig : sig};  // Gt = -z sigmoid(v)
+}
+
 // Whether column `col` (global) is row `row`'s (global) positive, and whether
 // its label is out of range: labels == nullptr pairs row i with column i.
 FLATMEM_HD bool positive_of(const std::int64_t *labels, std::int64_t row, std::int64_t col, std::int64_t c,

@@ -59,7 +59,8 @@ void lay_out(PanelPlan &p) {
   } else {
     if (p.rows_sweep && p.want_dq) p.row_acc = l.take(u128(p.rows) * u128(p.d) * 4);
     if (p.want_dk) p.col_acc = l.take(u128(p.dk_resident ? p.c : p.cols) * u128(p.d) * 4);
-    if (p.want_ds) p.ds_rows = l.take(u128(p.b) * 8);
+    // softmax: ds per row; sigmoid: loss, ds and dt per row.
+    if (p.want_ds) p.ds_rows = l.take(u128(p.b) * 8 * (p.loss == Loss::sigmoid ? 3 : 1));
   }
   p.lt = l.take(lt_workspace_bytes);
   p.bytes = l.total();
@@ -95,7 +96,8 @@ void choose_extents(PanelPlan &p, Fits fits, Shape forced) {
 
 PanelPlan base_plan(Call call, std::int64_t b, std::int64_t c, std::int64_t d, Loss loss, std::size_t budget) {
   if (b < 1 || c < 1 || d < 1) invalid("panel plan: b, c and d must be positive (", b, ", ", c, ", ", d, ")");
-  if (loss == Loss::sigmoid) fail(FLATMEM_STATUS_UNSUPPORTED, "panel plan: the sigmoid loss runs on the tile kernels");
+  if (loss == Loss::sigmoid && call == Call::forward)
+    fail(FLATMEM_STATUS_UNSUPPORTED, "panel plan: the sigmoid loss has no forward of its own (value_and_grad)");
   PanelPlan p;
   p.call = call;
   p.loss = loss;
@@ -163,9 +165,10 @@ CudaEngine engine_from_environment() {
 }
 
 bool use_panels(CudaEngine engine, Loss loss, bool bf16, std::int64_t b, std::int64_t c, int sm_major) {
-  if (loss == Loss::sigmoid || engine == CudaEngine::tiles) return false;
+  if (engine == CudaEngine::tiles) return false;
   if (engine == CudaEngine::panels) return true;
-  return bf16 && b >= auto_min_extent && c >= auto_min_extent && sm_major >= 9;
+  // The sigmoid loss on panels has not run on a GPU yet: only when forced.
+  return loss != Loss::sigmoid && bf16 && b >= auto_min_extent && c >= auto_min_extent && sm_major >= 9;
 }
 
 Shape shape_from_environment() {

@@ -11,6 +11,10 @@
 // then the states give the LSE vectors and the loss (as the tile kernels'
 // partial states do: forward_finish with one group each).
 //
+// The sigmoid loss's value_and_grad is a backward plan: no LSE, the gradient
+// pass forms Gt = -z sigmoid(-z x) and each row's sums of softplus(-z x), Gt raw
+// and Gt (loss, ds, dt) instead.
+//
 // Backward, sweep "rows" (row panels outer): per panel P again, then the
 // gradient pass turns it, in place, into Gt (the operand type: bf16 / fp16
 // rows at a pitch of 2C elements, fp32 at C) and adds sum_c Gt raw to ds_rows;
@@ -74,7 +78,7 @@ struct PanelPlan {
   Region loss_parts;  // forward: finish partials (doubles)
   Region row_acc;     // backward: R x d fp32 (rows sweep, dq wanted)
   Region col_acc;     // backward: C x d fp32 (cols sweep), or c x d when dk_resident
-  Region ds_rows;     // backward: b doubles (ds wanted)
+  Region ds_rows;     // backward: b doubles (ds wanted); sigmoid: 3 b (loss, ds, dt per row)
   Region lt;          // cuBLASLt workspace
   std::size_t bytes = 0;
 
@@ -116,7 +120,7 @@ CudaEngine engine_from_environment();
 // b and c >= auto_min_extent, compute capability 9.0 or newer (bench/gpu/run5
 // on an H200 at cdb2b93: 3.0-4.0x the tiles' speed at b = 16384..262144,
 // d = 512 and 768); everything else keeps the tile kernels until measured.
-// The sigmoid loss always runs the tile kernels.
+// The sigmoid loss runs on panels only when forced (not yet run on a GPU).
 constexpr std::int64_t auto_min_extent = 16384;
 bool use_panels(CudaEngine engine, Loss loss, bool bf16, std::int64_t b, std::int64_t c, int sm_major);
 
