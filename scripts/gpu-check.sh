@@ -122,7 +122,7 @@ outdir=${outdir:-${OUT:-$build/check}}
 case $outdir in /*) ;; *) outdir=$PWD/$outdir ;; esac
 cd "$FLATMEM_ROOT"
 
-targets=(flatmem test_gpu_contrastive_values test_gpu_contrastive_determinism test_gpu_contrastive_bad_input test_gpu_contrastive_panels
+targets=(flatmem test_gpu_contrastive_values test_gpu_contrastive_determinism test_gpu_contrastive_bad_input test_gpu_contrastive_panels test_gpu_sigmoid_panels
          test_gpu_sigmoid test_gpu_sigmoid_bad_input test_gpu_reversible_segment test_gpu_reversible_blocks
          contrastive_cuda_bench reversible_cuda_bench contrastive_bench)
 # The bf16 kernel test is configured where SIMDe (libsimde-dev) is found: here, when packing.

@@ -271,7 +271,10 @@ Row run(Problem &p, double rate, cudaStream_t stream, bench::LtGemm &lt, int rep
 
 // The sigmoid loss at the problem's shape (c = b, no labels): flatmem's
 // value_and_grad (loss, dq, dk, ds, dt), three GEMMs' time, the naive loss.
-Row run_sigmoid(Problem &p, double rate, cudaStream_t stream, bench::LtGemm &lt, int reps) {
+Row run_sigmoid(Problem &p, double rate, cudaStream_t stream, bench::LtGemm &lt, int reps,
+                const char *engine = "tiles", const char *dial = "", bool with_naive = true) {
+  setenv("FLATMEM_CUDA_ENGINE", engine, 1);
+  setenv("FLATMEM_CUDA_PANEL_BYTES", dial, 1);
   Row row;
   const std::int64_t b = p.b;
   const int d = p.d;
@@ -303,12 +306,14 @@ Row run_sigmoid(Problem &p, double rate, cudaStream_t stream, bench::LtGemm &lt,
     row.loss = p.get_scalar(6);
   }
   flatmem_contrastive_destroy(h);
+  unsetenv("FLATMEM_CUDA_ENGINE");
+  unsetenv("FLATMEM_CUDA_PANEL_BYTES");
 
   // --- three cuBLASLt GEMMs (logits, G k, G^T q), from the measured rate -------------------
   row.gemm_s = 3.0 * 2.0 * double(b) * double(b) * d / rate;
 
   // --- naive materialised sigmoid loss where it fits (its loss partials are left unsummed) ---
-  if (naive_fits(b)) {
+  if (with_naive && naive_fits(b)) {
     DeviceMemory logits(std::size_t(b) * b * 4), g(std::size_t(b) * b * 2),
         partial(std::size_t(bench::sigmoid_partials(b)) * 4);
     row.naive_mb = double(std::size_t(b) * b * 6) / 1048576.0;
@@ -482,6 +487,15 @@ int main(int argc, char **argv) {
       if (comm) print_ring_row("ring/1 sym", p, run_ring(p, false, comm, stream, reps), symmetric);
       const Row sigmoid = run_sigmoid(p, rate, stream, lt, reps);
       print_row("sigmoid", sigmoid, 6.0 * double(b) * double(b) * d);
+      // The sigmoid loss on the panel engine (forced: its default is still the tiles).
+      for (const char *dial : {"", "1G"}) {
+        const Row panels = run_sigmoid(p, rate, stream, lt, reps, "panels", dial, false);
+        char label[32];
+        std::snprintf(label, sizeof label, "sig panels%s%s", dial[0] ? "/" : "", dial);
+        print_row(label, panels, 6.0 * double(b) * double(b) * d);
+        std::printf("      (sigmoid panels/tiles time %.3f; loss %.6f vs %.6f)\n", panels.flatmem_s / sigmoid.flatmem_s,
+                    panels.loss, sigmoid.loss);
+      }
       if (comm) print_ring_row("ring/1 sig", p, run_ring(p, true, comm, stream, reps), sigmoid);
     }
   }

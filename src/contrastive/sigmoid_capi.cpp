@@ -127,7 +127,7 @@ flatmem_status flatmem_contrastive_sigmoid_workspace_size(const flatmem_contrast
     const MatrixView dkv = check_gradient(dk, "dk", kv, "k", DataUse::metadata_only);
 #ifdef FLATMEM_HAVE_CUDA_BACKEND
     if (on_cuda(qv)) {
-      *bytes = cuda::sigmoid_workspace_bytes(qv, kv, dq != nullptr, dk != nullptr);
+      *bytes = cuda::sigmoid_workspace_bytes(handle->options, qv, kv, dq != nullptr, dk != nullptr);
       return;
     }
 #endif

@@ -299,8 +299,9 @@ void backward(const Options &options, const Inputs &in, const BackwardArgs &args
   }
 }
 
-std::size_t sigmoid_workspace_bytes(const MatrixView &q, const MatrixView &k, bool want_dq,
-                                    bool want_dk) {
+std::size_t sigmoid_workspace_bytes(const Options &options, const MatrixView &q, const MatrixView &k,
+                                    bool want_dq, bool want_dk) {
+  if (panels_run(options, q, k)) return backward_plan(options, q, k, want_dq, want_dk).bytes;
   WorkspaceCarver measure;
   carve_sigmoid(measure, q, k, want_dq, want_dk, multiprocessor_count(q.device.device_id));
   return measure.bytes();
@@ -315,6 +316,12 @@ void sigmoid(const Options &options, const Inputs &in, const cpu::SigmoidArgs &a
                             {args.loss, "loss"}, {args.dq.data, "dq"}, {args.dk.data, "dk"},
                             {args.dscale, "dlogit_scale"}, {args.dbias, "dlogit_bias"}},
                         device);
+  if (panels_run(options, in.q, in.k)) {
+    const panels::PanelPlan plan = backward_plan(options, in.q, in.k, want_dq, want_dk);
+    check_workspace(workspace, workspace_bytes, plan.bytes, device);
+    panels::cuda::sigmoid(plan, options, in, args, workspace, stream);
+    return;
+  }
   const int multiprocessors = multiprocessor_count(device);
   WorkspaceCarver measure;
   carve_sigmoid(measure, in.q, in.k, want_dq, want_dk, multiprocessors);

@@ -32,8 +32,8 @@ void backward(const Options &options, const Inputs &in, const BackwardArgs &args
 // requests (loss and / or dq, dk, ds, dt, times dloss). On CUDA the scalars
 // t and g are read on the device: args.bias_data (required) and
 // args.dloss_data (nullptr: g = 1); args.bias / args.dloss are not used.
-std::size_t sigmoid_workspace_bytes(const MatrixView &q, const MatrixView &k, bool want_dq,
-                                    bool want_dk);
+std::size_t sigmoid_workspace_bytes(const Options &options, const MatrixView &q, const MatrixView &k,
+                                    bool want_dq, bool want_dk);
 
 void sigmoid(const Options &options, const Inputs &in, const cpu::SigmoidArgs &args,
              void *workspace, std::size_t workspace_bytes, void *stream);

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "contrastive/cuda/dispatch.hpp"
 #include "contrastive/cuda/kernels.hpp"
@@ -153,36 +154,54 @@ void forward(const PanelPlan &plan, const Options &options, const Inputs &in, co
   check_launch(tiles::launch_loss_sum(sum, w.stream), "panels: launching the loss sum kernel");
 }
 
-void backward(const PanelPlan &plan, const Options &options, const Inputs &in, const BackwardArgs &args,
-              void *workspace, void *stream) {
+namespace {
+
+// What a gradient walk reads and writes beyond the inputs: softmax (row_lse
+// set) or sigmoid (bias set); each result nullptr when not wanted.
+struct GradientJob {
+  const float *row_lse = nullptr, *col_lse = nullptr;  // softmax
+  const float *bias = nullptr;                         // sigmoid: device scalar t
+  const float *dloss = nullptr;                        // nullptr: g = 1
+  MatrixView dq, dk;                                   // data == nullptr: not wanted
+  float *dscale = nullptr, *loss = nullptr, *dbias = nullptr;
+};
+
+void walk_gradients(const PanelPlan &plan, const Options &options, const Inputs &in, const GradientJob &job,
+                    void *workspace, void *stream) {
   char *base = aligned_base(workspace);
   const Walk w = make_walk(plan, options, in, base, stream);
-  const bool symmetric = plan.loss == Loss::symmetric;
+  const bool symmetric = plan.loss == Loss::symmetric, sigmoid = plan.loss == Loss::sigmoid;
   float *row_acc = region<float>(base, plan.row_acc), *col_acc = region<float>(base, plan.col_acc);
-  double *ds_rows = args.dscale ? region<double>(base, plan.ds_rows) : nullptr;
-  if (args.dscale && !ds_rows) fail(FLATMEM_STATUS_INTERNAL, "panels: a plan without ds rows for a ds call");
-  if (ds_rows)
-    check_launch(cudaMemsetAsync(ds_rows, 0, std::size_t(plan.b) * sizeof(double), w.stream),
-                 "panels: clearing the ds rows");
+  const bool want_sums = job.dscale || job.loss || job.dbias;
+  double *rows = want_sums ? region<double>(base, plan.ds_rows) : nullptr;
+  if (want_sums && !rows) fail(FLATMEM_STATUS_INTERNAL, "panels: a plan without row sums for a call that wants them");
+  const int kinds = sigmoid ? 3 : 1;
+  if (rows)
+    check_launch(cudaMemsetAsync(rows, 0, std::size_t(plan.b) * kinds * sizeof(double), w.stream),
+                 "panels: clearing the row sums");
   const double inv_n = 1.0 / (symmetric ? 2.0 * double(plan.b) : double(plan.b));
 
   GradientParams gp;
   gp.panel = w.panel, gp.pitch = plan.cols, gp.c = plan.c, gp.symmetric = symmetric;
-  gp.scale = in.scale_data, gp.row_lse = args.row_lse, gp.col_lse = symmetric ? args.col_lse : nullptr;
+  gp.scale = in.scale_data, gp.row_lse = job.row_lse, gp.col_lse = symmetric ? job.col_lse : nullptr;
   gp.labels = in.labels, gp.g_type = g_type(in.q.dtype);
-  const auto gradient = [&](std::int64_t i, std::int64_t j, double *ds) {
+  gp.sigmoid = sigmoid, gp.bias = job.bias;
+  const auto gradient = [&](std::int64_t i, std::int64_t j, bool sums) {
     GradientParams p = gp;
     p.rows = plan.row_count(i), p.cols = plan.col_count(j);
     p.row0 = plan.row_begin(i), p.col0 = plan.col_begin(j);
-    p.ds_rows = ds;
+    if (sums && rows) {
+      p.ds_rows = rows;
+      if (sigmoid) p.loss_rows = rows + plan.b, p.dt_rows = rows + 2 * plan.b;
+    }
     check_launch(launch_gradient(p, w.stream), "panels: launching the gradient pass");
   };
-  const auto store = [&](const float *acc, std::int64_t rows, const MatrixView &out, std::int64_t first) {
+  const auto store = [&](const float *acc, std::int64_t count, const MatrixView &out, std::int64_t first) {
     StoreParams s;
-    s.acc = acc, s.rows = rows, s.d = plan.d;
+    s.acc = acc, s.rows = count, s.d = plan.d;
     s.out = out.data + first * out.row_stride * std::int64_t(dtype_bytes(out.dtype));
     s.out_ld = out.row_stride, s.out_type = g_type(out.dtype);
-    s.scale = in.scale_data, s.dloss = args.dloss_data, s.inv_n = inv_n;
+    s.scale = in.scale_data, s.dloss = job.dloss, s.inv_n = inv_n;
     check_launch(launch_store(s, w.stream), "panels: launching the store kernel");
   };
 
@@ -190,34 +209,64 @@ void backward(const PanelPlan &plan, const Options &options, const Inputs &in, c
     for (std::int64_t i = 0; i < plan.row_panels; ++i) {
       for (std::int64_t j = 0; j < plan.col_panels; ++j) {
         w.logits(i, j);
-        gradient(i, j, ds_rows);
-        if (plan.want_dq) w.times_k(i, j, row_acc, j == 0);
-        if (plan.dk_resident) w.times_q(i, j, col_acc + plan.col_begin(j) * plan.d, i == 0);
+        gradient(i, j, true);
+        if (job.dq.data) w.times_k(i, j, row_acc, j == 0);
+        if (plan.dk_resident && job.dk.data) w.times_q(i, j, col_acc + plan.col_begin(j) * plan.d, i == 0);
       }
-      if (plan.want_dq) store(row_acc, plan.row_count(i), args.dq, plan.row_begin(i));
+      if (job.dq.data) store(row_acc, plan.row_count(i), job.dq, plan.row_begin(i));
     }
-    if (plan.dk_resident) store(col_acc, plan.c, args.dk, 0);
+    if (plan.dk_resident && job.dk.data) store(col_acc, plan.c, job.dk, 0);
   }
-  if (plan.cols_sweep) {
-    double *ds = plan.rows_sweep ? nullptr : ds_rows;
+  if (plan.cols_sweep && job.dk.data) {
     for (std::int64_t j = 0; j < plan.col_panels; ++j) {
       for (std::int64_t i = 0; i < plan.row_panels; ++i) {
         w.logits(i, j);
-        gradient(i, j, ds);
+        gradient(i, j, !plan.rows_sweep);
         w.times_q(i, j, col_acc, i == 0);
       }
-      store(col_acc, plan.col_count(j), args.dk, plan.col_begin(j));
+      store(col_acc, plan.col_count(j), job.dk, plan.col_begin(j));
     }
   }
-  if (args.dscale) {
+  // The row sums in a fixed order: ds (and dt) as g / N * sum, the loss as sum / b.
+  const std::pair<const double *, float *> scaled[] = {{rows, job.dscale},
+                                                       {sigmoid && rows ? rows + 2 * plan.b : nullptr, job.dbias}};
+  for (const auto &[partial, result] : scaled) {
+    if (!result) continue;
     tiles::DsSumParams sum;
-    sum.partial = ds_rows;
+    sum.partial = partial;
     sum.count = int(plan.b);
     sum.inv_n = inv_n;
-    sum.dloss = args.dloss_data;
-    sum.dscale = args.dscale;
-    check_launch(tiles::launch_ds_sum(sum, w.stream), "panels: launching the ds sum kernel");
+    sum.dloss = job.dloss;
+    sum.dscale = result;
+    check_launch(tiles::launch_ds_sum(sum, w.stream), "panels: launching the ds / dt sum kernel");
   }
+  if (job.loss) {
+    tiles::LossSumParams sum;
+    sum.partial = rows + plan.b;
+    sum.count = int(plan.b);
+    sum.inv_count = inv_n;
+    sum.loss = job.loss;
+    check_launch(tiles::launch_loss_sum(sum, w.stream), "panels: launching the loss sum kernel");
+  }
+}
+
+}  // namespace
+
+void backward(const PanelPlan &plan, const Options &options, const Inputs &in, const BackwardArgs &args,
+              void *workspace, void *stream) {
+  GradientJob job;
+  job.row_lse = args.row_lse, job.col_lse = args.col_lse, job.dloss = args.dloss_data;
+  job.dq = args.dq, job.dk = args.dk, job.dscale = args.dscale;
+  walk_gradients(plan, options, in, job, workspace, stream);
+}
+
+void sigmoid(const PanelPlan &plan, const Options &options, const Inputs &in, const cpu::SigmoidArgs &args,
+             void *workspace, void *stream) {
+  GradientJob job;
+  job.bias = args.bias_data, job.dloss = args.dloss_data;
+  job.dq = args.dq, job.dk = args.dk;
+  job.dscale = args.dscale, job.loss = args.loss, job.dbias = args.dbias;
+  walk_gradients(plan, options, in, job, workspace, stream);
 }
 
 }  // namespace flatmem::contrastive::panels::cuda

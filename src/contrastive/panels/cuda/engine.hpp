@@ -14,6 +14,7 @@
 
 #include <cstddef>
 
+#include "contrastive/cpu/sigmoid.hpp"  // SigmoidArgs
 #include "contrastive/panels/plan.hpp"
 #include "contrastive/problem.hpp"
 
@@ -24,5 +25,10 @@ void forward(const PanelPlan &plan, const Options &options, const Inputs &in, co
 
 void backward(const PanelPlan &plan, const Options &options, const Inputs &in, const BackwardArgs &args,
               void *workspace, void *stream);
+
+// The sigmoid loss's value_and_grad (a sigmoid plan_backward): what `args`
+// requests; t and g read on the device (args.bias_data, args.dloss_data).
+void sigmoid(const PanelPlan &plan, const Options &options, const Inputs &in, const cpu::SigmoidArgs &args,
+             void *workspace, void *stream);
 
 }  // namespace flatmem::contrastive::panels::cuda

@@ -88,6 +88,21 @@ __device__ void store_g(float *line, std::int64_t c, float gt, GType type) {
   }
 }
 
+// target[row] += the warp's lane values added in a fixed tree (in double); a
+// null target (not wanted: the same for the whole warp) adds nothing.
+__device__ void add_row_sum(float lane_value, double *target, std::int64_t row, int lane) {
+  if (!target) return;
+  double sum = lane_value;
+  for (int half = 16; half > 0; half >>= 1) {
+    const double other = __shfl_down_sync(full_mask, sum, half);
+    if (lane < half) sum += other;
+  }
+  if (lane == 0) target[row] += sum;
+}
+
+// Softmax (Sigmoid = false: run5's kernel, the branches below compiled out) or
+// the sigmoid loss (Sigmoid = true: also the loss and dt row sums).
+template <bool Sigmoid>
 __global__ void __launch_bounds__(gradient_warps * 32) gradient_kernel(GradientParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const std::int64_t r = std::int64_t(blockIdx.x) * gradient_warps + warp;
@@ -97,7 +112,9 @@ __global__ void __launch_bounds__(gradient_warps * 32) gradient_kernel(GradientP
   float *line = p.panel + r * p.pitch;
   EntryTerms t;
   t.symmetric = p.symmetric;
-  t.row_lse = p.row_lse[row];
+  if constexpr (!Sigmoid) t.row_lse = p.row_lse[row];
+  float bias = 0.0f, loss = 0.0f, dt = 0.0f;
+  if constexpr (Sigmoid) bias = *p.bias;
   float ds = 0.0f;
   for (std::int64_t c0 = 0; c0 < p.cols; c0 += pass_chunk) {
     float raw[pass_vector], gt[pass_vector];
@@ -114,19 +131,25 @@ __global__ void __launch_bounds__(gradient_warps * 32) gradient_kernel(GradientP
       const std::int64_t col = p.col0 + c;
       if (p.symmetric) t.col_lse = p.col_lse[col];
       t.positive = positive_of(p.labels, row, col, p.c, &t.bad);
-      gt[v] = gradient_entry(s * raw[v], t);
+      if constexpr (Sigmoid) {
+        const SigmoidEntry e = sigmoid_entry(s * raw[v] + bias, t.positive, t.bad);
+        gt[v] = e.gt;
+        loss += e.loss;
+        dt += e.gt;
+      } else {
+        gt[v] = gradient_entry(s * raw[v], t);
+      }
       ds += gt[v] * raw[v];
       store_g(line, c, gt[v], p.g_type);
     }
     __syncwarp();
   }
-  if (!p.ds_rows) return;
-  double sum = ds;
-  for (int half = 16; half > 0; half >>= 1) {
-    const double other = __shfl_down_sync(full_mask, sum, half);
-    if (lane < half) sum += other;
+  // Each wanted sum: the lanes' fp32 sums added in passes.hpp's tree order, in double.
+  add_row_sum(ds, p.ds_rows, row, lane);
+  if constexpr (Sigmoid) {
+    add_row_sum(loss, p.loss_rows, row, lane);
+    add_row_sum(dt, p.dt_rows, row, lane);
   }
-  if (lane == 0) p.ds_rows[row] += sum;
 }
 
 __global__ void store_kernel(StoreParams p) {
@@ -172,7 +195,11 @@ cudaError_t launch_reset(State *states, std::int64_t n, cudaStream_t stream) {
 }
 
 cudaError_t launch_gradient(const GradientParams &p, cudaStream_t stream) {
-  gradient_kernel<<<unsigned((p.rows + gradient_warps - 1) / gradient_warps), gradient_warps * 32, 0, stream>>>(p);
+  const unsigned blocks = unsigned((p.rows + gradient_warps - 1) / gradient_warps);
+  if (p.sigmoid)
+    gradient_kernel<true><<<blocks, gradient_warps * 32, 0, stream>>>(p);
+  else
+    gradient_kernel<false><<<blocks, gradient_warps * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

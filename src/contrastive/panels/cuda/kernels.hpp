@@ -42,6 +42,8 @@ cudaError_t launch_reset(State *states, std::int64_t n, cudaStream_t stream);
 // Backward: panel (rows x cols raw logits at `pitch` floats) -> Gt in place
 // (GType::f32 at `pitch`; 16-bit types at 2 pitch elements: each row's
 // first half), and ds_rows[row0 + r] += the row's sum of Gt raw (when set).
+// sigmoid: Gt = -z sigmoid(v), x = s raw + t (no LSE vectors), and also
+// loss_rows += the row's sum of softplus(v), dt_rows += its sum of Gt.
 struct GradientParams {
   float *panel = nullptr;
   std::int64_t pitch = 0, rows = 0, cols = 0;
@@ -53,6 +55,9 @@ struct GradientParams {
   const std::int64_t *labels = nullptr;                // (b,) or nullptr: y_i = i
   GType g_type = GType::f32;
   double *ds_rows = nullptr;
+  bool sigmoid = false;
+  const float *bias = nullptr;  // device scalar t (sigmoid)
+  double *loss_rows = nullptr, *dt_rows = nullptr;
 };
 cudaError_t launch_gradient(const GradientParams &p, cudaStream_t stream);
 
