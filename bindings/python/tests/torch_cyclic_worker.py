@@ -103,8 +103,10 @@ def mode_killed(rank, world, comm):
         cdp.finish()
     except flatmem.Error as e:
         start = start or time.monotonic()
-        print(f"rank {rank}: failed as expected after {time.monotonic() - start:.1f} s: {type(e).__name__}: {e}",
-              flush=True)
+        # One write of the whole line: the ranks share the launcher's pipe, and print()'s text and
+        # newline can be split by another rank's line (which once hid a rank's line from the test).
+        line = f"rank {rank}: failed as expected after {time.monotonic() - start:.1f} s: {type(e).__name__}: {e}\n"
+        os.write(sys.stdout.fileno(), line.encode())
         os._exit(0)  # the process group's peer is gone too: no orderly shutdown
     print(f"rank {rank}: no error", flush=True)
     os._exit(1)
