@@ -142,10 +142,6 @@ bool panels_run(const Options &options, const MatrixView &q, const MatrixView &k
 
 }  // namespace
 
-const char *engine_name(const Options &options, const MatrixView &q, const MatrixView &k) {
-  return panels_run(options, q, k) ? "panels" : "tiles";
-}
-
 std::size_t forward_workspace_bytes(const Options &options, const MatrixView &q, const MatrixView &k) {
   if (panels_run(options, q, k)) return forward_plan(options, q, k).bytes;
   const Loss loss = options.loss;

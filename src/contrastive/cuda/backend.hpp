@@ -10,10 +10,6 @@
 
 namespace flatmem::contrastive::cuda {
 
-// Which engine runs a softmax call of these shapes: "tiles" or "panels"
-// (Options::cuda_engine, panels::use_panels).
-const char *engine_name(const Options &options, const MatrixView &q, const MatrixView &k);
-
 std::size_t forward_workspace_bytes(const Options &options, const MatrixView &q, const MatrixView &k);
 
 // dq / dk: data == nullptr for a size query that does not request them (only

@@ -69,8 +69,7 @@ void lay_out(PanelPlan &p) {
 // The panel extents tried, best first: tall panels (R = 2C) before square
 // ones, larger before smaller; each clamped to the matrix. A smaller panel
 // is only chosen when the larger does not fit the budget.
-template <class Fits>
-void choose_extents(PanelPlan &p, Fits fits, Shape forced) {
+void choose_extents(PanelPlan &p, Shape forced) {
   if (forced.rows > 0 && forced.cols > 0) {
     p.rows = std::min(p.b, forced.rows), p.cols = std::min(p.c, forced.cols);
     lay_out(p);
@@ -86,7 +85,8 @@ void choose_extents(PanelPlan &p, Fits fits, Shape forced) {
       const u128 area = u128(r) * u128(c);
       if (area <= best_area) continue;
       p.rows = r, p.cols = c;
-      if (fits(p)) best_rows = r, best_cols = c, best_area = area;
+      lay_out(p);
+      if (p.bytes <= p.budget) best_rows = r, best_cols = c, best_area = area;
     }
   p.rows = best_rows, p.cols = best_cols;
   p.over_budget = best_area == 0;
@@ -113,13 +113,7 @@ std::int64_t finish_blocks(std::int64_t b) { return std::min<std::int64_t>(1024,
 PanelPlan plan_forward(std::int64_t b, std::int64_t c, std::int64_t d, Loss loss, std::size_t budget,
                        Shape forced) {
   PanelPlan p = base_plan(Call::forward, b, c, d, loss, budget);
-  choose_extents(
-      p,
-      [](PanelPlan &t) {
-        lay_out(t);
-        return t.bytes <= t.budget;
-      },
-      forced);
+  choose_extents(p, forced);
   return p;
 }
 
@@ -135,13 +129,7 @@ PanelPlan plan_backward(std::int64_t b, std::int64_t c, std::int64_t d, Loss los
     // ds comes from the rows sweep when it runs, else from the cols sweep.
     t.rows_sweep = want_dq || (want_dk && resident) || (!want_dk && want_ds);
     t.cols_sweep = want_dk && !resident;
-    choose_extents(
-        t,
-        [](PanelPlan &u) {
-          lay_out(u);
-          return u.bytes <= u.budget;
-        },
-        forced);
+    choose_extents(t, forced);
     return t;
   };
   if (want_dq && want_dk) {
