@@ -141,6 +141,7 @@ struct ContrastiveOptions
     tile_rows::Int32
     tile_cols::Int32
     nonfinite::Cint
+    reserved0::Int32  # ABI 1 padding, named: 0
     fp32_precision::Int64
     comm::Ptr{CommHandle}  # flatmem_comm_t *: null = this process alone, else the ring's communicator
     logit_cache_bytes::Csize_t  # appended after comm: logit tiles kept for the backward (0 = none)
@@ -527,7 +528,7 @@ mutable struct Contrastive
                                        CONTRASTIVE_LOSSES[loss],
                                        Int32(num_threads), Int32(tile_rows), Int32(tile_cols),
                                        propagate_nonfinite ? FLATMEM_NONFINITE_PROPAGATE : FLATMEM_NONFINITE_ERROR,
-                                       defaults.fp32_precision, comm === nothing ? Ptr{CommHandle}(C_NULL) : comm.ptr,
+                                       Int32(0), defaults.fp32_precision, comm === nothing ? Ptr{CommHandle}(C_NULL) : comm.ptr,
                                        Csize_t(logit_cache_bytes))
         out = Ref{Ptr{ContrastiveHandle}}(C_NULL)
         check(ccall((:flatmem_contrastive_create, libflatmem), Cint,

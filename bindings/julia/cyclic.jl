@@ -32,6 +32,7 @@ struct CyclicSchedule
     stages::Int32
     steps::Int64
     rule::Cint
+    reserved0::Int32  # ABI 1 padding, named: 0
 end
 
 """
@@ -45,6 +46,7 @@ struct CyclicAction
     stage::Int32
     step::Int64
     update_stage::Int32
+    reserved0::Int32  # ABI 1 padding, named: 0
     update_step::Int64
     activations_held::Int32
     phase::Int32
@@ -57,15 +59,20 @@ mutable struct CyclicHandle end
 struct CyclicOptions
     struct_size::Csize_t
     stages::Int32
+    reserved0::Int32  # ABI 1 padding, named: 0
     steps::Int64
     rule::Cint
+    reserved1::Int32  # ABI 1 padding, named: 0
     activation_bytes::Ptr{Int64}
     timeout_ms::Int64
     nonfinite::Cint
+    reserved2::Int32  # ABI 1 padding, named: 0
     history::Int64
     parameters::Cint
+    reserved3::Int32  # ABI 1 padding, named: 0
     parameter_count::Ptr{Int64}
     memory::Cint
+    reserved4::Int32  # ABI 1 padding, named: 0
 end
 
 """
@@ -104,6 +111,7 @@ struct CyclicTimeStepStats
     stage::Int32
     step::Int64
     activations_held::Int32
+    reserved0::Int32  # ABI 1 padding, named: 0
     activation_bytes::Int64
     bytes_sent::Int64
     seconds::Float64
@@ -148,7 +156,8 @@ The schedule of `world_size` ranks training a model of `stages` stages for `step
 (a `FlatmemError` naming the field, e.g. `schedule.world_size: 0; expected 1 .. 1048576`).
 """
 function cyclic_schedule(world_size::Integer, stages::Integer, steps::Integer; rule::Symbol=:delay1)
-    s = CyclicSchedule(Csize_t(sizeof(CyclicSchedule)), Int32(world_size), Int32(stages), Int64(steps), cyclic_rule(rule))
+    s = CyclicSchedule(Csize_t(sizeof(CyclicSchedule)), Int32(world_size), Int32(stages), Int64(steps), cyclic_rule(rule),
+                       Int32(0))
     cyclic_length(s)   # checks the schedule
     return s
 end
@@ -271,17 +280,17 @@ mutable struct Cyclic
                     options, Csize_t(sizeof(CyclicOptions))))
         out = Ref{Ptr{CyclicHandle}}(C_NULL)
         status = GC.@preserve comm bytes counts begin
-            options[] = CyclicOptions(options[].struct_size, nstages, Int64(steps), rule_value,
+            options[] = CyclicOptions(options[].struct_size, nstages, Int32(0), Int64(steps), rule_value, Int32(0),
                                       bytes === nothing ? null : pointer(bytes), Int64(timeout_ms),
                                       propagate_nonfinite ? FLATMEM_NONFINITE_PROPAGATE : FLATMEM_NONFINITE_ERROR,
-                                      Int64(history), CYCLIC_PARAMETERS[parameters],
-                                      counts === nothing ? null : pointer(counts), CYCLIC_MEMORY[memory])
+                                      Int32(0), Int64(history), CYCLIC_PARAMETERS[parameters], Int32(0),
+                                      counts === nothing ? null : pointer(counts), CYCLIC_MEMORY[memory], Int32(0))
             @gc_safe ccall((:flatmem_cyclic_create, libflatmem), Cint,
                            (Ref{Ptr{CyclicHandle}}, Ptr{CommHandle}, Ref{CyclicOptions}), out, comm, options)
         end
         check(status)
         comm.users += 1
-        none = CyclicAction(-1, FLATMEM_CYCLIC_IDLE, -1, -1, -1, -1, 0, -1)
+        none = CyclicAction(-1, FLATMEM_CYCLIC_IDLE, -1, -1, -1, 0, -1, 0, -1)
         h = new(out[], comm, none, Dict{Tuple{Int,Int},Tensor}(), Dict{Int,Tensor}())
         finalizer(destroy_quietly, h)
         return h
@@ -643,6 +652,7 @@ struct CyclicStagesSchedule
     micro_batches::Int32
     steps::Int64
     rule::Cint
+    reserved0::Int32  # ABI 1 padding, named: 0
 end
 
 """
@@ -658,6 +668,7 @@ struct CyclicStagesAction
     kind::Cint
     stage::Int32
     micro_batch::Int32
+    reserved0::Int32  # ABI 1 padding, named: 0
     step::Int64
     version::Int64
     update_step::Int64
@@ -687,11 +698,13 @@ struct CyclicStagesOptions
     micro_batches::Int32
     steps::Int64
     rule::Cint
+    reserved0::Int32  # ABI 1 padding, named: 0
     boundary_bytes::Ptr{Int64}
     activation_bytes::Ptr{Int64}
     timeout_ms::Int64
     history::Int64
     memory::Cint
+    reserved1::Int32  # ABI 1 padding, named: 0
 end
 
 """`flatmem_cyclic_stages_time_step_stats`: actions, activations held (and their bytes), boundary bytes posted, seconds and wait seconds of one time step."""
@@ -713,6 +726,7 @@ struct CyclicStagesSummary
     messages_sent::Int64
     max_bytes_sent_per_time_step::Int64
     peak_activations_held::Int32
+    reserved0::Int32  # ABI 1 padding, named: 0
     peak_activation_bytes::Int64
     mean_activations_held::Float64
     busy_fraction::Float64
@@ -734,7 +748,8 @@ The library checks the ranges (a `FlatmemError` naming the field).
 """
 function cyclic_stages_schedule(stages::Integer, micro_batches::Integer, steps::Integer; rule::Symbol=:delay1)
     s = CyclicStagesSchedule(Csize_t(sizeof(CyclicStagesSchedule)), int32_arg(stages, "stages"),
-                             int32_arg(micro_batches, "micro_batches"), Int64(steps), cyclic_rule(rule))
+                             int32_arg(micro_batches, "micro_batches"), Int64(steps), cyclic_rule(rule),
+                             Int32(0))
     cyclic_stages_length(s)   # checks the schedule
     return s
 end
@@ -867,10 +882,10 @@ mutable struct CyclicStages
         out = Ref{Ptr{CyclicStagesHandle}}(C_NULL)
         status = GC.@preserve comm bounds bytes begin
             options[] = CyclicStagesOptions(options[].struct_size, Int32(stages), int32_arg(micro_batches, "micro_batches"),
-                                            Int64(steps), rule_value,
+                                            Int64(steps), rule_value, Int32(0),
                                             bounds === nothing || isempty(bounds) ? null : pointer(bounds),
                                             bytes === nothing ? null : pointer(bytes), Int64(timeout_ms), Int64(history),
-                                            CYCLIC_MEMORY[memory])
+                                            CYCLIC_MEMORY[memory], Int32(0))
             @gc_safe ccall((:flatmem_cyclic_stages_create, libflatmem), Cint,
                            (Ref{Ptr{CyclicStagesHandle}}, Ptr{CommHandle}, Ref{CyclicStagesOptions}), out, comm, options)
         end

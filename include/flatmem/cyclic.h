@@ -197,10 +197,12 @@ typedef struct flatmem_cyclic_schedule {
   /** Training steps each rank runs, 1 .. 2^40. */
   int64_t steps;
   flatmem_cyclic_rule rule;
+  /** Reserved (ABI 1 padding): set 0; see "Reserved fields" in flatmem.h. */
+  int32_t reserved0;
 } flatmem_cyclic_schedule;
 
 #define FLATMEM_CYCLIC_SCHEDULE_INIT \
-  { sizeof(flatmem_cyclic_schedule), 0, 0, 0, FLATMEM_CYCLIC_DELAY1 }
+  { sizeof(flatmem_cyclic_schedule), 0, 0, 0, FLATMEM_CYCLIC_DELAY1, 0 }
 
 typedef enum flatmem_cyclic_action_kind {
   /** Warm-up (before the rank's offset), drain, or update-only time steps. */
@@ -226,6 +228,8 @@ typedef struct flatmem_cyclic_action {
    *  stage update_stage (then the stage equals `stage` for a FORWARD; IDLE
    *  time steps after the last step carry the remaining updates). -1: none. */
   int32_t update_stage;
+  /** Reserved (ABI 1 padding): written 0. */
+  int32_t reserved0;
   int64_t update_step;
   /** Stage activations this rank holds during the time step (0 .. L). */
   int32_t activations_held;
@@ -282,9 +286,13 @@ typedef struct flatmem_cyclic_options {
   size_t struct_size;
   /** L, as in flatmem_cyclic_schedule (required). */
   int32_t stages;
+  /** Reserved (ABI 1 padding): set 0; see "Reserved fields" in flatmem.h. */
+  int32_t reserved0;
   /** Training steps (required). */
   int64_t steps;
   flatmem_cyclic_rule rule;
+  /** Reserved (ABI 1 padding): set 0; see "Reserved fields" in flatmem.h. */
+  int32_t reserved1;
   /** Accounting only: bytes of activations stage j keeps for its backward
    *  (L entries, >= 0, copied at create). NULL = 1 byte per stage, so that
    *  activation_bytes counts stage-units. */
@@ -297,12 +305,16 @@ typedef struct flatmem_cyclic_options {
    *  step and element, and poisons the communicator (the chain cannot go on
    *  without this rank: the others fail naming it). PROPAGATE: no scan. */
   flatmem_nonfinite_policy nonfinite;
+  /** Reserved (ABI 1 padding): set 0; see "Reserved fields" in flatmem.h. */
+  int32_t reserved2;
   /** Time steps of per-time-step statistics kept (the most recent ones);
    *  0 = 65536. */
   int64_t history;
   /** REPLICATED (default) or RELAYED (the ZeRO relay mode, DELAY1 only: see
    *  "ZeRO relay" below). Every rank must pass the same. */
   flatmem_cyclic_parameter_mode parameters;
+  /** Reserved (ABI 1 padding): set 0; see "Reserved fields" in flatmem.h. */
+  int32_t reserved3;
   /** RELAYED: n_j, the elements of stage j (L entries, 1 .. 2^40, copied at
    *  create; the same on every rank). Required when relayed, ignored when
    *  replicated. */
@@ -312,11 +324,14 @@ typedef struct flatmem_cyclic_options {
    *  needs flatmem_comm_init_device before create). Every rank must pass the
    *  same. */
   flatmem_cyclic_memory memory;
+  /** Reserved (ABI 1 padding): set 0; see "Reserved fields" in flatmem.h. */
+  int32_t reserved4;
 } flatmem_cyclic_options;
 
 #define FLATMEM_CYCLIC_OPTIONS_INIT                                                        \
-  { sizeof(flatmem_cyclic_options), 0, 0, FLATMEM_CYCLIC_DELAY1, NULL, 0, FLATMEM_NONFINITE_ERROR, 0, \
-    FLATMEM_CYCLIC_PARAMETERS_REPLICATED, NULL, FLATMEM_CYCLIC_MEMORY_HOST }
+  { sizeof(flatmem_cyclic_options), 0, 0, 0, FLATMEM_CYCLIC_DELAY1, 0, NULL, 0,                     \
+    FLATMEM_NONFINITE_ERROR, 0, 0, FLATMEM_CYCLIC_PARAMETERS_REPLICATED, 0, NULL,                  \
+    FLATMEM_CYCLIC_MEMORY_HOST, 0 }
 
 /** Fill the struct_size bytes at options with the defaults, struct_size =
  *  struct_size (pass sizeof(*options)). Thread-safe. */
@@ -406,6 +421,8 @@ typedef struct flatmem_cyclic_time_step_stats {
   int64_t step;
   /** Stage activations held, and their bytes (options.activation_bytes). */
   int32_t activations_held;
+  /** Reserved (ABI 1 padding): written 0. */
+  int32_t reserved0;
   int64_t activation_bytes;
   /** Gradient bytes this rank posted for sending during the time step
    *  (chains and all-reduces; measured, so it depends on timing). */

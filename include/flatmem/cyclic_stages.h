@@ -212,10 +212,12 @@ typedef struct flatmem_cyclic_stages_schedule {
   /** S: training steps, 1 .. 2^40. */
   int64_t steps;
   flatmem_cyclic_rule rule;
+  /** Reserved (ABI 1 padding): set 0; see "Reserved fields" in flatmem.h. */
+  int32_t reserved0;
 } flatmem_cyclic_stages_schedule;
 
 #define FLATMEM_CYCLIC_STAGES_SCHEDULE_INIT \
-  { sizeof(flatmem_cyclic_stages_schedule), 0, 0, 0, FLATMEM_CYCLIC_DELAY1 }
+  { sizeof(flatmem_cyclic_stages_schedule), 0, 0, 0, FLATMEM_CYCLIC_DELAY1, 0 }
 
 /** One action of one stage rank. */
 typedef struct flatmem_cyclic_stages_action {
@@ -227,6 +229,8 @@ typedef struct flatmem_cyclic_stages_action {
   int32_t stage;
   /** FORWARD / BACKWARD: micro-batch 0 .. N-1 and step 0 .. S-1; else -1. */
   int32_t micro_batch;
+  /** Reserved (ABI 1 padding): written 0. */
+  int32_t reserved0;
   int64_t step;
   /** FORWARD / BACKWARD: the parameter version to use (slot version % K);
    *  else -1. */
@@ -321,6 +325,8 @@ typedef struct flatmem_cyclic_stages_options {
   /** S (required). */
   int64_t steps;
   flatmem_cyclic_rule rule;
+  /** Reserved (ABI 1 padding): set 0; see "Reserved fields" in flatmem.h. */
+  int32_t reserved0;
   /** L - 1 entries (required when L > 1; copied at create): [j] = the
    *  largest bytes of a tensor crossing the boundary between stages j and
    *  j + 1 (an activation or its gradient), 0 .. 2^40. */
@@ -337,11 +343,13 @@ typedef struct flatmem_cyclic_stages_options {
    *  communicator's device, over NCCL: see "Transport" above; needs
    *  flatmem_comm_init_device before create). Every rank must pass the same. */
   flatmem_cyclic_memory memory;
+  /** Reserved (ABI 1 padding): set 0; see "Reserved fields" in flatmem.h. */
+  int32_t reserved1;
 } flatmem_cyclic_stages_options;
 
 #define FLATMEM_CYCLIC_STAGES_OPTIONS_INIT \
-  { sizeof(flatmem_cyclic_stages_options), 0, 0, 0, FLATMEM_CYCLIC_DELAY1, NULL, NULL, 0, 0, \
-    FLATMEM_CYCLIC_MEMORY_HOST }
+  { sizeof(flatmem_cyclic_stages_options), 0, 0, 0, FLATMEM_CYCLIC_DELAY1, 0, NULL, NULL, 0, 0, \
+    FLATMEM_CYCLIC_MEMORY_HOST, 0 }
 
 /** Fill the struct_size bytes at options with the defaults, struct_size =
  *  struct_size (pass sizeof(*options)). Thread-safe. */
@@ -471,6 +479,8 @@ typedef struct flatmem_cyclic_stages_summary {
   int64_t messages_sent;
   int64_t max_bytes_sent_per_time_step;
   int32_t peak_activations_held;
+  /** Reserved (ABI 1 padding): written 0. */
+  int32_t reserved0;
   int64_t peak_activation_bytes;
   /** Mean micro-batches held over the time steps begun. */
   double mean_activations_held;

@@ -70,6 +70,19 @@
  *     FLATMEM_STATUS_INVALID_ARGUMENT naming the argument, and so is a size
  *     below sizeof(size_t) for a struct that begins with struct_size (inits,
  *     the get_schedule outputs): it could only hold a truncated struct_size.
+ *   - No struct has padding: a field is appended 8-byte aligned (a 4-byte
+ *     field comes with a second one or a reserved one), so that every byte
+ *     of a struct is a named field both sides agree on. The gate
+ *     (scripts/check-abi.sh) refuses padding and any change to a field a
+ *     released header had.
+ *   - Reserved fields (reserved0, reserved1, ...) name bytes that were
+ *     padding in ABI 1. Set them to 0 (the INIT macros and init functions
+ *     do); the library writes 0 into those of structs it fills. In a struct
+ *     the library reads they are ignored when struct_size <= the library's
+ *     sizeof, because an ABI-1 caller's compiler may have left them
+ *     indeterminate; a caller whose struct_size is larger (built against a
+ *     newer header) must leave them 0: non-zero is FLATMEM_STATUS_UNSUPPORTED
+ *     naming the field, like any unknown field.
  *   - A NULL options pointer means all defaults.
  *   - flatmem_reversible_function, flatmem_reversible_block and
  *     flatmem_comm_unique_id are frozen: they never change (new callbacks
@@ -552,9 +565,10 @@ typedef struct flatmem_contrastive_options {
   /** What NaN/Inf in q or k does (0 = FLATMEM_NONFINITE_ERROR; kDLCUDA
    *  tensors need FLATMEM_NONFINITE_PROPAGATE). */
   flatmem_nonfinite_policy nonfinite;
+  /** Reserved (ABI 1 padding): set 0; see "Reserved fields" in flatmem.h. */
+  int32_t reserved0;
   /** A flatmem_fp32_precision value (0 = FLATMEM_FP32_PRECISION_DEFAULT).
-   *  64 bits wide so that it starts past the tail padding of the struct as
-   *  it was before this field (struct_size then tells the two apart). */
+   *  64 bits wide: fields are appended 8-byte aligned (see "Conventions"). */
   int64_t fp32_precision;
   /** NULL: a single process (the loss of this call's q and k). Otherwise the
    *  communicator whose ranks share one global batch (see "Ring across
@@ -568,7 +582,7 @@ typedef struct flatmem_contrastive_options {
 
 #define FLATMEM_CONTRASTIVE_OPTIONS_INIT                                                  \
   { sizeof(flatmem_contrastive_options), FLATMEM_CONTRASTIVE_DEFAULT, 0, 0, 0,            \
-    FLATMEM_NONFINITE_ERROR, FLATMEM_FP32_PRECISION_DEFAULT, NULL, 0 }
+    FLATMEM_NONFINITE_ERROR, 0, FLATMEM_FP32_PRECISION_DEFAULT, NULL, 0 }
 
 /*
  * Logit cache (options.logit_cache_bytes), a memory/compute dial for the CPU
@@ -878,6 +892,8 @@ typedef struct flatmem_contrastive_ring_stats {
   /** Seconds of the whole call. */
   double seconds;
   int32_t steps;
+  /** Reserved (ABI 1 padding): written 0. */
+  int32_t reserved0;
 } flatmem_contrastive_ring_stats;
 
 /** backward = 0: the last ring forward; 1: the last ring backward. A handle

@@ -189,7 +189,7 @@ flatmem_status flatmem_contrastive_ring_stats_get(const flatmem_contrastive_t *h
     check_handle(handle);
     const ring::Stats &s = backward ? handle->ring_backward_stats : handle->ring_forward_stats;
     const flatmem_contrastive_ring_stats full{s.bytes_sent, s.messages_sent, s.wait_seconds,
-                                              s.seconds, s.steps};
+                                              s.seconds, s.steps, 0};
     write_struct(stats, stats_size, full, "stats", "stats_size");
   });
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/abi_layout.hpp"
 #include "core/error.hpp"
 
 namespace flatmem {
@@ -37,6 +38,23 @@ inline void check_unknown_tail(const void *given, std::size_t size, std::size_t 
            ") knows: a field of a newer flatmem.h; leave it 0 or load a newer libflatmem");
 }
 
+// The reserved fields of a struct just read (core/abi_layout.hpp; flatmem.h,
+// "Reserved fields"): a caller no larger than this library's struct may have
+// left them indeterminate (they were padding in ABI 1), so they are cleared;
+// a larger caller was built with them named and must leave them 0.
+template <typename Struct>
+void clear_reserved(Struct &o, const void *given, std::size_t size, const char *what) {
+  for (const ReservedField &field : Reserved<Struct>::fields) {
+    std::int32_t value = 0;
+    if (size > sizeof o) std::memcpy(&value, static_cast<const char *>(given) + field.offset, sizeof value);
+    if (value != 0)
+      fail(FLATMEM_STATUS_UNSUPPORTED, what, "->", field.name, " is ", value,
+           ": a reserved field, 0 for a caller built against a newer flatmem.h (struct_size ", size,
+           " > ", sizeof o, "); this libflatmem gives it no meaning");
+    std::memset(reinterpret_cast<char *>(&o) + field.offset, 0, sizeof value);
+  }
+}
+
 // Reads a struct that begins with size_t struct_size; `given` may be NULL
 // (all defaults). `init_name` names the INIT macro / init function the message
 // points to.
@@ -49,6 +67,7 @@ Struct read_sized(const Struct *given, const char *what, const char *init_name) 
     invalid(what, ": struct_size is ", size, "; initialise with ", init_name);
   check_unknown_tail(given, size, sizeof o, what);
   std::memcpy(&o, given, std::min(size, sizeof o));
+  clear_reserved(o, given, size, what);
   return o;
 }
 

@@ -184,6 +184,7 @@ impl Options {
             tile_rows: 0,
             tile_cols: 0,
             nonfinite: 0,
+            reserved0: 0,
             fp32_precision: 0,
             comm: std::ptr::null_mut(),
             logit_cache_bytes: 0,

@@ -42,6 +42,7 @@ pub const SCHEDULE_INIT: sys::flatmem_cyclic_schedule = sys::flatmem_cyclic_sche
     stages: 0,
     steps: 0,
     rule: sys::FLATMEM_CYCLIC_DELAY1,
+    reserved0: 0,
 };
 
 /// How the averaged gradients are applied (`flatmem_cyclic_rule`).
@@ -258,6 +259,7 @@ impl Schedule {
             stage: -1,
             step: -1,
             update_stage: -1,
+            reserved0: 0,
             update_step: -1,
             activations_held: 0,
             phase: -1,

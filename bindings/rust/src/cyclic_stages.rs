@@ -58,6 +58,7 @@ pub const STAGES_SCHEDULE_INIT: sys::flatmem_cyclic_stages_schedule = sys::flatm
     micro_batches: 0,
     steps: 0,
     rule: sys::FLATMEM_CYCLIC_DELAY1,
+    reserved0: 0,
 };
 
 /// One action of one stage rank (`flatmem_cyclic_stages_action`; the C

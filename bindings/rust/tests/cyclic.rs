@@ -215,6 +215,7 @@ fn raw_values_round_trip() {
         stage: -1,
         step: -1,
         update_stage: -1,
+        reserved0: 0,
         update_step: -1,
         activations_held: 0,
         phase: -1,

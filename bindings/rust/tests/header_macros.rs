@@ -80,6 +80,7 @@ fn options_init_matches_macro() {
         tile_rows: 9,
         tile_cols: 9,
         nonfinite: 9,
+        reserved0: 9,
         fp32_precision: 9,
         comm: std::ptr::NonNull::dangling().as_ptr(),
         logit_cache_bytes: 9,
@@ -134,15 +135,20 @@ fn cyclic_options_init_matches_macro() {
     let mut raw = sys::flatmem_cyclic_options {
         struct_size: 0,
         stages: 9,
+        reserved0: 9,
         steps: 9,
         rule: 9,
+        reserved1: 9,
         activation_bytes: std::ptr::NonNull::dangling().as_ptr(),
         timeout_ms: 9,
         nonfinite: 9,
+        reserved2: 9,
         history: 9,
         parameters: 9,
+        reserved3: 9,
         parameter_count: std::ptr::NonNull::dangling().as_ptr(),
         memory: 9,
+        reserved4: 9,
     };
     // SAFETY: a valid options struct of this declaration.
     assert_eq!(unsafe { sys::flatmem_cyclic_options_init(&mut raw, size_of_val(&raw)) }, sys::FLATMEM_STATUS_SUCCESS);
@@ -202,11 +208,13 @@ fn stages_schedule_init_and_options_init_match_macros() {
         micro_batches: 9,
         steps: 9,
         rule: 9,
+        reserved0: 9,
         boundary_bytes: std::ptr::NonNull::dangling().as_ptr(),
         activation_bytes: std::ptr::NonNull::dangling().as_ptr(),
         timeout_ms: 9,
         history: 9,
         memory: 9,
+        reserved1: 9,
     };
     // SAFETY: a valid options struct of this declaration.
     assert_eq!(

@@ -83,6 +83,7 @@ fn outputs_get_the_callers_size() {
         stage: 99,
         step: -7,
         update_stage: 99,
+        reserved0: 99,
         update_step: -7,
         activations_held: 99,
         phase: 99,

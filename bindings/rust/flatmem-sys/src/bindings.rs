@@ -605,9 +605,10 @@ pub struct flatmem_contrastive_options {
     #[doc = " What NaN/Inf in q or k does (0 = FLATMEM_NONFINITE_ERROR; kDLCUDA"]
     #[doc = "  tensors need FLATMEM_NONFINITE_PROPAGATE)."]
     pub nonfinite: flatmem_nonfinite_policy,
+    #[doc = " Reserved (ABI 1 padding): set 0; see \"Reserved fields\" in flatmem.h."]
+    pub reserved0: i32,
     #[doc = " A flatmem_fp32_precision value (0 = FLATMEM_FP32_PRECISION_DEFAULT)."]
-    #[doc = "  64 bits wide so that it starts past the tail padding of the struct as"]
-    #[doc = "  it was before this field (struct_size then tells the two apart)."]
+    #[doc = "  64 bits wide: fields are appended 8-byte aligned (see \"Conventions\")."]
     pub fp32_precision: i64,
     #[doc = " NULL: a single process (the loss of this call's q and k). Otherwise the"]
     #[doc = "  communicator whose ranks share one global batch (see \"Ring across"]
@@ -732,6 +733,23 @@ fn bindgen_test_layout_flatmem_contrastive_options() {
         );
     }
     test_field_nonfinite();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_contrastive_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            28usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_contrastive_options),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
     fn test_field_fp32_precision() {
         assert_eq!(
             unsafe {
@@ -2308,6 +2326,8 @@ pub struct flatmem_cyclic_schedule {
     #[doc = " Training steps each rank runs, 1 .. 2^40."]
     pub steps: i64,
     pub rule: flatmem_cyclic_rule,
+    #[doc = " Reserved (ABI 1 padding): set 0; see \"Reserved fields\" in flatmem.h."]
+    pub reserved0: i32,
 }
 #[test]
 fn bindgen_test_layout_flatmem_cyclic_schedule() {
@@ -2406,6 +2426,23 @@ fn bindgen_test_layout_flatmem_cyclic_schedule() {
         );
     }
     test_field_rule();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_schedule>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            28usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_schedule),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
 }
 impl Default for flatmem_cyclic_schedule {
     fn default() -> Self {
@@ -2443,6 +2480,8 @@ pub struct flatmem_cyclic_action {
     #[doc = "  stage update_stage (then the stage equals `stage` for a FORWARD; IDLE"]
     #[doc = "  time steps after the last step carry the remaining updates). -1: none."]
     pub update_stage: i32,
+    #[doc = " Reserved (ABI 1 padding): written 0."]
+    pub reserved0: i32,
     pub update_step: i64,
     #[doc = " Stage activations this rank holds during the time step (0 .. L)."]
     pub activations_held: i32,
@@ -2546,6 +2585,23 @@ fn bindgen_test_layout_flatmem_cyclic_action() {
         );
     }
     test_field_update_stage();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_action>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            28usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_action),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
     fn test_field_update_step() {
         assert_eq!(
             unsafe {
@@ -2675,9 +2731,13 @@ pub struct flatmem_cyclic_options {
     pub struct_size: usize,
     #[doc = " L, as in flatmem_cyclic_schedule (required)."]
     pub stages: i32,
+    #[doc = " Reserved (ABI 1 padding): set 0; see \"Reserved fields\" in flatmem.h."]
+    pub reserved0: i32,
     #[doc = " Training steps (required)."]
     pub steps: i64,
     pub rule: flatmem_cyclic_rule,
+    #[doc = " Reserved (ABI 1 padding): set 0; see \"Reserved fields\" in flatmem.h."]
+    pub reserved1: i32,
     #[doc = " Accounting only: bytes of activations stage j keeps for its backward"]
     #[doc = "  (L entries, >= 0, copied at create). NULL = 1 byte per stage, so that"]
     #[doc = "  activation_bytes counts stage-units."]
@@ -2690,12 +2750,16 @@ pub struct flatmem_cyclic_options {
     #[doc = "  step and element, and poisons the communicator (the chain cannot go on"]
     #[doc = "  without this rank: the others fail naming it). PROPAGATE: no scan."]
     pub nonfinite: flatmem_nonfinite_policy,
+    #[doc = " Reserved (ABI 1 padding): set 0; see \"Reserved fields\" in flatmem.h."]
+    pub reserved2: i32,
     #[doc = " Time steps of per-time-step statistics kept (the most recent ones);"]
     #[doc = "  0 = 65536."]
     pub history: i64,
     #[doc = " REPLICATED (default) or RELAYED (the ZeRO relay mode, DELAY1 only: see"]
     #[doc = "  \"ZeRO relay\" below). Every rank must pass the same."]
     pub parameters: flatmem_cyclic_parameter_mode,
+    #[doc = " Reserved (ABI 1 padding): set 0; see \"Reserved fields\" in flatmem.h."]
+    pub reserved3: i32,
     #[doc = " RELAYED: n_j, the elements of stage j (L entries, 1 .. 2^40, copied at"]
     #[doc = "  create; the same on every rank). Required when relayed, ignored when"]
     #[doc = "  replicated."]
@@ -2705,6 +2769,8 @@ pub struct flatmem_cyclic_options {
     #[doc = "  needs flatmem_comm_init_device before create). Every rank must pass the"]
     #[doc = "  same."]
     pub memory: flatmem_cyclic_memory,
+    #[doc = " Reserved (ABI 1 padding): set 0; see \"Reserved fields\" in flatmem.h."]
+    pub reserved4: i32,
 }
 #[test]
 fn bindgen_test_layout_flatmem_cyclic_options() {
@@ -2752,6 +2818,23 @@ fn bindgen_test_layout_flatmem_cyclic_options() {
         );
     }
     test_field_stages();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_options),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
     fn test_field_steps() {
         assert_eq!(
             unsafe {
@@ -2786,6 +2869,23 @@ fn bindgen_test_layout_flatmem_cyclic_options() {
         );
     }
     test_field_rule();
+    fn test_field_reserved1() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved1) as usize - ptr as usize
+            },
+            28usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_options),
+                "::",
+                stringify!(reserved1)
+            )
+        );
+    }
+    test_field_reserved1();
     fn test_field_activation_bytes() {
         assert_eq!(
             unsafe {
@@ -2837,6 +2937,23 @@ fn bindgen_test_layout_flatmem_cyclic_options() {
         );
     }
     test_field_nonfinite();
+    fn test_field_reserved2() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved2) as usize - ptr as usize
+            },
+            52usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_options),
+                "::",
+                stringify!(reserved2)
+            )
+        );
+    }
+    test_field_reserved2();
     fn test_field_history() {
         assert_eq!(
             unsafe {
@@ -2871,6 +2988,23 @@ fn bindgen_test_layout_flatmem_cyclic_options() {
         );
     }
     test_field_parameters();
+    fn test_field_reserved3() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved3) as usize - ptr as usize
+            },
+            68usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_options),
+                "::",
+                stringify!(reserved3)
+            )
+        );
+    }
+    test_field_reserved3();
     fn test_field_parameter_count() {
         assert_eq!(
             unsafe {
@@ -2905,6 +3039,23 @@ fn bindgen_test_layout_flatmem_cyclic_options() {
         );
     }
     test_field_memory();
+    fn test_field_reserved4() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved4) as usize - ptr as usize
+            },
+            84usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_options),
+                "::",
+                stringify!(reserved4)
+            )
+        );
+    }
+    test_field_reserved4();
 }
 impl Default for flatmem_cyclic_options {
     fn default() -> Self {
@@ -3019,6 +3170,8 @@ pub struct flatmem_cyclic_time_step_stats {
     pub step: i64,
     #[doc = " Stage activations held, and their bytes (options.activation_bytes)."]
     pub activations_held: i32,
+    #[doc = " Reserved (ABI 1 padding): written 0."]
+    pub reserved0: i32,
     pub activation_bytes: i64,
     #[doc = " Gradient bytes this rank posted for sending during the time step"]
     #[doc = "  (chains and all-reduces; measured, so it depends on timing)."]
@@ -3134,6 +3287,23 @@ fn bindgen_test_layout_flatmem_cyclic_time_step_stats() {
         );
     }
     test_field_activations_held();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_time_step_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            28usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_time_step_stats),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
     fn test_field_activation_bytes() {
         assert_eq!(
             unsafe {
@@ -3765,6 +3935,8 @@ pub struct flatmem_cyclic_stages_schedule {
     #[doc = " S: training steps, 1 .. 2^40."]
     pub steps: i64,
     pub rule: flatmem_cyclic_rule,
+    #[doc = " Reserved (ABI 1 padding): set 0; see \"Reserved fields\" in flatmem.h."]
+    pub reserved0: i32,
 }
 #[test]
 fn bindgen_test_layout_flatmem_cyclic_stages_schedule() {
@@ -3863,6 +4035,23 @@ fn bindgen_test_layout_flatmem_cyclic_stages_schedule() {
         );
     }
     test_field_rule();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_schedule>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            28usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_schedule),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
 }
 impl Default for flatmem_cyclic_stages_schedule {
     fn default() -> Self {
@@ -3885,6 +4074,8 @@ pub struct flatmem_cyclic_stages_action {
     pub stage: i32,
     #[doc = " FORWARD / BACKWARD: micro-batch 0 .. N-1 and step 0 .. S-1; else -1."]
     pub micro_batch: i32,
+    #[doc = " Reserved (ABI 1 padding): written 0."]
+    pub reserved0: i32,
     pub step: i64,
     #[doc = " FORWARD / BACKWARD: the parameter version to use (slot version % K);"]
     #[doc = "  else -1."]
@@ -3989,6 +4180,23 @@ fn bindgen_test_layout_flatmem_cyclic_stages_action() {
         );
     }
     test_field_micro_batch();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_action>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            20usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_action),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
     fn test_field_step() {
         assert_eq!(
             unsafe {
@@ -4330,6 +4538,8 @@ pub struct flatmem_cyclic_stages_options {
     #[doc = " S (required)."]
     pub steps: i64,
     pub rule: flatmem_cyclic_rule,
+    #[doc = " Reserved (ABI 1 padding): set 0; see \"Reserved fields\" in flatmem.h."]
+    pub reserved0: i32,
     #[doc = " L - 1 entries (required when L > 1; copied at create): [j] = the"]
     #[doc = "  largest bytes of a tensor crossing the boundary between stages j and"]
     #[doc = "  j + 1 (an activation or its gradient), 0 .. 2^40."]
@@ -4346,6 +4556,8 @@ pub struct flatmem_cyclic_stages_options {
     #[doc = "  communicator's device, over NCCL: see \"Transport\" above; needs"]
     #[doc = "  flatmem_comm_init_device before create). Every rank must pass the same."]
     pub memory: flatmem_cyclic_memory,
+    #[doc = " Reserved (ABI 1 padding): set 0; see \"Reserved fields\" in flatmem.h."]
+    pub reserved1: i32,
 }
 #[test]
 fn bindgen_test_layout_flatmem_cyclic_stages_options() {
@@ -4444,6 +4656,23 @@ fn bindgen_test_layout_flatmem_cyclic_stages_options() {
         );
     }
     test_field_rule();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            28usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_options),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
     fn test_field_boundary_bytes() {
         assert_eq!(
             unsafe {
@@ -4529,6 +4758,23 @@ fn bindgen_test_layout_flatmem_cyclic_stages_options() {
         );
     }
     test_field_memory();
+    fn test_field_reserved1() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved1) as usize - ptr as usize
+            },
+            68usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_options),
+                "::",
+                stringify!(reserved1)
+            )
+        );
+    }
+    test_field_reserved1();
 }
 impl Default for flatmem_cyclic_stages_options {
     fn default() -> Self {
@@ -4838,6 +5084,8 @@ pub struct flatmem_cyclic_stages_summary {
     pub messages_sent: i64,
     pub max_bytes_sent_per_time_step: i64,
     pub peak_activations_held: i32,
+    #[doc = " Reserved (ABI 1 padding): written 0."]
+    pub reserved0: i32,
     pub peak_activation_bytes: i64,
     #[doc = " Mean micro-batches held over the time steps begun."]
     pub mean_activations_held: f64,
@@ -4963,6 +5211,23 @@ fn bindgen_test_layout_flatmem_cyclic_stages_summary() {
         );
     }
     test_field_peak_activations_held();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<flatmem_cyclic_stages_summary>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            44usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(flatmem_cyclic_stages_summary),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
     fn test_field_peak_activation_bytes() {
         assert_eq!(
             unsafe {
