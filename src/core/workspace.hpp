@@ -23,10 +23,14 @@ class WorkspaceCarver {
     }
   }
 
+  // A negative count is a size that wrapped before it got here (a size_t
+  // above 2^63 cast to int64_t): refused, never taken as 0 (checked size
+  // arithmetic: flatmem.h's workspace rule).
   template <typename T>
   T *take(std::int64_t count) {
+    if (count < 0) invalid("workspace: a region of ", count, " elements (a size that overflowed 63 bits)");
     offset_ = (offset_ + alignment - 1) / alignment * alignment;
-    const unsigned __int128 bytes = (unsigned __int128)(count < 0 ? 0 : count) * sizeof(T);
+    const unsigned __int128 bytes = (unsigned __int128)count * sizeof(T);
     if (bytes > (unsigned __int128)(INT64_MAX) - offset_)
       invalid("workspace: the sizes requested overflow 64 bits");
     T *region = base_ ? reinterpret_cast<T *>(base_ + offset_) : nullptr;
