@@ -81,9 +81,10 @@ const FLATMEM_CPU_ISA_AVX512 = Cint(3)
 const FLATMEM_CPU_ISA_AVX512BF16 = Cint(4)
 const FLATMEM_CPU_ISA_AMX = Cint(5)
 
-# flatmem_fp32_precision (CUDA tensor cores; the CPU always multiplies in fp32)
+# flatmem_fp32_precision (defined in flatmem.h: fp32 values rounded once or split in reduced-precision products)
 const FLATMEM_FP32_PRECISION_DEFAULT = Cint(0)
-const FLATMEM_FP32_PRECISION_TF32 = Cint(1)
+const FLATMEM_FP32_PRECISION_ROUND_ONCE = Cint(1)
+const FLATMEM_FP32_PRECISION_TF32 = Cint(1)  # ROUND_ONCE's other name
 const FLATMEM_FP32_PRECISION_FULL = Cint(2)
 
 # flatmem_contrastive_loss

@@ -528,24 +528,36 @@ typedef enum flatmem_contrastive_loss {
   FLATMEM_CONTRASTIVE_LOSS_MAX = 0x7fffffff
 } flatmem_contrastive_loss;
 
-/** How fp32 operands enter reduced-precision products: on CUDA tensor cores
- *  the fp32 inputs (and, in the backward, the recomputed G); on the CPU at
- *  ISA level avx512bf16, the recomputed G of bf16 inputs, which meets bf16
- *  features in vdpbf16ps (see "bf16 products on the CPU" below). Elsewhere
- *  the CPU multiplies in full fp32 (any value is accepted). */
+/** How fp32 values enter reduced-precision products: rounded ONCE to the
+ *  product's format, or SPLIT in two parts of it (about full fp32). This is
+ *  the one definition of the option; the bindings' "precision" arguments
+ *  ("default", "round_once" or its alias "tf32", "full") link here.
+ *  - CUDA: the fp32 inputs (and, in the backward, the recomputed G) on
+ *    tensor cores: ROUND_ONCE = TF32, FULL = 3xTF32.
+ *  - CPU at ISA level avx512bf16 or amx with bf16 q and k: the recomputed
+ *    fp32 G, which meets the bf16 features in the bf16 products (see "bf16
+ *    products on the CPU" below): ROUND_ONCE = G rounded once to bf16
+ *    (bf16-accurate dq and dk, like the frameworks' bf16 autograd; the
+ *    fastest), FULL = G split in two bf16 parts (about fp32 gradients). The
+ *    loss and dlogit_scale do not depend on it.
+ *  - Everywhere else the CPU multiplies in full fp32 and the option has no
+ *    effect (any value is accepted). */
 typedef enum flatmem_fp32_precision {
-  /** 0: the default: TF32 on CUDA; FULL on the CPU. */
+  /** 0: the default: ROUND_ONCE (TF32) on CUDA; FULL on the CPU. */
   FLATMEM_FP32_PRECISION_DEFAULT = 0,
-  /** TF32 products (10-bit mantissas, fp32 accumulation): each logit errs
-   *  by up to about 2^-10 * s * sum_t |q_it k_jt|. On the CPU's bf16 path:
-   *  G rounded once to bf16 (each entry off by up to 2^-8 of itself), the
-   *  backward's two gradient products at the full bf16 rate. */
+  /** Rounded once. CUDA: TF32 products (10-bit mantissas, fp32
+   *  accumulation): each logit errs by up to about 2^-10 * s * sum_t
+   *  |q_it k_jt|. CPU bf16 path: G rounded once to bf16 (each entry off by
+   *  up to 2^-8 of itself), the backward's two gradient products at the full
+   *  bf16 rate. */
+  FLATMEM_FP32_PRECISION_ROUND_ONCE = 1,
+  /** The CUDA name of ROUND_ONCE (the same value, its first name). */
   FLATMEM_FP32_PRECISION_TF32 = 1,
-  /** About full fp32 ("3xTF32": operands split in two TF32 parts, three
-   *  tensor-core products), about 3x the time of TF32. On the CPU's bf16
-   *  path: G split in hi + lo = bf16(G) + bf16(G - hi) (residual at most
-   *  2^-16 |G|, below fp32 accumulation's n 2^-24 for n >= 256 terms), two
-   *  bf16 products each, about the time of fp32 FMAs. */
+  /** Split, about full fp32. CUDA: "3xTF32" (operands split in two TF32
+   *  parts, three tensor-core products), about 3x the time of TF32. CPU
+   *  bf16 path: G split in hi + lo = bf16(G) + bf16(G - hi) (residual at
+   *  most 2^-16 |G|, below fp32 accumulation's n 2^-24 for n >= 256 terms),
+   *  two bf16 products each, about the time of fp32 FMAs. */
   FLATMEM_FP32_PRECISION_FULL = 2,
   FLATMEM_FP32_PRECISION_MAX = 0x7fffffff
 } flatmem_fp32_precision;
@@ -621,9 +633,9 @@ typedef struct flatmem_contrastive_options {
  *    and col_lse keep their fp32 accuracy, only the summation order changes.
  *  - dq = s G k and dk = s G^T q: G (fp32) enters as options.fp32_precision
  *    says: DEFAULT / FULL split in two bf16 parts (about fp32: an extra
- *    2^-16 + gamma_n times sum |s G_ij| |k_jt|), TF32 rounded once (an extra
- *    2^-8 times the same sum: bf16-accurate gradients, like the frameworks'
- *    bf16 autograd; the fastest). ds is formed from fp32 G and is unchanged.
+ *    2^-16 + gamma_n times sum |s G_ij| |k_jt|), ROUND_ONCE (TF32) rounded
+ *    once (an extra 2^-8 times the same sum: bf16-accurate gradients, like
+ *    the frameworks' bf16 autograd; the fastest). ds is formed from fp32 G and is unchanged.
  *  - Denormal bf16 inputs and fp32 partial sums below 2^-126 are flushed to
  *    zero by the instruction (absolute error <= 2^-126 per term).
  *  - Everything else (log-sum-exp folds, the element-wise passes, the ring,
@@ -634,8 +646,9 @@ typedef struct flatmem_contrastive_options {
  *    16-bit scratch is the larger of the widened rows, (tile_rows +
  *    tile_cols) d floats, and the kernels' packing, about tile_rows *
  *    tile_cols + 32 max(d, tile_rows, tile_cols) 32-bit words).
- *  The reversible blocks' products are not covered (they stay sgemm), nor
- *  AMX tiles (not built: no AMX machine has run flatmem).
+ *  At ISA level amx the same three products run on AMX tiles under the
+ *  same contract (exact bf16 products, fp32 sums, G as the option says).
+ *  The reversible blocks' products are not covered (they stay fp32).
  */
 
 /** Fill the struct_size bytes at options with the defaults, struct_size =

@@ -274,7 +274,7 @@ def single():
     try:
         flatmem_jax.clip_loss(q, k, 7.0, comm=comm, precision="half")
     except ValueError as e:
-        assert "precision: 'half' is not one of 'default', 'tf32', 'full'" in str(e), str(e)
+        assert "precision: 'half' is not one of 'default', 'round_once' ('tf32'), 'full'" in str(e), str(e)
     else:
         raise AssertionError("precision='half': no error")
     for loss in (flatmem_jax._SYMMETRIC, flatmem_jax._INFONCE):

@@ -26,7 +26,7 @@ from python_reference import SLACK, contrastive_reference, gradient_tolerances
 from sigmoid_reference import scaled_tolerance, sigmoid_reference, sigmoid_tolerances
 
 PRECISIONS = {"default": 0, "tf32": 1, "full": 2}
-ALLOWED = "is not one of 'default', 'tf32', 'full'"
+ALLOWED = "is not one of 'default', 'round_once' ('tf32'), 'full'"
 BAD = ["TF32", "fp32", "", "bf16", 1, None, 2.0]
 RUNTIME = (jax.errors.JaxRuntimeError, ValueError)  # as test_jax_errors.py
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]

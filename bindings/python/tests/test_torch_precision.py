@@ -15,7 +15,7 @@ from flatmem import capi
 from python_reference import SLACK, forward_tolerance, gradient_tolerances
 from test_torch_losses import bound_dtype, check_close, leaves, unit_rows
 
-ALLOWED = "is not one of 'default', 'tf32', 'full'"
+ALLOWED = "is not one of 'default', 'round_once' ('tf32'), 'full'"
 
 
 @pytest.fixture(autouse=True)

@@ -80,10 +80,11 @@ pub enum Fp32Precision {
     /// on the CPU.
     #[default]
     Default,
-    /// CUDA: TF32 products (10-bit mantissas, fp32 accumulation). CPU bf16
-    /// path: `G` rounded once to bf16 (each entry off by up to `2^-8` of
-    /// itself): bf16-accurate gradients, as the frameworks' bf16 autograd
-    /// gives, and the fastest backward.
+    /// Rounded once (`FLATMEM_FP32_PRECISION_ROUND_ONCE`, whose CUDA name
+    /// is `TF32`; defined in flatmem.h). CUDA: TF32 products (10-bit
+    /// mantissas, fp32 accumulation). CPU bf16 path: `G` rounded once to bf16
+    /// (each entry off by up to `2^-8` of itself): bf16-accurate gradients,
+    /// as the frameworks' bf16 autograd gives, and the fastest backward.
     Tf32,
     /// CUDA: about full fp32 ("3xTF32", about 3x the tensor-core time of
     /// TF32). CPU bf16 path: `G` split in two bf16 parts (residual at most
@@ -96,7 +97,7 @@ impl Fp32Precision {
     pub fn to_raw(self) -> sys::flatmem_fp32_precision {
         match self {
             Fp32Precision::Default => sys::FLATMEM_FP32_PRECISION_DEFAULT,
-            Fp32Precision::Tf32 => sys::FLATMEM_FP32_PRECISION_TF32,
+            Fp32Precision::Tf32 => sys::FLATMEM_FP32_PRECISION_ROUND_ONCE,
             Fp32Precision::Full => sys::FLATMEM_FP32_PRECISION_FULL,
         }
     }

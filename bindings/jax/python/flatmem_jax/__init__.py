@@ -136,16 +136,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._header import ENUMS as _ENUMS
+
 __all__ = ["clip_loss", "infonce_loss", "sigmoid_loss", "reversible_transformer", "FlatmemError", "has_cuda",
            "library_path", "RingComm", "ring"]
 __version__ = "0.2.0"
 
-# flatmem_contrastive_loss values (flatmem.h).
-_SYMMETRIC = 1
-_INFONCE = 2
-_SIGMOID = 3
-# flatmem_fp32_precision values (flatmem.h), by the names the losses' precision= takes.
-_PRECISIONS = {"default": 0, "tf32": 1, "full": 2}
+# The header's values (flatmem_jax/_header.py, generated from include/flatmem/*.h and checked
+# against them by ctest bindings/header_tables): flatmem_contrastive_loss, and
+# flatmem_fp32_precision by the names the losses' precision= takes.
+_LOSS = _ENUMS["flatmem_contrastive_loss"]
+_SYMMETRIC = _LOSS["FLATMEM_CONTRASTIVE_SYMMETRIC"]
+_INFONCE = _LOSS["FLATMEM_CONTRASTIVE_INFONCE"]
+_SIGMOID = _LOSS["FLATMEM_CONTRASTIVE_SIGMOID"]
+_PRECISION = _ENUMS["flatmem_fp32_precision"]
+_PRECISIONS = {"default": _PRECISION["FLATMEM_FP32_PRECISION_DEFAULT"],
+               "round_once": _PRECISION["FLATMEM_FP32_PRECISION_ROUND_ONCE"],
+               "tf32": _PRECISION["FLATMEM_FP32_PRECISION_TF32"], "full": _PRECISION["FLATMEM_FP32_PRECISION_FULL"]}
 # DLPack type codes (dlpack.h): what the workspace query is told q and k are.
 _DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT, _DL_COMPLEX = 0, 1, 2, 4, 5
 
@@ -313,13 +320,13 @@ def _cache_budget(logit_cache_bytes) -> int:
 
 
 def _precision(value) -> int:
-    """The precision keyword ("default", "tf32" or "full") as its
+    """The precision keyword ("default", "round_once" or its alias "tf32", "full") as its
     flatmem_fp32_precision value, the handlers' fp32_precision attribute;
     anything else is a ValueError naming the argument and the allowed values
     (the wording of flatmem.contrastive's check)."""
     if isinstance(value, str) and value in _PRECISIONS:
         return _PRECISIONS[value]
-    raise ValueError(f"flatmem_jax: precision: {value!r} is not one of 'default', 'tf32', 'full'")
+    raise ValueError(f"flatmem_jax: precision: {value!r} is not one of 'default', 'round_once' ('tf32'), 'full'")
 
 
 def _pool_stats():
@@ -651,12 +658,15 @@ def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, recompute=False,
 # flatmem_reversible_mode values (reversible.h). STANDARD keeps every block's
 # activations in the flatmem handle between its forward and its backward,
 # which two separate XLA calls cannot share: it is not offered here.
-_REVERSIBLE_MODES = {"auto": 0, "vanilla": 2, "overlapped": 3}
+_MODE = _ENUMS["flatmem_reversible_mode"]
+_REVERSIBLE_MODES = {"auto": _MODE["FLATMEM_REVERSIBLE_AUTO"], "vanilla": _MODE["FLATMEM_REVERSIBLE_VANILLA"],
+                     "overlapped": _MODE["FLATMEM_REVERSIBLE_OVERLAPPED"]}
 _ATTENTION_NAMES = ("ln_weight", "ln_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias")
 _MLP_NAMES = ("ln_weight", "ln_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
 
 # flatmem_block_math values (reversible.h): the precision of the blocks' products.
-_BLOCK_MATHS = {"fp32": 0, "tf32": 1}
+_BLOCK_MATHS = {"fp32": _ENUMS["flatmem_block_math"]["FLATMEM_BLOCK_MATH_FP32"],
+                "tf32": _ENUMS["flatmem_block_math"]["FLATMEM_BLOCK_MATH_TF32"]}
 
 _lib.flatmem_jax_reversible_workspace_size.restype = ctypes.c_int
 _lib.flatmem_jax_reversible_workspace_size.argtypes = [

@@ -64,9 +64,10 @@ _LOSSES = {
 _LOSS_NAMES = {capi.CONTRASTIVE_DEFAULT: "symmetric", capi.CONTRASTIVE_SYMMETRIC: "symmetric",
                capi.CONTRASTIVE_INFONCE: "infonce", capi.CONTRASTIVE_SIGMOID: "sigmoid"}
 _NONFINITE = {"error": capi.NONFINITE_ERROR, "propagate": capi.NONFINITE_PROPAGATE}
-_PRECISIONS = {"default": capi.FP32_PRECISION_DEFAULT, "tf32": capi.FP32_PRECISION_TF32,
-               "full": capi.FP32_PRECISION_FULL}
-_PRECISION_NAMES = {v: k for k, v in _PRECISIONS.items()}
+_PRECISIONS = {"default": capi.FP32_PRECISION_DEFAULT, "round_once": capi.FP32_PRECISION_ROUND_ONCE,
+               "tf32": capi.FP32_PRECISION_TF32, "full": capi.FP32_PRECISION_FULL}
+_PRECISION_NAMES = {capi.FP32_PRECISION_DEFAULT: "default", capi.FP32_PRECISION_ROUND_ONCE: "round_once",
+                    capi.FP32_PRECISION_FULL: "full"}
 
 
 def _option(value, names, what):
@@ -81,12 +82,12 @@ def _option(value, names, what):
 
 
 def _precision(value):
-    """The precision option ("default", "tf32" or "full") as its
-    flatmem_fp32_precision value; anything else is a ValueError naming the
-    argument and the allowed values."""
+    """The precision option ("default", "round_once" or its alias "tf32",
+    "full") as its flatmem_fp32_precision value; anything else is a
+    ValueError naming the argument and the allowed values."""
     if isinstance(value, str) and value in _PRECISIONS:
         return _PRECISIONS[value]
-    raise ValueError(f"precision: {value!r} is not one of 'default', 'tf32', 'full'")
+    raise ValueError(f"precision: {value!r} is not one of 'default', 'round_once' ('tf32'), 'full'")
 
 
 _SIZE_MAX = 2**64 - 1  # size_t
@@ -165,18 +166,13 @@ class Contrastive:
                 forward's (shapes, dtype or contents, checked by a 128-bit
                 fingerprint) recomputes. CPU tensors only (CUDA calls ignore
                 it).
-    precision   options.fp32_precision (flatmem_fp32_precision): "default",
-                "tf32" or "full" (anything else: ValueError). CUDA: fp32
-                inputs multiply as TF32 ("default", "tf32") or in about full
-                fp32 ("full": 3xTF32, about 3x the tensor-core time). CPU at
-                ISA level avx512bf16 or amx (flatmem.cpu_isa()) with bfloat16
-                q and k: how the fp32 gradient matrix G enters the backward products
-                dq = s G k, dk = s G^T q (for the sigmoid loss too): "default"
-                and "full" split G in two bf16 parts (about fp32 gradients),
-                "tf32" rounds it once to bf16 (bf16-accurate gradients, like
-                the frameworks' bf16 autograd; the fastest). The loss and
-                dlogit_scale do not change. Anywhere else on the CPU (other
-                ISA levels, float32 / float16 inputs) it has no effect.
+    precision   options.fp32_precision: "default", "round_once" (alias
+                "tf32") or "full" (anything else: ValueError): fp32 values
+                rounded once or split in two parts where they enter
+                reduced-precision products -- TF32 / 3xTF32 on CUDA, the
+                gradient matrix G against bfloat16 features on the CPU at
+                avx512bf16 or amx. Defined once, with its error bounds, in
+                flatmem.h (flatmem_fp32_precision).
 
     comm        a flatmem.Communicator (default None: this process alone): the
                 ring loss over its ranks (module docstring; CPU tensors, no
@@ -218,7 +214,7 @@ class Contrastive:
                         "num_threads": options.num_threads, "tile_rows": options.tile_rows,
                         "tile_cols": options.tile_cols, "nonfinite": options.nonfinite,
                         "logit_cache_bytes": options.logit_cache_bytes,
-                        "precision": _PRECISION_NAMES[options.fp32_precision]}
+                        "precision": precision}  # as given: "round_once" and "tf32" are one value
 
     @property
     def symmetric(self):
@@ -509,12 +505,8 @@ def contrastive_loss(q, k, logit_scale, labels=None, symmetric=True, *, num_thre
     recomputes; the results are bitwise the same either way). Errors raise flatmem.Error subclasses whose message is
     flatmem's (which argument, its shape or value, what was expected).
 
-    precision: "default", "tf32" or "full", as for Contrastive (CUDA: TF32
-    or 3xTF32 products for float32 inputs; CPU at ISA level avx512bf16 or amx
-    with bfloat16 inputs: "tf32" rounds the gradient matrix G once to bf16 in the
-    backward's products -- bf16-accurate dq, dk, the fastest -- where
-    "default" / "full" split it in two bf16 parts for about fp32 gradients;
-    no effect elsewhere on the CPU).
+    precision: "default", "round_once" ("tf32") or "full", as for
+    Contrastive (flatmem.h, flatmem_fp32_precision).
 
     comm: a flatmem.Communicator -> the ring loss of the global batch whose
     rows q and columns k on this rank are this rank's shard (labels: GLOBAL
@@ -569,10 +561,8 @@ def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, comm=None, num_t
     Options as for Contrastive; a handle per thread and option set is kept
     between calls. Errors raise flatmem.Error subclasses whose message is
     flatmem's (which argument, its shape or value, what was expected).
-    precision ("default", "tf32" or "full"): as for Contrastive -- on the
-    CPU at avx512bf16 or amx with bfloat16 inputs "tf32" rounds the gradient
-    matrix once to bf16 in the dq / dk products (bf16-accurate gradients);
-    on CUDA it picks TF32 or 3xTF32 for float32 inputs.
+    precision ("default", "round_once" / "tf32", "full"): as for Contrastive
+    (flatmem.h, flatmem_fp32_precision).
 
     comm: a flatmem.Communicator -> the loss of the global batch whose rows q
     and columns k on this rank are this rank's shard; labels are GLOBAL

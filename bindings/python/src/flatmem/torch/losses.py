@@ -39,14 +39,10 @@ Options:
                      global dL/ds, dL/dt, which DDP's average leaves as they are; distributed.py)
   nonfinite          "propagate" (default: NaN / Inf flow into the results, as in torch; CUDA needs
                      it) or "error" (the CPU refuses them, naming the tensor)
-  precision          "default", "tf32" or "full" (flatmem_fp32_precision; anything else: ValueError).
-                     CUDA: float32 inputs multiply as TF32 ("default", "tf32") or in about full fp32
-                     ("full": 3xTF32, about 3x the tensor-core time). CPU at ISA level avx512bf16
-                     or amx (flatmem.cpu_isa()) with bfloat16 inputs: how the fp32 gradient matrix G enters
-                     the backward's products dq = s G k, dk = s G^T q -- "default" / "full" split it
-                     in two bf16 parts (about fp32 gradients), "tf32" rounds it once to bf16
-                     (bf16-accurate gradients, as torch's own bf16 autograd; the fastest). The loss
-                     and the scale / bias gradients do not change. No effect elsewhere on the CPU.
+  precision          "default", "round_once" (alias "tf32") or "full" (anything else: ValueError):
+                     fp32 values rounded once or split where they enter reduced-precision products
+                     (TF32 / 3xTF32 on CUDA; G against bfloat16 features on the CPU at avx512bf16 or
+                     amx). Defined once, with its bounds, in flatmem.h (flatmem_fp32_precision).
   recompute          (sigmoid_loss) False: under autograd one pass computes the loss and every
                      gradient (6 b c d FLOPs) and keeps dq, dk for the backward; True: the forward
                      keeps nothing and the backward recomputes (8 b c d FLOPs in all)
@@ -86,8 +82,7 @@ def _softmax(q, k, logit_scale, labels, symmetric, logit_cache_bytes, comm, grad
 def clip_loss(q, k, logit_scale, *, logit_cache_bytes=0, comm=None, grad_scale=1.0, nonfinite="propagate",
               precision="default"):
     """The symmetric CLIP loss of rows q (b, d) and columns k (b, d) at scale s (module docstring;
-    precision "default" | "tf32" | "full": TF32 / 3xTF32 on CUDA, the bf16 gradient products at
-    avx512bf16 or amx on the CPU)."""
+    precision as in the module docstring)."""
     return _softmax(q, k, logit_scale, None, True, logit_cache_bytes, comm, grad_scale, nonfinite, precision)
 
 
