@@ -1,7 +1,7 @@
 // How the chain threads of a cyclic handle move and combine gradient
 // buffers (see runtime.hpp): host memory over the communicator's host
 // transport (chain_io.cpp), or device memory over a private NCCL
-// communicator and a stream of the thread's own (device/device_chain_io.cpp).
+// communicator and a stream of the thread's own (cuda/device_chain_io.cpp).
 //
 // One ChainIo per chain thread, used by that thread only (an NCCL
 // communicator must not be driven from two threads). Every call returns when
@@ -77,7 +77,7 @@ class ChainIo {
 // Host buffers over comm's host transport, Space::cyclic.
 std::unique_ptr<ChainIo> host_chain_io(comm::Communicator &comm);
 
-// --- device gradients (src/cyclic/device/, or no_device_chain_io.cpp) -------
+// --- device gradients (src/cyclic/cuda/, or no_device_chain_io.cpp) -------
 
 // Whether this flatmem was built with the NCCL transport.
 bool device_chains_built();

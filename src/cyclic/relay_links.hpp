@@ -2,7 +2,7 @@
 // the device" under "ZeRO relay" in flatmem/cyclic.h): a private NCCL
 // communicator, a transfer stream, device staging (K full stages, 3 shard
 // copies), and one NCCL group per time step with every relay transfer of
-// that time step. Built with the NCCL transport (device/relay_links.cpp);
+// that time step. Built with the NCCL transport (cuda/relay_links.cpp);
 // without it relay_links() is UNSUPPORTED (no_device_chain_io.cpp). Used by
 // the caller's thread only, through Relay (relay.hpp), which keeps the
 // argument checks, the registration and the accounting.

@@ -58,7 +58,7 @@ struct Settings {
   // The ZeRO relay (options.parameters = RELAYED): n_j per stage; empty = replicated.
   std::vector<std::int64_t> parameter_count;
   bool relayed() const { return !parameter_count.empty(); }
-  // options.memory: kDLCUDA gradients over NCCL (src/cyclic/device/).
+  // options.memory: kDLCUDA gradients over NCCL (src/cyclic/cuda/).
   bool device = false;
 };
 

@@ -11,23 +11,10 @@
 #include "contrastive/cpu/blocks.hpp"
 #include "contrastive/plan.hpp"
 #include "contrastive/problem.hpp"
+#include "contrastive/sigmoid_args.hpp"
 #include "core/thread_pool.hpp"
 
 namespace flatmem::contrastive::cpu {
-
-// What one sigmoid call computes: loss (forward, value_and_grad) and any of the
-// gradients, each times dloss (backward; 1 otherwise).
-struct SigmoidArgs {
-  float bias = 0.0f;           // t (CPU tensors only)
-  float dloss = 1.0f;          // g (CPU tensors only)
-  const float *bias_data = nullptr;   // where t lives (a device pointer on CUDA)
-  const float *dloss_data = nullptr;  // where g lives, or nullptr: g = 1
-  float *loss = nullptr;       // nullptr: not requested
-  MatrixView dq, dk;           // data == nullptr: not requested
-  float *dscale = nullptr;     // dL/ds, or nullptr
-  float *dbias = nullptr;      // dL/dt, or nullptr
-  bool wants_gradient() const { return dq.data || dk.data || dscale || dbias; }
-};
 
 // The tile terms of one block: G = coef * dL/dx per element with coef =
 // g / B (B: the rows of the whole batch, all ranks), the loss terms when

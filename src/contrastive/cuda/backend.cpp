@@ -303,7 +303,7 @@ std::size_t sigmoid_workspace_bytes(const Options &options, const MatrixView &q,
   return measure.bytes();
 }
 
-void sigmoid(const Options &options, const Inputs &in, const cpu::SigmoidArgs &args,
+void sigmoid(const Options &options, const Inputs &in, const SigmoidArgs &args,
              void *workspace, std::size_t workspace_bytes, void *stream) {
   const int device = in.q.device.device_id;
   DeviceGuard guard(device);

@@ -5,7 +5,7 @@
 // (nothing written); a failed launch throws FLATMEM_STATUS_INTERNAL.
 #pragma once
 
-#include "contrastive/cpu/sigmoid.hpp"  // SigmoidArgs: what a sigmoid call computes
+#include "contrastive/sigmoid_args.hpp"
 #include "contrastive/problem.hpp"
 
 namespace flatmem::contrastive::cuda {
@@ -31,7 +31,7 @@ void backward(const Options &options, const Inputs &in, const BackwardArgs &args
 std::size_t sigmoid_workspace_bytes(const Options &options, const MatrixView &q, const MatrixView &k,
                                     bool want_dq, bool want_dk);
 
-void sigmoid(const Options &options, const Inputs &in, const cpu::SigmoidArgs &args,
+void sigmoid(const Options &options, const Inputs &in, const SigmoidArgs &args,
              void *workspace, std::size_t workspace_bytes, void *stream);
 
 }  // namespace flatmem::contrastive::cuda

@@ -1,4 +1,4 @@
-// The plain parameter structs handed from the host launcher (launch.cu) to the
+// The plain parameter structs handed from the host launchers (dispatch.cpp) to the
 // kernels, and the fixed tile geometry of the CUDA backend. Host and device
 // both include this header; it uses no CUDA types.
 //

@@ -1,7 +1,7 @@
 // The panel engine on the CPU: the plan (plan.hpp) walked with flatmem's own
 // sgemm as the GEMM and the passes of passes.hpp as loops, in the workspace
 // regions the plan carves. It is the test vehicle of the CUDA engine's
-// algorithm (tests/contrastive/test_panel_executor.cpp checks it against the
+// algorithm (tests/contrastive/test_panel_engine.cpp checks it against the
 // float64 reference on every CI machine), not a product: the CPU loss runs on
 // the tile engine (cpu/), which is faster on a CPU.
 //

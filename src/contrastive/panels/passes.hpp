@@ -1,5 +1,5 @@
 // The panel engine's element and segment work, written once: the CUDA kernels
-// (panels/cuda/passes.cu) call these per thread, the CPU executor
+// (panels/cuda/kernels.cu) call these per thread, the CPU executor
 // (panels/cpu_executor.cpp) per loop iteration, in the same decomposition, so
 // that the engine proven on every CI machine is the one the GPU runs.
 //

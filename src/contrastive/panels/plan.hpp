@@ -2,7 +2,7 @@
 // R rows x C columns, in what order they are visited, and where every buffer
 // lives in the call's workspace. Plain C++ (no CUDA types): the CUDA engine
 // (panels/cuda/) and the CPU executor (panels/cpu_executor.hpp) both run it,
-// and tests/contrastive/test_panel_plan.cpp checks every byte.
+// and tests/contrastive/test_panel_engine.cpp checks every byte.
 //
 // Forward (one sweep, row panels outer, column panels inner):
 //   P = Q_I K_J^T                        a GEMM into `panel` (fp32, raw <q, k>)

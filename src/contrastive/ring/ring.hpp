@@ -1,7 +1,8 @@
 // The contrastive loss as a ring across the ranks of a communicator
 // (options.comm): every rank keeps its rows q_r and its columns k_r; column
 // blocks travel rank -> rank + 1 while the current block is computed. See
-// flatmem.h ("Ring across ranks") for the contract and ALGORITHMS.md §1.
+// flatmem.h ("Ring across ranks") for the contract and docs/contrastive/ring.md
+// for the algorithm.
 // One schedule (schedule.hpp) drives every ring: on CPU tensors with the CPU
 // tile code and the host transport (ring_*.cpp here), on CUDA tensors with
 // the CUDA kernels and NCCL (cuda/).
@@ -34,12 +35,12 @@ void backward(flatmem_contrastive_s &handle, const DLTensor *q, const DLTensor *
               DLTensor *dlogit_scale, const void *workspace, std::size_t workspace_bytes,
               void *stream);
 
-// The sigmoid calls (sigmoid_capi.cpp) when the handle has a communicator:
+// The sigmoid calls (capi/contrastive_sigmoid.cpp) when the handle has a communicator:
 // `local_check` runs this rank's argument checks (Scope::ring) and fills in
 // `in` and `args`; then the agreement of all ranks and the sigmoid ring.
 // `call` names the C function. Collective.
 void sigmoid(flatmem_contrastive_s &handle, const char *call,
-             const std::function<void(Inputs &, cpu::SigmoidArgs &)> &local_check,
+             const std::function<void(Inputs &, SigmoidArgs &)> &local_check,
              const void *workspace, std::size_t workspace_bytes, void *stream);
 
 // The rings themselves on CPU tensors (ring_forward.cpp, ring_backward.cpp), after agree().
@@ -51,6 +52,6 @@ void run_backward(flatmem_contrastive_s &handle, comm::Communicator &comm, const
 // ring_sigmoid.cpp: the loss and / or gradients of args in one pass; `phase`
 // names it in messages ("contrastive sigmoid ring").
 void run_sigmoid(flatmem_contrastive_s &handle, comm::Communicator &comm, const Layout &layout,
-                 const Inputs &in, const cpu::SigmoidArgs &args, const char *phase, Stats &stats);
+                 const Inputs &in, const SigmoidArgs &args, const char *phase, Stats &stats);
 
 }  // namespace flatmem::contrastive::ring

@@ -154,11 +154,11 @@ void backward(flatmem_contrastive_s &h, const DLTensor *q, const DLTensor *k,
 }
 
 void sigmoid(flatmem_contrastive_s &h, const char *call,
-             const std::function<void(Inputs &, cpu::SigmoidArgs &)> &local_check,
+             const std::function<void(Inputs &, SigmoidArgs &)> &local_check,
              const void *workspace, std::size_t workspace_bytes, void *stream) {
   comm::Communicator &comm = communicator_of(h);
   Inputs in;
-  cpu::SigmoidArgs args;
+  SigmoidArgs args;
   const Layout layout = agree(comm, call, [&] {
     refuse_workspace(workspace, workspace_bytes);
     local_check(in, args);

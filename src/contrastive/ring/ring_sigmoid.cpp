@@ -30,7 +30,7 @@ struct SigmoidRingBuffers {
 };
 
 SigmoidRingBuffers carve(WorkspaceCarver &carver, const Layout &l, const Inputs &in,
-                         const cpu::SigmoidArgs &args, const std::vector<Plan> &plans, int threads) {
+                         const SigmoidArgs &args, const std::vector<Plan> &plans, int threads) {
   SigmoidRingBuffers f;
   const std::int64_t d = in.d(), dk_floats = l.max_cols * d;
   for (int i = 0; i < 2; ++i) {
@@ -48,7 +48,7 @@ SigmoidRingBuffers carve(WorkspaceCarver &carver, const Layout &l, const Inputs 
 }  // namespace
 
 void run_sigmoid(flatmem_contrastive_s &h, comm::Communicator &comm, const Layout &l,
-                 const Inputs &in, const cpu::SigmoidArgs &args, const char *phase, Stats &stats) {
+                 const Inputs &in, const SigmoidArgs &args, const char *phase, Stats &stats) {
   const bool wants_dk = args.dk.data != nullptr;
   const std::int64_t d = in.d();
   const std::vector<Plan> plans = block_plans(l, d, h.options);

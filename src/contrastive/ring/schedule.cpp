@@ -2,11 +2,17 @@
 
 #include <utility>
 
+#include "core/error.hpp"
+
 namespace flatmem::contrastive::ring {
 
 Schedule::Schedule(Transport &transport, const Layout &layout, std::vector<Carried> carried,
                    std::optional<Relayed> relayed)
-    : transport_(transport), layout_(layout), carried_(std::move(carried)), relayed_(std::move(relayed)) {}
+    : transport_(transport), layout_(layout), carried_(std::move(carried)), relayed_(std::move(relayed)) {
+  if (carried_.empty() || carried_.size() > max_carried)
+    fail(FLATMEM_STATUS_INTERNAL, "ring schedule: ", carried_.size(), " carried items; 1 .. ", max_carried,
+         " are supported");
+}
 
 void Schedule::run(const std::function<void(const Step &)> &compute) {
   const int n = layout_.ranks;
@@ -27,8 +33,8 @@ void Schedule::run(const std::function<void(const Step &)> &compute) {
     ExchangePtr blocks;
     if (t + 1 < n) {
       const int next_owner = layout_.block_owner(t + 1);
-      Outgoing sends[2];
-      Incoming receives[2];
+      Outgoing sends[max_carried];
+      Incoming receives[max_carried];
       for (std::size_t i = 0; i < carried_.size(); ++i) {
         const Carried &c = carried_[i];
         sends[i] = {c.kind, step.carried[i], bytes(c.bytes_per_column, step.owner)};

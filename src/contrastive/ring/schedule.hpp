@@ -51,18 +51,23 @@ struct Relayed {
   std::function<void(void *into, const void *fresh, std::int64_t cols, bool first)> fold_in;
 };
 
+// The most items a ring carries with its block: the block itself and, for
+// the symmetric loss, its column states (Step::carried holds one per item).
+inline constexpr std::size_t max_carried = 2;
+
 // What the computation of one step sees.
 struct Step {
   int t = 0;                   // 0 .. ranks - 1
   int owner = 0;               // whose columns the block is
   std::int64_t cols = 0;       // its columns
   std::int64_t col_offset = 0; // its first global column
-  const void *carried[2] = {}; // each Carried item of this block (own at t = 0)
+  const void *carried[max_carried] = {}; // each Carried item of this block (own at t = 0)
 };
 
 class Schedule {
  public:
-  // Up to two carried items (the first is the block), at most one relayed.
+  // 1 .. max_carried carried items (the first is the block; more is an
+  // INTERNAL error, thrown here), at most one relayed.
   Schedule(Transport &transport, const Layout &layout, std::vector<Carried> carried,
            std::optional<Relayed> relayed);
   // Runs the n steps, calling compute(step) for each; returns once every

@@ -7,6 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <string>
+
 namespace flatmem::cuda {
 
 // Makes `device` current for the guard's lifetime (restores the caller's).
@@ -33,7 +35,10 @@ int multiprocessor_count(int device);
 // The major compute capability of `device` (9 on Hopper; a host attribute query).
 int compute_capability_major(int device);
 
-// Throws FLATMEM_STATUS_INTERNAL "<what>: <CUDA error text>" unless status is cudaSuccess.
-void check_launch(cudaError_t status, const char *what);
+// The one check of a CUDA runtime call's status in the library: unless it is
+// cudaSuccess, clears the (non-sticky) last error and throws
+// FLATMEM_STATUS_OUT_OF_MEMORY for a failed allocation, FLATMEM_STATUS_INTERNAL
+// otherwise, "<what>: <CUDA error text>".
+void check_launch(cudaError_t status, const std::string &what);
 
 }  // namespace flatmem::cuda

@@ -2,7 +2,7 @@
 // flatmem/cyclic_stages.h): the four boundary streams over a private NCCL
 // communicator, in one NCCL group per time step on a transfer stream of the
 // handle, and the two gradient accumulators. Built with the NCCL transport
-// (device/device_boundaries.cpp); without it device_boundaries() is
+// (cuda/device_boundaries.cpp); without it device_boundaries() is
 // UNSUPPORTED (no_device_boundaries.cpp). Caller's thread only.
 //
 // Slots: per stream and parity (tau % 2) `slots` messages of

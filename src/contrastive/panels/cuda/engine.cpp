@@ -260,7 +260,7 @@ void backward(const PanelPlan &plan, const Options &options, const Inputs &in, c
   walk_gradients(plan, options, in, job, workspace, stream);
 }
 
-void sigmoid(const PanelPlan &plan, const Options &options, const Inputs &in, const cpu::SigmoidArgs &args,
+void sigmoid(const PanelPlan &plan, const Options &options, const Inputs &in, const SigmoidArgs &args,
              void *workspace, void *stream) {
   GradientJob job;
   job.bias = args.bias_data, job.dloss = args.dloss_data;

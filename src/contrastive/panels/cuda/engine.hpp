@@ -14,7 +14,7 @@
 
 #include <cstddef>
 
-#include "contrastive/cpu/sigmoid.hpp"  // SigmoidArgs
+#include "contrastive/sigmoid_args.hpp"
 #include "contrastive/panels/plan.hpp"
 #include "contrastive/problem.hpp"
 
@@ -28,7 +28,7 @@ void backward(const PanelPlan &plan, const Options &options, const Inputs &in, c
 
 // The sigmoid loss's value_and_grad (a sigmoid plan_backward): what `args`
 // requests; t and g read on the device (args.bias_data, args.dloss_data).
-void sigmoid(const PanelPlan &plan, const Options &options, const Inputs &in, const cpu::SigmoidArgs &args,
+void sigmoid(const PanelPlan &plan, const Options &options, const Inputs &in, const SigmoidArgs &args,
              void *workspace, void *stream);
 
 }  // namespace flatmem::contrastive::panels::cuda

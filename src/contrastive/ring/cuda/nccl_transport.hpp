@@ -4,7 +4,8 @@
 // the work queued so far on the caller's (compute) stream by an event; waiting
 // for an exchange makes the compute stream wait for the group's completion
 // event. Nothing blocks the host here except group_end (under the deadline):
-// the ring's call synchronises once, at its end (ring_cuda.cpp).
+// the ring's call synchronises once, at its end (ring_forward_cuda.cpp,
+// ring_backward_cuda.cpp, ring_sigmoid_cuda.cpp).
 //
 // NCCL matches point-to-point transfers by order, not by tag: the schedule
 // guarantees that exchange k of rank r sends exactly what exchange k of rank

@@ -30,7 +30,7 @@ void run_backward_cuda(flatmem_contrastive_s &, comm::Communicator &, const Layo
   refuse();
 }
 void run_sigmoid_cuda(flatmem_contrastive_s &, comm::Communicator &, const Layout &, const Inputs &,
-                      const cpu::SigmoidArgs &, const char *, void *, Stats &) {
+                      const SigmoidArgs &, const char *, void *, Stats &) {
   refuse();
 }
 

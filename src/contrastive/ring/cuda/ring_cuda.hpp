@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "contrastive/cpu/sigmoid.hpp"
+#include "contrastive/sigmoid_args.hpp"
 #include "contrastive/problem.hpp"
 #include "contrastive/ring/agreement.hpp"
 #include "contrastive/ring/stats.hpp"
@@ -53,7 +53,7 @@ void run_forward_cuda(flatmem_contrastive_s &handle, comm::Communicator &comm, c
 void run_backward_cuda(flatmem_contrastive_s &handle, comm::Communicator &comm, const Layout &layout,
                        const Inputs &in, const BackwardArgs &args, void *stream, Stats &stats);
 void run_sigmoid_cuda(flatmem_contrastive_s &handle, comm::Communicator &comm, const Layout &layout,
-                      const Inputs &in, const cpu::SigmoidArgs &args, const char *phase, void *stream,
+                      const Inputs &in, const SigmoidArgs &args, const char *phase, void *stream,
                       Stats &stats);
 
 }  // namespace flatmem::contrastive::ring

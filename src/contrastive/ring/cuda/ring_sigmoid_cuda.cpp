@@ -33,7 +33,7 @@ struct SigmoidDeviceBuffers {
 };
 
 SigmoidDeviceBuffers carve(WorkspaceCarver &carver, const Layout &l, const Inputs &in,
-                           const cpu::SigmoidArgs &args, int multiprocessors) {
+                           const SigmoidArgs &args, int multiprocessors) {
   SigmoidDeviceBuffers f;
   const std::int64_t d = in.d(), dk_floats = l.max_cols * d;
   for (int i = 0; i < 2; ++i) {
@@ -53,7 +53,7 @@ SigmoidDeviceBuffers carve(WorkspaceCarver &carver, const Layout &l, const Input
 }  // namespace
 
 void run_sigmoid_cuda(flatmem_contrastive_s &h, comm::Communicator &comm, const Layout &l,
-                      const Inputs &in, const cpu::SigmoidArgs &args, const char *phase,
+                      const Inputs &in, const SigmoidArgs &args, const char *phase,
                       void *stream_handle, Stats &stats) {
   const bool want_dq = args.dq.data != nullptr, want_dk = args.dk.data != nullptr;
   cuda_ring::Call call(h, comm, in, stream_handle, phase, stats);

@@ -22,8 +22,7 @@
 
 #include "comm/device_transport.hpp"
 #include "core/cuda/device.hpp"
-#include "cyclic/device/abort_on_failure.hpp"
-#include "cyclic/device/cuda_check.hpp"
+#include "cyclic/cuda/abort_on_failure.hpp"
 #include "cyclic/relay_links.hpp"
 
 namespace flatmem::cyclic {
@@ -31,7 +30,9 @@ namespace {
 
 using flatmem::cuda::DeviceGuard;
 
-void check(cudaError_t status, const std::string &what) { check_cuda(status, "relay: " + what); }
+void check(cudaError_t status, const std::string &what) {
+  cuda::check_launch(status, "cyclic device memory: relay: " + what);
+}
 
 constexpr int copy_slots = 3;
 

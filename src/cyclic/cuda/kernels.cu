@@ -1,4 +1,4 @@
-#include "cyclic/device/kernels.hpp"
+#include "cyclic/cuda/kernels.hpp"
 
 #include <algorithm>
 

@@ -19,9 +19,8 @@
 
 #include "comm/device_transport.hpp"
 #include "core/cuda/device.hpp"
-#include "cyclic/device/abort_on_failure.hpp"
-#include "cyclic/device/cuda_check.hpp"
-#include "cyclic/device/kernels.hpp"
+#include "cyclic/cuda/abort_on_failure.hpp"
+#include "cyclic/cuda/kernels.hpp"
 #include "cyclic/stages/device_boundaries.hpp"
 
 namespace flatmem::cyclic::stages {
@@ -29,7 +28,9 @@ namespace {
 
 using flatmem::cuda::DeviceGuard;
 
-void check(cudaError_t status, const std::string &what) { check_cuda(status, "stages: " + what); }
+void check(cudaError_t status, const std::string &what) {
+  cuda::check_launch(status, "cyclic device memory: stages: " + what);
+}
 
 cudaStream_t as_stream(void *s) { return static_cast<cudaStream_t>(s); }
 

@@ -12,9 +12,8 @@
 #include "core/cuda/device.hpp"
 #include "core/error.hpp"
 #include "cyclic/chain_io.hpp"
-#include "cyclic/device/abort_on_failure.hpp"
-#include "cyclic/device/cuda_check.hpp"
-#include "cyclic/device/kernels.hpp"
+#include "cyclic/cuda/abort_on_failure.hpp"
+#include "cyclic/cuda/kernels.hpp"
 
 namespace flatmem::cyclic {
 namespace {
@@ -31,7 +30,9 @@ comm::DeviceSumType sum_type(const Gradient &g) {
   return is_f64(g) ? comm::DeviceSumType::f64 : comm::DeviceSumType::f32;
 }
 
-void check(cudaError_t status, const std::string &what) { check_cuda(status, "chain: " + what); }
+void check(cudaError_t status, const std::string &what) {
+  cuda::check_launch(status, "cyclic device memory: chain: " + what);
+}
 
 class DeviceChainIo final : public ChainIo {
  public:

@@ -52,7 +52,7 @@ float *scalar_on(const DLTensor *t, const char *name, const Inputs &in) {
 // The inputs every sigmoid call takes: features, labels, s and t.
 Inputs check_sigmoid_inputs(const flatmem_contrastive_t *h, const DLTensor *q, const DLTensor *k,
                             const DLTensor *labels, const DLTensor *logit_scale,
-                            const DLTensor *logit_bias, cpu::SigmoidArgs &args) {
+                            const DLTensor *logit_bias, SigmoidArgs &args) {
   const Inputs in = check_inputs(h->options, q, k, labels, logit_scale,
                                  h->options.comm ? Scope::ring : Scope::single_process);
   if (logit_bias == nullptr) invalid("logit_bias: NULL; pass the bias t (0 for none)");
@@ -65,7 +65,7 @@ Inputs check_sigmoid_inputs(const flatmem_contrastive_t *h, const DLTensor *q, c
 
 // dq, dk, dlogit_scale, dlogit_bias (each may be NULL) into args.
 void check_sigmoid_gradients(const Inputs &in, DLTensor *dq, DLTensor *dk, DLTensor *dlogit_scale,
-                             DLTensor *dlogit_bias, cpu::SigmoidArgs &args) {
+                             DLTensor *dlogit_bias, SigmoidArgs &args) {
   args.dq = check_gradient(dq, "dq", in.q, "q", DataUse::required);
   args.dk = check_gradient(dk, "dk", in.k, "k", DataUse::required);
   args.dscale = scalar_on(dlogit_scale, "dlogit_scale", in);
@@ -76,7 +76,7 @@ Plan plan_for(const flatmem_contrastive_t *h, const MatrixView &q, const MatrixV
   return make_plan(q.rows, k.rows, q.cols, h->options);
 }
 
-void run(flatmem_contrastive_t *h, const Inputs &in, const cpu::SigmoidArgs &args,
+void run(flatmem_contrastive_t *h, const Inputs &in, const SigmoidArgs &args,
          void *workspace, size_t workspace_bytes, void *stream) {
   if (on_cuda(in.q)) {
 #ifdef FLATMEM_HAVE_CUDA_BACKEND
@@ -96,12 +96,12 @@ void run(flatmem_contrastive_t *h, const Inputs &in, const cpu::SigmoidArgs &arg
 
 // This rank's checks fill in `in` and `args`; then the ring (collective, CPU
 // tensors only) or the single-process call on q's device.
-using Check = std::function<void(Inputs &, cpu::SigmoidArgs &)>;
+using Check = std::function<void(Inputs &, SigmoidArgs &)>;
 void dispatch(flatmem_contrastive_t *h, const char *function, const Check &check, void *workspace,
               size_t workspace_bytes, void *stream) {
   if (h->options.comm) return ring::sigmoid(*h, function, check, workspace, workspace_bytes, stream);
   Inputs in;
-  cpu::SigmoidArgs args;
+  SigmoidArgs args;
   check(in, args);
   run(h, in, args, workspace, workspace_bytes, stream);
 }
@@ -147,7 +147,7 @@ flatmem_status flatmem_contrastive_sigmoid_forward(flatmem_contrastive_t *handle
     constexpr const char *fn = "flatmem_contrastive_sigmoid_forward";
     check_handle(handle, fn);
     cpu_isa::active();
-    dispatch(handle, fn, [&](Inputs &in, cpu::SigmoidArgs &args) {
+    dispatch(handle, fn, [&](Inputs &in, SigmoidArgs &args) {
       in = check_sigmoid_inputs(handle, q, k, labels, logit_scale, logit_bias, args);
       if (loss == nullptr) invalid("loss: NULL");
       args.loss = scalar_on(loss, "loss", in);
@@ -164,7 +164,7 @@ flatmem_status flatmem_contrastive_sigmoid_value_and_grad(
     constexpr const char *fn = "flatmem_contrastive_sigmoid_value_and_grad";
     check_handle(handle, fn);
     cpu_isa::active();
-    dispatch(handle, fn, [&](Inputs &in, cpu::SigmoidArgs &args) {
+    dispatch(handle, fn, [&](Inputs &in, SigmoidArgs &args) {
       in = check_sigmoid_inputs(handle, q, k, labels, logit_scale, logit_bias, args);
       args.loss = scalar_on(loss, "loss", in);
       check_sigmoid_gradients(in, dq, dk, dlogit_scale, dlogit_bias, args);
@@ -183,7 +183,7 @@ flatmem_status flatmem_contrastive_sigmoid_backward(
     constexpr const char *fn = "flatmem_contrastive_sigmoid_backward";
     check_handle(handle, fn);
     cpu_isa::active();
-    dispatch(handle, fn, [&](Inputs &in, cpu::SigmoidArgs &args) {
+    dispatch(handle, fn, [&](Inputs &in, SigmoidArgs &args) {
       in = check_sigmoid_inputs(handle, q, k, labels, logit_scale, logit_bias, args);
       args.dloss_data = scalar_on(dloss, "dloss", in);
       if (args.dloss_data && !on_cuda(in.q)) args.dloss = *args.dloss_data;
