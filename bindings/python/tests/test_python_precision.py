@@ -70,7 +70,8 @@ def test_bad_values_are_refused_naming_the_argument_and_the_choices(bad):
 def test_the_value_reaches_the_c_options(name, created):
     h = flatmem.Contrastive(precision=name)
     assert created == [PRECISIONS[name]]
-    assert h.options["precision"] == name and f"'precision': '{name}'" in repr(h)
+    canonical = h.options["precision"]  # "tf32" is "round_once"'s other name: one value, one name
+    assert PRECISIONS[canonical] == PRECISIONS[name] and f"'precision': '{canonical}'" in repr(h)
     h.close()
     assert flatmem.Contrastive().options["precision"] == "default"
     assert created[-1] == capi.FP32_PRECISION_DEFAULT
@@ -91,8 +92,11 @@ def test_the_functional_calls_keep_one_handle_per_precision(created):
     from flatmem.contrastive import _handle_for
     for name in PRECISIONS:
         h = _handle_for(None, "infonce", 0, 5, 3, "error", 0, name)
-        assert h.options["precision"] == name and h.options["loss"] == "infonce"
+        assert PRECISIONS[h.options["precision"]] == PRECISIONS[name] and h.options["loss"] == "infonce"
         assert _handle_for(None, "infonce", 0, 5, 3, "error", 0, name) is h
+    # kept by value: the two names of one value share a handle
+    assert _handle_for(None, "infonce", 0, 5, 3, "error", 0, "tf32") is \
+        _handle_for(None, "infonce", 0, 5, 3, "error", 0, "round_once")
     with pytest.raises(ValueError, match=re.escape(ALLOWED)):
         _handle_for(None, "infonce", 0, 5, 3, "error", 0, "half")
 

@@ -106,6 +106,31 @@ def _cache_bytes(value):
     return n
 
 
+class Options(NamedTuple):
+    """The options of a contrastive handle as the C values they are
+    (flatmem_contrastive_options, the communicator aside): what Contrastive,
+    kept_handle and flatmem.torch carry once a binding entry point has
+    translated the names a user wrote (Options.of). C judges the values."""
+
+    loss: int = capi.CONTRASTIVE_SYMMETRIC
+    num_threads: int = 0
+    tile_rows: int = 0
+    tile_cols: int = 0
+    nonfinite: int = capi.NONFINITE_ERROR
+    logit_cache_bytes: int = 0
+    fp32_precision: int = capi.FP32_PRECISION_DEFAULT
+
+    @classmethod
+    def of(cls, loss="symmetric", *, num_threads=0, tile_rows=0, tile_cols=0, nonfinite="error",
+           logit_cache_bytes=0, precision="default") -> "Options":
+        """The one translation of the option names (Contrastive's arguments)
+        into their C values; a name that does not exist is a ValueError
+        naming the option and the names it has."""
+        return cls(_option(loss, _LOSSES, "loss"), int(num_threads), int(tile_rows), int(tile_cols),
+                   _option(nonfinite, _NONFINITE, "nonfinite"), _cache_bytes(logit_cache_bytes),
+                   _precision(precision))
+
+
 class ForwardResult(NamedTuple):
     """What Contrastive.forward returns: the mean loss (0-d float32) and the
     saved log-sum-exp vectors the backward needs (col_lse None for InfoNCE)."""
@@ -185,6 +210,9 @@ class Contrastive:
                 rank's rows / columns of the global gradient, dlogit_scale and
                 dlogit_bias identical on every rank; no workspace.
 
+    options     an Options (the C values, translated once: Options.of), in
+                place of loss .. precision
+
     Inputs are NumPy arrays (float32, ml_dtypes.bfloat16 or float16 features,
     any row stride; int64 labels) or objects with __dlpack__; outputs are new
     NumPy arrays. Calls on one handle are serialised by a lock (the C thread
@@ -194,27 +222,26 @@ class Contrastive:
     """
 
     def __init__(self, loss="symmetric", *, num_threads=0, tile_rows=0, tile_cols=0,
-                 nonfinite="error", logit_cache_bytes=0, precision="default", comm=None):
-        options = capi.ContrastiveOptions()
-        options.loss = _option(loss, _LOSSES, "loss")
-        options.num_threads = int(num_threads)
-        options.tile_rows = int(tile_rows)
-        options.tile_cols = int(tile_cols)
-        options.nonfinite = _option(nonfinite, _NONFINITE, "nonfinite")
-        options.logit_cache_bytes = _cache_bytes(logit_cache_bytes)
-        options.fp32_precision = _precision(precision)
+                 nonfinite="error", logit_cache_bytes=0, precision="default", comm=None,
+                 options: Optional[Options] = None):
+        if options is None:
+            options = Options.of(loss, num_threads=num_threads, tile_rows=tile_rows, tile_cols=tile_cols,
+                                 nonfinite=nonfinite, logit_cache_bytes=logit_cache_bytes, precision=precision)
+        raw = capi.ContrastiveOptions()
+        (raw.loss, raw.num_threads, raw.tile_rows, raw.tile_cols, raw.nonfinite, raw.logit_cache_bytes,
+         raw.fp32_precision) = options
         self._symmetric = options.loss in (capi.CONTRASTIVE_DEFAULT, capi.CONTRASTIVE_SYMMETRIC)
-        loss_name = _LOSS_NAMES.get(options.loss, options.loss)
         self._lock = threading.Lock()
         if comm is not None:
             check_communicator(comm, "comm")
         self.comm = comm
-        self._handle = capi.Contrastive(options, comm._raw if comm is not None else None)
-        self.options = {"loss": loss_name,
+        self._handle = capi.Contrastive(raw, comm._raw if comm is not None else None)
+        self.resolved = options
+        self.options = {"loss": _LOSS_NAMES.get(options.loss, options.loss),
                         "num_threads": options.num_threads, "tile_rows": options.tile_rows,
                         "tile_cols": options.tile_cols, "nonfinite": options.nonfinite,
                         "logit_cache_bytes": options.logit_cache_bytes,
-                        "precision": precision}  # as given: "round_once" and "tf32" are one value
+                        "precision": _PRECISION_NAMES.get(options.fp32_precision, options.fp32_precision)}
 
     @property
     def symmetric(self):
@@ -227,8 +254,10 @@ class Contrastive:
             self._handle = None
 
     @contextlib.contextmanager
-    def _locked(self):
-        """The handle's lock and, for a ring, its communicator's."""
+    def locked(self):
+        """The raw handle (flatmem.capi.Contrastive) under the handle's lock and,
+        for a ring, its communicator's: for callers that make the C calls
+        themselves (flatmem.torch), one thread at a time as C requires."""
         with self._lock, (self.comm._lock if self.comm is not None else contextlib.nullcontext()):
             yield self._h()
 
@@ -304,7 +333,7 @@ class Contrastive:
         loss, loss_t = output((), np.float32, "loss")
         row_lse, row_t = output((b,), np.float32, "row_lse")
         col_lse, col_t = output((c,), np.float32, "col_lse") if self._symmetric else (None, None)
-        with self._locked() as h:
+        with self.locked() as h:
             h.forward(q.tensor, k.tensor, labels and labels.tensor, s.tensor, loss_t.tensor,
                               row_t.tensor, col_t and col_t.tensor, ws and ws.tensor)
         return ForwardResult(loss, row_lse, col_lse)
@@ -317,7 +346,7 @@ class Contrastive:
         ds, ds_t = (None, None)
         if dlogit_scale:
             ds, ds_t = output(s.shape if s.ndim == 1 else (), np.float32, "dlogit_scale")
-        with self._locked() as h:
+        with self.locked() as h:
             h.backward(q.tensor, k.tensor, labels and labels.tensor, s.tensor,
                                row_lse.tensor, col_lse and col_lse.tensor, dloss and dloss.tensor,
                                dq_t and dq_t.tensor, dk_t and dk_t.tensor, ds_t and ds_t.tensor,
@@ -410,7 +439,7 @@ class Contrastive:
 
     def _sigmoid_forward(self, q: Arg, k: Arg, s: Arg, t: Arg, labels: Optional[Arg], ws: Optional[Arg]):
         loss, loss_t = output((), np.float32, "loss")
-        with self._locked() as h:
+        with self.locked() as h:
             h.sigmoid_forward(q.tensor, k.tensor, labels and labels.tensor, s.tensor, t.tensor, loss_t.tensor,
                               ws and ws.tensor)
         return loss
@@ -419,7 +448,7 @@ class Contrastive:
                                 dlogit_scale, dlogit_bias, grad_dtype, ws: Optional[Arg]) -> SigmoidResult:
         loss, loss_t = output((), np.float32, "loss") if loss else (None, None)
         grads, tensors = self._sigmoid_outputs(q, k, s, t, dq, dk, dlogit_scale, dlogit_bias, grad_dtype)
-        with self._locked() as h:
+        with self.locked() as h:
             h.sigmoid_value_and_grad(q.tensor, k.tensor, labels and labels.tensor, s.tensor, t.tensor,
                                      loss_t and loss_t.tensor, *tensors, ws and ws.tensor)
         return SigmoidResult(loss, *grads)
@@ -427,7 +456,7 @@ class Contrastive:
     def _sigmoid_backward(self, q: Arg, k: Arg, s: Arg, t: Arg, labels: Optional[Arg], dloss: Optional[Arg],
                           dq, dk, dlogit_scale, dlogit_bias, grad_dtype, ws: Optional[Arg]) -> SigmoidGrads:
         grads, tensors = self._sigmoid_outputs(q, k, s, t, dq, dk, dlogit_scale, dlogit_bias, grad_dtype)
-        with self._locked() as h:
+        with self.locked() as h:
             h.sigmoid_backward(q.tensor, k.tensor, labels and labels.tensor, s.tensor, t.tensor,
                                dloss and dloss.tensor, *tensors, ws and ws.tensor)
         return SigmoidGrads(*grads)
@@ -436,46 +465,33 @@ class Contrastive:
 _shared = threading.local()
 
 
-def _shared_handle(loss, num_threads, tile_rows, tile_cols, nonfinite, logit_cache_bytes, precision="default"):
-    """The calling thread's handle for these options, kept for later calls
-    (creating one starts its worker threads; one with a logit cache keeps its
-    cache too)."""
-    _precision(precision)
-    key = (loss, num_threads, tile_rows, tile_cols, nonfinite, precision, _cache_bytes(logit_cache_bytes))
-    handles = getattr(_shared, "handles", None)
-    if handles is None:
-        handles = _shared.handles = {}
-    handle = handles.get(key)
+def kept_handle(options: Options, comm=None) -> Contrastive:
+    """The handle kept for these resolved options: the communicator's (a ring,
+    closed by comm.close()) or the calling thread's (one per Options, created
+    at first use: creating one starts its worker threads, and one with a
+    logit cache keeps its cache). What the functional calls here and
+    flatmem.torch's operators run on."""
+    if comm is not None:
+        check_communicator(comm, "comm")
+        if options.logit_cache_bytes:
+            raise ValueError("logit_cache_bytes: the ring loss (comm=...) has no logit cache; pass 0")
+        handles = comm._contrastive
+    else:
+        handles = getattr(_shared, "handles", None)
+        if handles is None:
+            handles = _shared.handles = {}
+    handle = handles.get(options)
     if handle is None:
-        handle = handles[key] = Contrastive(loss, num_threads=num_threads, tile_rows=tile_rows,
-                                            tile_cols=tile_cols, nonfinite=nonfinite,
-                                            logit_cache_bytes=key[-1], precision=precision)
-    return handle
-
-
-def _ring_handle(comm, loss, num_threads, tile_rows, tile_cols, nonfinite, precision="default"):
-    """The handle kept by comm for these options (closed by comm.close())."""
-    check_communicator(comm, "comm")
-    _precision(precision)
-    key = (loss, num_threads, tile_rows, tile_cols, nonfinite, precision)
-    handle = comm._contrastive.get(key)
-    if handle is None:
-        handle = comm._contrastive[key] = Contrastive(loss, num_threads=num_threads,
-                                                      tile_rows=tile_rows, tile_cols=tile_cols,
-                                                      nonfinite=nonfinite, precision=precision, comm=comm)
+        handle = handles[options] = Contrastive(options=options, comm=comm)
     return handle
 
 
 def _handle_for(comm, loss, num_threads, tile_rows, tile_cols, nonfinite, logit_cache_bytes=0,
                 precision="default"):
-    """The kept handle of a functional call: the communicator's (ring) or the
-    calling thread's (one per option set, precision included)."""
-    _precision(precision)
-    if comm is None:
-        return _shared_handle(loss, num_threads, tile_rows, tile_cols, nonfinite, logit_cache_bytes, precision)
-    if logit_cache_bytes:
-        raise ValueError("logit_cache_bytes: the ring loss (comm=...) has no logit cache; pass 0")
-    return _ring_handle(comm, loss, num_threads, tile_rows, tile_cols, nonfinite, precision)
+    """The kept handle of a functional call (its options by name)."""
+    return kept_handle(Options.of(loss, num_threads=num_threads, tile_rows=tile_rows, tile_cols=tile_cols,
+                                  nonfinite=nonfinite, logit_cache_bytes=logit_cache_bytes, precision=precision),
+                       comm)
 
 
 def contrastive_loss(q, k, logit_scale, labels=None, symmetric=True, *, num_threads=0,

@@ -31,7 +31,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import contrastive as _contrastive
+from .. import capi
+from ..contrastive import Options, kept_handle
 from . import _bridge as br
 from . import distributed as _dist
 
@@ -54,21 +55,17 @@ def _fake(name):
     return torch.library.register_fake(f"flatmem::{name}")
 
 
-def _precision_name(precision: int) -> str:
-    try:
-        return _contrastive._PRECISION_NAMES[precision]
-    except KeyError:
-        raise ValueError(f"precision: {precision!r} is not a flatmem_fp32_precision (0 default, 1 tf32, "
-                         f"2 full)") from None
+_SYMMETRIC, _INFONCE, _SIGMOID = capi.CONTRASTIVE_SYMMETRIC, capi.CONTRASTIVE_INFONCE, capi.CONTRASTIVE_SIGMOID
 
 
-def _handle(loss: str, propagate: bool, cache_bytes: int = 0, comm: int = -1, precision: int = 0):
-    """The kept flatmem.Contrastive for these options: the calling thread's, or the ring's of the
-    communicator in slot `comm`. Its CPU threads are torch's (torch.get_num_threads(): what
-    torchrun's OMP_NUM_THREADS or torch.set_num_threads set), not all the machine's."""
-    return _contrastive._handle_for(_dist.at(comm), loss, torch.get_num_threads(), 0, 0,
-                                    "propagate" if propagate else "error", cache_bytes,
-                                    _precision_name(precision))
+def _handle(loss: int, propagate: bool, cache_bytes: int = 0, comm: int = -1, precision: int = 0):
+    """The kept flatmem.Contrastive for these options, already C values (the entry points in
+    losses.py translated the names, once): the calling thread's, or the ring's of the communicator
+    in slot `comm`. Its CPU threads are torch's (torch.get_num_threads(): what torchrun's
+    OMP_NUM_THREADS or torch.set_num_threads set), not all the machine's."""
+    nonfinite = capi.NONFINITE_PROPAGATE if propagate else capi.NONFINITE_ERROR
+    return kept_handle(Options(loss, torch.get_num_threads(), 0, 0, nonfinite, cache_bytes, precision),
+                       _dist.at(comm))
 
 
 def _rows(t: Tensor) -> int:
@@ -114,7 +111,7 @@ def contrastive_forward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Optio
                         cache_bytes: int, comm: int, propagate: bool,
                         grad_scale: float, precision: int) -> tuple[Tensor, Tensor, Tensor]:
     stream = br.stream_of(q.device)
-    handle = _handle("symmetric" if symmetric else "infonce", propagate, cache_bytes, comm, precision)
+    handle = _handle(_SYMMETRIC if symmetric else _INFONCE, propagate, cache_bytes, comm, precision)
     Q, K, S = br.arg(q, "q", stream), br.arg(k, "k", stream), br.arg(logit_scale, "logit_scale", stream)
     L = br.optional_arg(labels, "labels", stream)
     loss, loss_t = _new((), _F32, q, "loss", stream)
@@ -122,7 +119,7 @@ def contrastive_forward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Optio
     col, col_t = torch.empty(0, dtype=_F32, device=q.device), None
     if symmetric:
         col, col_t = _new((_rows(k),), _F32, q, "col_lse", stream)
-    with handle._locked() as h:
+    with handle.locked() as h:
         ws = br.workspace(h.forward_workspace_size(Q.tensor, K.tensor), q.device, stream) if q.is_cuda else None
         h.forward(Q.tensor, K.tensor, _tensor_of(L), S.tensor, loss_t.tensor, row_t.tensor, _tensor_of(col_t),
                   _tensor_of(ws), stream)
@@ -143,7 +140,7 @@ def contrastive_backward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Opti
                          cache_bytes: int, comm: int, propagate: bool,
                          precision: int) -> tuple[Tensor, Tensor, Tensor]:
     stream = br.stream_of(q.device)
-    handle = _handle("symmetric" if symmetric else "infonce", propagate, cache_bytes, comm, precision)
+    handle = _handle(_SYMMETRIC if symmetric else _INFONCE, propagate, cache_bytes, comm, precision)
     Q, K, S = br.arg(q, "q", stream), br.arg(k, "k", stream), br.arg(logit_scale, "logit_scale", stream)
     L = br.optional_arg(labels, "labels", stream)
     R = br.arg(row_lse, "row_lse", stream)
@@ -152,7 +149,7 @@ def contrastive_backward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Opti
     dq, dq_t = _gradient(want_dq, q, "dq", stream)
     dk, dk_t = _gradient(want_dk, k, "dk", stream)
     ds, ds_t = _new((), _F32, q, "dlogit_scale", stream)
-    with handle._locked() as h:
+    with handle.locked() as h:
         ws = None
         if q.is_cuda:
             ws = br.workspace(h.backward_workspace_size(Q.tensor, K.tensor, _tensor_of(dq_t), _tensor_of(dk_t)),
@@ -222,7 +219,7 @@ def sigmoid_forward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tenso
     stream = br.stream_of(q.device)
     Q, K, S, T, L = _sigmoid_args(q, k, logit_scale, logit_bias, labels, stream)
     loss, loss_t = _new((), _F32, q, "loss", stream)
-    with _handle("sigmoid", propagate, 0, comm, precision)._locked() as h:
+    with _handle(_SIGMOID, propagate, 0, comm, precision).locked() as h:
         ws = _sigmoid_workspace(h, Q, K, None, None, q.device, stream)
         h.sigmoid_forward(Q.tensor, K.tensor, _tensor_of(L), S.tensor, T.tensor, loss_t.tensor, _tensor_of(ws),
                           stream)
@@ -244,7 +241,7 @@ def sigmoid_backward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tens
     Q, K, S, T, L = _sigmoid_args(q, k, logit_scale, logit_bias, labels, stream)
     G = br.arg(dloss, "dloss", stream)
     (dq, dq_t), (dk, dk_t), (ds, ds_t), (dt, dt_t) = _sigmoid_gradients(want_dq, want_dk, q, k, stream)
-    with _handle("sigmoid", propagate, 0, comm, precision)._locked() as h:
+    with _handle(_SIGMOID, propagate, 0, comm, precision).locked() as h:
         ws = _sigmoid_workspace(h, Q, K, dq_t, dk_t, q.device, stream)
         h.sigmoid_backward(Q.tensor, K.tensor, _tensor_of(L), S.tensor, T.tensor, G.tensor, _tensor_of(dq_t),
                            _tensor_of(dk_t), ds_t.tensor, dt_t.tensor, _tensor_of(ws), stream)
@@ -290,7 +287,7 @@ def sigmoid_value_and_grad(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias
     Q, K, S, T, L = _sigmoid_args(q, k, logit_scale, logit_bias, labels, stream)
     loss, loss_t = _new((), _F32, q, "loss", stream)
     (dq, dq_t), (dk, dk_t), (ds, ds_t), (dt, dt_t) = _sigmoid_gradients(True, True, q, k, stream)
-    with _handle("sigmoid", propagate, 0, comm, precision)._locked() as h:
+    with _handle(_SIGMOID, propagate, 0, comm, precision).locked() as h:
         ws = _sigmoid_workspace(h, Q, K, dq_t, dk_t, q.device, stream)
         h.sigmoid_value_and_grad(Q.tensor, K.tensor, _tensor_of(L), S.tensor, T.tensor, loss_t.tensor, dq_t.tensor,
                                  dk_t.tensor, ds_t.tensor, dt_t.tensor, _tensor_of(ws), stream)

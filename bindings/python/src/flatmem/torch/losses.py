@@ -53,29 +53,24 @@ from __future__ import annotations
 
 import torch
 
-from ..contrastive import _cache_bytes, _precision
+from .. import capi
+from ..contrastive import Options
 from . import _bridge as br
 from . import _ops  # noqa: F401  (registers the operators)
 from . import distributed as dist_
 
-_NONFINITE = {"propagate": True, "error": False}
+def _options(nonfinite, precision, logit_cache_bytes=0) -> Options:
+    """The one translation of an entry point's option names into C values (flatmem.contrastive.Options)."""
+    return Options.of(nonfinite=nonfinite, precision=precision, logit_cache_bytes=logit_cache_bytes)
 
 
-def _propagate(nonfinite) -> bool:
-    try:
-        return _NONFINITE[str(nonfinite).lower()]
-    except KeyError:
-        raise ValueError(f"nonfinite: '{nonfinite}' is not one of {sorted(_NONFINITE)}") from None
-
-
-def _softmax(q, k, logit_scale, labels, symmetric, logit_cache_bytes, comm, grad_scale, nonfinite, precision):
-    p = _precision(precision)
+def _softmax(q, k, logit_scale, labels, symmetric, comm, grad_scale, o: Options):
     q, k = br.features(q, k)
     s = br.scalar(logit_scale, q, "logit_scale")
     labels = br.labels_tensor(labels, q)
-    loss, _, _ = torch.ops.flatmem.contrastive_forward(q, k, s, labels, symmetric, _cache_bytes(logit_cache_bytes),
-                                                       dist_.slot(comm), _propagate(nonfinite), float(grad_scale),
-                                                       p)
+    loss, _, _ = torch.ops.flatmem.contrastive_forward(q, k, s, labels, symmetric, o.logit_cache_bytes,
+                                                       dist_.slot(comm), o.nonfinite == capi.NONFINITE_PROPAGATE,
+                                                       float(grad_scale), o.fp32_precision)
     return loss
 
 
@@ -83,25 +78,29 @@ def clip_loss(q, k, logit_scale, *, logit_cache_bytes=0, comm=None, grad_scale=1
               precision="default"):
     """The symmetric CLIP loss of rows q (b, d) and columns k (b, d) at scale s (module docstring;
     precision as in the module docstring)."""
-    return _softmax(q, k, logit_scale, None, True, logit_cache_bytes, comm, grad_scale, nonfinite, precision)
+    return _softmax(q, k, logit_scale, None, True, comm, grad_scale, _options(nonfinite, precision, logit_cache_bytes))
 
 
 def infonce_loss(q, k, logit_scale, labels=None, *, logit_cache_bytes=0, comm=None, grad_scale=1.0,
                  nonfinite="propagate", precision="default"):
     """InfoNCE of rows q (b, d) against columns k (c, d), labels (b,) in [0, c) or None (y_i = i);
     with comm, labels are GLOBAL column indices (module docstring; precision as clip_loss)."""
-    return _softmax(q, k, logit_scale, labels, False, logit_cache_bytes, comm, grad_scale, nonfinite, precision)
+    return _softmax(q, k, logit_scale, labels, False, comm, grad_scale, _options(nonfinite, precision, logit_cache_bytes))
 
 
 def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, recompute=False, comm=None, grad_scale=1.0,
                  nonfinite="propagate", precision="default"):
     """The pairwise sigmoid (SigLIP) loss of rows q (b, d) against columns k (c, d) (module docstring;
     precision as clip_loss)."""
-    p = _precision(precision)
+    return _sigmoid(q, k, logit_scale, logit_bias, labels, recompute, comm, grad_scale, _options(nonfinite, precision))
+
+
+def _sigmoid(q, k, logit_scale, logit_bias, labels, recompute, comm, grad_scale, o: Options):
     q, k = br.features(q, k)
     s, t = br.scalar(logit_scale, q, "logit_scale"), br.scalar(logit_bias, q, "logit_bias")
     labels = br.labels_tensor(labels, q)
-    args = (q, k, s, t, labels, dist_.slot(comm), _propagate(nonfinite), float(grad_scale), p)
+    args = (q, k, s, t, labels, dist_.slot(comm), o.nonfinite == capi.NONFINITE_PROPAGATE, float(grad_scale),
+            o.fp32_precision)
     differentiated = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, s, t))
     if differentiated and not recompute:
         return torch.ops.flatmem.sigmoid_value_and_grad(*args)[0]
@@ -119,10 +118,12 @@ class _RingModule(torch.nn.Module):
     yet. Slot and size are plain attributes then, so a compiled forward (fullgraph=True) reads
     them as constants."""
 
-    def __init__(self, rank, world_size, use_horovod, comm, nonfinite, comm_timeout_ms, precision="default"):
+    def __init__(self, rank, world_size, use_horovod, comm, nonfinite, comm_timeout_ms, precision="default",
+                 logit_cache_bytes=0):
         super().__init__()
-        _precision(precision)
-        self.precision = precision
+        # The module's one translation of its option names (every forward carries the C values).
+        self._options = _options(nonfinite, precision, logit_cache_bytes)
+        self.precision, self.nonfinite = precision, nonfinite
         self.comm_timeout_ms = int(comm_timeout_ms)
         if use_horovod:
             raise ValueError("flatmem.torch: use_horovod is not supported; the ring runs over a "
@@ -131,8 +132,6 @@ class _RingModule(torch.nn.Module):
         self.comm = None
         self._made_comm = comm is None  # made here: the device transport is ours to start too
         self._device_ready = False
-        self.nonfinite = nonfinite
-        _propagate(nonfinite)
         if comm is not None:
             self._use(comm)
         elif self.world_size > 1 and _process_group_ready():
@@ -198,15 +197,15 @@ class ClipLoss(_RingModule):
     def __init__(self, local_loss=False, gather_with_grad=False, cache_labels=False, rank=0, world_size=1,
                  use_horovod=False, *, comm=None, comm_timeout_ms=0, logit_cache_bytes=0, nonfinite="propagate",
                  precision="default"):
-        super().__init__(rank, world_size, use_horovod, comm, nonfinite, comm_timeout_ms, precision)
+        super().__init__(rank, world_size, use_horovod, comm, nonfinite, comm_timeout_ms, precision,
+                         logit_cache_bytes)
         self.local_loss, self.gather_with_grad, self.cache_labels = local_loss, gather_with_grad, cache_labels
-        self.logit_cache_bytes = _cache_bytes(logit_cache_bytes)
+        self.logit_cache_bytes = self._options.logit_cache_bytes
 
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False):
         comm = self._ring(image_features)
-        loss = clip_loss(image_features, text_features, logit_scale, comm=comm,
-                         logit_cache_bytes=0 if comm is not None else self.logit_cache_bytes,
-                         grad_scale=self._grad_scale(comm), nonfinite=self.nonfinite, precision=self.precision)
+        options = self._options._replace(logit_cache_bytes=0) if comm is not None else self._options  # a ring keeps none
+        loss = _softmax(image_features, text_features, logit_scale, None, True, comm, self._grad_scale(comm), options)
         if isinstance(logit_bias, torch.Tensor) and logit_bias.requires_grad:
             # A bias added to every logit leaves each softmax, hence the loss, unchanged; its
             # gradient is exactly 0, and it gets that 0 (as under open_clip), so that an optimiser
@@ -235,7 +234,6 @@ class SigLipLoss(_RingModule):
 
     def forward(self, image_features, text_features, logit_scale, logit_bias, output_dict=False):
         comm = self._ring(image_features)
-        loss = sigmoid_loss(image_features, text_features, logit_scale, logit_bias, comm=comm,
-                            recompute=self.recompute, grad_scale=self._grad_scale(comm), nonfinite=self.nonfinite,
-                            precision=self.precision)
+        loss = _sigmoid(image_features, text_features, logit_scale, logit_bias, None, self.recompute, comm,
+                        self._grad_scale(comm), self._options)
         return self._result(loss, output_dict)
