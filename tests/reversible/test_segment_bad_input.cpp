@@ -142,7 +142,7 @@ TEST_CASE("reversible/bad_input/forward_tensors") {
   // memory") where the CUDA backend can look at the pointer.
   const flatmem_status all_gpu = flatmem_reversible_forward(f.h, on_gpu.dl(), on_gpu.dl(), 0, 0, on_gpu.dl(),
                                                             on_gpu.dl(), nullptr, 0, nullptr);
-  CHECK(all_gpu == flatmem_test::status_for_host_memory_labelled_cuda());
+  CHECK_MESSAGE(all_gpu == flatmem_test::status_for_host_memory_labelled_cuda(), std::string(flatmem_last_error()));
   CHECK(message_has("x1"));
   // Non-compact strides.
   HostTensor padded = HostTensor::matrix(Dtype::f32, 5, 6, 8);

@@ -13,6 +13,25 @@ const char *consume(cudaError_t status) {
   return cudaGetErrorString(status);
 }
 
+// The statuses that say no CUDA device can be used in this process at all
+// (no driver, a driver older than the runtime, no device, a stub library):
+// the tensor may well be device memory elsewhere; here kDLCUDA is unsupported.
+bool no_usable_cuda(cudaError_t status) {
+  switch (status) {
+    case cudaErrorInsufficientDriver:
+    case cudaErrorNoDevice:
+    case cudaErrorStubLibrary:
+    case cudaErrorInitializationError:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorSystemNotReady:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 DeviceGuard::DeviceGuard(int device, const char *name) {
@@ -36,6 +55,9 @@ DeviceGuard::~DeviceGuard() {
 void check_device_pointer(const void *p, const char *name, int device) {
   cudaPointerAttributes attributes{};
   const cudaError_t status = cudaPointerGetAttributes(&attributes, p);
+  if (no_usable_cuda(status))
+    fail(FLATMEM_STATUS_UNSUPPORTED, name, ": kDLCUDA, but no CUDA device can be used here (", consume(status),
+         ")");
   if (status != cudaSuccess)
     invalid(name, ": data ", p, " is not a CUDA pointer (", consume(status), ")");
   if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)

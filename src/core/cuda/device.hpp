@@ -26,7 +26,8 @@ class DeviceGuard {
 };
 
 // Fails (INVALID_ARGUMENT, naming `name`) unless p points to device or
-// managed memory that belongs to `device`.
+// managed memory that belongs to `device`; UNSUPPORTED when no CUDA device
+// can be used in this process (no driver, none installed, a stub library).
 void check_device_pointer(const void *p, const char *name, int device);
 
 // Streaming multiprocessors of `device` (a host attribute query).
