@@ -84,7 +84,7 @@ int multiprocessor_count(int device) { return attribute(device, cudaDevAttrMulti
 
 int compute_capability_major(int device) { return attribute(device, cudaDevAttrComputeCapabilityMajor); }
 
-void check_launch(cudaError_t status, const std::string &what) {
+void check_launch(cudaError_t status, const char *what) {
   if (status == cudaSuccess) return;
   fail(status == cudaErrorMemoryAllocation ? FLATMEM_STATUS_OUT_OF_MEMORY : FLATMEM_STATUS_INTERNAL, what, ": ",
        consume(status));

@@ -7,8 +7,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <string>
-
 namespace flatmem::cuda {
 
 // Makes `device` current for the guard's lifetime (restores the caller's).
@@ -40,6 +38,6 @@ int compute_capability_major(int device);
 // cudaSuccess, clears the (non-sticky) last error and throws
 // FLATMEM_STATUS_OUT_OF_MEMORY for a failed allocation, FLATMEM_STATUS_INTERNAL
 // otherwise, "<what>: <CUDA error text>".
-void check_launch(cudaError_t status, const std::string &what);
+void check_launch(cudaError_t status, const char *what);
 
 }  // namespace flatmem::cuda

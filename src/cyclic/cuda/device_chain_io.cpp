@@ -31,7 +31,8 @@ comm::DeviceSumType sum_type(const Gradient &g) {
 }
 
 void check(cudaError_t status, const std::string &what) {
-  cuda::check_launch(status, "cyclic device memory: chain: " + what);
+  if (status != cudaSuccess)  // the message is built only for a failure
+    cuda::check_launch(status, ("cyclic device memory: chain: " + what).c_str());
 }
 
 class DeviceChainIo final : public ChainIo {

@@ -31,7 +31,8 @@ namespace {
 using flatmem::cuda::DeviceGuard;
 
 void check(cudaError_t status, const std::string &what) {
-  cuda::check_launch(status, "cyclic device memory: relay: " + what);
+  if (status != cudaSuccess)  // the message is built only for a failure
+    cuda::check_launch(status, ("cyclic device memory: relay: " + what).c_str());
 }
 
 constexpr int copy_slots = 3;

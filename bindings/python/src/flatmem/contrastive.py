@@ -236,7 +236,6 @@ class Contrastive:
             check_communicator(comm, "comm")
         self.comm = comm
         self._handle = capi.Contrastive(raw, comm._raw if comm is not None else None)
-        self.resolved = options
         self.options = {"loss": _LOSS_NAMES.get(options.loss, options.loss),
                         "num_threads": options.num_threads, "tile_rows": options.tile_rows,
                         "tile_cols": options.tile_cols, "nonfinite": options.nonfinite,

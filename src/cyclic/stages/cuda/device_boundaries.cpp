@@ -29,7 +29,8 @@ namespace {
 using flatmem::cuda::DeviceGuard;
 
 void check(cudaError_t status, const std::string &what) {
-  cuda::check_launch(status, "cyclic device memory: stages: " + what);
+  if (status != cudaSuccess)  // the message is built only for a failure
+    cuda::check_launch(status, ("cyclic device memory: stages: " + what).c_str());
 }
 
 cudaStream_t as_stream(void *s) { return static_cast<cudaStream_t>(s); }
