@@ -36,13 +36,9 @@ NcclRingTransport::~NcclRingTransport() {
   if (transfers_) cudaStreamDestroy(transfers_);
 }
 
-std::string NcclRingTransport::where(int step) const {
-  return std::string(phase_) + ", step " + std::to_string(step) + " of " + std::to_string(ranks_);
-}
-
 ExchangePtr NcclRingTransport::exchange(int step, std::span<const Outgoing> sends,
                                         std::span<const Incoming> receives) {
-  const std::string what = where(step);
+  const std::string what = step_label(phase_, step, ranks_);
   const comm::Milliseconds timeout = comm_.default_timeout();
   auto posted = std::make_unique<NcclExchange>();
   try {

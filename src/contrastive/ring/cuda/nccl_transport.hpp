@@ -39,8 +39,6 @@ class NcclRingTransport final : public Transport {
   void wait(ExchangePtr &posted) override;
 
  private:
-  std::string where(int step) const;  // "contrastive forward ring, step 2 of 4"
-
   comm::Communicator &comm_;
   comm::DeviceTransport &device_;
   cudaStream_t compute_;
