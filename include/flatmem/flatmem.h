@@ -25,7 +25,8 @@
  *   that byte extents fit in 64 bits.
  * - Tensors on kDLCPU run on the CPU backend. Tensors on kDLCUDA run on the
  *   CUDA backend when the library was built with it (nvcc found at build
- *   time); a library built without CUDA refuses them with
+ *   time); a library built without CUDA, or a process where no CUDA device
+ *   can be used (no driver, no device), refuses them with
  *   FLATMEM_STATUS_UNSUPPORTED. All tensors of one call, scalars and outputs
  *   included, must be on the same device (type and id). Functions that are
  *   CPU-only say so.
@@ -145,7 +146,8 @@ typedef enum flatmem_status {
   /** An argument is NULL, has the wrong dtype/device/ndim/shape/stride, a
    *  value out of range, or sizes whose byte extent overflows. */
   FLATMEM_STATUS_INVALID_ARGUMENT = 1,
-  /** A valid request this build cannot serve (e.g. a CUDA tensor). */
+  /** A valid request this build or machine cannot serve (e.g. a CUDA
+   *  tensor without CUDA). */
   FLATMEM_STATUS_UNSUPPORTED = 2,
   /** The library could not allocate memory it needed. */
   FLATMEM_STATUS_OUT_OF_MEMORY = 3,

@@ -80,12 +80,12 @@ pub enum Fp32Precision {
     /// on the CPU.
     #[default]
     Default,
-    /// Rounded once (`FLATMEM_FP32_PRECISION_ROUND_ONCE`, whose CUDA name
-    /// is `TF32`; defined in flatmem.h). CUDA: TF32 products (10-bit
+    /// Rounded once (`FLATMEM_FP32_PRECISION_ROUND_ONCE`; also called
+    /// [`Fp32Precision::Tf32`], its CUDA name). CUDA: TF32 products (10-bit
     /// mantissas, fp32 accumulation). CPU bf16 path: `G` rounded once to bf16
     /// (each entry off by up to `2^-8` of itself): bf16-accurate gradients,
     /// as the frameworks' bf16 autograd gives, and the fastest backward.
-    Tf32,
+    RoundOnce,
     /// CUDA: about full fp32 ("3xTF32", about 3x the tensor-core time of
     /// TF32). CPU bf16 path: `G` split in two bf16 parts (residual at most
     /// `2^-16 |G|`): about fp32 gradients, about the time of fp32 FMAs.
@@ -93,11 +93,16 @@ pub enum Fp32Precision {
 }
 
 impl Fp32Precision {
+    /// [`RoundOnce`](Fp32Precision::RoundOnce) by its CUDA name
+    /// (`FLATMEM_FP32_PRECISION_TF32`, the same C value).
+    #[allow(non_upper_case_globals)]
+    pub const Tf32: Fp32Precision = Fp32Precision::RoundOnce;
+
     /// The C value (`FLATMEM_FP32_PRECISION_*`).
     pub fn to_raw(self) -> sys::flatmem_fp32_precision {
         match self {
             Fp32Precision::Default => sys::FLATMEM_FP32_PRECISION_DEFAULT,
-            Fp32Precision::Tf32 => sys::FLATMEM_FP32_PRECISION_ROUND_ONCE,
+            Fp32Precision::RoundOnce => sys::FLATMEM_FP32_PRECISION_ROUND_ONCE,
             Fp32Precision::Full => sys::FLATMEM_FP32_PRECISION_FULL,
         }
     }
@@ -164,13 +169,8 @@ impl Options {
     }
 
     /// How fp32 operands enter reduced-precision products
-    /// (`options.fp32_precision`; [`Fp32Precision::Default`] unless set):
-    /// TF32 or 3xTF32 for fp32 inputs on CUDA; on the CPU at ISA level
-    /// avx512bf16 or amx with bf16 features, whether the backward's gradient
-    /// matrix is split in two bf16 parts (`Default`, `Full`: about fp32
-    /// gradients) or rounded once to bf16 (`Tf32`: bf16-accurate gradients,
-    /// fastest).
-    /// No effect elsewhere on the CPU.
+    /// (`options.fp32_precision`; [`Fp32Precision::Default`] unless set; see
+    /// [`Fp32Precision`] and `flatmem_fp32_precision` in flatmem.h).
     pub fn precision(mut self, precision: Fp32Precision) -> Options {
         self.precision = precision;
         self

@@ -1,7 +1,7 @@
 //! `Options::precision` (`options.fp32_precision`, `flatmem_fp32_precision`):
 //! the C value each variant sets, handles of every precision for both softmax
 //! losses and the sigmoid loss, bitwise the default's results where the CPU
-//! has no bf16 products (the baseline level: no effect there), and `Tf32` on
+//! has no bf16 products (the baseline level: no effect there), and `RoundOnce` on
 //! bf16 features within the bf16-gradient bound of flatmem.h's "bf16
 //! products on the CPU" at the process's own level (G rounded once to bf16
 //! at avx512bf16 and amx).
@@ -11,24 +11,26 @@ mod common;
 use common::{assert_close, backward_tolerance, forward_tolerance, reference, widen, Input, Problem, Rng, SLACK};
 use flatmem::{set_cpu_isa, sys, Contrastive, CpuIsa, Dtype, Fp32Precision, Loss, Options, SigmoidLoss};
 
-const ALL: [Fp32Precision; 3] = [Fp32Precision::Default, Fp32Precision::Tf32, Fp32Precision::Full];
+const ALL: [Fp32Precision; 3] = [Fp32Precision::Default, Fp32Precision::RoundOnce, Fp32Precision::Full];
 
 #[test]
 fn each_variant_sets_its_c_value_and_nothing_else() {
     assert_eq!(Fp32Precision::default(), Fp32Precision::Default);
     assert_eq!(Fp32Precision::Default.to_raw(), sys::FLATMEM_FP32_PRECISION_DEFAULT);
+    assert_eq!(Fp32Precision::RoundOnce.to_raw(), sys::FLATMEM_FP32_PRECISION_ROUND_ONCE);
+    assert_eq!(Fp32Precision::Tf32, Fp32Precision::RoundOnce);
     assert_eq!(Fp32Precision::Tf32.to_raw(), sys::FLATMEM_FP32_PRECISION_TF32);
     assert_eq!(Fp32Precision::Full.to_raw(), sys::FLATMEM_FP32_PRECISION_FULL);
     let base = Options::new().loss(Loss::InfoNce).threads(2).tiles(7, 5).logit_cache_bytes(64);
     let built = base.to_raw().unwrap();
     assert_eq!(built.fp32_precision, 0);
     assert_eq!(base.precision(Fp32Precision::Default), base);
-    for (p, want) in [(Fp32Precision::Default, 0i64), (Fp32Precision::Tf32, 1), (Fp32Precision::Full, 2)] {
+    for (p, want) in [(Fp32Precision::Default, 0i64), (Fp32Precision::RoundOnce, 1), (Fp32Precision::Full, 2)] {
         let raw = base.precision(p).to_raw().unwrap();
         assert_eq!(raw, sys::flatmem_contrastive_options { fp32_precision: want, ..built }, "{:?}", p);
     }
     // the last call wins, as for the other setters
-    let raw = base.precision(Fp32Precision::Tf32).precision(Fp32Precision::Full).to_raw().unwrap();
+    let raw = base.precision(Fp32Precision::RoundOnce).precision(Fp32Precision::Full).to_raw().unwrap();
     assert_eq!(raw.fp32_precision, 2);
 }
 
@@ -99,7 +101,7 @@ fn no_effect_without_bf16_products() {
     set_cpu_isa(None).unwrap();
 }
 
-/// Tf32 on bf16 features against the f64 reference: the loss and log-sum-exps
+/// RoundOnce on bf16 features against the f64 reference: the loss and log-sum-exps
 /// keep their fp32 bounds, ds too (formed from fp32 G), and dq / dk stay
 /// within the fp32 bound plus flatmem.h's 2^-8 s sum |G| |k| (|G|^T |q|) for
 /// G rounded once to bf16 (the reference's weighted sums bound |G|).
@@ -127,7 +129,7 @@ fn tf32_on_bf16_within_the_bf16_gradient_bound() {
         let want = reference(&problem);
         let ft = forward_tolerance(&problem, &want);
         let bt = backward_tolerance(&problem, &want, &ft, Dtype::F32);
-        let got = softmax(loss, Fp32Precision::Tf32, &q, &k, labels.as_deref(), s);
+        let got = softmax(loss, Fp32Precision::RoundOnce, &q, &k, labels.as_deref(), s);
         let what = format!("{:?} tf32 bf16", loss);
         assert_close(&format!("{}: loss", what), &[got.loss as f64], &[want.loss], &[ft.loss]);
         assert_close(&format!("{}: row_lse", what), &widen(&got.row_lse), &want.row_lse, &ft.row_lse);
