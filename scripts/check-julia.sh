@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The Julia binding's check, in place of running it (no Julia runtime exists on
-# these machines): bindings/julia/check_ccalls.py compares every ccall, struct
-# mirror (fields, and offsets/sizes measured by the C compiler) and constant of
-# bindings/julia/*.jl with include/flatmem/*.h (and <dlpack/dlpack.h>), and
-# requires a wrapper (or an allow-list entry with a reason) for every public
-# C function and GC-safe brackets around every call that may wait.
+# these machines). The constants, handle types and struct mirrors are generated
+# (bindings/julia/generated.jl, by scripts/gen_julia.py); bindings/julia/
+# check_ccalls.py compares every ccall of bindings/julia/*.jl with
+# include/flatmem/*.h (and <dlpack/dlpack.h>), requires generated.jl to be what
+# the headers give and its mirrors to lay out as the C compiler measures the C
+# structs, a wrapper (or an allow-list entry with a reason) for every public C
+# function and GC-safe brackets around every call that may wait.
 #   1. its self-test: deliberate mistakes applied to the real sources must each
 #      be reported (so the checker cannot silently pass);
 #   2. the real check.

@@ -29,9 +29,6 @@
 # ranks of an in-process group may be Julia threads (Threads.@spawn, one per
 # rank) that allocate while their peers wait.
 
-# The header's constant: bytes of a unique id.
-const FLATMEM_COMM_UNIQUE_ID_BYTES = 128
-
 """
     CommUniqueId
 
@@ -40,9 +37,7 @@ const FLATMEM_COMM_UNIQUE_ID_BYTES = 128
 number): `string(id)` writes it as 256 hex digits, `CommUniqueId(hex)` reads them back, so it can
 travel on a command line, in a file or over a launcher's own broadcast.
 """
-struct CommUniqueId
-    internal::NTuple{FLATMEM_COMM_UNIQUE_ID_BYTES,UInt8}
-end
+CommUniqueId
 
 function CommUniqueId(hex::AbstractString)
     n = FLATMEM_COMM_UNIQUE_ID_BYTES
@@ -57,16 +52,6 @@ end
 
 Base.print(io::IO, id::CommUniqueId) = print(io, bytes2hex(collect(id.internal)))
 Base.show(io::IO, id::CommUniqueId) = print(io, "Flatmem.CommUniqueId(\"", bytes2hex(collect(id.internal[1:8])), "…\")")
-
-"""`flatmem_comm_options`; fill it with `flatmem_comm_options_init` (`comm_options`)."""
-struct CommOptions
-    struct_size::Csize_t
-    timeout_ms::Int64
-    connect_timeout_ms::Int64
-end
-
-"""Opaque C handle type `flatmem_comm_request_t` (an outstanding send or receive); only ever behind a `Ptr`."""
-mutable struct CommRequestHandle end
 
 # flatmem_comm_options with the library's defaults and these two (0 = default).
 function comm_options(timeout_ms::Integer, connect_timeout_ms::Integer)

@@ -6,97 +6,24 @@
 # cyclic_next!, cyclic_reduce!, cyclic_reduce_stream!, cyclic_stats, cyclic_summary. Ranks, stages,
 # steps and time steps are 0-based, as the C API counts them.
 
-# flatmem_cyclic_rule
-const FLATMEM_CYCLIC_DELAY1 = Cint(0)
-const FLATMEM_CYCLIC_NEWEST = Cint(1)
-const FLATMEM_CYCLIC_SYNC = Cint(2)
-
-# flatmem_cyclic_parameter_mode
-const FLATMEM_CYCLIC_PARAMETERS_REPLICATED = Cint(0)
-const FLATMEM_CYCLIC_PARAMETERS_RELAYED = Cint(1)
-
-# flatmem_cyclic_memory
-const FLATMEM_CYCLIC_MEMORY_HOST = Cint(0)
-const FLATMEM_CYCLIC_MEMORY_CUDA = Cint(1)
-
-# flatmem_cyclic_action_kind
-const FLATMEM_CYCLIC_IDLE = Cint(0)
-const FLATMEM_CYCLIC_FORWARD = Cint(1)
-const FLATMEM_CYCLIC_BACKWARD = Cint(2)
-const FLATMEM_CYCLIC_DONE = Cint(3)
-
 """`flatmem_cyclic_schedule`: N ranks, L stages, training steps, rule; make one with `cyclic_schedule`."""
-struct CyclicSchedule
-    struct_size::Csize_t
-    world_size::Int32
-    stages::Int32
-    steps::Int64
-    rule::Cint
-    reserved0::Int32  # ABI 1 padding, named: 0
-end
+CyclicSchedule
 
 """
 `flatmem_cyclic_action`: what one rank does in one time step (`cyclic_action`). `kind` is a
 `FLATMEM_CYCLIC_*` action kind (`action_kind` gives it as a Symbol); `stage`, `step`, `phase`
 and `update_stage`/`update_step` are 0-based, -1 when there is none.
 """
-struct CyclicAction
-    time_step::Int64
-    kind::Cint
-    stage::Int32
-    step::Int64
-    update_stage::Int32
-    reserved0::Int32  # ABI 1 padding, named: 0
-    update_step::Int64
-    activations_held::Int32
-    phase::Int32
-end
-
-"""Opaque C handle type `flatmem_cyclic_t` (the cyclic runtime, wrapped by `Cyclic`); only ever behind a `Ptr`."""
-mutable struct CyclicHandle end
-
-"""`flatmem_cyclic_options`; fill it with `flatmem_cyclic_options_init` (the `Cyclic` constructor does)."""
-struct CyclicOptions
-    struct_size::Csize_t
-    stages::Int32
-    reserved0::Int32  # ABI 1 padding, named: 0
-    steps::Int64
-    rule::Cint
-    reserved1::Int32  # ABI 1 padding, named: 0
-    activation_bytes::Ptr{Int64}
-    timeout_ms::Int64
-    nonfinite::Cint
-    reserved2::Int32  # ABI 1 padding, named: 0
-    history::Int64
-    parameters::Cint
-    reserved3::Int32  # ABI 1 padding, named: 0
-    parameter_count::Ptr{Int64}
-    memory::Cint
-    reserved4::Int32  # ABI 1 padding, named: 0
-end
+CyclicAction
 
 """
 `flatmem_cyclic_relay_time_step`: the ZeRO relay in one time step (`cyclic_relay_stats`): parameter
 bytes held (measured, and by the protocol) and relay bytes sent.
 """
-struct CyclicRelayTimeStep
-    time_step::Int64
-    parameter_bytes::Int64
-    parameter_bytes_scheduled::Int64
-    relay_bytes_sent::Int64
-end
+CyclicRelayTimeStep
 
 """`flatmem_cyclic_relay_summary`: shard, replica and staging bytes, peaks and relay totals (`cyclic_relay_summary`)."""
-struct CyclicRelaySummary
-    shard_bytes::Int64
-    replicated_bytes::Int64
-    staging_buffers::Int64
-    staging_bytes::Int64
-    peak_parameter_bytes::Int64
-    peak_parameter_bytes_scheduled::Int64
-    relay_bytes_sent::Int64
-    relay_messages_sent::Int64
-end
+CyclicRelaySummary
 
 """
 `flatmem_cyclic_time_step_stats`: what happened in one time step of this rank (`cyclic_stats`).
@@ -105,30 +32,10 @@ of the activations held; `bytes_sent` measured (timing-dependent), `bytes_schedu
 in the time step the protocol assigns them to; `seconds` from this time step's `cyclic_next!` to
 the next one's (0 for the current one), `wait_seconds` of it spent waiting in `cyclic_next!`.
 """
-struct CyclicTimeStepStats
-    time_step::Int64
-    kind::Cint
-    stage::Int32
-    step::Int64
-    activations_held::Int32
-    reserved0::Int32  # ABI 1 padding, named: 0
-    activation_bytes::Int64
-    bytes_sent::Int64
-    seconds::Float64
-    wait_seconds::Float64
-    bytes_scheduled::Int64
-end
+CyclicTimeStepStats
 
 """`flatmem_cyclic_summary`: totals since the `Cyclic` was created (`cyclic_summary`); seconds are wall-clock."""
-struct CyclicSummary
-    time_steps::Int64
-    bytes_sent::Int64
-    messages_sent::Int64
-    max_bytes_sent_per_time_step::Int64
-    peak_activation_bytes::Int64
-    wait_seconds::Float64
-    seconds::Float64
-end
+CyclicSummary
 
 const CYCLIC_PARAMETERS = (replicated = FLATMEM_CYCLIC_PARAMETERS_REPLICATED, relayed = FLATMEM_CYCLIC_PARAMETERS_RELAYED)
 const CYCLIC_MEMORY = (host = FLATMEM_CYCLIC_MEMORY_HOST, cuda = FLATMEM_CYCLIC_MEMORY_CUDA)
@@ -646,14 +553,7 @@ end
 # _send!, _receive!, _accumulate!, _average!, _stats, _summary). 0-based, as in C.
 
 """`flatmem_cyclic_stages_schedule`: L stages, N micro-batches per step, S steps, rule; make one with `cyclic_stages_schedule`."""
-struct CyclicStagesSchedule
-    struct_size::Csize_t
-    stages::Int32
-    micro_batches::Int32
-    steps::Int64
-    rule::Cint
-    reserved0::Int32  # ABI 1 padding, named: 0
-end
+CyclicStagesSchedule
 
 """
 `flatmem_cyclic_stages_action`: one action of one stage rank. `kind` is a `FLATMEM_CYCLIC_*`
@@ -663,77 +563,16 @@ computing), `cyclic_stages_send!` (after) and `cyclic_stages_accumulate!` the ac
 With `update_step >= 0`, form version `update_step + 1` from version `update_step` and
 `cyclic_stages_average!` before the action.
 """
-struct CyclicStagesAction
-    time_step::Int64
-    kind::Cint
-    stage::Int32
-    micro_batch::Int32
-    reserved0::Int32  # ABI 1 padding, named: 0
-    step::Int64
-    version::Int64
-    update_step::Int64
-    receives::Int32
-    sends::Int32
-    accumulates::Int32
-    activations_held::Int32
-    index_in_time_step::Int32
-    actions_in_time_step::Int32
-end
+CyclicStagesAction
 
 """`flatmem_cyclic_stages_occupancy`: a stage rank's steady-state busy fraction, peak actions per time step, peak and mean micro-batches held."""
-struct CyclicStagesOccupancy
-    busy_fraction::Float64
-    peak_actions::Int32
-    peak_activations_held::Int32
-    mean_activations_held::Float64
-end
-
-"""Opaque C handle type `flatmem_cyclic_stages_t` (wrapped by `CyclicStages`); only ever behind a `Ptr`."""
-mutable struct CyclicStagesHandle end
-
-"""`flatmem_cyclic_stages_options`; filled by `flatmem_cyclic_stages_options_init` (the `CyclicStages` constructor does)."""
-struct CyclicStagesOptions
-    struct_size::Csize_t
-    stages::Int32
-    micro_batches::Int32
-    steps::Int64
-    rule::Cint
-    reserved0::Int32  # ABI 1 padding, named: 0
-    boundary_bytes::Ptr{Int64}
-    activation_bytes::Ptr{Int64}
-    timeout_ms::Int64
-    history::Int64
-    memory::Cint
-    reserved1::Int32  # ABI 1 padding, named: 0
-end
+CyclicStagesOccupancy
 
 """`flatmem_cyclic_stages_time_step_stats`: actions, activations held (and their bytes), boundary bytes posted, seconds and wait seconds of one time step."""
-struct CyclicStagesTimeStepStats
-    time_step::Int64
-    actions::Int32
-    activations_held::Int32
-    activation_bytes::Int64
-    bytes_sent::Int64
-    seconds::Float64
-    wait_seconds::Float64
-end
+CyclicStagesTimeStepStats
 
 """`flatmem_cyclic_stages_summary`: totals since create, busy fractions (the run so far, and the schedule's steady state)."""
-struct CyclicStagesSummary
-    time_steps::Int64
-    actions::Int64
-    bytes_sent::Int64
-    messages_sent::Int64
-    max_bytes_sent_per_time_step::Int64
-    peak_activations_held::Int32
-    reserved0::Int32  # ABI 1 padding, named: 0
-    peak_activation_bytes::Int64
-    mean_activations_held::Float64
-    busy_fraction::Float64
-    steady_busy_fraction::Float64
-    wait_seconds::Float64
-    seconds::Float64
-end
+CyclicStagesSummary
 
 """`action_kind(a::CyclicStagesAction) -> Symbol`: `:idle`, `:forward`, `:backward` or `:done`."""
 action_kind(a::CyclicStagesAction) = enum_symbol(CYCLIC_KINDS, a.kind, "action kind")
