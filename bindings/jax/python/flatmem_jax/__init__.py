@@ -127,7 +127,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import operator
 import os
 import re
 import sys
@@ -136,23 +135,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._header import ENUMS as _ENUMS
+from flatmem._header import NAMES as _NAMES
+from flatmem._options import c_integer, c_type, enum_value, precision_value
 
 __all__ = ["clip_loss", "infonce_loss", "sigmoid_loss", "reversible_transformer", "FlatmemError", "has_cuda",
            "library_path", "RingComm", "ring"]
 __version__ = "0.2.0"
 
-# The header's values (flatmem_jax/_header.py, generated from include/flatmem/*.h and checked
-# against them by ctest bindings/header_tables): flatmem_contrastive_loss, and
-# flatmem_fp32_precision by the names the losses' precision= takes.
-_LOSS = _ENUMS["flatmem_contrastive_loss"]
-_SYMMETRIC = _LOSS["FLATMEM_CONTRASTIVE_SYMMETRIC"]
-_INFONCE = _LOSS["FLATMEM_CONTRASTIVE_INFONCE"]
-_SIGMOID = _LOSS["FLATMEM_CONTRASTIVE_SIGMOID"]
-_PRECISION = _ENUMS["flatmem_fp32_precision"]
-_PRECISIONS = {"default": _PRECISION["FLATMEM_FP32_PRECISION_DEFAULT"],
-               "round_once": _PRECISION["FLATMEM_FP32_PRECISION_ROUND_ONCE"],
-               "tf32": _PRECISION["FLATMEM_FP32_PRECISION_TF32"], "full": _PRECISION["FLATMEM_FP32_PRECISION_FULL"]}
+# The header's values by name (flatmem/_header.py, generated from include/flatmem/*.h and checked
+# against them by ctest bindings/header_tables; flatmem._options translates option names with it).
+_LOSSES = _NAMES["flatmem_contrastive_loss"]
+_SYMMETRIC, _INFONCE, _SIGMOID = _LOSSES["symmetric"], _LOSSES["infonce"], _LOSSES["sigmoid"]
 # DLPack type codes (dlpack.h): what the workspace query is told q and k are.
 _DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT, _DL_COMPLEX = 0, 1, 2, 4, 5
 
@@ -308,25 +301,9 @@ def _cache_budget(logit_cache_bytes) -> int:
     integer in [0, 2**63), else TypeError / ValueError (at trace time). JAX
     cannot lower a u64 attribute of 2**63 or more; no budget needs one (the
     cache never exceeds 4 b c bytes)."""
-    try:
-        n = operator.index(logit_cache_bytes)
-    except TypeError:
-        raise TypeError(f"flatmem_jax: logit_cache_bytes must be a static Python integer (bytes; "
-                        f"0 = no cache), not {logit_cache_bytes!r}") from None
-    if not 0 <= n < 2**63:
-        raise ValueError(f"flatmem_jax: logit_cache_bytes: {n}; expected bytes in [0, 2**63) "
-                         "(0 = no cache)")
-    return n
-
-
-def _precision(value) -> int:
-    """The precision keyword ("default", "round_once" or its alias "tf32", "full") as its
-    flatmem_fp32_precision value, the handlers' fp32_precision attribute;
-    anything else is a ValueError naming the argument and the allowed values
-    (the wording of flatmem.contrastive's check)."""
-    if isinstance(value, str) and value in _PRECISIONS:
-        return _PRECISIONS[value]
-    raise ValueError(f"flatmem_jax: precision: {value!r} is not one of 'default', 'round_once' ('tf32'), 'full'")
+    return c_integer(logit_cache_bytes, "logit_cache_bytes",
+                     c_type("flatmem_contrastive_options", "logit_cache_bytes"), limit=2**63, unit="bytes",
+                     note=" (it must be a static Python integer, below 2**63; 0 = no cache)")
 
 
 def _pool_stats():
@@ -389,7 +366,7 @@ class _Site(tuple):
     that cache budget; otherwise the ring across the ranks of the
     communicator in that registry slot (ring.py), which takes no workspace
     and no cache. fp32_precision: the handle's options.fp32_precision (a
-    flatmem_fp32_precision value, _precision), either way."""
+    flatmem_fp32_precision value, flatmem._options.precision_value), either way."""
 
     cache_bytes = property(lambda self: self[0])
     comm = property(lambda self: self[1])
@@ -457,7 +434,7 @@ _contrastive.defvjp(_contrastive_fwd, _contrastive_bwd)
 def _site(logit_cache_bytes, comm, precision="default") -> _Site:
     """The _Site of a call's keywords (checked at trace time)."""
     cache = _cache_budget(logit_cache_bytes)
-    fp32_precision = _precision(precision)
+    fp32_precision = precision_value(precision)
     if comm is None:
         return _Site((cache, None, fp32_precision))
     if not isinstance(comm, RingComm):
@@ -655,18 +632,8 @@ def sigmoid_loss(q, k, logit_scale, logit_bias, labels=None, *, recompute=False,
 # Reversible segments of built-in blocks
 # ---------------------------------------------------------------------------
 
-# flatmem_reversible_mode values (reversible.h). STANDARD keeps every block's
-# activations in the flatmem handle between its forward and its backward,
-# which two separate XLA calls cannot share: it is not offered here.
-_MODE = _ENUMS["flatmem_reversible_mode"]
-_REVERSIBLE_MODES = {"auto": _MODE["FLATMEM_REVERSIBLE_AUTO"], "vanilla": _MODE["FLATMEM_REVERSIBLE_VANILLA"],
-                     "overlapped": _MODE["FLATMEM_REVERSIBLE_OVERLAPPED"]}
 _ATTENTION_NAMES = ("ln_weight", "ln_bias", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias")
 _MLP_NAMES = ("ln_weight", "ln_bias", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
-
-# flatmem_block_math values (reversible.h): the precision of the blocks' products.
-_BLOCK_MATHS = {"fp32": _ENUMS["flatmem_block_math"]["FLATMEM_BLOCK_MATH_FP32"],
-                "tf32": _ENUMS["flatmem_block_math"]["FLATMEM_BLOCK_MATH_TF32"]}
 
 _lib.flatmem_jax_reversible_workspace_size.restype = ctypes.c_int
 _lib.flatmem_jax_reversible_workspace_size.argtypes = [
@@ -852,24 +819,14 @@ def reversible_transformer(x1, x2, params, *, heads, mode="auto", seed=0, offset
                              f"got shape {x.shape}")
     if x1.shape != x2.shape:
         raise ValueError(f"flatmem_jax: x2 has shape {x2.shape}, x1 {x1.shape}; they must be the same")
+    # STANDARD keeps every block's activations in the flatmem handle between its forward and its
+    # backward, which two separate XLA calls cannot share: it is not offered here.
     if isinstance(mode, str) and mode.lower() == "standard":
         raise ValueError("flatmem_jax: mode 'standard' is not offered: it keeps every block's "
                          "activations inside flatmem from the forward call to the backward call, "
                          "which XLA runs as separate calls; plain JAX autodiff is that baseline")
-    if isinstance(mode, str):
-        try:
-            mode_value = _REVERSIBLE_MODES[mode.lower()]
-        except KeyError:
-            raise ValueError(f"flatmem_jax: mode '{mode}' is not one of {sorted(_REVERSIBLE_MODES)}") from None
-    else:
-        mode_value = int(mode)
-    if isinstance(math, str):
-        try:
-            math_value = _BLOCK_MATHS[math.lower()]
-        except KeyError:
-            raise ValueError(f"flatmem_jax: math '{math}' is not one of {sorted(_BLOCK_MATHS)}") from None
-    else:
-        math_value = int(math)  # flatmem judges numbers (FlatmemError at trace time)
+    mode_value = enum_value(mode, "flatmem_reversible_mode", "mode")  # numbers: flatmem judges them
+    math_value = enum_value(math, "flatmem_block_math", "math")  # (FlatmemError at trace time)
     flat, hidden = _flatten_parameters(params, x1.shape[-1])
     config = _ReversibleConfig((int(heads), int(hidden), float(eps), mode_value, int(num_threads),
                                 int(seed), int(offset), math_value))

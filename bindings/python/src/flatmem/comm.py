@@ -41,9 +41,10 @@ import threading
 import numpy as np
 
 from . import capi
+from ._header import CONSTANTS
 from ._tensors import as_arg, as_output
 
-UNIQUE_ID_BYTES = 128
+UNIQUE_ID_BYTES = CONSTANTS["FLATMEM_COMM_UNIQUE_ID_BYTES"]
 
 
 class UniqueId:

@@ -44,66 +44,23 @@ log-scale).
 from __future__ import annotations
 
 import contextlib
-import operator
 import threading
 from typing import NamedTuple, Optional
 
 import numpy as np
 
 from . import capi
+from ._options import c_integer, c_type, enum_name, enum_value, precision_value
 from ._tensors import Arg, as_arg, as_output, as_scalar_arg, as_workspace, dlpack_dtype, output
 from .comm import check_communicator
 
-_LOSSES = {
-    "symmetric": capi.CONTRASTIVE_SYMMETRIC,
-    "clip": capi.CONTRASTIVE_SYMMETRIC,
-    "infonce": capi.CONTRASTIVE_INFONCE,
-    "sigmoid": capi.CONTRASTIVE_SIGMOID,
-    "siglip": capi.CONTRASTIVE_SIGMOID,
-}
-_LOSS_NAMES = {capi.CONTRASTIVE_DEFAULT: "symmetric", capi.CONTRASTIVE_SYMMETRIC: "symmetric",
-               capi.CONTRASTIVE_INFONCE: "infonce", capi.CONTRASTIVE_SIGMOID: "sigmoid"}
-_NONFINITE = {"error": capi.NONFINITE_ERROR, "propagate": capi.NONFINITE_PROPAGATE}
-_PRECISIONS = {"default": capi.FP32_PRECISION_DEFAULT, "round_once": capi.FP32_PRECISION_ROUND_ONCE,
-               "tf32": capi.FP32_PRECISION_TF32, "full": capi.FP32_PRECISION_FULL}
-_PRECISION_NAMES = {capi.FP32_PRECISION_DEFAULT: "default", capi.FP32_PRECISION_ROUND_ONCE: "round_once",
-                    capi.FP32_PRECISION_FULL: "full"}
+_CONTRASTIVE = "flatmem_contrastive_options"
+# The binding's own names of two losses, besides the header's (_header.NAMES).
+_LOSS_ALIASES = {"clip": capi.CONTRASTIVE_SYMMETRIC, "siglip": capi.CONTRASTIVE_SIGMOID}
 
 
-def _option(value, names, what):
-    """A string option by name, or the raw enum integer (passed through: the
-    library judges values it does not know)."""
-    if isinstance(value, str):
-        try:
-            return names[value.lower()]
-        except KeyError:
-            raise ValueError(f"{what}: '{value}' is not one of {sorted(names)}") from None
-    return int(value)
-
-
-def _precision(value):
-    """The precision option ("default", "round_once" or its alias "tf32",
-    "full") as its flatmem_fp32_precision value; anything else is a
-    ValueError naming the argument and the allowed values."""
-    if isinstance(value, str) and value in _PRECISIONS:
-        return _PRECISIONS[value]
-    raise ValueError(f"precision: {value!r} is not one of 'default', 'round_once' ('tf32'), 'full'")
-
-
-_SIZE_MAX = 2**64 - 1  # size_t
-
-
-def _cache_bytes(value):
-    """logit_cache_bytes as the size_t the library takes: an integer in
-    [0, 2**64), else TypeError / ValueError naming the option."""
-    try:
-        n = operator.index(value)
-    except TypeError:
-        message = f"logit_cache_bytes: {value!r} is not an integer (bytes; 0 = no cache)"
-        raise TypeError(message) from None
-    if not 0 <= n <= _SIZE_MAX:
-        raise ValueError(f"logit_cache_bytes: {n}; expected bytes in [0, 2**64) (0 = no cache)")
-    return n
+def _threads_or_tile(value, field):
+    return c_integer(value, field, c_type(_CONTRASTIVE, field))
 
 
 class Options(NamedTuple):
@@ -126,9 +83,13 @@ class Options(NamedTuple):
         """The one translation of the option names (Contrastive's arguments)
         into their C values; a name that does not exist is a ValueError
         naming the option and the names it has."""
-        return cls(_option(loss, _LOSSES, "loss"), int(num_threads), int(tile_rows), int(tile_cols),
-                   _option(nonfinite, _NONFINITE, "nonfinite"), _cache_bytes(logit_cache_bytes),
-                   _precision(precision))
+        return cls(enum_value(loss, "flatmem_contrastive_loss", "loss", _LOSS_ALIASES),
+                   _threads_or_tile(num_threads, "num_threads"), _threads_or_tile(tile_rows, "tile_rows"),
+                   _threads_or_tile(tile_cols, "tile_cols"),
+                   enum_value(nonfinite, "flatmem_nonfinite_policy", "nonfinite"),
+                   c_integer(logit_cache_bytes, "logit_cache_bytes", c_type(_CONTRASTIVE, "logit_cache_bytes"),
+                             unit="bytes", note=" (0 = no cache)"),
+                   precision_value(precision))
 
 
 class ForwardResult(NamedTuple):
@@ -236,11 +197,11 @@ class Contrastive:
             check_communicator(comm, "comm")
         self.comm = comm
         self._handle = capi.Contrastive(raw, comm._raw if comm is not None else None)
-        self.options = {"loss": _LOSS_NAMES.get(options.loss, options.loss),
+        self.options = {"loss": enum_name("flatmem_contrastive_loss", options.loss),
                         "num_threads": options.num_threads, "tile_rows": options.tile_rows,
                         "tile_cols": options.tile_cols, "nonfinite": options.nonfinite,
                         "logit_cache_bytes": options.logit_cache_bytes,
-                        "precision": _PRECISION_NAMES.get(options.fp32_precision, options.fp32_precision)}
+                        "precision": enum_name("flatmem_fp32_precision", options.fp32_precision)}
 
     @property
     def symmetric(self):

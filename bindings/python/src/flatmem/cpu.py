@@ -22,11 +22,12 @@ error bounds. cpu_engine() names the kernels.
 from __future__ import annotations
 
 from . import capi
+from ._header import NAMES
 
 _LEVELS = (capi.CPU_ISA_AMX, capi.CPU_ISA_AVX512BF16, capi.CPU_ISA_AVX512, capi.CPU_ISA_AVX2, capi.CPU_ISA_BASELINE)
 #: The instruction sets, from the most capable down, by their flatmem names.
 CPU_ISAS = tuple(capi.cpu_isa_name(isa) for isa in _LEVELS)
-_BY_NAME = {capi.cpu_isa_name(isa): isa for isa in (*_LEVELS, capi.CPU_ISA_DEFAULT)}
+_BY_NAME = NAMES["flatmem_cpu_isa"]
 
 
 def cpu_isa():

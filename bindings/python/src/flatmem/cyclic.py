@@ -53,18 +53,12 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import capi
+from ._header import NAMES
+from ._options import enum_name, enum_value
 from ._tensors import as_arg, as_stream_arg, as_stream_output
 from .comm import check_communicator, int_arg
-from .contrastive import _NONFINITE, _option
 
-_RULES = {"delay1": capi.CYCLIC_DELAY1, "newest": capi.CYCLIC_NEWEST, "sync": capi.CYCLIC_SYNC}
-_RULE_NAMES = {v: k for k, v in _RULES.items()}
-_KINDS = {
-    capi.CYCLIC_IDLE: "idle",
-    capi.CYCLIC_FORWARD: "forward",
-    capi.CYCLIC_BACKWARD: "backward",
-    capi.CYCLIC_DONE: "done",
-}
+_KINDS = {value: name for name, value in NAMES["flatmem_cyclic_action_kind"].items()}  # idle .. done
 
 
 class CyclicAction(NamedTuple):
@@ -94,7 +88,7 @@ class CyclicAction(NamedTuple):
 
 
 def _rule_code(rule):
-    return _option(rule, _RULES, "rule")
+    return enum_value(rule, "flatmem_cyclic_rule", "rule")
 
 
 def kept_stats(handle, load, item, first, count):
@@ -139,7 +133,7 @@ class _Schedule:
     @property
     def rule(self):
         """The rule's name ("delay1", "newest", "sync")."""
-        return _RULE_NAMES.get(self._raw.rule, self._raw.rule)
+        return enum_name("flatmem_cyclic_rule", self._raw.rule)
 
 
 class CyclicSchedule(_Schedule):
@@ -234,10 +228,6 @@ class CyclicRelaySummary(NamedTuple):
     relay_messages_sent: int
 
 
-_PARAMETERS = {"replicated": capi.CYCLIC_PARAMETERS_REPLICATED, "relayed": capi.CYCLIC_PARAMETERS_RELAYED}
-_MEMORY = {"host": capi.CYCLIC_MEMORY_HOST, "cuda": capi.CYCLIC_MEMORY_CUDA}
-
-
 def stream_arg(stream):
     """The cudaStream_t of a *_stream call as an int; None stays None (the
     plain call: the legacy default stream)."""
@@ -317,9 +307,9 @@ class Cyclic:
         stages = int_arg(stages, "stages")
         accounting = int64_entries(activation_bytes, stages, "activation_bytes", "bytes per stage")
         counts = int64_entries(parameter_count, stages, "parameter_count", "the elements of each stage")
-        parameters = _option(parameters, _PARAMETERS, "parameters")
-        memory = _option(memory, _MEMORY, "memory")
-        nonfinite = _option(nonfinite, _NONFINITE, "nonfinite")
+        parameters = enum_value(parameters, "flatmem_cyclic_parameter_mode", "parameters")
+        memory = enum_value(memory, "flatmem_cyclic_memory", "memory")
+        nonfinite = enum_value(nonfinite, "flatmem_nonfinite_policy", "nonfinite")
         self.comm = comm
         self._lock = threading.Lock()
         self._held = {}  # (stage, step) -> the gradient array the handle owns

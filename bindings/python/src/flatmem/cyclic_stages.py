@@ -75,10 +75,10 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import capi
+from ._options import enum_value
 from ._tensors import as_arg, as_stream_arg, as_stream_output
 from .comm import check_communicator, int_arg
-from .contrastive import _option
-from .cyclic import (_KINDS, _MEMORY, _Schedule, _rule_code, call_for_stream, int64_entries, kept_stats,
+from .cyclic import (_KINDS, _Schedule, _rule_code, call_for_stream, int64_entries, kept_stats,
                      stream_arg)
 from .reversible import _invalid
 
@@ -254,7 +254,7 @@ class CyclicStages:
     def __init__(self, comm, *, micro_batches, steps, boundary_bytes=None, rule="delay1",
                  activation_bytes=None, timeout_ms=0, history=0, stages=None, memory="host"):
         check_communicator(comm, "comm")
-        memory = _option(memory, _MEMORY, "memory")
+        memory = enum_value(memory, "flatmem_cyclic_memory", "memory")
         stages = comm.world_size if stages is None else int_arg(stages, "stages")
         boundaries = int64_entries(boundary_bytes, max(stages - 1, 0), "boundary_bytes",
                                     "bytes per boundary between stages j and j + 1 (stages - 1 entries)")

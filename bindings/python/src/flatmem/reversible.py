@@ -34,31 +34,15 @@ import weakref
 import numpy as np
 
 from . import capi
+from ._header import NAMES
+from ._options import enum_name, enum_value
 from ._tensors import as_arg, output
 
-_MODES = {
-    "auto": capi.REVERSIBLE_AUTO,
-    "standard": capi.REVERSIBLE_STANDARD,
-    "vanilla": capi.REVERSIBLE_VANILLA,
-    "overlapped": capi.REVERSIBLE_OVERLAPPED,
-}
-_MODE_NAMES = {v: k for k, v in _MODES.items()}
-_KINDS = {"attention": capi.BLOCK_ATTENTION, "mlp": capi.BLOCK_MLP}
-_MATHS = {"fp32": capi.BLOCK_MATH_FP32, "tf32": capi.BLOCK_MATH_TF32}
-_MATH_NAMES = {v: k for k, v in _MATHS.items()}
+_MODE, _KIND, _MATH = "flatmem_reversible_mode", "flatmem_block_kind", "flatmem_block_math"
 _PARTS = ("F", "G")
-_PHASES = ("forward", "record", "rebuild", "gradient")
+_PHASES = tuple(NAMES["flatmem_reversible_phase"])  # forward, record, rebuild, gradient: 0 .. 3
 _STATE_DTYPES = {32: np.dtype(np.float32), 64: np.dtype(np.float64)}
 NUM_PARAMETERS = capi.BLOCK_NUM_PARAMETERS
-
-
-def _option(value, names, what):
-    if isinstance(value, str):
-        try:
-            return names[value.lower()]
-        except KeyError:
-            raise ValueError(f"{what}: '{value}' is not one of {sorted(names)}") from None
-    return int(value)  # the library judges numbers it does not know
 
 
 def _invalid(message):
@@ -97,16 +81,16 @@ class Block:
     """
 
     def __init__(self, kind, width, heads=1, hidden=0, eps=1e-6, math="fp32"):
-        kind_value = _option(kind, _KINDS, "kind")
-        math_value = _option(math, _MATHS, "math")
+        kind_value = enum_value(kind, _KIND, "kind")
+        math_value = enum_value(math, _MATH, "math")
         self._handle = capi.Block(kind_value, int(width), int(heads), int(hidden), float(eps),
                                   math_value)
-        self.kind = "attention" if kind_value == capi.BLOCK_ATTENTION else "mlp"
+        self.kind = enum_name(_KIND, kind_value)  # the library accepted it
         self.width = int(width)
         self.heads = int(heads) or 1
         self.hidden = int(hidden) or 4 * self.width
         self.eps = float(eps)
-        self.math = _MATH_NAMES[math_value]  # the library accepted it
+        self.math = enum_name(_MATH, math_value)
         self.parameters = None
         self.gradients = None
         self._keepalive = None
@@ -373,7 +357,7 @@ class ReversibleSegment:
                                     f"{type(fn).__name__}")
                 functions.append(fn)
         # The handle first: it is destroyed first, before the blocks it calls.
-        self._handle = capi.Reversible(len(pairs), _option(mode, _MODES, "mode"), int(num_threads))
+        self._handle = capi.Reversible(len(pairs), enum_value(mode, _MODE, "mode"), int(num_threads))
         self._functions = functions
         self._dispatch = _Dispatch([None if isinstance(fn, Block) else fn for fn in functions])
         if any(not isinstance(fn, Block) for fn in functions):
@@ -386,7 +370,7 @@ class ReversibleSegment:
         self._handle.create()
         self._lock = threading.Lock()
         self.num_blocks = len(pairs)
-        self.mode = _MODE_NAMES.get(self._handle.mode(), str(self._handle.mode()))
+        self.mode = str(enum_name(_MODE, self._handle.mode()))
         self.num_threads = int(num_threads)
 
     # ---- lifetime -------------------------------------------------------------
@@ -466,7 +450,7 @@ class ReversibleSegment:
         "overlapped"; "auto" before any)."""
         with self._call() as h:
             mode = h.last_mode()
-        return _MODE_NAMES.get(mode, str(mode))
+        return str(enum_name(_MODE, mode))
 
     def rebuild_error(self, x1, x2, seed=0, offset=0):
         """(num_blocks,) float64: for each block k, max |rebuilt - true| /

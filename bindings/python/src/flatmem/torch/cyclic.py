@@ -67,8 +67,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._header import NAMES
+from .._options import enum_value
 from ..cyclic import Cyclic
 from ._stages import CyclicRunner, FlatStage, StageOptimizers, split_sequential
+
+_RELAYED = NAMES["flatmem_cyclic_parameter_mode"]["relayed"]
 
 
 class _RelayedWeights:
@@ -117,9 +121,7 @@ class CyclicDataParallel(CyclicRunner):
         if len(devices) != 1:
             raise TypeError(f"stages: every stage on one device expected, got {sorted(map(str, devices))}")
         device = devices.pop()
-        self.relayed = parameters == "relayed"
-        if parameters not in ("replicated", "relayed"):
-            raise ValueError(f"parameters: {parameters!r}; expected 'replicated' or 'relayed'")
+        self.relayed = enum_value(parameters, "flatmem_cyclic_parameter_mode", "parameters") == _RELAYED
         if self.relayed and (isinstance(optimizer, torch.optim.Optimizer) or not callable(optimizer)):
             raise TypeError("optimizer: parameters='relayed' needs a factory params -> Optimizer (it is made "
                             "over this rank's shards)")
