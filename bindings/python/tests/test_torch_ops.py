@@ -5,7 +5,10 @@ import pytest
 import torch
 
 import flatmem.torch as fmt
+from flatmem import capi
 from test_torch_losses import unit_rows
+
+PROPAGATE = capi.NONFINITE_PROPAGATE  # options.nonfinite as the operators take it
 
 
 def _leaf(x):
@@ -17,16 +20,16 @@ def _args(kind, dtype=torch.float32, b=13, c=13, d=7, labels=False):
     s, t = torch.tensor(10.0, requires_grad=True), torch.tensor(-10.0, requires_grad=True)
     y = torch.arange(b) % c if labels else None
     if kind == "contrastive_forward":
-        return (q, k, s, y, not labels, 0, -1, True, 1.0, 0)
+        return (q, k, s, y, not labels, 0, -1, PROPAGATE, 1.0, 0)
     if kind == "contrastive_backward":
         row = torch.zeros(b)
         col = torch.zeros(c) if not labels else torch.zeros(0)
         return (q.detach(), k.detach(), s.detach(), y, row, col, torch.tensor(1.0), not labels, True, True, 0, -1,
-                True, 1)
+                PROPAGATE, 1)
     if kind in ("sigmoid_forward", "sigmoid_value_and_grad"):
-        return (q, k, s, t, y, -1, True, 1.0, 2)
+        return (q, k, s, t, y, -1, PROPAGATE, 1.0, 2)
     if kind == "sigmoid_backward":
-        return (q.detach(), k.detach(), s.detach(), t.detach(), y, torch.tensor(1.0), True, False, -1, True, 0)
+        return (q.detach(), k.detach(), s.detach(), t.detach(), y, torch.tensor(1.0), True, False, -1, PROPAGATE, 0)
     raise AssertionError(kind)
 
 

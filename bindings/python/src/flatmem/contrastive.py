@@ -153,12 +153,8 @@ class Contrastive:
                 fingerprint) recomputes. CPU tensors only (CUDA calls ignore
                 it).
     precision   options.fp32_precision: "default", "round_once" (alias
-                "tf32") or "full" (anything else: ValueError): fp32 values
-                rounded once or split in two parts where they enter
-                reduced-precision products -- TF32 / 3xTF32 on CUDA, the
-                gradient matrix G against bfloat16 features on the CPU at
-                avx512bf16 or amx. Defined once, with its error bounds, in
-                flatmem.h (flatmem_fp32_precision).
+                "tf32") or "full" (anything else: ValueError): defined once,
+                with its error bounds, in flatmem.h (flatmem_fp32_precision).
 
     comm        a flatmem.Communicator (default None: this process alone): the
                 ring loss over its ranks (module docstring; CPU tensors, no

@@ -12,11 +12,11 @@ operators, an autograd formula that calls the backward operator:
 
 A gradient the caller does not need is not computed (an empty tensor stands in its place). The
 non-tensor arguments are plain values: ``comm`` is a communicator slot (distributed.slot; -1 =
-this process alone), ``propagate`` chooses FLATMEM_NONFINITE_PROPAGATE over _ERROR (CUDA tensors
-need it), ``grad_scale`` multiplies the gradients of q and k -- not those of the scale and bias,
+this process alone), ``nonfinite`` is options.nonfinite (a flatmem_nonfinite_policy value; CUDA
+tensors need FLATMEM_NONFINITE_PROPAGATE), ``grad_scale`` multiplies the gradients of q and k -- not those of the scale and bias,
 which every rank of a ring already holds for the global batch (a ring under DDP, distributed.py),
-``precision`` is options.fp32_precision (flatmem_fp32_precision: 0 default, 1 TF32, 2 full; the
-losses take it by name, losses.py).
+``precision`` is options.fp32_precision (a flatmem_fp32_precision value). The entry points in
+losses.py translate the names a user writes into these values, once (flatmem.contrastive.Options.of).
 Gradients are first order only (the backward operators have no autograd of their own): every
 formula hands its gradients through _bridge.first_order_only, so that a double backward
 (create_graph=True, then a backward through those gradients) raises a RuntimeError naming the
@@ -58,12 +58,11 @@ def _fake(name):
 _SYMMETRIC, _INFONCE, _SIGMOID = capi.CONTRASTIVE_SYMMETRIC, capi.CONTRASTIVE_INFONCE, capi.CONTRASTIVE_SIGMOID
 
 
-def _handle(loss: int, propagate: bool, cache_bytes: int = 0, comm: int = -1, precision: int = 0):
+def _handle(loss: int, nonfinite: int, cache_bytes: int = 0, comm: int = -1, precision: int = 0):
     """The kept flatmem.Contrastive for these options, already C values (the entry points in
     losses.py translated the names, once): the calling thread's, or the ring's of the communicator
     in slot `comm`. Its CPU threads are torch's (torch.get_num_threads(): what torchrun's
     OMP_NUM_THREADS or torch.set_num_threads set), not all the machine's."""
-    nonfinite = capi.NONFINITE_PROPAGATE if propagate else capi.NONFINITE_ERROR
     return kept_handle(Options(loss, torch.get_num_threads(), 0, 0, nonfinite, cache_bytes, precision),
                        _dist.at(comm))
 
@@ -106,12 +105,12 @@ def _scalar_gradient(d: Tensor, grad_scale: float, shape) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 @_op("contrastive_forward(Tensor q, Tensor k, Tensor logit_scale, Tensor? labels, bool symmetric, "
-     "int cache_bytes, int comm, bool propagate, float grad_scale, int precision) -> (Tensor, Tensor, Tensor)")
+     "int cache_bytes, int comm, int nonfinite, float grad_scale, int precision) -> (Tensor, Tensor, Tensor)")
 def contrastive_forward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Optional[Tensor], symmetric: bool,
-                        cache_bytes: int, comm: int, propagate: bool,
+                        cache_bytes: int, comm: int, nonfinite: int,
                         grad_scale: float, precision: int) -> tuple[Tensor, Tensor, Tensor]:
     stream = br.stream_of(q.device)
-    handle = _handle(_SYMMETRIC if symmetric else _INFONCE, propagate, cache_bytes, comm, precision)
+    handle = _handle(_SYMMETRIC if symmetric else _INFONCE, nonfinite, cache_bytes, comm, precision)
     Q, K, S = br.arg(q, "q", stream), br.arg(k, "k", stream), br.arg(logit_scale, "logit_scale", stream)
     L = br.optional_arg(labels, "labels", stream)
     loss, loss_t = _new((), _F32, q, "loss", stream)
@@ -127,20 +126,20 @@ def contrastive_forward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Optio
 
 
 @_fake("contrastive_forward")
-def _(q, k, logit_scale, labels, symmetric, cache_bytes, comm, propagate, grad_scale, precision):
+def _(q, k, logit_scale, labels, symmetric, cache_bytes, comm, nonfinite, grad_scale, precision):
     col = q.new_empty((k.shape[0],), dtype=_F32) if symmetric else q.new_empty((0,), dtype=_F32)
     return q.new_empty((), dtype=_F32), q.new_empty((q.shape[0],), dtype=_F32), col
 
 
 @_op("contrastive_backward(Tensor q, Tensor k, Tensor logit_scale, Tensor? labels, Tensor row_lse, "
      "Tensor col_lse, Tensor dloss, bool symmetric, bool want_dq, bool want_dk, int cache_bytes, "
-     "int comm, bool propagate, int precision) -> (Tensor, Tensor, Tensor)")
+     "int comm, int nonfinite, int precision) -> (Tensor, Tensor, Tensor)")
 def contrastive_backward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Optional[Tensor], row_lse: Tensor,
                          col_lse: Tensor, dloss: Tensor, symmetric: bool, want_dq: bool, want_dk: bool,
-                         cache_bytes: int, comm: int, propagate: bool,
+                         cache_bytes: int, comm: int, nonfinite: int,
                          precision: int) -> tuple[Tensor, Tensor, Tensor]:
     stream = br.stream_of(q.device)
-    handle = _handle(_SYMMETRIC if symmetric else _INFONCE, propagate, cache_bytes, comm, precision)
+    handle = _handle(_SYMMETRIC if symmetric else _INFONCE, nonfinite, cache_bytes, comm, precision)
     Q, K, S = br.arg(q, "q", stream), br.arg(k, "k", stream), br.arg(logit_scale, "logit_scale", stream)
     L = br.optional_arg(labels, "labels", stream)
     R = br.arg(row_lse, "row_lse", stream)
@@ -161,26 +160,26 @@ def contrastive_backward(q: Tensor, k: Tensor, logit_scale: Tensor, labels: Opti
 
 @_fake("contrastive_backward")
 def _(q, k, logit_scale, labels, row_lse, col_lse, dloss, symmetric, want_dq, want_dk, cache_bytes, comm,
-      propagate, precision):
+      nonfinite, precision):
     dq = torch.empty_like(q) if want_dq else q.new_empty((0,))
     dk = torch.empty_like(k) if want_dk else k.new_empty((0,))
     return dq, dk, q.new_empty((), dtype=_F32)
 
 
 def _contrastive_setup(ctx, inputs, output):
-    q, k, s, labels, symmetric, cache_bytes, comm, propagate, grad_scale, precision = inputs
+    q, k, s, labels, symmetric, cache_bytes, comm, nonfinite, grad_scale, precision = inputs
     _, row, col = output
     ctx.save_for_backward(q, k, s, labels, row, col)
-    ctx.options = (symmetric, cache_bytes, comm, propagate, grad_scale, precision)
+    ctx.options = (symmetric, cache_bytes, comm, nonfinite, grad_scale, precision)
 
 
 def _contrastive_grad(ctx, dloss, _drow, _dcol):
     q, k, s, labels, row, col = ctx.saved_tensors
-    symmetric, cache_bytes, comm, propagate, grad_scale, precision = ctx.options
+    symmetric, cache_bytes, comm, nonfinite, grad_scale, precision = ctx.options
     want_dq, want_dk, want_ds = ctx.needs_input_grad[:3]
     g = _incoming(dloss, grad_scale)
     dq, dk, ds = torch.ops.flatmem.contrastive_backward(q, k, s, labels, row, col, g, symmetric, want_dq,
-                                                        want_dk, cache_bytes, comm, propagate, precision)
+                                                        want_dk, cache_bytes, comm, nonfinite, precision)
     grads = br.first_order_only("flatmem::contrastive_forward", dq if want_dq else None, dk if want_dk else None,
                                 _scalar_gradient(ds, grad_scale, s.shape) if want_ds else None)
     return (*grads, None, None, None, None, None, None, None)
@@ -213,13 +212,13 @@ def _sigmoid_workspace(h, Q, K, dq_t, dk_t, device, stream):
 
 
 @_op("sigmoid_forward(Tensor q, Tensor k, Tensor logit_scale, Tensor logit_bias, Tensor? labels, "
-     "int comm, bool propagate, float grad_scale, int precision) -> Tensor")
+     "int comm, int nonfinite, float grad_scale, int precision) -> Tensor")
 def sigmoid_forward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tensor, labels: Optional[Tensor],
-                    comm: int, propagate: bool, grad_scale: float, precision: int) -> Tensor:
+                    comm: int, nonfinite: int, grad_scale: float, precision: int) -> Tensor:
     stream = br.stream_of(q.device)
     Q, K, S, T, L = _sigmoid_args(q, k, logit_scale, logit_bias, labels, stream)
     loss, loss_t = _new((), _F32, q, "loss", stream)
-    with _handle(_SIGMOID, propagate, 0, comm, precision).locked() as h:
+    with _handle(_SIGMOID, nonfinite, 0, comm, precision).locked() as h:
         ws = _sigmoid_workspace(h, Q, K, None, None, q.device, stream)
         h.sigmoid_forward(Q.tensor, K.tensor, _tensor_of(L), S.tensor, T.tensor, loss_t.tensor, _tensor_of(ws),
                           stream)
@@ -227,21 +226,21 @@ def sigmoid_forward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tenso
 
 
 @_fake("sigmoid_forward")
-def _(q, k, logit_scale, logit_bias, labels, comm, propagate, grad_scale, precision):
+def _(q, k, logit_scale, logit_bias, labels, comm, nonfinite, grad_scale, precision):
     return q.new_empty((), dtype=_F32)
 
 
 @_op("sigmoid_backward(Tensor q, Tensor k, Tensor logit_scale, Tensor logit_bias, Tensor? labels, "
-     "Tensor dloss, bool want_dq, bool want_dk, int comm, bool propagate, int precision) -> (Tensor, Tensor, "
+     "Tensor dloss, bool want_dq, bool want_dk, int comm, int nonfinite, int precision) -> (Tensor, Tensor, "
      "Tensor, Tensor)")
 def sigmoid_backward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tensor, labels: Optional[Tensor],
                      dloss: Tensor, want_dq: bool, want_dk: bool, comm: int,
-                     propagate: bool, precision: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                     nonfinite: int, precision: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     stream = br.stream_of(q.device)
     Q, K, S, T, L = _sigmoid_args(q, k, logit_scale, logit_bias, labels, stream)
     G = br.arg(dloss, "dloss", stream)
     (dq, dq_t), (dk, dk_t), (ds, ds_t), (dt, dt_t) = _sigmoid_gradients(want_dq, want_dk, q, k, stream)
-    with _handle(_SIGMOID, propagate, 0, comm, precision).locked() as h:
+    with _handle(_SIGMOID, nonfinite, 0, comm, precision).locked() as h:
         ws = _sigmoid_workspace(h, Q, K, dq_t, dk_t, q.device, stream)
         h.sigmoid_backward(Q.tensor, K.tensor, _tensor_of(L), S.tensor, T.tensor, G.tensor, _tensor_of(dq_t),
                            _tensor_of(dk_t), ds_t.tensor, dt_t.tensor, _tensor_of(ws), stream)
@@ -249,24 +248,24 @@ def sigmoid_backward(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tens
 
 
 @_fake("sigmoid_backward")
-def _(q, k, logit_scale, logit_bias, labels, dloss, want_dq, want_dk, comm, propagate, precision):
+def _(q, k, logit_scale, logit_bias, labels, dloss, want_dq, want_dk, comm, nonfinite, precision):
     dq = torch.empty_like(q) if want_dq else q.new_empty((0,))
     dk = torch.empty_like(k) if want_dk else k.new_empty((0,))
     return dq, dk, q.new_empty((), dtype=_F32), q.new_empty((), dtype=_F32)
 
 
 def _sigmoid_setup(ctx, inputs, output):
-    q, k, s, t, labels, comm, propagate, grad_scale, precision = inputs
+    q, k, s, t, labels, comm, nonfinite, grad_scale, precision = inputs
     ctx.save_for_backward(q, k, s, t, labels)
-    ctx.options = (comm, propagate, grad_scale, precision)
+    ctx.options = (comm, nonfinite, grad_scale, precision)
 
 
 def _sigmoid_grad(ctx, dloss):
     q, k, s, t, labels = ctx.saved_tensors
-    comm, propagate, grad_scale, precision = ctx.options
+    comm, nonfinite, grad_scale, precision = ctx.options
     want = ctx.needs_input_grad
     g = _incoming(dloss, grad_scale)
-    dq, dk, ds, dt = torch.ops.flatmem.sigmoid_backward(q, k, s, t, labels, g, want[0], want[1], comm, propagate,
+    dq, dk, ds, dt = torch.ops.flatmem.sigmoid_backward(q, k, s, t, labels, g, want[0], want[1], comm, nonfinite,
                                                         precision)
     grads = br.first_order_only("flatmem::sigmoid_forward", dq if want[0] else None, dk if want[1] else None,
                                 _scalar_gradient(ds, grad_scale, s.shape) if want[2] else None,
@@ -278,16 +277,16 @@ torch.library.register_autograd("flatmem::sigmoid_forward", _sigmoid_grad, setup
 
 
 @_op("sigmoid_value_and_grad(Tensor q, Tensor k, Tensor logit_scale, Tensor logit_bias, "
-     "Tensor? labels, int comm, bool propagate, float grad_scale, int precision) -> (Tensor, Tensor, Tensor, "
+     "Tensor? labels, int comm, int nonfinite, float grad_scale, int precision) -> (Tensor, Tensor, Tensor, "
      "Tensor, Tensor)")
 def sigmoid_value_and_grad(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias: Tensor,
-                           labels: Optional[Tensor], comm: int, propagate: bool, grad_scale: float,
+                           labels: Optional[Tensor], comm: int, nonfinite: int, grad_scale: float,
                            precision: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     stream = br.stream_of(q.device)
     Q, K, S, T, L = _sigmoid_args(q, k, logit_scale, logit_bias, labels, stream)
     loss, loss_t = _new((), _F32, q, "loss", stream)
     (dq, dq_t), (dk, dk_t), (ds, ds_t), (dt, dt_t) = _sigmoid_gradients(True, True, q, k, stream)
-    with _handle(_SIGMOID, propagate, 0, comm, precision).locked() as h:
+    with _handle(_SIGMOID, nonfinite, 0, comm, precision).locked() as h:
         ws = _sigmoid_workspace(h, Q, K, dq_t, dk_t, q.device, stream)
         h.sigmoid_value_and_grad(Q.tensor, K.tensor, _tensor_of(L), S.tensor, T.tensor, loss_t.tensor, dq_t.tensor,
                                  dk_t.tensor, ds_t.tensor, dt_t.tensor, _tensor_of(ws), stream)
@@ -295,7 +294,7 @@ def sigmoid_value_and_grad(q: Tensor, k: Tensor, logit_scale: Tensor, logit_bias
 
 
 @_fake("sigmoid_value_and_grad")
-def _(q, k, logit_scale, logit_bias, labels, comm, propagate, grad_scale, precision):
+def _(q, k, logit_scale, logit_bias, labels, comm, nonfinite, grad_scale, precision):
     scalar = q.new_empty((), dtype=_F32)
     return scalar, torch.empty_like(q), torch.empty_like(k), q.new_empty((), dtype=_F32), q.new_empty((), dtype=_F32)
 

@@ -40,9 +40,7 @@ Options:
   nonfinite          "propagate" (default: NaN / Inf flow into the results, as in torch; CUDA needs
                      it) or "error" (the CPU refuses them, naming the tensor)
   precision          "default", "round_once" (alias "tf32") or "full" (anything else: ValueError):
-                     fp32 values rounded once or split where they enter reduced-precision products
-                     (TF32 / 3xTF32 on CUDA; G against bfloat16 features on the CPU at avx512bf16 or
-                     amx). Defined once, with its bounds, in flatmem.h (flatmem_fp32_precision).
+                     flatmem_fp32_precision, defined once, with its bounds, in flatmem.h.
   recompute          (sigmoid_loss) False: under autograd one pass computes the loss and every
                      gradient (6 b c d FLOPs) and keeps dq, dk for the backward; True: the forward
                      keeps nothing and the backward recomputes (8 b c d FLOPs in all)
@@ -53,7 +51,6 @@ from __future__ import annotations
 
 import torch
 
-from .. import capi
 from ..contrastive import Options
 from . import _bridge as br
 from . import _ops  # noqa: F401  (registers the operators)
@@ -69,7 +66,7 @@ def _softmax(q, k, logit_scale, labels, symmetric, comm, grad_scale, o: Options)
     s = br.scalar(logit_scale, q, "logit_scale")
     labels = br.labels_tensor(labels, q)
     loss, _, _ = torch.ops.flatmem.contrastive_forward(q, k, s, labels, symmetric, o.logit_cache_bytes,
-                                                       dist_.slot(comm), o.nonfinite == capi.NONFINITE_PROPAGATE,
+                                                       dist_.slot(comm), o.nonfinite,
                                                        float(grad_scale), o.fp32_precision)
     return loss
 
@@ -99,7 +96,7 @@ def _sigmoid(q, k, logit_scale, logit_bias, labels, recompute, comm, grad_scale,
     q, k = br.features(q, k)
     s, t = br.scalar(logit_scale, q, "logit_scale"), br.scalar(logit_bias, q, "logit_bias")
     labels = br.labels_tensor(labels, q)
-    args = (q, k, s, t, labels, dist_.slot(comm), o.nonfinite == capi.NONFINITE_PROPAGATE, float(grad_scale),
+    args = (q, k, s, t, labels, dist_.slot(comm), o.nonfinite, float(grad_scale),
             o.fp32_precision)
     differentiated = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, s, t))
     if differentiated and not recompute:
