@@ -15,18 +15,13 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from header_model import load_header  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-HEADERS = ["flatmem.h", "comm.h", "reversible.h", "cyclic.h", "cyclic_stages.h"]
-ENUM = re.compile(r"typedef enum (\w+) \{(.*?)\} \1;", re.S)
-ENUMERATOR = re.compile(r"^\s*(FLATMEM_\w+)\s*=\s*(0x[0-9a-fA-F]+|-?\d+)\s*,?", re.M)
-DEFINE = re.compile(r"^#define (FLATMEM_\w+) (0x[0-9a-fA-F]+|\d+)\s*$", re.M)
-STRUCT = re.compile(r"typedef struct (\w+) \{(.*?)\} \1;", re.S)
-FIELD = re.compile(r"^\s*((?:const )?\w+(?: \*)?)\s*(\w+);", re.M)
-INIT = re.compile(r"^#define (FLATMEM_\w+_INIT)\s*((?:[^\n]*\\\n)*[^\n]*)", re.M)
-
-
-def strip_comments(text):
-    return re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+HEADER = ROOT / "include" / "flatmem" / "flatmem.h"
+INCLUDE_DIRS = [str(ROOT / "include"), "/usr/include"]
+INTEGER_LITERAL = re.compile(r"(0x[0-9a-fA-F]+|\d+)$")
 
 
 def option_names(enumerators):
@@ -38,41 +33,35 @@ def option_names(enumerators):
     return {key[len(prefix):].lower(): enumerators[key] for key in keys}
 
 
-def initial_value(text, enumerators):
+def initial_value(text, constants):
     """One entry of a *_INIT macro as a Python value (None for NULL)."""
     text = re.sub(r"^\(\w+\)", "", text.strip())  # a cast: (flatmem_block_kind)0
     if text == "NULL":
         return None
-    if text in enumerators:
-        return enumerators[text]
+    if text in constants:
+        return constants[text]
     return float(text.rstrip("f")) if "." in text else int(text, 0)
 
 
-def option_fields(struct, body, inits, enumerators):
+def option_fields(struct, fields, init, constants):
     """{field: (C type, default)} of an options struct, from its *_INIT macro; struct_size and the
     reserved padding fields are no options."""
-    entries = inits[struct.upper() + "_INIT"].split(",")
-    fields = FIELD.findall(body)
+    entries = init.strip().strip("{}").split(",")
     assert len(entries) == len(fields), f"{struct}: {len(fields)} fields, {len(entries)} initialisers"
-    return {name: (ctype, initial_value(entry, enumerators))
-            for (ctype, name), entry in zip(fields, entries)
+    return {name: (str(ctype), initial_value(entry, constants))
+            for (name, ctype), entry in zip(fields, entries)
             if name != "struct_size" and not name.startswith("reserved")}
 
 
 def tables():
-    enums, constants, structs, inits = {}, {}, {}, {}
-    for name in HEADERS:
-        text = strip_comments((ROOT / "include" / "flatmem" / name).read_text())
-        for enum, body in ENUM.findall(text):
-            enums[enum] = {key: int(value, 0) for key, value in ENUMERATOR.findall(body)}
-        for key, value in DEFINE.findall(text):
-            constants[key] = int(value, 0)
-        structs.update(STRUCT.findall(text))
-        for macro, value in INIT.findall(text):
-            inits[macro] = re.sub(r"\\\n|\s+", " ", value).strip().strip("{}")
-    enumerators = {key: value for values in enums.values() for key, value in values.items()}
-    options = {struct: option_fields(struct, body, inits, enumerators)
-               for struct, body in structs.items() if struct.upper() + "_INIT" in inits}
+    """(enums, constants, options) of flatmem's headers: {enum type: {enumerator: value}}, the
+    integer #defines written as literals, {options struct: option_fields}."""
+    header = load_header(str(HEADER), INCLUDE_DIRS)
+    enums = {name: values for name, values in header.enums.items() if name.startswith("flatmem_")}
+    constants = {name: int(body, 0) for name, body in header.macros.items()
+                 if name.startswith("FLATMEM_") and INTEGER_LITERAL.match(body)}
+    options = {struct: option_fields(struct, fields, header.macros[struct.upper() + "_INIT"], header.constants)
+               for struct, fields in header.structs.items() if struct.upper() + "_INIT" in header.macros}
     return enums, constants, options
 
 

@@ -1,6 +1,6 @@
 """header_model.py -- include/flatmem/*.h read as a C compiler reads them (standard library only).
 
-The one C header reader of the bindings' generators and checkers (scripts/gen_julia.py,
+The one C header reader of the bindings' generators and checkers (scripts/gen_julia.py, scripts/gen_header_tables.py,
 bindings/julia/check_ccalls.py): conditionals evaluated as without FLATMEM_EXPERIMENTAL and
 __cplusplus, comments dropped, includes named with a folder (<dlpack/dlpack.h>) read too.
 load_header() gives a CHeader: functions, enums, integer constants, structs (fields with their
@@ -45,6 +45,7 @@ class CHeader:
     structs: dict = field(default_factory=dict)  # typedef name -> [(field, CType)]
     opaque: dict = field(default_factory=dict)  # typedef name -> struct tag
     funcptrs: dict = field(default_factory=dict)  # function-pointer typedef name -> its declaration
+    macros: dict = field(default_factory=dict)  # object-like macro -> its body (one line)
     files: list = field(default_factory=list)
 
 
@@ -414,5 +415,6 @@ def load_header(path, include_dirs, text=None, extra=None):
             parse_header(full, include_dirs, defined, header, None, seen, macros)
     for name, extra_text in (extra or {}).items():
         parse_header(os.path.join(folder, name), include_dirs, defined, header, extra_text, seen, macros)
+    header.macros = macros
     return header
 
