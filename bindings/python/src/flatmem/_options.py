@@ -27,6 +27,11 @@ def c_type(struct, field):
     return FIELDS[struct][field][0]
 
 
+def c_defaults(struct):
+    """{field: value} of an options struct's *_INIT macro (its C defaults; 0 = the library's own)."""
+    return {name: default for name, (_, default) in FIELDS[struct].items()}
+
+
 def c_integer(value, option, ctype, *, limit=None, unit="an integer", note=""):
     """value as an integer of C type ctype (an enum type: int), below limit when the binding's
     carrier is narrower than C's type; TypeError / ValueError naming the option otherwise."""

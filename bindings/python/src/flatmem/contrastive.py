@@ -50,13 +50,16 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import capi
-from ._options import c_integer, c_type, enum_name, enum_value, precision_value
+from ._options import c_defaults, c_integer, c_type, enum_name, enum_value, precision_value
 from ._tensors import Arg, as_arg, as_output, as_scalar_arg, as_workspace, dlpack_dtype, output
 from .comm import check_communicator
 
 _CONTRASTIVE = "flatmem_contrastive_options"
 # The binding's own names of two losses, besides the header's (_header.NAMES).
 _LOSS_ALIASES = {"clip": capi.CONTRASTIVE_SYMMETRIC, "siglip": capi.CONTRASTIVE_SIGMOID}
+
+
+_C_DEFAULTS = c_defaults(_CONTRASTIVE)  # FLATMEM_CONTRASTIVE_OPTIONS_INIT
 
 
 def _threads_or_tile(value, field):
@@ -69,13 +72,13 @@ class Options(NamedTuple):
     kept_handle and flatmem.torch carry once a binding entry point has
     translated the names a user wrote (Options.of). C judges the values."""
 
-    loss: int = capi.CONTRASTIVE_SYMMETRIC
-    num_threads: int = 0
-    tile_rows: int = 0
-    tile_cols: int = 0
-    nonfinite: int = capi.NONFINITE_ERROR
-    logit_cache_bytes: int = 0
-    fp32_precision: int = capi.FP32_PRECISION_DEFAULT
+    loss: int = _C_DEFAULTS["loss"]
+    num_threads: int = _C_DEFAULTS["num_threads"]
+    tile_rows: int = _C_DEFAULTS["tile_rows"]
+    tile_cols: int = _C_DEFAULTS["tile_cols"]
+    nonfinite: int = _C_DEFAULTS["nonfinite"]
+    logit_cache_bytes: int = _C_DEFAULTS["logit_cache_bytes"]
+    fp32_precision: int = _C_DEFAULTS["fp32_precision"]
 
     @classmethod
     def of(cls, loss="symmetric", *, num_threads=0, tile_rows=0, tile_cols=0, nonfinite="error",
