@@ -8,15 +8,13 @@ ranges with. The option names of each enum type's values, the fields of each opt
     python3 scripts/gen_header_tables.py --check OUT.py  fail when OUT.py differs from what the
                                                         headers give (ctest bindings/header_tables)
 """
-import argparse
-import difflib
 import os
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from header_model import load_header  # noqa: E402
+from header_model import generated_file_main, load_header  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = ROOT / "include" / "flatmem" / "flatmem.h"
@@ -92,25 +90,7 @@ def render():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true")
-    parser.add_argument("out")
-    args = parser.parse_args()
-    text = render()
-    out = Path(args.out)
-    if args.check:
-        have = out.read_text() if out.exists() else ""
-        if have != text:
-            sys.stdout.writelines(difflib.unified_diff(have.splitlines(True), text.splitlines(True),
-                                                       str(out), "from the headers"))
-            print(f"gen-header-tables: FAIL: {out} differs from the headers; regenerate with "
-                  f"python3 scripts/gen_header_tables.py {args.out}")
-            return 1
-        print(f"gen-header-tables: OK: {out} matches include/flatmem/*.h")
-        return 0
-    out.write_text(text)
-    print(f"gen-header-tables: wrote {out}")
-    return 0
+    return generated_file_main("gen-header-tables", __doc__, render)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,11 @@ DLPack's keep theirs. Field types: SCALARS' first spelling, enums Cint, pointers
 function pointers Ptr{Cvoid}, arrays NTuple{N, T}. bindings/julia/check_ccalls.py reads the same
 tables for the ccalls and proves the mirrors' layout equal to the C compiler's.
 """
-import argparse
-import difflib
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from header_model import CType, load_header  # noqa: E402
+from header_model import CType, generated_file_main, load_header  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = ROOT / "include" / "flatmem" / "flatmem.h"
@@ -123,23 +121,7 @@ def load():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true")
-    parser.add_argument("out", nargs="?", default=str(OUT))
-    args = parser.parse_args()
-    text, out = render(load()), Path(args.out)
-    if args.check:
-        have = out.read_text() if out.exists() else ""
-        if have != text:
-            sys.stdout.writelines(difflib.unified_diff(have.splitlines(True), text.splitlines(True),
-                                                       str(out), "from the headers"))
-            print(f"gen-julia: FAIL: {out} differs from the headers; regenerate: python3 scripts/gen_julia.py")
-            return 1
-        print(f"gen-julia: OK: {out} matches include/flatmem/*.h")
-        return 0
-    out.write_text(text)
-    print(f"gen-julia: wrote {out}")
-    return 0
+    return generated_file_main("gen-julia", __doc__, lambda: render(load()), str(OUT))
 
 
 if __name__ == "__main__":

@@ -418,3 +418,31 @@ def load_header(path, include_dirs, text=None, extra=None):
     header.macros = macros
     return header
 
+
+
+def generated_file_main(tool, doc, render, default_out=None):
+    """The command line of a generator (scripts/gen_*.py): `[--check] OUT` writes render()'s text
+    to OUT, or with --check fails (exit 1, with a diff) when OUT differs from it."""
+    import argparse
+    import difflib
+    import sys
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("out", nargs="?" if default_out else None, default=default_out)
+    args = parser.parse_args()
+    text, out = render(), Path(args.out)
+    if not args.check:
+        out.write_text(text)
+        print(f"{tool}: wrote {out}")
+        return 0
+    have = out.read_text() if out.exists() else ""
+    if have == text:
+        print(f"{tool}: OK: {out} matches include/flatmem/*.h")
+        return 0
+    sys.stdout.writelines(difflib.unified_diff(have.splitlines(True), text.splitlines(True), str(out),
+                                               "from the headers"))
+    print(f"{tool}: FAIL: {out} differs from the headers; regenerate: python3 scripts/{tool.replace('-', '_')}.py "
+          f"{args.out}")
+    return 1

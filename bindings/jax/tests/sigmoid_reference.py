@@ -1,7 +1,8 @@
-"""An independent float64 NumPy reference of flatmem's sigmoid (SigLIP) loss,
-by the formulas of include/flatmem/flatmem.h ("Sigmoid (SigLIP) loss"), with
-the whole b x c logit matrix materialised, and the error bounds of flatmem's
-fp32 computation against it.
+"""The float64 reference of flatmem's sigmoid (SigLIP) loss and its error
+bounds as the JAX tests take them (tuples; the reference itself is the Python
+binding's tests/python_sigmoid_reference.py: the formulas of
+include/flatmem/flatmem.h, "Sigmoid (SigLIP) loss", with the whole b x c logit
+matrix materialised), plus the bound of a gradient scaled by a cotangent.
 
 The bounds are those derived in tests/contrastive/sigmoid_reference.hpp (the C
 suite), term for term (u = 2^-24, gamma_n = n u / (1 - n u), first order, times
@@ -23,63 +24,23 @@ swapped, the cotangent dropped, t ignored, a wrong sign of z) moves results by
 O(1/b) or more, orders of magnitude above them at the sizes tested."""
 import numpy as np
 
-from python_reference import SLACK, U32, _round_bound, gamma
-
-
-def _softplus(v):
-    return np.maximum(v, 0.0) + np.log1p(np.exp(-np.abs(v)))
-
-
-def _sigmoid(v):
-    e = np.exp(-np.abs(v))
-    return np.where(v >= 0.0, 1.0 / (1.0 + e), e / (1.0 + e))
-
-
-def _positives(b, c, labels):
-    """z: +1 at (i, y_i), -1 elsewhere."""
-    y = np.arange(b) if labels is None else np.asarray(labels, np.int64)
-    z = -np.ones((b, c))
-    z[np.arange(b), y] = 1.0
-    return z
+import python_sigmoid_reference as _python
+from python_reference import U32, _round_bound
 
 
 def sigmoid_reference(q, k, s, t, labels=None, g=1.0):
-    """(loss, dq, dk, ds, dt, G) in float64: the loss and the gradients of g L.
-
-    x_ij = s <q_i, k_j> + t, v_ij = -z_ij x_ij, L = (1/b) sum_ij softplus(v_ij),
-    G_ij = g (-z_ij) sigmoid(v_ij) / b, dq = s G k, dk = s G^T q,
-    ds = sum_ij G_ij <q_i, k_j>, dt = sum_ij G_ij."""
-    q = np.asarray(q, np.float64)
-    k = np.asarray(k, np.float64)
-    b, c = q.shape[0], k.shape[0]
-    dot = q @ k.T
-    z = _positives(b, c, labels)
-    v = -z * (s * dot + t)
-    loss = np.sum(_softplus(v)) / b
-    G = g * -z * _sigmoid(v) / b
-    return loss, s * G @ k, s * G.T @ q, np.sum(G * dot), np.sum(G), G
+    """(loss, dq, dk, ds, dt, G) in float64: the loss and the gradients of g L
+    (python_sigmoid_reference.sigmoid_reference, as a tuple)."""
+    r = _python.sigmoid_reference(q, k, s, t, labels, g)
+    return r["loss"], r["dq"], r["dk"], r["ds"], r["dt"], r["G"]
 
 
 def sigmoid_tolerances(q, k, s, t, labels=None, dtype=np.float32):
     """Bounds (loss, tau_dq, tau_dk, ds, dt) on flatmem's loss and gradients
-    of L (g = 1), dq and dk stored in dtype (1. to 4. above)."""
-    q64, k64 = np.asarray(q, np.float64), np.asarray(k, np.float64)
-    qa, ka = np.abs(q64), np.abs(k64)
-    (b, d), c = q64.shape, k64.shape[0]
-    loss, dq, dk, ds, dt, G = sigmoid_reference(q64, k64, s, t, labels)
-    R = qa @ ka.T
-    A = np.max(R)
-    dx = s * gamma(d + 2) * A + U32 * abs(t)
-    G_abs = np.abs(G)
-    eps_g = dx + 10 * U32
-    underflow = 2.0**-125 / b
-    tau_loss = SLACK * (dx * np.sum(G_abs) + 4 * U32 * c + 2 * U32 * abs(loss))
-    tau_dq = SLACK * s * ((eps_g + gamma(c)) * (G_abs @ ka) + underflow * ka.sum(axis=0)[None, :])
-    tau_dk = SLACK * s * ((eps_g + gamma(b)) * (G_abs.T @ qa) + underflow * qa.sum(axis=0)[None, :])
-    tau_ds = SLACK * ((eps_g + gamma(d)) * np.sum(G_abs * R) + underflow * b * c * A) + 2 * U32 * abs(ds)
-    tau_dt = SLACK * (eps_g * np.sum(G_abs) + underflow * b * c) + 2 * U32 * abs(dt)
-    return (tau_loss, _round_bound(tau_dq, dq, dtype), _round_bound(tau_dk, dk, dtype), tau_ds,
-            tau_dt)
+    of L (g = 1), dq and dk stored in dtype (1. to 4. above;
+    python_sigmoid_reference.sigmoid_tolerances, as a tuple)."""
+    tol = _python.sigmoid_tolerances(q, k, s, t, labels, 1.0, dtype)
+    return tol["loss"], tol["dq"], tol["dk"], tol["ds"], tol["dt"]
 
 
 def scaled_tolerance(tau, ref, g, dtype=np.float32):
