@@ -6,12 +6,12 @@ and the test fails showing what each printed. No test may hang."""
 import dataclasses
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import time
 
 import flatmem_jax
+from python_ranks import free_port
 
 TESTS = pathlib.Path(__file__).resolve().parent
 WORKER = TESTS / "ring_worker.py"
@@ -26,11 +26,6 @@ UCX_ENV = {
 }
 
 
-def free_port() -> int:
-    """A port no one listens on now (the kernel's pick for port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def child_environment(rank, world_size, coordinator, extra=None):

@@ -10,6 +10,7 @@ handlers off, as flatmem.h asks for embedded interpreters.
 """
 import os
 import pickle
+import random
 import signal
 import socket
 import subprocess
@@ -32,11 +33,31 @@ UCX_ENV = {
 }
 
 
+def _ephemeral_low():
+    """The first port of the kernel's ephemeral range (net.ipv4.ip_local_port_range)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port():
-    """A TCP port free right now on 127.0.0.1 (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that a coordinator can bind a moment later: free now (a bind
+    succeeds) and below the kernel's ephemeral range, so that no outgoing connection of a
+    concurrent test (UCX opens many) is given it as its local port in between -- the race a
+    port-0 pick loses under load. Random, so that concurrent launches rarely pick the same."""
+    low = _ephemeral_low()
+    pick = random.SystemRandom()
+    for _ in range(100):
+        port = pick.randrange(max(1024, low - 12000), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port on 127.0.0.1 in [{max(1024, low - 12000)}, {low})")
 
 
 class Ranks:
@@ -50,8 +71,15 @@ class Ranks:
         return os.path.exists(os.path.join(self.outdir, f"ready{rank}"))
 
     def wait_ready(self, ranks, deadline_s):
+        """Until every rank of `ranks` has its communicator; fails at once, with the rank's output,
+        when one exits before (rather than waiting out the deadline)."""
         end = time.monotonic() + deadline_s
         while not all(self.ready(r) for r in ranks):
+            for r in ranks:
+                if not self.ready(r) and self.procs[r].poll() is not None:
+                    out = self.procs[r].stdout.read()
+                    self.kill_all()
+                    pytest.fail(f"rank {r} exited with {self.procs[r].returncode} before it was ready:\n{out}")
             if time.monotonic() > end:
                 self.kill_all()
                 pytest.fail(f"ranks {ranks} not ready within {deadline_s} s")

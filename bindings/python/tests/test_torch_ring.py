@@ -5,20 +5,16 @@ mid-step fails the others with flatmem's error, without a hang. The checks thems
 torch_ring_worker.py; here each launch is held to a deadline and its output read."""
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
 import pytest
+from python_ranks import free_port
 
 HERE = pathlib.Path(__file__).resolve().parent
 WORKER = HERE / "torch_ring_worker.py"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(mode, ranks=4, timeout=240):
