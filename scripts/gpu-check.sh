@@ -27,7 +27,10 @@
 #   2. probe       the CUDA runtime must see the device (else every GPU test would just skip);
 #                  libcublasLt.so.13 and libnccl.so.2 (dlopen()ed) are looked up in the image
 #                  (CUDA toolkit, the Python venv's nvidia wheels) and put on LD_LIBRARY_PATH
-#   3. ctest       ctest -L gpu (the compute-sanitizer tests run in step 6 instead)
+#   3. ctest       ctest -L gpu (the compute-sanitizer tests run in step 6 instead); with NCCL this
+#                  includes gpu/nccl-stand-in/*: the multi-rank cases with 2-4 ranks as threads on
+#                  the one GPU over the NCCL stand-in (FLATMEM_NCCL_LIBRARY set by ctest; not NCCL:
+#                  docs/nccl-stand-in.md)
 #   4. contrastive bench/cuda/contrastive_cuda_bench --d 768 --b 16384,65536 (a symmetric-loss and a
 #                  sigmoid-loss row each, against four / three cuBLASLt GEMMs and the naive loss, and
 #                  each through a one-rank ring over NCCL: the ring's overhead, target <= 1.05x)
@@ -128,8 +131,10 @@ targets=(flatmem test_gpu_contrastive_values test_gpu_contrastive_determinism te
 # The bf16 kernel test is configured where SIMDe (libsimde-dev) is found: here, when packing.
 [ -f /usr/include/simde/x86/avx512/dpbf16.h ] && targets+=(test_contrastive_bf16_gemm)
 # The device transport, the ring contrastive loss on CUDA tensors, cyclic device gradients,
-# stage-parallel device tensors and the device ZeRO relay: built when configure found NCCL.
-nccl_targets=(test_gpu_comm test_gpu_contrastive_ring test_gpu_cyclic test_gpu_cyclic_stages test_gpu_cyclic_relay)
+# stage-parallel device tensors and the device ZeRO relay: built when configure found NCCL; the
+# NCCL stand-in that runs their multi-rank cases on one GPU (ctest gpu/nccl-stand-in/*) with them.
+nccl_targets=(test_gpu_comm test_gpu_contrastive_ring test_gpu_cyclic test_gpu_cyclic_stages test_gpu_cyclic_relay
+              flatmem_nccl_standin)
 
 # --- prebuilt binaries: --pack here, unpacked there --------------------------------------------
 carry=$FLATMEM_ROOT/.gpu-carry
@@ -193,6 +198,7 @@ if $pack; then
       find build-gpu/tests -maxdepth 1 -name '*_include-*.cmake'
       find build-gpu/tests -maxdepth 1 \( -name 'test_gpu_*_tests-*.cmake' -o -name 'test_gpu_*' -type f -perm -u+x \)
       find build-gpu/src -maxdepth 1 -name 'libflatmem.so*'
+      find build-gpu/tests -maxdepth 1 -name 'libflatmem_nccl_standin.so'
       echo build-gpu/bench/contrastive_cuda_bench
       echo build-gpu/bench/reversible_cuda_bench
       [ ! -f build-gpu/jax/libflatmem_jax.so ] || echo build-gpu/jax/libflatmem_jax.so

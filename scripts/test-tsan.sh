@@ -21,10 +21,10 @@ targets=(test_reversible_values test_reversible_bad_input test_reversible_blocks
          test_comm_local test_contrastive_ring test_contrastive_sigmoid_ring test_cyclic_train
          test_cyclic_errors test_cyclic_relay test_cyclic_relay_errors test_cyclic_stages_train
          test_cyclic_stages_errors test_cyclic_memory test_cyclic_stages_memory
-         test_contrastive_ring_errors test_core_abi test_core_sgemm)
+         test_contrastive_ring_errors test_core_abi test_core_sgemm test_nccl_standin_engine)
 flatmem_build build-tsan --target "${targets[@]}"
 
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 cd build-tsan
 ctest --output-on-failure --timeout "${FLATMEM_CTEST_TIMEOUT:-900}" \
-  -R '^(reversible/(values|bitwise|dropout|block_seed|rebuild_error|bad_input|failing_callback|options)|blocks/|contrastive/determinism|comm/local/|contrastive/ring/|contrastive/sigmoid/ring/|cyclic/(train|errors|relay|memory)/|cyclic_stages/(train|errors|memory)/|core/last-error/|core/sgemm/.*threads)'
+  -R '^(reversible/(values|bitwise|dropout|block_seed|rebuild_error|bad_input|failing_callback|options)|blocks/|contrastive/determinism|comm/local/|contrastive/ring/|contrastive/sigmoid/ring/|cyclic/(train|errors|relay|memory)/|cyclic_stages/(train|errors|memory)/|core/last-error/|core/sgemm/.*threads|nccl-stand-in/engine:)'

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <cstring>
 #include <stdexcept>
@@ -26,6 +27,27 @@ bool cuda_device_available() {
   cudaGetLastError();
   return ok;
 }
+
+bool nccl_standin_selected() {
+  static const bool selected = [] {
+    const char *path = std::getenv("FLATMEM_NCCL_LIBRARY");
+    if (path == nullptr || *path == '\0') return false;
+    // flatmem opens the same file at its first init_device; the handle stays open.
+    void *library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    return library != nullptr && dlsym(library, "flatmem_nccl_standin_description") != nullptr;
+  }();
+  return selected;
+}
+
+int device_ranks(int most) {
+  if (nccl_standin_selected()) return most;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  cudaGetLastError();
+  return count < most ? count : most;
+}
+
+int device_of_rank(int rank) { return nccl_standin_selected() ? 0 : rank; }
 
 DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
   check(cudaMalloc(&data_, bytes == 0 ? 1 : bytes), "cudaMalloc");

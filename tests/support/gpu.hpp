@@ -30,6 +30,17 @@ constexpr int skip_return_code = 77;
 /** Whether the CUDA runtime sees at least one device. */
 bool cuda_device_available();
 
+/** Whether FLATMEM_NCCL_LIBRARY names flatmem's NCCL stand-in (tests/nccl_standin, not NCCL):
+ *  then the ranks of a multi-rank device test are threads of this process on CUDA device 0. */
+bool nccl_standin_selected();
+
+/** How many ranks a multi-rank device test can run, at most `most`: `most` over the NCCL
+ *  stand-in, else one per visible CUDA device. */
+int device_ranks(int most);
+
+/** The CUDA device of rank `rank` in such a test: 0 over the NCCL stand-in, else `rank`. */
+int device_of_rank(int rank);
+
 /** cudaMalloc'ed bytes, freed by the destructor (test failure on CUDA errors). */
 class DeviceBuffer {
  public:

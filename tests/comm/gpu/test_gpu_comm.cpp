@@ -5,6 +5,9 @@
 // (one thread per rank, each on its own device); one GPU cannot host two
 // ranks of one NCCL communicator, so multi-rank device traffic is otherwise
 // untested here. Label gpu; exits 77 (skipped) without a CUDA device.
+// Over flatmem's NCCL stand-in (FLATMEM_NCCL_LIBRARY names it; ctest
+// gpu/nccl-stand-in/*; docs/nccl-stand-in.md) the multi-rank cases run with
+// every rank a thread on device 0: flatmem's side of them, not NCCL's.
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 #include <flatmem/flatmem.h>
@@ -248,7 +251,7 @@ TEST_CASE("comm/gpu/destroy: a healthy transport is finalised promptly") {
   CHECK(took.count() < timeout_ms);
 }
 
-// --- two ranks, when the machine has two GPUs ---------------------------------------
+// --- two ranks, when the machine has two GPUs (or over the NCCL stand-in) -----------
 
 namespace {
 
@@ -287,8 +290,7 @@ struct DeviceVector {
 }  // namespace
 
 TEST_CASE("comm/gpu/two ranks on two GPUs: all_reduce, ring_shift, send/recv (needs 2 devices)") {
-  int count = 0;
-  CUDA_OK(cudaGetDeviceCount(&count));
+  const int count = flatmem_test::device_ranks(2);  // 2 over the NCCL stand-in (both on device 0)
   if (count < 2) {
     flatmem_test::skip_this_case("only " + std::to_string(count) + " CUDA device(s): the two-rank device test did not run");
   }
@@ -306,13 +308,15 @@ TEST_CASE("comm/gpu/two ranks on two GPUs: all_reduce, ring_shift, send/recv (ne
       }
     };
     status[rank] = FLATMEM_STATUS_SUCCESS;
-    step(flatmem_comm_init_device(c, rank, timeout_ms));
+    const int device = flatmem_test::device_of_rank(rank);
+    cudaSetDevice(device);
+    step(flatmem_comm_init_device(c, device, timeout_ms));
     if (status[rank] != FLATMEM_STATUS_SUCCESS) return;
-    DeviceVector a(rank, 1000, float(rank * 100)), shift_in(rank, 1000, 0.0f), p2p(rank, 1000, -1.0f);
+    DeviceVector a(device, 1000, float(rank * 100)), shift_in(device, 1000, 0.0f), p2p(device, 1000, -1.0f);
     step(flatmem_comm_all_reduce(c, &a.t, &a.t, timeout_ms, nullptr));
     step(flatmem_comm_ring_shift(c, &a.t, &shift_in.t, timeout_ms, nullptr));
     flatmem_comm_request_t *q[2] = {};
-    DeviceVector mine(rank, 1000, float(rank + 1));
+    DeviceVector mine(device, 1000, float(rank + 1));
     step(flatmem_comm_group_start(c));
     step(flatmem_comm_isend(c, &mine.t, 1 - rank, 7, &q[0], nullptr));
     step(flatmem_comm_irecv(c, &p2p.t, 1 - rank, 7, &q[1], nullptr));

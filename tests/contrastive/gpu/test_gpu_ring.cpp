@@ -6,10 +6,13 @@
 //    dloss). A one-rank ring still makes every NCCL call of a longer ring
 //    once: the relayed column states and partial dk go to the rank itself.
 //  - Several ranks (threads, rank r on GPU r, one per visible GPU up to 4;
-//    skipped with a message on a machine with one GPU): uneven shards, equal
+//    or 2, 3, 4 ranks all on GPU 0 over flatmem's NCCL stand-in when
+//    FLATMEM_NCCL_LIBRARY names it, see docs/nccl-stand-in.md;
+//    skipped on a machine with one GPU otherwise): uneven shards, equal
 //    to the single-device loss of the concatenated batch within the bounds of
-//    reordered fp32 sums, and identical scalars on every rank; a rank that
-//    leaves makes the others fail within the communicator's deadline.
+//    reordered fp32 sums (CLIP, InfoNCE, sigmoid), and identical scalars on
+//    every rank; a rank that leaves makes the others fail within the
+//    communicator's deadline.
 //  - Refusals: a communicator without a device transport.
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
@@ -22,10 +25,12 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "contrastive/gpu/gpu_call.hpp"
 #include "contrastive/gpu/gpu_sigmoid.hpp"
+#include "support/gpu.hpp"
 #include "support/random.hpp"
 
 using namespace flatmem_test;
@@ -41,12 +46,7 @@ constexpr std::int64_t timeout_ms = 20000;
                     flatmem_status_string(status_), ": ", flatmem_last_error());          \
   } while (0)
 
-int visible_gpus() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
-// A local group of n ranks, rank r's NCCL transport on GPU r (initialised
+// A local group of n ranks, rank r's NCCL transport on device_of_rank(r) (initialised
 // collectively, one thread per rank).
 struct Ring {
   std::vector<flatmem_comm_t *> comms;
@@ -60,8 +60,8 @@ struct Ring {
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r)
       threads.emplace_back([&, r] {
-        cudaSetDevice(r);
-        status[std::size_t(r)] = flatmem_comm_init_device(comms[std::size_t(r)], r, timeout_ms);
+        cudaSetDevice(device_of_rank(r));
+        status[std::size_t(r)] = flatmem_comm_init_device(comms[std::size_t(r)], device_of_rank(r), timeout_ms);
       });
     for (std::thread &t : threads) t.join();
     for (flatmem_status s : status) REQUIRE(s == FLATMEM_STATUS_SUCCESS);
@@ -269,9 +269,9 @@ void check_slice(const char *what, const HostTensor &got, const HostTensor &whol
 }  // namespace
 
 TEST_CASE("gpu/contrastive/ring/several ranks equal one device on the concatenated batch") {
-  const int gpus = std::min(visible_gpus(), 4);
+  const int gpus = device_ranks(4);
   if (gpus < 2) {
-    flatmem_test::skip_this_case(std::to_string(gpus) + " GPU visible; the multi-rank ring needs 2 or more");
+    flatmem_test::skip_this_case(std::to_string(gpus) + " GPU visible; the multi-rank ring needs 2 or more (or the NCCL stand-in)");
   }
   // Tolerance: the ring sums a row's (max, sum) states, dq, dk and ds over
   // blocks in another order than one device does (fp32 additions of at most
@@ -305,7 +305,7 @@ TEST_CASE("gpu/contrastive/ring/several ranks equal one device on the concatenat
       for (int r = 0; r < n; ++r) {
         const std::int64_t rb = row0, cb = col0;
         threads.emplace_back([&, r, rb, cb] {
-          cudaSetDevice(r);
+          cudaSetDevice(device_of_rank(r));
           SoftmaxCase mine = whole;
           mine.b = rows[std::size_t(r)];
           mine.c = symmetric ? 0 : cols[std::size_t(r)];
@@ -338,10 +338,81 @@ TEST_CASE("gpu/contrastive/ring/several ranks equal one device on the concatenat
   }
 }
 
-TEST_CASE("gpu/contrastive/ring/a rank that leaves fails the others within the deadline") {
-  const int gpus = std::min(visible_gpus(), 4);
+TEST_CASE("gpu/contrastive/ring/several ranks equal one device on the concatenated batch (sigmoid)") {
+  const int gpus = device_ranks(4);
   if (gpus < 2) {
-    flatmem_test::skip_this_case(std::to_string(gpus) + " GPU visible; needs 2 or more");
+    flatmem_test::skip_this_case(std::to_string(gpus) + " GPU visible; the multi-rank ring needs 2 or more (or the NCCL stand-in)");
+  }
+  const double tol = 64.0 * 0x1p-24;  // as for the softmax losses above
+  for (int n = 2; n <= gpus; ++n) {
+    CAPTURE(n);
+    std::vector<std::int64_t> rows, cols;  // uneven shards
+    std::int64_t B = 0, C = 0;
+    for (int r = 0; r < n; ++r) {
+      rows.push_back(41 + 23 * r);
+      cols.push_back(30 + 37 * r);
+      B += rows.back();
+      C += cols.back();
+    }
+    const SigmoidCase whole(SigmoidShape{B, C, 48, true, 10.0, -10.0, Dtype::f32, Dtype::f32});
+    cudaSetDevice(0);
+    Handle single = gpu_sigmoid_handle(FLATMEM_FP32_PRECISION_FULL);
+    const SigmoidOutputs want = gpu_sigmoid(single.get(), whole, SigmoidCall::value_and_grad);
+
+    Ring ring(n);
+    std::vector<SigmoidOutputs> got(static_cast<std::size_t>(n));
+    std::vector<flatmem_status> status(static_cast<std::size_t>(n), FLATMEM_STATUS_INTERNAL);
+    std::vector<std::thread> threads;
+    std::int64_t row0 = 0, col0 = 0;
+    for (int r = 0; r < n; ++r) {
+      const std::int64_t rb = row0, cb = col0;
+      threads.emplace_back([&, r, rb, cb] {
+        const auto i = std::size_t(r);
+        cudaSetDevice(device_of_rank(r));
+        SigmoidShape mine = whole.shape;
+        mine.b = rows[i];
+        mine.c = cols[i];
+        const SigmoidCase slice(mine, rows_of(whole.q, rb, rb + rows[i]), rows_of(whole.k, cb, cb + cols[i]),
+                                entries_of(whole.labels, rb, rb + rows[i]));
+        Handle h = ring_handle(FLATMEM_CONTRASTIVE_SIGMOID, FLATMEM_FP32_PRECISION_FULL, ring.comms[i]);
+        got[i] = slice.outputs();
+        DeviceSigmoidInputs in(slice);
+        DeviceSigmoidOutputs out(got[i]);
+        HostTensor g = HostTensor::scalar(Dtype::f32, 1.0);
+        DeviceTensor d_g(g);
+        status[i] = gpu_sigmoid_raw(h.get(), SigmoidCall::value_and_grad, SigmoidRequest{}, d_g.dl(), in, out, nullptr, 0);
+        out.download(got[i]);
+      });
+      row0 += rows[std::size_t(r)];
+      col0 += cols[std::size_t(r)];
+    }
+    for (std::thread &t : threads) t.join();
+    row0 = col0 = 0;
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      const SigmoidOutputs &o = got[std::size_t(r)];
+      REQUIRE_MESSAGE(status[std::size_t(r)] == FLATMEM_STATUS_SUCCESS, describe(status[std::size_t(r)]));
+      check_same_bits("loss (every rank)", o.loss, got[0].loss);
+      check_same_bits("dlogit_scale (every rank)", o.ds, got[0].ds);
+      check_same_bits("dlogit_bias (every rank)", o.dt, got[0].dt);
+      for (const auto &[what, mine, theirs] : {std::tuple{"loss", &o.loss, &want.loss},
+                                               std::tuple{"dlogit_scale", &o.ds, &want.ds},
+                                               std::tuple{"dlogit_bias", &o.dt, &want.dt}}) {
+        INFO(what);
+        CHECK(std::fabs(mine->get(0) - theirs->get(0)) <= tol * std::fabs(theirs->get(0)) + 1e-7);
+      }
+      check_slice("dq", o.dq, want.dq, row0, tol);
+      check_slice("dk", o.dk, want.dk, col0, tol);
+      row0 += rows[std::size_t(r)];
+      col0 += cols[std::size_t(r)];
+    }
+  }
+}
+
+TEST_CASE("gpu/contrastive/ring/a rank that leaves fails the others within the deadline") {
+  const int gpus = device_ranks(4);
+  if (gpus < 2) {
+    flatmem_test::skip_this_case(std::to_string(gpus) + " GPU visible; needs 2 or more (or the NCCL stand-in)");
   }
   const int n = gpus;
   Ring ring(n, true, 3000);
@@ -350,7 +421,7 @@ TEST_CASE("gpu/contrastive/ring/a rank that leaves fails the others within the d
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
-      cudaSetDevice(r);
+      cudaSetDevice(device_of_rank(r));
       if (r == n - 1) {  // leaves: aborts its communicator instead of calling
         flatmem_comm_abort(ring.comms[std::size_t(r)]);
         return;

@@ -1,6 +1,7 @@
 // What the GPU tests of the cyclic handles share: device buffers for the
 // ramp runs (tests/cyclic/ramp_run.hpp's RampBuffers on cudaMalloc'ed
-// memory), the CUDA status check, the device count, bitwise comparison.
+// memory), the CUDA status check, bitwise comparison (the device count of
+// the multi-rank cases: support/gpu.hpp device_ranks).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -19,13 +20,6 @@ namespace test {
 
 inline void cuda_check(cudaError_t status, const char *what) {
   if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
-}
-
-// CUDA devices the runtime sees (0 when it cannot tell).
-inline int device_count() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
-  return count;
 }
 
 inline bool has(const std::string &text, const std::string &part) { return text.find(part) != std::string::npos; }

@@ -7,6 +7,9 @@
 // scans. Two or more GPUs add a world of 2 in one process (one thread per
 // rank, rank r on device r); one GPU cannot host two NCCL ranks. Label gpu;
 // exits 77 (skipped) without a CUDA device.
+// Over flatmem's NCCL stand-in (FLATMEM_NCCL_LIBRARY names it; ctest
+// gpu/nccl-stand-in/*; docs/nccl-stand-in.md) the multi-rank cases run with
+// every rank a thread on device 0: flatmem's side of them, not NCCL's.
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
@@ -30,16 +33,16 @@ namespace {
 constexpr std::int64_t timeout_ms = 20000;
 
 
-// Rank r: device transport and gradients on CUDA device r.
+// Rank r: device transport and gradients on CUDA device r (0 over the NCCL stand-in).
 template <typename T>
 RampRankSetup<T> on_devices(int stages) {
   RampRankSetup<T> setup;
   setup.init_comm = [](flatmem_comm_t *comm, int rank) {
-    cudaSetDevice(rank);
-    return flatmem_comm_init_device(comm, rank, timeout_ms);
+    cudaSetDevice(flatmem_test::device_of_rank(rank));
+    return flatmem_comm_init_device(comm, flatmem_test::device_of_rank(rank), timeout_ms);
   };
   setup.buffers = [stages](int rank) -> std::unique_ptr<RampBuffers<T>> {
-    return std::make_unique<DeviceRampBuffers<T>>(stages, rank);
+    return std::make_unique<DeviceRampBuffers<T>>(stages, flatmem_test::device_of_rank(rank));
   };
   return setup;
 }
@@ -273,7 +276,7 @@ TEST_CASE("cyclic/gpu/reduce: wrong memory is INVALID_ARGUMENT naming it, nothin
 }
 
 TEST_CASE("cyclic/gpu/world 2 on two GPUs: DELAY1 / NEWEST / SYNC bitwise the host world of 2 (needs 2 devices)") {
-  const int count = device_count();
+  const int count = flatmem_test::device_ranks(2);  // 2 over the NCCL stand-in (both on device 0)
   if (count < 2) {
     flatmem_test::skip_this_case("only " + std::to_string(count) + " CUDA device(s): the two-rank device test did not run");
   }

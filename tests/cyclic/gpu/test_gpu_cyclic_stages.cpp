@@ -26,6 +26,9 @@
 // slots and headers, receive's host wait, DONE's wait for the last group,
 // the wrong-size receive and the poisoning of a neighbour, a dead
 // neighbour seen by receive), i.e. every L >= 2 case above.
+// Over flatmem's NCCL stand-in (FLATMEM_NCCL_LIBRARY names it; ctest
+// gpu/nccl-stand-in/*; docs/nccl-stand-in.md) the L >= 2 cases run with
+// every stage a thread on device 0: flatmem's side of them, not NCCL's.
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
@@ -257,8 +260,8 @@ DeviceTraining<T> train_stages_device(const TrainSetup &setup, int n, bool strea
     threads.emplace_back([&, j] {
       const std::size_t i = std::size_t(j);
       try {
-        cuda_check(cudaSetDevice(j), "cudaSetDevice");
-        if (flatmem_comm_init_device(comms[i], j, timeout) != FLATMEM_STATUS_SUCCESS) {
+        cuda_check(cudaSetDevice(flatmem_test::device_of_rank(j)), "cudaSetDevice");
+        if (flatmem_comm_init_device(comms[i], flatmem_test::device_of_rank(j), timeout) != FLATMEM_STATUS_SUCCESS) {
           out.errors[i] = std::string("flatmem_comm_init_device: ") + flatmem_last_error();
           out.ended[i] = Clock::now();
           --running;
@@ -275,7 +278,7 @@ DeviceTraining<T> train_stages_device(const TrainSetup &setup, int n, bool strea
           flatmem_comm_abort(comms[i]);
           return;
         }
-        DeviceCalls<T> calls(j, streams, max_bytes);
+        DeviceCalls<T> calls(flatmem_test::device_of_rank(j), streams, max_bytes);
         if (j == oversize_stage) calls.oversize_receive = oversize_receive;
         out.errors[i] = train_stage<T>(h, setup, n, j, out.runs[i], nullptr, calls.calls());
         out.ended[i] = Clock::now();
@@ -342,27 +345,35 @@ TEST_CASE("cyclic_stages/gpu/world 1: StageMlp training with device gradients an
       }
 }
 
-TEST_CASE("cyclic_stages/gpu/L = 2 and 3 on as many GPUs: device boundaries train bitwise as host ones (needs 2 devices)") {
-  const int count = device_count();
-  if (count < 2) {
-    flatmem_test::skip_this_case("only " + std::to_string(count) + " CUDA device(s): the stage-parallel device tests (L >= 2) did not run");
-  }
-  for (const int L : {2, 3}) {
-    if (L > count) {
-      MESSAGE("only ", count, " CUDA devices: L = ", L, " did not run");
-      continue;
-    }
-    for (const flatmem_cyclic_rule rule : {FLATMEM_CYCLIC_DELAY1, FLATMEM_CYCLIC_NEWEST, FLATMEM_CYCLIC_SYNC})
-      for (const int n : {1, L, 2 * L})  // 2L: two actions per time step
-        for (const bool streams : {false, true}) {
-          check_device_training_equals_host<float>(mlp_setup(L, 4, rule), n, streams);
-          check_device_training_equals_host<double>(mlp_setup(L, 4, rule), n, streams);
-        }
-  }
+namespace {
+
+// L stages on L devices (or all on device 0 over the NCCL stand-in), bitwise the host run under
+// every rule and micro-batch count; skipped with fewer devices.
+void check_stages_on_devices(int L) {
+  const int count = flatmem_test::device_ranks(3);  // 3 over the NCCL stand-in (all on device 0)
+  if (count < L)
+    flatmem_test::skip_this_case("only " + std::to_string(count) + " CUDA device(s): the stage-parallel device "
+                                 "test of L = " + std::to_string(L) + " did not run");
+  for (const flatmem_cyclic_rule rule : {FLATMEM_CYCLIC_DELAY1, FLATMEM_CYCLIC_NEWEST, FLATMEM_CYCLIC_SYNC})
+    for (const int n : {1, L, 2 * L})  // 2L: two actions per time step
+      for (const bool streams : {false, true}) {
+        check_device_training_equals_host<float>(mlp_setup(L, 4, rule), n, streams);
+        check_device_training_equals_host<double>(mlp_setup(L, 4, rule), n, streams);
+      }
+}
+
+}  // namespace
+
+TEST_CASE("cyclic_stages/gpu/L = 2 on as many GPUs: device boundaries train bitwise as host ones (needs 2 devices)") {
+  check_stages_on_devices(2);
+}
+
+TEST_CASE("cyclic_stages/gpu/L = 3 on as many GPUs: device boundaries train bitwise as host ones (needs 3 devices)") {
+  check_stages_on_devices(3);
 }
 
 TEST_CASE("cyclic_stages/gpu/L = 2: a device receive of the wrong size names both sizes, writes nothing, fails the neighbour quickly") {
-  const int count = device_count();
+  const int count = flatmem_test::device_ranks(2);  // 2 over the NCCL stand-in (both on device 0)
   if (count < 2) {
     flatmem_test::skip_this_case("only " + std::to_string(count) + " CUDA device(s): the wrong-size device receive did not run");
   }
