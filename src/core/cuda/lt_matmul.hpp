@@ -7,7 +7,9 @@
 //   items). A and B have one element type (fp32, bf16 or fp16); C is fp32.
 // The algorithm of a shape is chosen once per process (cuBLASLt's first
 // heuristic for its descriptors, the operands' alignment and the workspace
-// given) and reused, so a shape's results are the same bits on every call.
+// given) and reused, so a shape's results are the same bits on every call;
+// its descriptors are built once with it, so a repeated shape (the panel
+// engine's thousands of panels) costs one map lookup and cublasLtMatmul.
 // `fixed_order` limits split-K to cuBLASLt's in-place and no-reduction
 // schemes (partial sums added in a fixed sequence). Enqueued on the stream;
 // nothing synchronises.
