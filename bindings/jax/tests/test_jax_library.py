@@ -6,7 +6,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +14,7 @@ import pytest
 
 import flatmem_jax
 from jax_checks import unit_rows
+from python_support import run_concurrently
 
 HANDLERS = [f"flatmem_jax_{loss}_{stage}"
             for loss in ("clip", "infonce", "reversible", "ring_clip", "ring_infonce")
@@ -187,21 +187,13 @@ def test_concurrent_calls_from_threads():
     q, k = unit_rows(3, 200, 16), unit_rows(4, 200, 16)
     f = jax.jit(jax.value_and_grad(flatmem_jax.clip_loss, argnums=(0, 1, 2)))
     want = f(q, k, 9.0)
-    results, errors = [], []
+    results = []
 
-    def work():
-        try:
-            for _ in range(5):
-                results.append(jax.block_until_ready(f(q, k, 9.0)))
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+    def work(_):
+        for _ in range(5):
+            results.append(jax.block_until_ready(f(q, k, 9.0)))
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_concurrently(work, 4)
     assert len(results) == 20
     for value, grads in results:
         assert value == want[0]

@@ -13,34 +13,27 @@ import pytest
 
 from jax_checks import fp32, widened
 from python_reference import contrastive_reference, forward_tolerance
+from python_support import readme_python_blocks, run_readme_block
 from ring_launch import assert_all_succeeded, launch
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
-
-
-def all_python_blocks():
-    return re.findall(r"^```python\n(.*?)^```", README.read_text(), re.M | re.S)
-
-
-def python_blocks():
-    """The contrastive-loss snippet; the reversible one is test_jax_reversible.py's, the ring's
-    (comm=) runs as several processes below."""
-    return [b for b in all_python_blocks() if "reversible_transformer" not in b and "comm=" not in b]
+# The contrastive-loss snippet is the one block with neither: the reversible one is
+# test_jax_reversible.py's, the ring's (comm=) runs as several processes below.
+NOT_CONTRASTIVE = ("reversible_transformer", "comm=")
 
 
 def ring_block():
-    (block,) = [b for b in all_python_blocks() if "comm=" in b]
+    (block,) = readme_python_blocks(README, "comm=")
     return block
 
 
 def test_readme_has_a_python_snippet():
-    assert len(python_blocks()) == 1
+    assert len(readme_python_blocks(README, excluding=NOT_CONTRASTIVE)) == 1
 
 
 def test_readme_snippet_runs(capsys):
     pytest.importorskip("flatmem", reason="the SWIG package flatmem (bindings/python) is not installed")
-    namespace = {"__name__": "readme"}
-    exec(compile(python_blocks()[0], str(README), "exec"), namespace)
+    namespace = run_readme_block(README, excluding=NOT_CONTRASTIVE)
     out = capsys.readouterr().out
     assert re.search(r"^CLIP loss \d+\.\d{4}, \|dq\| \S+, d/dlog_s -?\d+\.\d{4}$", out, re.M), out
     assert re.search(r"^InfoNCE \d+\.\d+$", out, re.M), out

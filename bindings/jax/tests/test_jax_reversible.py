@@ -29,7 +29,6 @@ FLATMEM_TEST_VERBOSE=1 (pytest -s) prints every error / tolerance.
 """
 import math
 import os
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +37,7 @@ import pytest
 
 import flatmem_jax
 import jax_reversible_reference as ref
+from python_support import run_concurrently, run_readme_block
 
 EPS = 1e-6
 MODES = ["auto", "vanilla", "overlapped"]
@@ -205,19 +205,14 @@ def test_concurrent_calls():
     params = ref.random_parameters(np.random.default_rng(12), 2, 12)
     args = [inputs((2, 7, 12), seed=s) for s in (20, 21)]
     expected = [fn(x1, x2, params, c1, c2) for x1, x2, c1, c2 in args]
-    got = [None, None]
 
     def work(i):
         for _ in range(5):
             x1, x2, c1, c2 = args[i]
-            got[i] = jax.block_until_ready(fn(x1, x2, params, c1, c2))
+            got = jax.block_until_ready(fn(x1, x2, params, c1, c2))
+        return got
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for g, e in zip(got, expected):
+    for g, e in zip(run_concurrently(work, 2), expected):
         for a, b in zip(flat(g), flat(e)):
             assert np.array_equal(np.asarray(a), np.asarray(b))
 
@@ -292,11 +287,7 @@ def test_readme_reversible_snippet_runs(capsys):
 
     pytest.importorskip("flatmem", reason="the SWIG package flatmem (bindings/python) is not installed")
     readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
-    blocks = [b for b in re.findall(r"^```python\n(.*?)^```", readme.read_text(), re.M | re.S)
-              if "reversible_transformer" in b]
-    assert len(blocks) == 1
-    namespace = {"__name__": "readme"}
-    exec(compile(blocks[0], str(readme), "exec"), namespace)
+    namespace = run_readme_block(readme, "reversible_transformer")
     out = capsys.readouterr().out
     assert re.search(r"^loss \d+\.\d{4}, \|d qkv_weight of block 0\| \d+\.\d{4}$", out, re.M), out
     x, params = namespace["x"], namespace["params"]

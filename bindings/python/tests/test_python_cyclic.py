@@ -2,10 +2,9 @@
 against the closed forms of include/flatmem/cyclic.h, the raw capi structs, the
 errors, and the README's cyclic snippet."""
 import pathlib
-import re
-import threading
 
 import pytest
+from python_support import run_concurrently, run_readme_block
 
 import flatmem
 from flatmem import capi
@@ -137,31 +136,17 @@ def test_errors_name_the_argument():
 def test_queries_from_threads():
     s = flatmem.CyclicSchedule(8, 4, 3, "newest")
     expected = [s.actions(r) for r in range(8)]
-    results, errors = {}, []
 
     def run(r):
-        try:
-            for _ in range(5):
-                assert s.actions(r) == expected[r]
-            results[r] = True
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+        for _ in range(5):
+            assert s.actions(r) == expected[r]
+        return True
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and len(results) == 8
+    assert run_concurrently(run, 8) == [True] * 8
 
 
 def test_readme_cyclic_snippet_runs(capsys):
-    readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
-    blocks = [b for b in re.findall(r"^```python\n(.*?)^```", readme.read_text(), flags=re.S | re.M)
-              if "CyclicSchedule" in b]
-    assert len(blocks) == 1
-    namespace = {"__name__": "readme"}
-    exec(compile(blocks[0], str(readme), "exec"), namespace)
+    run_readme_block(pathlib.Path(__file__).resolve().parents[1] / "README.md", "CyclicSchedule")
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "5 1 39"
     assert lines[1] == "forward 2 0 3"

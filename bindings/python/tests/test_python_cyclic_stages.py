@@ -12,14 +12,13 @@ against the schedule; errors (a stage that stops or is killed, bad options,
 calls out of order) as the binding's exception classes. Every thread and
 process has a deadline (run_threads, python_ranks)."""
 import pathlib
-import re
 import time
 
 import numpy as np
 import pytest
 from python_ranks import launch, run
 from python_stage_mlp import StageMlp, delay, simulate, train_data_parallel, train_stage, train_stages
-from python_support import raises_flatmem
+from python_support import raises_flatmem, run_readme_block
 from test_python_comm import assert_waits_without_gil, local_group, run_threads  # noqa: F401 (fixture)
 
 import flatmem
@@ -381,12 +380,7 @@ def test_close_is_refused_while_cyclic_stages_uses_the_communicator(local_group)
 
 
 def test_readme_stage_parallel_snippet_runs(capsys):
-    readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
-    blocks = [b for b in re.findall(r"^```python\n(.*?)^```", readme.read_text(), flags=re.S | re.M)
-              if "CyclicStages(" in b]
-    assert len(blocks) == 1
-    namespace = {"__name__": "readme"}
-    exec(compile(blocks[0], str(readme), "exec"), namespace)
+    namespace = run_readme_block(pathlib.Path(__file__).resolve().parents[1] / "README.md", "CyclicStages(")
     lines = capsys.readouterr().out.splitlines()
     sched = flatmem.CyclicStagesSchedule(2, 4, 3)
     assert lines[0] == f"{sched.period()} {sched.length()} {sched.versions_kept(0)} {sched.occupancy(0).busy_fraction}"

@@ -1,27 +1,21 @@
 """The Python snippet of bindings/python/README.md runs as written."""
 import pathlib
-import re
 
 import numpy as np
+from python_support import run_readme_block
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
-def python_blocks():
-    """The contrastive-loss snippet(s); the reversible one is test_python_reversible.py's, the cyclic
-    one test_python_cyclic.py's; the communicator sketch needs ranks (its runnable version is
-    examples/python/ring_clip_numpy.py, run by scripts/check-launchers.sh); the flatmem.torch one is
-    test_torch_readme.py's."""
-    blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(), flags=re.S | re.M)
-    return [b for b in blocks if "ReversibleSegment" not in b and "CyclicSchedule" not in b
-            and "Communicator" not in b and "flatmem.torch" not in b]
+# The contrastive-loss snippet is the one block with none of these: the reversible one is
+# test_python_reversible.py's, the cyclic one test_python_cyclic.py's; the communicator sketch needs
+# ranks (its runnable version is examples/python/ring_clip_numpy.py, run by
+# scripts/check-launchers.sh); the flatmem.torch one is test_torch_readme.py's.
+NOT_CONTRASTIVE = ("ReversibleSegment", "CyclicSchedule", "Communicator", "flatmem.torch")
 
 
 def test_readme_python_snippet_runs(capsys):
-    blocks = python_blocks()
-    assert len(blocks) == 1, "expected one contrastive ```python block in README.md"
-    namespace = {"__name__": "readme"}
-    exec(compile(blocks[0], str(README), "exec"), namespace)
+    namespace = run_readme_block(README, excluding=NOT_CONTRASTIVE)
     printed = capsys.readouterr().out
     assert printed.startswith("loss ")
     assert "FLATMEM_STATUS_INVALID_ARGUMENT: q: dtype float64" in printed

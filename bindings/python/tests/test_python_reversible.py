@@ -52,7 +52,7 @@ import weakref
 import numpy as np
 import pytest
 import python_reversible_reference as ref
-from python_support import raises_flatmem
+from python_support import assert_main_thread_runs_during, raises_flatmem, run_readme_block
 
 import flatmem
 
@@ -327,30 +327,11 @@ def test_dlpack_inputs_are_taken_without_copy():
 def test_gil_is_released_during_backward():
     """While a worker thread runs a backward of built-in blocks, the main
     thread keeps running Python (counted steps, no clocks; see
-    test_python_threads.py for the argument)."""
+    python_support.assert_main_thread_runs_during for the argument)."""
     t = Transformer(4, 64, 4, mode="vanilla", num_threads=1)
     x1, x2 = states((4, 64, 64))
     y1, y2 = t.segment.forward(x1, x2)
-    attempts = []
-    for _ in range(3):
-        steps, inside, go = [0], {}, threading.Event()
-
-        def work():
-            go.wait()
-            inside["before"] = steps[0]
-            t.segment.backward(y1, y2, x1, x2)
-            inside["after"] = steps[0]
-
-        worker = threading.Thread(target=work)
-        worker.start()
-        go.set()
-        while worker.is_alive():
-            steps[0] += 1
-        worker.join()
-        attempts.append(inside["after"] - inside["before"])
-        if attempts[-1] > 10_000:
-            return
-    raise AssertionError(f"the main thread made almost no progress during the calls: {attempts}")
+    assert_main_thread_runs_during(lambda: t.segment.backward(y1, y2, x1, x2))
 
 
 # ---------------------------------------------------------------------------
@@ -751,12 +732,7 @@ def test_readme_reversible_snippet_runs(capsys):
     import pathlib
     import re
 
-    readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
-    blocks = [b for b in re.findall(r"^```python\n(.*?)^```", readme.read_text(), flags=re.S | re.M)
-              if "ReversibleSegment" in b]
-    assert len(blocks) == 1
-    namespace = {"__name__": "readme"}
-    exec(compile(blocks[0], str(readme), "exec"), namespace)
+    run_readme_block(pathlib.Path(__file__).resolve().parents[1] / "README.md", "ReversibleSegment")
     out = capsys.readouterr().out
     assert re.search(r"^backward ran (vanilla|overlapped); \|dx1\| \d+\.\d+", out, re.M), out
     assert "block 1, F forward" in out, out

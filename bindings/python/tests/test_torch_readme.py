@@ -1,18 +1,14 @@
 """The flatmem.torch snippet of bindings/python/README.md runs as written and computes what it says."""
 import pathlib
-import re
 
 import torch
+from python_support import run_readme_block
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_readme_torch_snippet_runs(capsys):
-    blocks = [b for b in re.findall(r"^```python\n(.*?)^```", README.read_text(), flags=re.S | re.M)
-              if "flatmem.torch" in b]
-    assert len(blocks) == 1, "expected one flatmem.torch ```python block in README.md"
-    namespace = {"__name__": "readme"}
-    exec(compile(blocks[0], str(README), "exec"), namespace)
+    namespace = run_readme_block(README, "flatmem.torch")
     printed = capsys.readouterr().out
     assert printed.startswith("clip ") and "ClipLoss {'contrastive_loss': tensor(" in printed
     assert "reversible backward ran" in printed and "built-in blocks: 299904 parameters" in printed
