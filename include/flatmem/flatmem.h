@@ -365,9 +365,10 @@ typedef struct flatmem_comm_s flatmem_comm_t;
  *    docs/contrastive/panels.md). The handle chooses when it is created:
  *    the panels for bf16 q and k with b and c >= 16384 on a device of
  *    compute capability 9.0 or newer (where a GPU run measured them 3-4x
- *    faster), the tiles otherwise and always for the ring. The sigmoid loss
- *    runs on panels only when forced (written and tested on the CPU, not yet
- *    run on a GPU). Environment, read by flatmem_contrastive_create:
+ *    faster), the tiles otherwise and for the ring. Forced, the panels run
+ *    the sigmoid loss and each block of the softmax ring too (written and
+ *    tested on the CPU, not yet run on a GPU). Environment, read by
+ *    flatmem_contrastive_create:
  *    FLATMEM_CUDA_ENGINE = auto | tiles | panels forces an engine;
  *    FLATMEM_CUDA_PANEL_BYTES (bytes, suffix K / M / G; default 64M) is the
  *    panel engine's workspace dial -- larger panels and, once dk's fp32

@@ -123,17 +123,21 @@ FLATMEM_HD SigmoidEntry sigmoid_entry(float x, bool positive, bool bad) {
   return SigmoidEntry{fmaxf(v, 0.0f) + log1p_of(e), positive ? -sig : sig};  // Gt = -z sigmoid(v)
 }
 
-// Whether column `col` (global) is row `row`'s (global) positive, and whether
-// its label is out of range: labels == nullptr pairs row i with column i.
-FLATMEM_HD bool positive_of(const std::int64_t *labels, std::int64_t row, std::int64_t col, std::int64_t c,
-                            bool *bad) {
+// Whether column `col` is row `row`'s positive, and whether its label is out
+// of range. `row` and `col` index the call's own rows (and labels) and
+// columns; row_offset / col_offset are their global offsets (a ring block:
+// this rank's first row, the block's first column; 0 on one device). Labels
+// hold global columns in [0, c); labels == nullptr pairs global row i with
+// global column i.
+FLATMEM_HD bool positive_of(const std::int64_t *labels, std::int64_t row, std::int64_t col, std::int64_t row_offset,
+                            std::int64_t col_offset, std::int64_t c, bool *bad) {
   if (labels == nullptr) {
     *bad = false;
-    return row == col;
+    return row + row_offset == col + col_offset;
   }
   const std::int64_t y = labels[row];
   *bad = y < 0 || y >= c;
-  return y == col;
+  return y == col + col_offset;
 }
 
 // The gradient pass's per-element work distribution: a row of C entries is

@@ -144,6 +144,14 @@ PanelPlan plan_backward(std::int64_t b, std::int64_t c, std::int64_t d, Loss los
   return try_with(false);
 }
 
+PanelPlan narrowed(const PanelPlan &plan, std::int64_t c) {
+  if (c < 1 || c > plan.c) invalid("panel plan: ", c, " columns of a plan for ", plan.c);
+  PanelPlan p = plan;
+  p.c = c;
+  p.col_panels = ceil_div(c, p.cols);
+  return p;
+}
+
 CudaEngine engine_from_environment() {
   const char *text = std::getenv("FLATMEM_CUDA_ENGINE");
   if (text == nullptr || text[0] == '\0' || std::string(text) == "auto") return CudaEngine::automatic;

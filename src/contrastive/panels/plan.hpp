@@ -105,6 +105,11 @@ PanelPlan plan_forward(std::int64_t b, std::int64_t c, std::int64_t d, Loss loss
 PanelPlan plan_backward(std::int64_t b, std::int64_t c, std::int64_t d, Loss loss, bool want_dq,
                         bool want_dk, bool want_ds, std::size_t budget, Shape forced = {});
 
+// `plan` walking only its first c columns (1 <= c <= plan.c): the same panels
+// and workspace, fewer column panels. The ring plans once for its widest block
+// and narrows the plan to each step's block.
+PanelPlan narrowed(const PanelPlan &plan, std::int64_t c);
+
 // FLATMEM_CUDA_PANEL_SHAPE: "<rows>x<cols>" (each 1 .. max_extent), a tuning
 // knob for benchmarks; unset or empty: 0 x 0. INVALID_ARGUMENT naming the
 // variable when it does not parse.

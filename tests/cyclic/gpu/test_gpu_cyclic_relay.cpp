@@ -377,7 +377,7 @@ void require_ranks(int world) {
 
 }  // namespace
 
-TEST_CASE("cyclic/gpu/relay/world 2 on as many GPUs: bitwise the host relay (L = 1, 2; needs 2 devices)") {
+TEST_CASE("cyclic/gpu/relay/world 2 on as many GPUs: bitwise the host relay (L = 1, 2, needs 2 devices)") {
   require_ranks(2);
   for (int stages : {1, 2}) {
     check_device_relay_equals_host<float>(mlp_setup(stages, 3, FLATMEM_CYCLIC_DELAY1), 2);
@@ -385,13 +385,13 @@ TEST_CASE("cyclic/gpu/relay/world 2 on as many GPUs: bitwise the host relay (L =
   }
 }
 
-TEST_CASE("cyclic/gpu/relay/world 3 on as many GPUs: bitwise the host relay (L = 2; needs 3 devices)") {
+TEST_CASE("cyclic/gpu/relay/world 3 on as many GPUs: bitwise the host relay (L = 2, needs 3 devices)") {
   require_ranks(3);
   check_device_relay_equals_host<float>(mlp_setup(2, 3, FLATMEM_CYCLIC_DELAY1), 3);
   check_device_relay_equals_host<double>(mlp_setup(2, 3, FLATMEM_CYCLIC_DELAY1), 3);
 }
 
-TEST_CASE("cyclic/gpu/relay/world 4 on as many GPUs: bitwise the host relay (L = 2; needs 4 devices)") {
+TEST_CASE("cyclic/gpu/relay/world 4 on as many GPUs: bitwise the host relay (L = 2, needs 4 devices)") {
   require_ranks(4);
   check_device_relay_equals_host<float>(mlp_setup(2, 3, FLATMEM_CYCLIC_DELAY1), 4);
   check_device_relay_equals_host<double>(mlp_setup(2, 3, FLATMEM_CYCLIC_DELAY1), 4);

@@ -103,15 +103,14 @@ Walk make_walk(const PanelPlan &plan, const Options &options, const Inputs &in, 
 
 }  // namespace
 
-void forward(const PanelPlan &plan, const Options &options, const Inputs &in, const ForwardOutputs &out,
-             void *workspace, void *stream) {
-  char *base = aligned_base(workspace);
-  const Walk w = make_walk(plan, options, in, base, stream);
+namespace {
+
+// Every panel of the forward walk: P, its fold, the merge of its parts into
+// row_state / col_state (col_state nullptr: InfoNCE), in walk order.
+void fold_panels(const PanelPlan &plan, const Walk &w, const Inputs &in, char *base, State *row_state,
+                 State *col_state) {
   const bool symmetric = plan.loss == Loss::symmetric;
   State *row_parts = region<State>(base, plan.row_parts), *col_parts = region<State>(base, plan.col_parts);
-  State *row_state = region<State>(base, plan.row_state), *col_state = region<State>(base, plan.col_state);
-  check_launch(launch_reset(row_state, plan.b, w.stream), "panels: resetting the row states");
-  if (symmetric) check_launch(launch_reset(col_state, plan.c, w.stream), "panels: resetting the column states");
   for (std::int64_t i = 0; i < plan.row_panels; ++i)
     for (std::int64_t j = 0; j < plan.col_panels; ++j) {
       w.logits(i, j);
@@ -128,6 +127,19 @@ void forward(const PanelPlan &plan, const Options &options, const Inputs &in, co
       m.row0 = plan.row_begin(i), m.col0 = plan.col_begin(j);
       check_launch(launch_merge(m, w.stream), "panels: launching the merge kernel");
     }
+}
+
+}  // namespace
+
+void forward(const PanelPlan &plan, const Options &options, const Inputs &in, const ForwardOutputs &out,
+             void *workspace, void *stream) {
+  char *base = aligned_base(workspace);
+  const Walk w = make_walk(plan, options, in, base, stream);
+  const bool symmetric = plan.loss == Loss::symmetric;
+  State *row_state = region<State>(base, plan.row_state), *col_state = region<State>(base, plan.col_state);
+  check_launch(launch_reset(row_state, plan.b, w.stream), "panels: resetting the row states");
+  if (symmetric) check_launch(launch_reset(col_state, plan.c, w.stream), "panels: resetting the column states");
+  fold_panels(plan, w, in, base, row_state, symmetric ? col_state : nullptr);
   // The running states are the tile engine's partial states with one group each.
   const tiles::Operand op = tiles::operand_for(in.q.dtype, options.fp32_precision);
   tiles::ForwardFinishParams finish;
@@ -267,6 +279,50 @@ void sigmoid(const PanelPlan &plan, const Options &options, const Inputs &in, co
   job.dq = args.dq, job.dk = args.dk;
   job.dscale = args.dscale, job.loss = args.loss, job.dbias = args.dbias;
   walk_gradients(plan, options, in, job, workspace, stream);
+}
+
+void fold_block(const PanelPlan &plan, const Options &options, const Inputs &in, State *row_state,
+                State *col_state, void *workspace, void *stream) {
+  if (plan.call != Call::forward || plan.b != in.b() || plan.c != in.c())
+    fail(FLATMEM_STATUS_INTERNAL, "panels: fold_block with a plan for another block");
+  char *base = aligned_base(workspace);
+  fold_panels(plan, make_walk(plan, options, in, base, stream), in, base, row_state,
+              plan.loss == Loss::symmetric ? col_state : nullptr);
+}
+
+void gradient_block(const PanelPlan &plan, const Options &options, const Inputs &in, std::int64_t global_c,
+                    const float *row_lse, const float *col_lse, float *dq_acc, float *dk_acc, double *ds_rows,
+                    void *workspace, void *stream) {
+  if (plan.call != Call::backward || plan.loss == Loss::sigmoid || plan.b != in.b() || plan.c != in.c())
+    fail(FLATMEM_STATUS_INTERNAL, "panels: gradient_block with a plan for another block");
+  char *base = aligned_base(workspace);
+  const Walk w = make_walk(plan, options, in, base, stream);
+  const bool symmetric = plan.loss == Loss::symmetric;
+  GradientParams gp;
+  gp.panel = w.panel, gp.pitch = plan.cols, gp.c = global_c, gp.symmetric = symmetric;
+  gp.scale = in.scale_data, gp.row_lse = row_lse, gp.col_lse = symmetric ? col_lse : nullptr;
+  gp.labels = in.labels, gp.g_type = g_type(in.q.dtype);
+  gp.row_offset = in.row_offset, gp.col_offset = in.col_offset;
+  gp.ds_rows = ds_rows;
+  for (std::int64_t i = 0; i < plan.row_panels; ++i)
+    for (std::int64_t j = 0; j < plan.col_panels; ++j) {
+      w.logits(i, j);
+      GradientParams p = gp;
+      p.rows = plan.row_count(i), p.cols = plan.col_count(j);
+      p.row0 = plan.row_begin(i), p.col0 = plan.col_begin(j);
+      check_launch(launch_gradient(p, w.stream), "panels: launching the gradient pass");
+      if (dq_acc) w.times_k(i, j, dq_acc + plan.row_begin(i) * plan.d, false);
+      if (dk_acc) w.times_q(i, j, dk_acc + plan.col_begin(j) * plan.d, i == 0);
+    }
+}
+
+void store_gradient(const float *acc, std::int64_t rows, const MatrixView &out, const float *scale,
+                    const float *dloss, double inv_n, void *stream) {
+  StoreParams s;
+  s.acc = acc, s.rows = rows, s.d = out.cols;
+  s.out = out.data, s.out_ld = out.row_stride, s.out_type = g_type(out.dtype);
+  s.scale = scale, s.dloss = dloss, s.inv_n = inv_n;
+  check_launch(launch_store(s, static_cast<cudaStream_t>(stream)), "panels: launching the store kernel");
 }
 
 }  // namespace flatmem::contrastive::panels::cuda

@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(gradient_warps * 32) gradient_kernel(GradientP
       if (c >= p.cols) continue;
       const std::int64_t col = p.col0 + c;
       if (p.symmetric) t.col_lse = p.col_lse[col];
-      t.positive = positive_of(p.labels, row, col, p.c, &t.bad);
+      t.positive = positive_of(p.labels, row, col, p.row_offset, p.col_offset, p.c, &t.bad);
       if constexpr (Sigmoid) {
         const SigmoidEntry e = sigmoid_entry(s * raw[v] + bias, t.positive, t.bad);
         gt[v] = e.gt;

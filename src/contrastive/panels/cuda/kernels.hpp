@@ -47,8 +47,9 @@ cudaError_t launch_reset(State *states, std::int64_t n, cudaStream_t stream);
 struct GradientParams {
   float *panel = nullptr;
   std::int64_t pitch = 0, rows = 0, cols = 0;
-  std::int64_t row0 = 0, col0 = 0;  // global indices of the panel's first row / column
-  std::int64_t c = 0;               // columns in all (the label bound)
+  std::int64_t row0 = 0, col0 = 0;  // the panel's first row / column in the call's rows and columns
+  std::int64_t row_offset = 0, col_offset = 0;  // the call's first row / column globally (ring blocks)
+  std::int64_t c = 0;               // columns in all, globally (the label bound)
   bool symmetric = true;
   const float *scale = nullptr;
   const float *row_lse = nullptr, *col_lse = nullptr;  // (b,), (c,) symmetric

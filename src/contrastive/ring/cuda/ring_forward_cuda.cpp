@@ -2,15 +2,21 @@
 // CUDA kernels. Per step, on the caller's stream: forward_tiles over (q_r,
 // block o) -> this block's row partials folded into the running row states,
 // its column partials merged into the fresh column state (the relayed item),
-// the positives whose column the block holds. After the ring: forward_finish
+// the positives whose column the block holds. With the panel engine forced
+// (FLATMEM_CUDA_ENGINE=panels; not yet run on a GPU) the block is a panel walk
+// (panels/cuda/engine.hpp, fold_block) that merges straight into the running
+// row states and the fresh column states. After the ring: forward_finish
 // over the running row states and this rank's complete column states, the
 // loss terms summed (device), one synchronisation, the sum over the ranks on
 // the host, then the outputs.
 #include <algorithm>
+#include <optional>
 
 #include "contrastive/cuda/dispatch.hpp"
 #include "contrastive/cuda/kernels.hpp"
 #include "contrastive/handle.hpp"
+#include "contrastive/panels/cuda/engine.hpp"
+#include "contrastive/panels/cuda/kernels.hpp"
 #include "contrastive/ring/blocks.hpp"
 #include "contrastive/ring/cuda/nccl_transport.hpp"
 #include "contrastive/ring/cuda/ring_cuda.hpp"
@@ -34,29 +40,33 @@ struct ForwardDeviceBuffers {
   float *positive = nullptr;         // (b,)
   float *row_lse = nullptr, *col_lse = nullptr;
   double *loss_partial = nullptr, *loss_total = nullptr;
+  void *panel_space = nullptr;       // the panel engine's workspace (panels forced)
 };
 
-ForwardDeviceBuffers carve(WorkspaceCarver &carver, const Layout &l, const Inputs &in) {
+ForwardDeviceBuffers carve(WorkspaceCarver &carver, const Layout &l, const Inputs &in,
+                           const panels::PanelPlan *plan) {
   ForwardDeviceBuffers f;
   const bool symmetric = in.loss == Loss::symmetric;
   const std::int64_t b = in.b();
   int row_groups = 1, col_groups = 1;
-  for (std::int64_t cols : l.cols) {
-    const kc::ForwardGrid g = kc::forward_grid(b, cols);
-    row_groups = std::max(row_groups, g.row_groups);
-    col_groups = std::max(col_groups, g.col_groups);
-  }
+  if (plan == nullptr)
+    for (std::int64_t cols : l.cols) {
+      const kc::ForwardGrid g = kc::forward_grid(b, cols);
+      row_groups = std::max(row_groups, g.row_groups);
+      col_groups = std::max(col_groups, g.col_groups);
+    }
   for (int i = 0; i < 2; ++i) {
     if (l.ranks > 1) f.blocks[i] = carver.take<char>(std::int64_t(block_bytes(l.max_cols, in.k)));
     if (symmetric) f.states[i] = carver.take<MaxSum>(l.max_cols);
   }
   if (symmetric) {
     f.fresh = carver.take<MaxSum>(l.max_cols);
-    f.col_partial = carver.take<MaxSum>(std::int64_t(row_groups) * l.max_cols);
+    if (plan == nullptr) f.col_partial = carver.take<MaxSum>(std::int64_t(row_groups) * l.max_cols);
     f.col_lse = carver.take<float>(b);
   }
   f.running = carver.take<MaxSum>(b);
-  f.row_partial = carver.take<MaxSum>(std::int64_t(col_groups) * b);
+  if (plan == nullptr) f.row_partial = carver.take<MaxSum>(std::int64_t(col_groups) * b);
+  if (plan != nullptr) f.panel_space = carver.take<char>(std::int64_t(plan->bytes));
   f.positive = carver.take<float>(b);
   f.row_lse = carver.take<float>(b);
   f.loss_partial = carver.take<double>(kc::forward_grid(b, 1).finish_blocks);
@@ -64,29 +74,13 @@ ForwardDeviceBuffers carve(WorkspaceCarver &carver, const Layout &l, const Input
   return f;
 }
 
-}  // namespace
-
-void run_forward_cuda(flatmem_contrastive_s &h, comm::Communicator &comm, const Layout &l,
-                      const Inputs &in, const ForwardOutputs &out, void *stream_handle, Stats &stats) {
+// One step on the tile kernels: the block's tile partials, folded into the
+// running row states and merged into the fresh column states.
+void fold_block_on_tiles(kc::Operand op, const Inputs &in, const MatrixView &block, const Step &step,
+                         const ForwardDeviceBuffers &buf, cudaStream_t stream) {
   const bool symmetric = in.loss == Loss::symmetric;
-  cuda_ring::Call call(h, comm, in, stream_handle, "contrastive forward ring", stats);
-  const ForwardDeviceBuffers buf = call.carve([&](WorkspaceCarver &c) { return carve(c, l, in); });
-  const cudaStream_t stream = call.stream;
-  const kc::Operand op = call.op;
   const std::int64_t b = in.b();
-
-  check_launch(kc::launch_reset_states(buf.running, b, stream), "launching the row state reset");
-  const MatrixView own = call.own_block(in.k, l.ranks, buf.blocks[0]);
-  std::optional<Relayed> states;
-  if (symmetric) states = cuda_ring::relayed_states(buf.fresh, buf.states, stream);
-  Schedule schedule(call.transport, l,
-                    {Carried{Message::column_block, own.data, {buf.blocks[0], buf.blocks[1]},
-                             block_bytes(1, in.k)}},
-                    states);
-  schedule.run([&](const Step &step) {
-    const MatrixView block =
-        step.t == 0 ? own : block_view(const_cast<void *>(step.carried[0]), step.cols, in.k);
-    const kc::ForwardGrid grid = kc::forward_grid(b, step.cols);
+  const kc::ForwardGrid grid = kc::forward_grid(b, step.cols);
     kc::ForwardTileParams tiles;
     tiles.q = kc::device_matrix(in.q);
     tiles.k = kc::device_matrix(block);
@@ -103,9 +97,62 @@ void run_forward_cuda(flatmem_contrastive_s &h, comm::Communicator &comm, const 
       check_launch(kc::launch_merge_col_partials(buf.fresh, buf.col_partial, grid.row_groups, step.cols,
                                                  stream),
                    "launching the column state merge");
+}
+
+// One step on the panel engine: the fresh column states reset, then the
+// block's panels merged into them and into the running row states.
+void fold_block_on_panels(const flatmem_contrastive_s &h, const panels::PanelPlan &plan, const Inputs &in,
+                          const MatrixView &block, const Step &step, const ForwardDeviceBuffers &buf,
+                          cudaStream_t stream) {
+  static_assert(sizeof(panels::State) == sizeof(MaxSum), "a panel State is the tiles' MaxSum");
+  const bool symmetric = in.loss == Loss::symmetric;
+  auto *fresh = reinterpret_cast<panels::State *>(buf.fresh);
+  if (symmetric)
+    check_launch(panels::cuda::launch_reset(fresh, step.cols, stream), "resetting the block's column states");
+  Inputs mine = in;
+  mine.k = block;
+  mine.col_offset = step.col_offset;
+  panels::cuda::fold_block(panels::narrowed(plan, step.cols), h.options, mine,
+                           reinterpret_cast<panels::State *>(buf.running), symmetric ? fresh : nullptr,
+                           buf.panel_space, stream);
+}
+
+}  // namespace
+
+void run_forward_cuda(flatmem_contrastive_s &h, comm::Communicator &comm, const Layout &l,
+                      const Inputs &in, const ForwardOutputs &out, void *stream_handle, Stats &stats) {
+  const bool symmetric = in.loss == Loss::symmetric;
+  cuda_ring::Call call(h, comm, in, stream_handle, "contrastive forward ring", stats);
+  // The panel engine only when forced: its ring blocks have not run on a GPU yet.
+  std::optional<panels::PanelPlan> plan;
+  if (h.options.cuda_engine == CudaEngine::panels)
+    plan = panels::plan_forward(in.b(), l.max_cols, in.d(), in.loss, h.options.panel_budget,
+                                {h.options.panel_rows, h.options.panel_cols});
+  const ForwardDeviceBuffers buf =
+      call.carve([&](WorkspaceCarver &c) { return carve(c, l, in, plan ? &*plan : nullptr); });
+  const cudaStream_t stream = call.stream;
+  const kc::Operand op = call.op;
+  const std::int64_t b = in.b();
+
+  check_launch(kc::launch_reset_states(buf.running, b, stream), "launching the row state reset");
+  const MatrixView own = call.own_block(in.k, l.ranks, buf.blocks[0]);
+  std::optional<Relayed> states;
+  if (symmetric) states = cuda_ring::relayed_states(buf.fresh, buf.states, stream);
+  Schedule schedule(call.transport, l,
+                    {Carried{Message::column_block, own.data, {buf.blocks[0], buf.blocks[1]},
+                             block_bytes(1, in.k)}},
+                    states);
+  schedule.run([&](const Step &step) {
+    const MatrixView block =
+        step.t == 0 ? own : block_view(const_cast<void *>(step.carried[0]), step.cols, in.k);
+    if (plan) {
+      fold_block_on_panels(h, *plan, in, block, step, buf, stream);
+    } else {
+      fold_block_on_tiles(op, in, block, step, buf, stream);
+    }
     kc::BlockPositiveParams positives;
-    positives.q = tiles.q;
-    positives.k = tiles.k;
+    positives.q = kc::device_matrix(in.q);
+    positives.k = kc::device_matrix(block);
     positives.scale = in.scale_data;
     positives.labels = in.labels;
     positives.rows_offset = in.row_offset;
