@@ -26,7 +26,9 @@
 // Ring rows (ring/1): both losses again through a one-rank ring on this GPU
 // (a communicator whose NCCL transport sends to the rank itself): the ring
 // machinery's overhead over the plain call (issue target <= 1.05x) and the
-// device memory the ring handle allocates for itself.
+// device memory the ring handle allocates for itself. "ring/1 sym panels":
+// the ring's blocks on the panel engine (forced), against the plain call on
+// the panels at the default dial.
 //
 // Usage: contrastive_cuda_bench [--quick | --shapes] [--d 768,512] [--b 16384,65536,262144]
 //   (--shapes: the panel engine at forced extents, 64M and 1G dials, only)
@@ -339,14 +341,18 @@ struct RingRow {
   float loss = 0;
 };
 
-RingRow run_ring(Problem &p, bool sigmoid, flatmem_comm_t *comm, cudaStream_t stream, int reps) {
+// engine: FLATMEM_CUDA_ENGINE for the ring's handle ("" = the default, the tiles).
+RingRow run_ring(Problem &p, bool sigmoid, flatmem_comm_t *comm, cudaStream_t stream, int reps,
+                 const char *engine = "") {
   RingRow row;
   flatmem_contrastive_options options = FLATMEM_CONTRASTIVE_OPTIONS_INIT;
   options.loss = sigmoid ? FLATMEM_CONTRASTIVE_SIGMOID : FLATMEM_CONTRASTIVE_SYMMETRIC;
   options.nonfinite = FLATMEM_NONFINITE_PROPAGATE;
   options.comm = comm;
   flatmem_contrastive_t *h = nullptr;
+  setenv("FLATMEM_CUDA_ENGINE", engine, 1);  // read by the create
   require(flatmem_contrastive_create(&h, &options), "create (ring)");
+  unsetenv("FLATMEM_CUDA_ENGINE");
   p.set_scalar(sigmoid ? 4 : 0, sigmoid ? 10.0f : 14.3f);
   p.set_scalar(5, -10.0f);
   DLTensor S = p.scalar(sigmoid ? 4 : 0), T = p.scalar(5), L = p.scalar(9), DS = p.scalar(10), DT = p.scalar(11);
@@ -475,8 +481,10 @@ int main(int argc, char **argv) {
       const Row symmetric = run(p, rate, stream, lt, reps);
       print_row("symmetric", symmetric, 8.0 * double(b) * double(b) * d);
       // The panel engine at its default dial and at a large one (dk's accumulator resident).
+      Row panels_default;
       for (const char *dial : {"", "1G"}) {
         const Row panels = run(p, rate, stream, lt, reps, "panels", dial, false);
+        if (!dial[0]) panels_default = panels;
         char label[32];
         std::snprintf(label, sizeof label, "panels%s%s", dial[0] ? "/" : "", dial);
         print_row(label, panels, 8.0 * double(b) * double(b) * d);
@@ -485,6 +493,8 @@ int main(int argc, char **argv) {
                     symmetric.dscale);
       }
       if (comm) print_ring_row("ring/1 sym", p, run_ring(p, false, comm, stream, reps), symmetric);
+      if (comm)
+        print_ring_row("ring/1 sym panels", p, run_ring(p, false, comm, stream, reps, "panels"), panels_default);
       const Row sigmoid = run_sigmoid(p, rate, stream, lt, reps);
       print_row("sigmoid", sigmoid, 6.0 * double(b) * double(b) * d);
       // The sigmoid loss on the panel engine (forced: its default is still the tiles).
