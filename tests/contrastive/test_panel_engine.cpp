@@ -132,6 +132,31 @@ TEST_CASE("contrastive/panels/plan/refusals") {
                                      Loss::symmetric, true, true, true, 0));
 }
 
+// The ring plans once for its widest block and narrows the plan to each step's
+// block: same panels and regions, the column panels of the narrower block.
+TEST_CASE("contrastive/panels/plan/narrowed_to_a_ring_block") {
+  const auto wide = panels::plan_backward(1000, 777, 64, Loss::symmetric, false, false, false, 0, {128, 256});
+  REQUIRE(wide.cols == 256);
+  REQUIRE(wide.col_panels == 4);
+  for (const std::int64_t c : {std::int64_t(1), std::int64_t(255), std::int64_t(256), std::int64_t(257),
+                               std::int64_t(513), std::int64_t(777)}) {
+    CAPTURE(c);
+    const auto p = panels::narrowed(wide, c);
+    CHECK(p.c == c);
+    CHECK(p.col_panels == (c + 255) / 256);
+    CHECK(p.col_count(p.col_panels - 1) == c - (p.col_panels - 1) * 256);
+    CHECK(p.rows == wide.rows);
+    CHECK(p.cols == wide.cols);
+    CHECK(p.row_panels == wide.row_panels);
+    CHECK(p.panel.offset == wide.panel.offset);
+    CHECK(p.panel.bytes == wide.panel.bytes);
+    CHECK(p.lt.offset == wide.lt.offset);
+    CHECK(p.bytes == wide.bytes);
+  }
+  CHECK_THROWS(panels::narrowed(wide, 0));
+  CHECK_THROWS(panels::narrowed(wide, 778));
+}
+
 TEST_CASE("contrastive/panels/engine_choice") {
   using flatmem::contrastive::CudaEngine;
   const std::int64_t big = panels::auto_min_extent;
