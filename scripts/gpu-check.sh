@@ -34,6 +34,9 @@
 #   4. contrastive bench/cuda/contrastive_cuda_bench --d 768 --b 16384,65536 (a symmetric-loss and a
 #                  sigmoid-loss row each, against four / three cuBLASLt GEMMs and the naive loss, and
 #                  each through a one-rank ring over NCCL: the ring's overhead, target <= 1.05x)
+#      panels      the same bench --shapes at d 768, b 65536: the panel engine at forced extents
+#                  (2048 x 1024 .. 16384 x 8192), dials 64M and 1G, each row split into its GEMMs
+#                  timed alone at that panel shape and the rest (passes, launches, host work)
 #   5. infcl       bench/infcl_compare.py (d 768, b 16384 and 65536) when python3 imports inf_cl
 #                  (the carried wheel is installed into a private folder first)
 #   6. sanitizer   compute-sanitizer memcheck and racecheck on three GPU test executables, filtered
@@ -51,8 +54,10 @@
 #                  bf16 rows at b 4096 and 16384 under each ISA level it has, G split (default)
 #                  and rounded once (--precision tf32), into contrastive_cuda.log (issue 32's
 #                  figures: no other machine of this project has AVX512_BF16)
-#  12. profile     Nsight Compute (ncu) on the first launches of the contrastive kernels at d 768,
-#                  b 16384: speed of light, occupancy, memory and compute workload (profile.log)
+#  12. profile     Nsight Compute (ncu, --clock-control none) on the first launches of the panel
+#                  engine's fold and gradient kernels (d 768, b 16384, default dial), then of the tile
+#                  kernels: speed
+#                  of light, occupancy, memory and compute workload (profile.log)
 # The whole run is held to FLATMEM_GPU_CHECK_BUDGET seconds (default 530): a step gets the smaller
 # of its own limit and what is left; one that would get under 10 s is skipped. A warm rerun reuses
 # the build, so `--steps` can finish what ran out of time.
@@ -90,8 +95,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 for s in ${steps//,/ }; do
-  case $s in all|ctest|contrastive|infcl|sanitizer|jax|torch|reversible|contrastive-large|cpu-bf16|profile) ;;
-    *) echo "gpu-check: unknown step '$s' in --steps (all ctest contrastive infcl sanitizer jax torch reversible contrastive-large cpu-bf16 profile)" >&2
+  case $s in all|ctest|contrastive|panels|infcl|sanitizer|jax|torch|reversible|contrastive-large|cpu-bf16|profile) ;;
+    *) echo "gpu-check: unknown step '$s' in --steps (all ctest contrastive panels infcl sanitizer jax torch reversible contrastive-large cpu-bf16 profile)" >&2
        exit 2 ;;
   esac
 done
@@ -526,6 +531,12 @@ if gated contrastive; then
   run_step contrastive 150 contrastive_cuda.log "$bench_dir/contrastive_cuda_bench" --d 768 --b 16384,65536
 fi
 
+if gated panels; then
+  # Appended to contrastive_cuda.log: the panel engine at forced extents and both dials, each row
+  # split into its GEMMs timed alone at that panel shape and the rest (passes, launches, host).
+  run_step panels 120 contrastive_cuda.log "$bench_dir/contrastive_cuda_bench" --shapes --d 768 --b 65536
+fi
+
 # install_infcl DIR: the carried Inf-CL wheel into DIR (no deps: torch, triton and numpy are there).
 install_infcl() {
   local wheel
@@ -645,7 +656,16 @@ if gated profile; then
   if [ -z "$ncu" ] && ! $dry_run; then
     skip profile "ncu not found (PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute)"
   else
-    run_step profile 120 profile.log "${ncu:-ncu}" --target-processes all \
+    # The panel engine's fold and gradient kernels first (its default dial at b 16384: 4096 x 2048
+    # panels; the bench's tile rows come first but their kernels do not match; one ncu run per
+    # kernel, as the forward's folds would use up a shared launch count), then the tile kernels.
+    # --clock-control none: the clocks are left as they are (METHOD.md).
+    for kernel in fold_kernel gradient_kernel; do
+      run_step "profile $kernel" 60 profile.log "${ncu:-ncu}" --clock-control none --target-processes all \
+        -k "regex:$kernel" --launch-count 2 --section SpeedOfLight --section Occupancy \
+        --section MemoryWorkloadAnalysis "$bench_dir/contrastive_cuda_bench" --d 768 --b 16384
+    done
+    run_step profile 120 profile.log "${ncu:-ncu}" --clock-control none --target-processes all \
       -k 'regex:forward_tiles|backward_pass|sigmoid_pass' --launch-count 4 --section SpeedOfLight \
       --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
       --section ComputeWorkloadAnalysis "$bench_dir/contrastive_cuda_bench" --d 768 --b 16384

@@ -126,6 +126,7 @@ struct Row {
   double workspace_mb = 0, measured_delta_mb = 0, naive_mb = 0;
   float loss = 0, dscale = 0;
   double forward_s = 0;
+  std::size_t backward_bytes = 0;  // the panel engine's backward workspace (dk resident or not)
 };
 
 // The device buffers of one shape, shared by both losses: q, k, dq, dk (bf16,
@@ -200,6 +201,7 @@ void time_flatmem(Problem &p, const char *engine, const char *dial, cudaStream_t
   {
     DeviceMemory workspace(std::max(fwd_bytes, bwd_bytes));
     row.workspace_mb = double(std::max(fwd_bytes, bwd_bytes)) / 1048576.0;
+    row.backward_bytes = bwd_bytes;
     row.measured_delta_mb = double(before - free_bytes()) / 1048576.0;
     row.flatmem_s = time_it(stream, reps, [&] {
       require(flatmem_contrastive_forward(h, &Q, &K, nullptr, &S, &L, &RL, &CL, workspace.p, fwd_bytes, stream),
@@ -221,21 +223,61 @@ void time_flatmem(Problem &p, const char *engine, const char *dial, cudaStream_t
   unsetenv("FLATMEM_CUDA_PANEL_SHAPE");
 }
 
+// The cuBLASLt GEMMs the panel walk issues, timed alone at one panel's shape
+// (R x C x d, bf16 operands, fp32 outputs), so that a --shapes row splits
+// into the GEMMs' time and the rest (the passes, launches and host work):
+// per panel the forward's logits (nt), and per backward sweep the logits
+// again with Gt K_J (nn, dq) and / or Gt^T Q_I (tn, dk).
+struct PanelGemms {
+  double logits_s = 0, gt_k_s = 0, gt_q_s = 0;  // one GEMM each, median
+};
+
+PanelGemms time_panel_gemms(Problem &p, std::int64_t rows, std::int64_t cols, cudaStream_t stream, bench::LtGemm &lt) {
+  constexpr int batch = 8;  // GEMMs per timing: the host enqueues ahead of the GPU
+  const int d = p.d;
+  DeviceMemory logits(std::size_t(rows) * cols * 4), gt(std::size_t(rows) * cols * 2),
+      acc(std::size_t(std::max(rows, cols)) * d * 4);
+  CUDA_CHECK(cudaMemsetAsync(gt.p, 0x3c, std::size_t(rows) * cols * 2, stream));  // bf16 0x3c3c, about 0.0115
+  const auto each = [&](auto &&gemm) {
+    return time_it(stream, 3, [&] {
+             for (int i = 0; i < batch; ++i) gemm();
+           }) /
+           batch;
+  };
+  PanelGemms t;
+  t.logits_s = each([&] { lt.run(bench::Layout::nt, rows, cols, d, p.q.p, p.k.p, logits.p, true, stream); });
+  t.gt_k_s = each([&] { lt.run(bench::Layout::nn, rows, d, cols, gt.p, p.k.p, acc.p, true, stream); });
+  t.gt_q_s = each([&] { lt.run(bench::Layout::tn, cols, d, rows, gt.p, p.q.p, acc.p, true, stream); });
+  return t;
+}
+
 // --shapes: the panel engine at forced panel extents, with dk in a sweep of its
 // own (dial 64M) and resident (dial 1G), against the four GEMMs' time: which
-// extents the planner should prefer.
+// extents the planner should prefer. Each row also gives the walk's GEMMs
+// timed alone at that panel shape ("GEMMs@panel") and the rest of the step
+// (total - GEMMs@panel: the passes, launches and host work).
 void sweep_shapes(int d, std::int64_t b, cudaStream_t stream, bench::LtGemm &lt) {
   Problem p(d, b, stream);
   const double rate = gemm_rate(p, stream, lt, 5);
   const double gemm_s = 8.0 * double(b) * double(b) * d / rate;
   std::printf("shapes d=%d b=%lld: 4 GEMMs %.4f s (rate %.1f TFLOP/s)\n", d, (long long)b, gemm_s, rate / 1e12);
-  std::printf("%-8s %-12s | %10s %10s %9s %9s\n", "dial", "panel", "fwd+bwd s", "fwd s", "GEMMs/fm", "ws MiB");
+  std::printf("%-8s %-12s | %10s %10s %9s %9s | %6s %12s %9s %9s\n", "dial", "panel", "fwd+bwd s", "fwd s",
+              "GEMMs/fm", "ws MiB", "sweeps", "GEMMs@panel", "rest s", "P TFLOP/s");
   for (const char *dial : {"64M", "1G"})
     for (const char *shape : {"2048x1024", "2048x2048", "4096x2048", "4096x4096", "8192x4096", "16384x8192"}) {
       Row row;
       time_flatmem(p, "panels", dial, stream, 5, row, shape);
-      std::printf("%-8s %-12s | %10.4f %10.4f %9.3f %9.1f   loss %.6f\n", dial, shape, row.flatmem_s, row.forward_s,
-                  gemm_s / row.flatmem_s, row.workspace_mb, row.loss);
+      long long r = 0, c = 0;
+      std::sscanf(shape, "%lldx%lld", &r, &c);
+      const std::int64_t rows = std::min<std::int64_t>(b, r), cols = std::min<std::int64_t>(b, c);
+      const double panels = double((b + rows - 1) / rows) * double((b + cols - 1) / cols);
+      // dk resident (one backward sweep) when the backward workspace holds a b x d fp32 accumulator.
+      const bool resident = row.backward_bytes >= std::size_t(4) * (std::size_t(rows) * cols + std::size_t(b) * d);
+      const PanelGemms g = time_panel_gemms(p, rows, cols, stream, lt);
+      const double at_panel = panels * ((resident ? 2 : 3) * g.logits_s + g.gt_k_s + g.gt_q_s);
+      std::printf("%-8s %-12s | %10.4f %10.4f %9.3f %9.1f | %6d %12.4f %9.4f %9.1f   loss %.6f\n", dial, shape,
+                  row.flatmem_s, row.forward_s, gemm_s / row.flatmem_s, row.workspace_mb, resident ? 1 : 2, at_panel,
+                  row.flatmem_s - at_panel, 2.0 * double(rows) * double(cols) * d / g.logits_s / 1e12, row.loss);
       std::fflush(stdout);
     }
 }
