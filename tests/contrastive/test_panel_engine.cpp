@@ -13,7 +13,8 @@
 //    G kept (fp32 / TF32 operands) and rounded to bf16 (bound + 2^-8 |G|).
 //    Then: the same bits on a second run and at another workspace alignment,
 //    no byte written outside the workspace, NaN in q and a label out of range
-//    giving a NaN loss.
+//    giving a NaN loss. The fold tile's staging swizzle is a permutation whose
+//    warp accesses are free of bank conflicts.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "contrastive/panels/cpu_executor.hpp"
+#include "contrastive/panels/passes.hpp"
 #include "contrastive/panels/plan.hpp"
 #include "contrastive/sigmoid_reference.hpp"
 #include "support/contrastive.hpp"
@@ -155,6 +157,49 @@ TEST_CASE("contrastive/panels/plan/narrowed_to_a_ring_block") {
   }
   CHECK_THROWS(panels::narrowed(wide, 0));
   CHECK_THROWS(panels::narrowed(wide, 778));
+}
+
+// The fold kernel's shared-memory staging (passes.hpp fold_slot): a permutation
+// of the 64 x 128 tile, and each warp access pattern of the kernel touches 32
+// distinct banks (4-byte words, 32 banks) -- the reason for the swizzle.
+TEST_CASE("contrastive/panels/fold_staging_is_a_conflict_free_permutation") {
+  using panels::fold_slot;
+  const int rows = int(panels::fold_rows), cols = int(panels::fold_cols);
+  std::vector<int> seen(std::size_t(rows * cols), 0);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      const int slot = fold_slot(r, c);
+      REQUIRE(slot >= 0);
+      REQUIRE(slot < rows * cols);
+      ++seen[std::size_t(slot)];
+      CHECK(slot / cols == r);  // a row stays in its row
+    }
+  for (int n : seen) REQUIRE(n == 1);
+  const auto conflict_free = [](auto &&slot_of_lane) {
+    unsigned banks = 0;
+    for (int lane = 0; lane < 32; ++lane) banks |= 1u << (slot_of_lane(lane) % 32);
+    return banks == 0xffffffffu;
+  };
+  for (int warp = 0; warp < 8; ++warp) {  // the fold kernel's 256 threads
+    // staging: thread e writes entry (e / 128, e % 128), e = 256 k + 32 warp + lane
+    for (int k = 0; k < rows * cols / 256; ++k)
+      CHECK(conflict_free([&](int lane) {
+        const int e = 256 * k + 32 * warp + lane;
+        return fold_slot(e / cols, e % cols);
+      }));
+    for (int i = 0; i < 32; ++i) {
+      // row fold: thread t folds row t / 4, quarter t % 4, its i-th entry
+      CHECK(conflict_free([&](int lane) {
+        const int t = 32 * warp + lane;
+        return fold_slot(t / 4, panels::row_quarter * (t % 4) + i);
+      }));
+      // column fold: thread t folds column t / 2, half t % 2, its i-th entry
+      CHECK(conflict_free([&](int lane) {
+        const int t = 32 * warp + lane;
+        return fold_slot(panels::col_half * (t % 2) + i, t / 2);
+      }));
+    }
+  }
 }
 
 TEST_CASE("contrastive/panels/engine_choice") {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "contrastive/panels/passes.hpp"
 #include "core/cpu_isa.hpp"
@@ -61,22 +62,27 @@ void fold_and_merge(const PanelPlan &p, float s, std::int64_t i, std::int64_t j,
                     State *row_parts, State *col_parts, State *row_state, State *col_state) {
   const std::int64_t rows = p.row_count(i), cols = p.col_count(j);
   const std::int64_t row_tiles = (rows + fold_rows - 1) / fold_rows, col_tiles = (cols + fold_cols - 1) / fold_cols;
+  std::vector<float> staged(std::size_t(fold_rows * fold_cols));
   for (std::int64_t fi = 0; fi < row_tiles; ++fi)
     for (std::int64_t fj = 0; fj < col_tiles; ++fj) {
       const float *tile = panel + fi * fold_rows * p.cols + fj * fold_cols;
       const int tr = int(std::min(fold_rows, rows - fi * fold_rows));
       const int tc = int(std::min(fold_cols, cols - fj * fold_cols));
+      // Staged as the fold kernel stages it in shared memory (missing entries 0, never read).
+      for (int r = 0; r < int(fold_rows); ++r)
+        for (int c = 0; c < int(fold_cols); ++c) staged[fold_slot(r, c)] = r < tr && c < tc ? tile[r * p.cols + c] : 0.0f;
+      const StagedTile view{staged.data()};
       for (int r = 0; r < tr; ++r) {
-        State a = fold_row_quarter(tile, p.cols, r, 0, tc, s), b = fold_row_quarter(tile, p.cols, r, 2, tc, s);
-        merge(a, fold_row_quarter(tile, p.cols, r, 1, tc, s));
-        merge(b, fold_row_quarter(tile, p.cols, r, 3, tc, s));
+        State a = fold_row_quarter(view, r, 0, tc, s), b = fold_row_quarter(view, r, 2, tc, s);
+        merge(a, fold_row_quarter(view, r, 1, tc, s));
+        merge(b, fold_row_quarter(view, r, 3, tc, s));
         merge(a, b);
         row_parts[(fi * fold_rows + r) * p.col_folds + fj] = a;
       }
       if (col_parts)
         for (int c = 0; c < tc; ++c) {
-          State a = fold_col_half(tile, p.cols, c, 0, tr, s);
-          merge(a, fold_col_half(tile, p.cols, c, 1, tr, s));
+          State a = fold_col_half(view, c, 0, tr, s);
+          merge(a, fold_col_half(view, c, 1, tr, s));
           col_parts[(fj * fold_cols + c) * p.row_folds + fi] = a;
         }
     }

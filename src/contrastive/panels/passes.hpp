@@ -12,7 +12,8 @@
 // ((q0 + q1) + (q2 + q3)), of its four quarters of fold_cols / 4 columns;
 // column j's part is (h0 + h1) of its two halves of fold_rows / 2 rows.
 // A tile at the panel's edge passes its real extents; missing entries are
-// skipped (an all-missing segment is the empty state (-inf, 0)).
+// skipped (an all-missing segment is the empty state (-inf, 0)). The tile is
+// read from its staged copy (fold_slot below).
 #pragma once
 
 #include <cmath>
@@ -58,26 +59,49 @@ FLATMEM_HD void merge(State &a, State b) {
   a.max = m;
 }
 
-// The state of s x[0], s x[stride], ... (n entries): maximum first, then the sum.
-FLATMEM_HD State fold_segment(const float *x, std::int64_t stride, int n, float s) {
+// The state of s at(0), s at(1), ... s at(n - 1): maximum first, then the sum.
+template <typename At>
+FLATMEM_HD State fold_segment(const At &at, int n, float s) {
   State st = empty_state();
-  for (int i = 0; i < n; ++i) st.max = max_of(st.max, s * x[i * stride]);
-  for (int i = 0; i < n; ++i) st.sum += exp_shifted(s * x[i * stride], st.max);
+  for (int i = 0; i < n; ++i) st.max = max_of(st.max, s * at(i));
+  for (int i = 0; i < n; ++i) st.sum += exp_shifted(s * at(i), st.max);
   return st;
 }
 
+// Where entry (r, c) of a fold tile is staged before it is folded (the GPU's
+// shared memory; the CPU executor stages the same way): row r at r *
+// fold_cols, column c XOR-ed in its low five bits (its 32-column group is
+// kept) with (r mod 8) | (c's quarter << 3), bit 4 flipped again for rows
+// 32 .. 63. On the GPU every warp access is then free of bank conflicts: the
+// row fold's 8 rows x 4 quarters at one step, the column fold's 16 columns x
+// 2 halves, the staging writes' 32 consecutive columns of one row
+// (test_panel_engine checks all three, and that it is a permutation).
+static_assert(fold_rows == 64 && fold_cols == 128, "the staging swizzle's shape");
+FLATMEM_HD int fold_slot(int r, int c) {
+  const int quarter = (c >> 5) & 3, half = (r >> 5) & 1;
+  return r * int(fold_cols) + (c ^ (((r & 7) | (quarter << 3)) ^ (half << 4)));
+}
+
+// A staged fold tile: entry (r, c) at slots[fold_slot(r, c)].
+struct StagedTile {
+  const float *slots;
+  FLATMEM_HD float operator()(int r, int c) const { return slots[fold_slot(r, c)]; }
+};
+
 // Row `r` of a fold tile, quarter q (0..3), of a tile with `cols` real columns.
-FLATMEM_HD State fold_row_quarter(const float *tile, std::int64_t pitch, int r, int q, int cols, float s) {
+template <typename Tile>
+FLATMEM_HD State fold_row_quarter(const Tile &tile, int r, int q, int cols, float s) {
   const int begin = q * row_quarter;
   const int n = cols - begin < row_quarter ? cols - begin : row_quarter;
-  return n > 0 ? fold_segment(tile + r * pitch + begin, 1, n, s) : empty_state();
+  return n > 0 ? fold_segment([&](int i) { return tile(r, begin + i); }, n, s) : empty_state();
 }
 
 // Column `j` of a fold tile, half h (0..1), of a tile with `rows` real rows.
-FLATMEM_HD State fold_col_half(const float *tile, std::int64_t pitch, int j, int h, int rows, float s) {
+template <typename Tile>
+FLATMEM_HD State fold_col_half(const Tile &tile, int j, int h, int rows, float s) {
   const int begin = h * col_half;
   const int n = rows - begin < col_half ? rows - begin : col_half;
-  return n > 0 ? fold_segment(tile + begin * pitch + j, pitch, n, s) : empty_state();
+  return n > 0 ? fold_segment([&](int i) { return tile(begin + i, j); }, n, s) : empty_state();
 }
 
 // The logit scale as the kernels use it: s outside (0, FLT_MAX] is NaN (the
