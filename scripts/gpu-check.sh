@@ -27,46 +27,51 @@
 #   2. probe       the CUDA runtime must see the device (else every GPU test would just skip);
 #                  libcublasLt.so.13 and libnccl.so.2 (dlopen()ed) are looked up in the image
 #                  (CUDA toolkit, the Python venv's nvidia wheels) and put on LD_LIBRARY_PATH
-#   3. ctest       ctest -L gpu (the compute-sanitizer tests run in step 6 instead); with NCCL this
+#   3. ctest       ctest -L gpu (the compute-sanitizer tests run in step 8 instead); with NCCL this
 #                  includes gpu/nccl-stand-in/*: the multi-rank cases with 2-4 ranks as threads on
 #                  the one GPU over the NCCL stand-in (FLATMEM_NCCL_LIBRARY set by ctest; not NCCL:
 #                  docs/nccl-stand-in.md)
 #   4. contrastive bench/cuda/contrastive_cuda_bench --d 768 --b 16384,65536 (a symmetric-loss and a
 #                  sigmoid-loss row each, against four / three cuBLASLt GEMMs and the naive loss, and
 #                  each through a one-rank ring over NCCL: the ring's overhead, target <= 1.05x)
-#      panels      the same bench --shapes at d 768, b 65536: the panel engine at forced extents
+#   5. panels      the same bench --shapes at d 768, b 65536: the panel engine at forced extents
 #                  (2048 x 1024 .. 16384 x 8192), dials 64M and 1G, each row split into its GEMMs
 #                  timed alone at that panel shape and the rest (passes, launches, host work)
-#   5. infcl       bench/infcl_compare.py (d 768, b 16384 and 65536) when python3 imports inf_cl
+#   6. torch       the Python package built there (the carried SWIG wheel, the image's Python)
+#                  and flatmem.torch's CUDA tests, bindings/python/tests/test_torch_cuda.py and
+#                  test_torch_cyclic_cuda.py (into ctest.log)
+#   7. infcl       bench/infcl_compare.py (d 768, b 16384 and 65536) when python3 imports inf_cl,
+#                  into contrastive_cuda.log
 #                  (the carried wheel is installed into a private folder first)
-#   6. sanitizer   compute-sanitizer memcheck and racecheck on three GPU test executables, filtered
+#   8. sanitizer   compute-sanitizer memcheck and racecheck on three GPU test executables, filtered
 #                  to small cases
-#   7. jax         bindings/jax/tests/gpu_check.py: the XLA:CUDA handlers (losses, reversible
-#                  segments) under jit and grad against references on the GPU (jax.log); --pack
+#   9. jax         bindings/jax/tests/gpu_check.py: the XLA:CUDA handlers (losses, reversible
+#                  segments) under jit and grad against references on the GPU (into ctest.log); --pack
 #                  builds libflatmem_jax.so against the XLA FFI headers of the image's jaxlib
-#   8. torch       the Python package built there (the carried SWIG wheel, the image's Python)
-#                  and flatmem.torch's CUDA tests, bindings/python/tests/test_torch_cuda.py and test_torch_cyclic_cuda.py (torch.log)
-#   9. reversible  reversible_cuda_bench, width 768, 12 heads, MLP 3072, depths 12 and 24,
+#  10. reversible  reversible_cuda_bench, width 768, 12 heads, MLP 3072, depths 12 and 24,
 #                  batches 8..128, TF32 then FP32 (rows of both in one CSV)
-#  10. contrastive-large  the same bench at d 768, b 262144 and d 512, b 16384..262144
-#  11. cpu-bf16    the GPU machine's CPU (a Xeon or EPYC of the AVX512_BF16 / AMX generation):
+#  11. contrastive-large  the same bench at d 768, b 262144 and d 512, b 16384..262144
+#  12. cpu-bf16    the GPU machine's CPU (a Xeon or EPYC of the AVX512_BF16 / AMX generation):
 #                  test_contrastive_bf16_gemm on the hardware, then contrastive_bench's fp32 and
 #                  bf16 rows at b 4096 and 16384 under each ISA level it has, G split (default)
 #                  and rounded once (--precision tf32), into contrastive_cuda.log (issue 32's
 #                  figures: no other machine of this project has AVX512_BF16)
-#  12. profile     Nsight Compute (ncu, --clock-control none) on the first launches of the panel
+#  13. profile     Nsight Compute (ncu, --clock-control none) on the first launches of the panel
 #                  engine's fold and gradient kernels (d 768, b 16384, default dial), then of the tile
-#                  kernels: speed
-#                  of light, occupancy, memory and compute workload (profile.log)
+#                  kernels: speed of light, occupancy, memory and compute workload (profile.log)
+#  14. sanitizer-all  only when named (--steps sanitizer-all, in calls of its own): every test of
+#                  ctest -L gpu under compute-sanitizer memcheck, then racecheck, with each test's
+#                  environment (scripts/gpu_sanitize.py); resumable: a warm machine keeps its state
+#                  file and the next call goes on (exit 2 = clean so far, not finished)
 # The whole run is held to FLATMEM_GPU_CHECK_BUDGET seconds (default 530): a step gets the smaller
 # of its own limit and what is left; one that would get under 10 s is skipped. A warm rerun reuses
 # the build, so `--steps` can finish what ran out of time.
 #
 # OUTDIR gets at most 8 files (the device tool returns no more): summary.txt (the machine: GPU,
 # driver, nvcc, revision, CPU; then one line per step: status and seconds), build.log (unpack or
-# deps + configure + build; the contrastive-large rows too), ctest.log,
-# sanitizer.log, contrastive_cuda.log, reversible_cuda.log, reversible_cuda.csv, infcl.log,
-# profile.log (nine when every step runs: run profile in a call of its own); each log cut to its
+# deps + configure + build), ctest.log (ctest, torch, jax), sanitizer.log, contrastive_cuda.log
+# (contrastive, panels, infcl, contrastive-large, cpu-bf16), reversible_cuda.log,
+# reversible_cuda.csv, profile.log; each log cut to its
 # last 6 MiB. Exit status: 0 when no step failed, timed out or ran out of time.
 # Environment: FLATMEM_GPU_CHECK_BUDGET, FLATMEM_GPU_CHECK_BUILD_DIR (default build-gpu),
 # FLATMEM_CUDA_ARCHITECTURES (default 90), FLATMEM_GPU_CHECK_CTEST_JOBS (default 8).
@@ -95,12 +100,14 @@ while [ $# -gt 0 ]; do
   shift
 done
 for s in ${steps//,/ }; do
-  case $s in all|ctest|contrastive|panels|infcl|sanitizer|jax|torch|reversible|contrastive-large|cpu-bf16|profile) ;;
-    *) echo "gpu-check: unknown step '$s' in --steps (all ctest contrastive panels infcl sanitizer jax torch reversible contrastive-large cpu-bf16 profile)" >&2
+  case $s in all|ctest|contrastive|panels|infcl|sanitizer|jax|torch|reversible|contrastive-large|cpu-bf16|profile|sanitizer-all) ;;
+    *) echo "gpu-check: unknown step '$s' in --steps (all ctest contrastive panels infcl sanitizer jax torch reversible contrastive-large cpu-bf16 profile sanitizer-all)" >&2
        exit 2 ;;
   esac
 done
 want() { [ "$steps" = all ] || [[ ",$steps," == *",$1,"* ]]; }
+# Steps that run only when named (longer than one call): not part of "all".
+named() { [[ ",$steps," == *",$1,"* ]]; }
 
 # The Debian 12 packages of the build that the GPU machine's image is not known to have (its list:
 # CUDA, CMake, ninja, PyTorch; it cannot fetch anything): dlpack's header, doctest's CMake package,
@@ -391,7 +398,7 @@ EOF
   step "machine -> summary.txt (nvidia-smi, nvcc --version, git rev-parse HEAD, CPU, memory)"
 else
   mkdir -p "$outdir"
-  rm -f "$outdir"/{summary.txt,build.log,ctest.log,sanitizer.log,contrastive_cuda.log,reversible_cuda.log,reversible_cuda.csv,infcl.log,libraries.txt,profile.log,jax.log,torch.log}
+  rm -f "$outdir"/{summary.txt,build.log,ctest.log,sanitizer.log,contrastive_cuda.log,reversible_cuda.log,reversible_cuda.csv,libraries.txt,profile.log}
   step "machine -> $outdir/summary.txt"
   machine_info >"$outdir/summary.txt"
   grep -E "^(revision|prebuilt binaries|host|gpu|nvcc):" "$outdir/summary.txt" | sed 's/^/    /'
@@ -537,6 +544,31 @@ if gated panels; then
   run_step panels 120 contrastive_cuda.log "$bench_dir/contrastive_cuda_bench" --shapes --d 768 --b 65536
 fi
 
+# torch_step SITE: the Python package for this machine's python3, built with the standalone
+# CMake build of bindings/python (the carried SWIG) against build-gpu's libflatmem installed into
+# SITE/prefix, then flatmem.torch's CUDA tests.
+torch_step() {
+  local site=$1 wheel
+  wheel=$(ls "$carry"/swig-*.whl 2>/dev/null | head -n 1)
+  [ -n "$wheel" ] || { echo "no carried SWIG wheel (.gpu-carry/swig-*.whl)"; return 1; }
+  rm -rf "$site" && mkdir -p "$site/tools"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site/tools" "$wheel" || return 1
+  cmake --install "$build" --prefix "$site/prefix" >/dev/null || return 1
+  PYTHONPATH=$site/tools cmake -S "$FLATMEM_ROOT/bindings/python" -B "$site/cmake" \
+    -DCMAKE_PREFIX_PATH="$site/prefix" -DSWIG_EXECUTABLE="$site/tools/bin/swig" \
+    -DPython3_EXECUTABLE="$(command -v python3)" >/dev/null || return 1
+  PYTHONPATH=$site/tools cmake --build "$site/cmake" -j "$(nproc)" >/dev/null || return 1
+  cmake --install "$site/cmake" --prefix "$site/py" >/dev/null || return 1
+  (cd "$FLATMEM_ROOT/bindings/python/tests" &&
+     PYTHONPATH=$site/py python3 -m pytest -q -p no:cacheprovider -rs test_torch_cuda.py test_torch_cyclic_cuda.py)
+}
+export -f torch_step
+export carry build
+
+if gated torch; then
+  run_step torch 150 ctest.log torch_step /tmp/flatmem-gpu-check-torch
+fi
+
 # install_infcl DIR: the carried Inf-CL wheel into DIR (no deps: torch, triton and numpy are there).
 install_infcl() {
   local wheel
@@ -548,7 +580,7 @@ if gated infcl; then
   infcl_site=/tmp/flatmem-gpu-check-site
   $dry_run || { install_infcl "$infcl_site" >/dev/null 2>&1 && export PYTHONPATH=$infcl_site${PYTHONPATH:+:$PYTHONPATH}; }
   if $dry_run || timeout 60 python3 -c 'import inf_cl' >/dev/null 2>&1; then
-    run_step infcl 90 infcl.log env PYTHONUNBUFFERED=1 python3 bench/infcl_compare.py \
+    run_step infcl 90 contrastive_cuda.log env PYTHONUNBUFFERED=1 python3 bench/infcl_compare.py \
       --lib "$build/src/libflatmem.so" --d 768 --b 16384 65536 --reps 3
     if $dry_run; then echo "    (only when python3 -c 'import inf_cl' works; the carried wheel is installed first)"; fi
   else
@@ -577,7 +609,7 @@ fi
 
 if gated jax; then
   if [ -f "$build/jax/libflatmem_jax.so" ] || $dry_run; then
-    run_step jax 150 jax.log env PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    run_step jax 150 ctest.log env PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
       FLATMEM_JAX_LIBRARY="$build/jax/libflatmem_jax.so" \
       PYTHONPATH="$FLATMEM_ROOT/bindings/jax/python:$FLATMEM_ROOT/bindings/jax/tests" \
       python3 "$FLATMEM_ROOT/bindings/jax/tests/gpu_check.py"
@@ -586,30 +618,6 @@ if gated jax; then
   fi
 fi
 
-# torch_step SITE: the Python package for this machine's python3, built with the standalone
-# CMake build of bindings/python (the carried SWIG) against build-gpu's libflatmem installed into
-# SITE/prefix, then flatmem.torch's CUDA tests.
-torch_step() {
-  local site=$1 wheel
-  wheel=$(ls "$carry"/swig-*.whl 2>/dev/null | head -n 1)
-  [ -n "$wheel" ] || { echo "no carried SWIG wheel (.gpu-carry/swig-*.whl)"; return 1; }
-  rm -rf "$site" && mkdir -p "$site/tools"
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site/tools" "$wheel" || return 1
-  cmake --install "$build" --prefix "$site/prefix" >/dev/null || return 1
-  PYTHONPATH=$site/tools cmake -S "$FLATMEM_ROOT/bindings/python" -B "$site/cmake" \
-    -DCMAKE_PREFIX_PATH="$site/prefix" -DSWIG_EXECUTABLE="$site/tools/bin/swig" \
-    -DPython3_EXECUTABLE="$(command -v python3)" >/dev/null || return 1
-  PYTHONPATH=$site/tools cmake --build "$site/cmake" -j "$(nproc)" >/dev/null || return 1
-  cmake --install "$site/cmake" --prefix "$site/py" >/dev/null || return 1
-  (cd "$FLATMEM_ROOT/bindings/python/tests" &&
-     PYTHONPATH=$site/py python3 -m pytest -q -p no:cacheprovider -rs test_torch_cuda.py test_torch_cyclic_cuda.py)
-}
-export -f torch_step
-export carry build
-
-if gated torch; then
-  run_step torch 150 torch.log torch_step /tmp/flatmem-gpu-check-torch
-fi
 
 if gated reversible; then
   parts=$build/check-parts
@@ -672,12 +680,27 @@ if gated profile; then
   fi
 fi
 
+if ! named sanitizer-all; then
+  skip sanitizer-all "runs only when named: --steps sanitizer-all (longer than one call, resumable)"
+elif gated sanitizer-all; then
+  if [ -z "$sanitizer" ] && ! $dry_run; then
+    skip sanitizer-all "compute-sanitizer not found (PATH, /usr/local/cuda)"
+  else
+    # Every test of ctest -L gpu under memcheck, then racecheck (scripts/gpu_sanitize.py), one line
+    # per (tool, test) in $build_rel/sanitize-state.tsv: the next call on a warm machine goes on
+    # where this one stopped (exit 2: clean so far, not finished). It stops 20 s before the step's
+    # limit so that its summary is written.
+    left=$((budget - SECONDS - reserve - 20))
+    run_step sanitizer-all 590 sanitizer.log python3 "$FLATMEM_ROOT/scripts/gpu_sanitize.py" --build "$build" \
+      --sanitizer "${sanitizer:-compute-sanitizer}" --log "$outdir/sanitizer.log" --budget "$left"
+  fi
+fi
+
 # --- summary -------------------------------------------------------------------------------------
 if $dry_run; then
   echo
-  echo "gpu-check, dry run: nothing was run. Files in OUTDIR: summary.txt, build.log, ctest.log, sanitizer.log,"
-  echo "contrastive_cuda.log, reversible_cuda.log, reversible_cuda.csv, infcl.log, profile.log (the tool returns 8:"
-  echo "a full run with every step writes 9; run profile with --steps in a call of its own)."
+  echo "gpu-check, dry run: nothing was run. Files in OUTDIR (8, as many as the device tool returns): summary.txt,"
+  echo "build.log, ctest.log, sanitizer.log, contrastive_cuda.log, reversible_cuda.log, reversible_cuda.csv, profile.log."
   exit 0
 fi
 {
