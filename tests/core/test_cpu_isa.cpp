@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "support/contrastive_bitwise.hpp"
 
@@ -18,9 +19,9 @@ using namespace flatmem_test;
 namespace {
 
 // Least capable first; the last is the highest level there is.
-const std::array<flatmem_cpu_isa, 4> kIsas = {FLATMEM_CPU_ISA_BASELINE, FLATMEM_CPU_ISA_AVX2,
-                                              FLATMEM_CPU_ISA_AVX512, FLATMEM_CPU_ISA_AVX512BF16};
-constexpr flatmem_cpu_isa kHighest = FLATMEM_CPU_ISA_AVX512BF16;
+const std::array<flatmem_cpu_isa, 5> kIsas = {FLATMEM_CPU_ISA_BASELINE, FLATMEM_CPU_ISA_AVX2, FLATMEM_CPU_ISA_AVX512,
+                                              FLATMEM_CPU_ISA_AVX512BF16, FLATMEM_CPU_ISA_AMX};
+constexpr flatmem_cpu_isa kHighest = FLATMEM_CPU_ISA_AMX;
 
 flatmem_cpu_isa best_isa() {
   flatmem_cpu_isa best = FLATMEM_CPU_ISA_DEFAULT;
@@ -81,6 +82,8 @@ TEST_CASE("core/cpu-isa/names") {
   CHECK(int(FLATMEM_CPU_ISA_AVX2) == 2);
   CHECK(int(FLATMEM_CPU_ISA_AVX512) == 3);
   CHECK(int(FLATMEM_CPU_ISA_AVX512BF16) == 4);
+  CHECK(std::string(flatmem_cpu_isa_name(FLATMEM_CPU_ISA_AMX)) == "amx");
+  CHECK(int(FLATMEM_CPU_ISA_AMX) == 5);
 }
 
 TEST_CASE("core/cpu-isa/get-reports-the-isa-in-use-within-the-best") {
@@ -114,8 +117,8 @@ TEST_CASE("core/cpu-isa/set-selects-every-isa-up-to-the-best") {
 TEST_CASE("core/cpu-isa/set-above-the-best-is-unsupported-and-changes-nothing") {
   const flatmem_cpu_isa best = best_isa();
   if (best == kHighest) {
-    MESSAGE("this processor has AVX512_BF16, the highest ISA: nothing above it to refuse here "
-            "(AVX2-only and AVX-512-without-BF16 machines run this case)");
+    MESSAGE("this processor has AMX, the highest ISA: nothing above it to refuse here "
+            "(AVX2-only, AVX-512 and AVX512_BF16-without-AMX machines run this case)");
     return;
   }
   const flatmem_cpu_isa before = isa_in_use();
@@ -130,24 +133,36 @@ TEST_CASE("core/cpu-isa/set-above-the-best-is-unsupported-and-changes-nothing") 
   }
 }
 
-TEST_CASE("core/cpu-isa/avx512bf16-is-selectable-exactly-where-the-processor-has-it") {
-  // The one level every machine answers differently: AVX2-only and
-  // AVX-512-without-BF16 processors refuse it, AVX512_BF16 ones run it.
+// The bf16 levels every machine answers differently: selected (and their bf16
+// tile products reproducible whatever the thread count) where the processor
+// has them, refused naming the level and the best one where it does not.
+void check_selectable_exactly_where_present(flatmem_cpu_isa level) {
   const flatmem_cpu_isa best = best_isa();
   const flatmem_cpu_isa before = isa_in_use();
-  if (best == FLATMEM_CPU_ISA_AVX512BF16) {
-    SelectedIsa selected(FLATMEM_CPU_ISA_AVX512BF16);
-    CHECK(isa_in_use() == FLATMEM_CPU_ISA_AVX512BF16);
-    // bf16 inputs take the vdpbf16ps tile products here: reproducible whatever the thread count
+  if (int(best) >= int(level)) {
+    SelectedIsa selected(level);
+    CHECK(isa_in_use() == level);
     const BitwiseProblem p({FLATMEM_CONTRASTIVE_SYMMETRIC, Dtype::bf16, 37, 37, 29});
     check_identical(p.run(2), p.run(1), true);
   } else {
-    CHECK(flatmem_cpu_isa_set(FLATMEM_CPU_ISA_AVX512BF16) == FLATMEM_STATUS_UNSUPPORTED);
+    CHECK(flatmem_cpu_isa_set(level) == FLATMEM_STATUS_UNSUPPORTED);
     const std::string message = flatmem_last_error();
-    CHECK(message.find("avx512bf16") != std::string::npos);
+    CHECK(message.find(flatmem_cpu_isa_name(level)) != std::string::npos);
     CHECK(message.find(flatmem_cpu_isa_name(best)) != std::string::npos);
   }
   CHECK(isa_in_use() == before);
+}
+
+TEST_CASE("core/cpu-isa/avx512bf16-is-selectable-exactly-where-the-processor-has-it") {
+  // AVX2-only and AVX-512-without-BF16 processors refuse it; AVX512_BF16 and AMX ones run it
+  // (the vdpbf16ps tile products).
+  check_selectable_exactly_where_present(FLATMEM_CPU_ISA_AVX512BF16);
+}
+
+TEST_CASE("core/cpu-isa/amx-is-selectable-exactly-where-the-processor-has-it") {
+  // Only AMX processors (with the kernel's permission for tile state) run it: the bf16 tile
+  // products on AMX tiles.
+  check_selectable_exactly_where_present(FLATMEM_CPU_ISA_AMX);
 }
 
 TEST_CASE("core/cpu-isa/set-and-name-take-any-int-a-c-caller-passes") {
@@ -179,14 +194,17 @@ TEST_CASE("core/cpu-isa/environment-caps-a-fresh-process") {
   // names are case-insensitive
   CHECK(probe("BASELINE").line == expected_success(FLATMEM_CPU_ISA_BASELINE, best));
   CHECK(probe("Auto").line == expected_success(best, best));
-  for (const char *word : {"AVX512BF16", "Avx512Bf16", "avx512BF16"}) {
+  for (const auto &[level, word] : {std::pair{FLATMEM_CPU_ISA_AVX512BF16, "AVX512BF16"},
+                                     std::pair{FLATMEM_CPU_ISA_AVX512BF16, "Avx512Bf16"},
+                                     std::pair{FLATMEM_CPU_ISA_AVX512BF16, "avx512BF16"},
+                                     std::pair{FLATMEM_CPU_ISA_AMX, "AMX"}, std::pair{FLATMEM_CPU_ISA_AMX, "Amx"}}) {
     CAPTURE(word);
     const Probe p = probe(word);
-    if (best == FLATMEM_CPU_ISA_AVX512BF16) {
-      CHECK(p.line == expected_success(FLATMEM_CPU_ISA_AVX512BF16, best));
+    if (int(best) >= int(level)) {
+      CHECK(p.line == expected_success(level, best));
     } else {  // a known word this processor cannot run: unsupported, not invalid
       CHECK(p.line.find("get=FLATMEM_STATUS_UNSUPPORTED") != std::string::npos);
-      CHECK(p.error.find("avx512bf16") != std::string::npos);
+      CHECK(p.error.find(flatmem_cpu_isa_name(level)) != std::string::npos);
     }
   }
 }
@@ -208,8 +226,8 @@ TEST_CASE("core/cpu-isa/environment-with-an-unknown-word-fails-every-entry-point
 TEST_CASE("core/cpu-isa/environment-above-the-best-fails-every-entry-point") {
   const flatmem_cpu_isa best = best_isa();
   if (best == kHighest) {
-    MESSAGE("this processor has AVX512_BF16: nothing above it to ask for "
-            "(AVX2-only and AVX-512-without-BF16 machines run this case)");
+    MESSAGE("this processor has AMX: nothing above it to ask for "
+            "(AVX2-only, AVX-512 and AVX512_BF16-without-AMX machines run this case)");
     return;
   }
   for (flatmem_cpu_isa isa : kIsas) {
