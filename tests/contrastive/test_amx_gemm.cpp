@@ -11,7 +11,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "contrastive/cpu/amx_gemm.hpp"
 #include "contrastive/cpu/amx_tile_ops.hpp"
@@ -116,4 +119,91 @@ TEST_CASE("contrastive/amx-kernels/emulated/tdpbf16ps-flushes-subnormals-and-rou
   amx::EmulatedTiles::dot_bf16(c, a, b);
   CHECK(get(0, 0) == 1.0f);
   CHECK(get(1, 0) == 0.0f);
+}
+
+// Every packer against its word-by-word definition (amx_gemm.hpp's layouts),
+// bit for bit, on shapes on and off the tile edges: lines and columns of 1,
+// 15-17 and 33, reductions with an odd last pair, a partial last chunk and
+// several chunks; G with a NaN, an infinity, a subnormal and values that
+// round to even. The packers build whole tiles with vector shuffles (the
+// transposes of the logits' B and dk's A included); any misplaced word moves
+// a product.
+TEST_CASE("contrastive/amx-kernels/packers-equal-their-word-by-word-definitions") {
+  namespace amx = flatmem::contrastive::cpu::amx;
+  constexpr std::int64_t kB = amx::kBlock;
+  // Reference layouts: A [line block][pair chunk][16 lines][16 pairs], B [column block][pair chunk][16 pairs][16 columns].
+  const auto ref_lines = [&](std::int64_t lines, std::int64_t pairs, auto word) {
+    std::vector<std::uint32_t> out(std::size_t(amx::packed_words(lines, pairs)));
+    const std::int64_t chunks = (pairs + kB - 1) / kB;
+    for (std::int64_t l = 0; l < amx::whole_tiles(lines); ++l)
+      for (std::int64_t p = 0; p < chunks * kB; ++p)
+        out[std::size_t(((l / kB) * chunks + p / kB) * kB * kB + (l % kB) * kB + p % kB)] =
+            l < lines && p < pairs ? word(l, p) : 0u;
+    return out;
+  };
+  const auto ref_columns = [&](std::int64_t columns, std::int64_t pairs, auto word) {
+    std::vector<std::uint32_t> out(std::size_t(amx::packed_words(columns, pairs)));
+    const std::int64_t chunks = (pairs + kB - 1) / kB;
+    for (std::int64_t j = 0; j < amx::whole_tiles(columns); ++j)
+      for (std::int64_t p = 0; p < chunks * kB; ++p)
+        out[std::size_t(((j / kB) * chunks + p / kB) * kB * kB + (p % kB) * kB + j % kB)] =
+            j < columns && p < pairs ? word(p, j) : 0u;
+    return out;
+  };
+  const auto g_half = [](float g, int part) -> std::uint32_t {
+    const std::uint16_t hi = f32_to_bf16(g);
+    return part == 0 ? hi : f32_to_bf16(g - bf16_to_f32(hi));
+  };
+  for (std::int64_t lines : {1, 15, 16, 17, 33})
+    for (std::int64_t k : {1, 2, 31, 32, 33, 64, 97}) {
+      CAPTURE(lines);
+      CAPTURE(k);
+      const std::int64_t ld = k + 3, pairs = (k + 1) / 2;
+      std::vector<std::uint16_t> m(std::size_t(std::max(lines, k) * ld + 16));
+      for (std::size_t i = 0; i < m.size(); ++i) m[i] = std::uint16_t(0x3f80u + 37u * i);
+      const amx::Rows rows{m.data(), ld};
+      // rows as lines (A of the logits) and as columns (B of the logits): pairs along a row of k
+      const auto row_word = [&](std::int64_t line, std::int64_t p) {
+        const std::uint16_t *row = m.data() + line * ld;
+        return 2 * p + 1 < k ? std::uint32_t(row[2 * p]) | std::uint32_t(row[2 * p + 1]) << 16 : std::uint32_t(row[2 * p]);
+      };
+      std::vector<std::uint32_t> got(std::size_t(amx::packed_words(lines, pairs)), 0xdeadbeefu);
+      emulated::pack_rows_as_lines(got.data(), rows, lines, k);
+      CHECK(got == ref_lines(lines, pairs, row_word));
+      std::fill(got.begin(), got.end(), 0xdeadbeefu);
+      emulated::pack_rows_as_columns(got.data(), rows, lines, k);
+      CHECK(got == ref_columns(lines, pairs, [&](std::int64_t p, std::int64_t j) { return row_word(j, p); }));
+      // a matrix of k rows paired along its rows, `lines` columns (B of G K and G^T Q)
+      std::vector<std::uint32_t> pairs_got(std::size_t(amx::packed_words(lines, pairs)), 0xdeadbeefu);
+      emulated::pack_row_pairs(pairs_got.data(), amx::Rows{m.data(), lines + 2}, k, lines);
+      CHECK(pairs_got == ref_columns(lines, pairs, [&](std::int64_t p, std::int64_t j) {
+              const std::uint16_t *lo = m.data() + 2 * p * (lines + 2) + j;
+              return 2 * p + 1 < k ? std::uint32_t(lo[0]) | std::uint32_t(lo[lines + 2]) << 16 : std::uint32_t(lo[0]);
+            }));
+      // G (fp32, `lines` x k) by rows (dq's A: pairs along its k columns) and by columns (dk's A: pairs
+      // along its `lines` rows), each part
+      std::vector<float> g(std::size_t(lines * k));
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = std::ldexp(float(int(i * 2654435761u % 2001u) - 1000), -7);
+      g[0] = std::numeric_limits<float>::quiet_NaN();
+      if (g.size() > 1) g[1] = -std::numeric_limits<float>::infinity();
+      if (g.size() > 2) g[2] = 1e-40f;                   // subnormal
+      if (g.size() > 3) g[3] = bf16_to_f32(0x3f81) + 0x1p-16f;  // a tie that rounds to even
+      for (int part : {0, 1}) {
+        CAPTURE(part);
+        const std::int64_t gp = (k + 1) / 2, gc = (lines + 1) / 2;
+        std::vector<std::uint32_t> a(std::size_t(amx::packed_words(lines, gp)), 0xdeadbeefu);
+        emulated::pack_g_rows(a.data(), g.data(), lines, k, part);
+        CHECK(a == ref_lines(lines, gp, [&](std::int64_t r, std::int64_t p) {
+                const float *row = g.data() + r * k;
+                const std::uint32_t lo = g_half(row[2 * p], part);
+                return 2 * p + 1 < k ? lo | g_half(row[2 * p + 1], part) << 16 : lo;
+              }));
+        std::vector<std::uint32_t> t(std::size_t(amx::packed_words(k, gc)), 0xdeadbeefu);
+        emulated::pack_g_columns(t.data(), g.data(), lines, k, part);
+        CHECK(t == ref_lines(k, gc, [&](std::int64_t j, std::int64_t p) {
+                const std::uint32_t lo = g_half(g[std::size_t(2 * p * k + j)], part);
+                return 2 * p + 1 < lines ? lo | g_half(g[std::size_t((2 * p + 1) * k + j)], part) << 16 : lo;
+              }));
+      }
+    }
 }
