@@ -101,24 +101,50 @@ TEST_CASE("contrastive/amx-kernels/emulated/a-kernel-that-drops-half-of-each-pai
   }
 }
 
-TEST_CASE("contrastive/amx-kernels/emulated/tdpbf16ps-flushes-subnormals-and-rounds-each-addition") {
+// TDPBF16PS as an AMX Xeon computes it (amx_tile_ops.hpp): per entry an even
+// and an odd fp32 sum over the pairs, then their sum, then c; each addition
+// rounded to nearest even; subnormal inputs and results flushed. Each case
+// tells this order from the SDM's (every product added to c in turn); the
+// hardware gave these values (amx_hardware_check compares the emulation with
+// it on random tiles where the processor has AMX).
+TEST_CASE("contrastive/amx-kernels/emulated/tdpbf16ps-sums-even-and-odd-elements-apart-then-adds-c") {
   namespace amx = flatmem::contrastive::cpu::amx;
-  alignas(64) std::uint8_t a[16][64] = {}, b[16][64] = {}, c[16][64] = {};
-  const auto put16 = [](std::uint8_t (&t)[16][64], int row, int e, std::uint16_t v) { std::memcpy(&t[row][2 * e], &v, 2); };
-  const auto get = [&](int row, int n) {
-    float f;
-    std::memcpy(&f, &c[row][4 * n], 4);
-    return f;
+  const float e = 0x1p-24f, inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    const char *what;
+    float c;
+    std::vector<float> a, b;  // element 2k, 2k + 1 of the pairs k = 0, 1, ...
+    float want;
   };
-  // row 0: 1 * 1 + 2^-24 * 1 (the second addition rounds to even: stays 1)
-  put16(a, 0, 0, 0x3f80), put16(b, 0, 0, 0x3f80);
-  put16(a, 0, 1, 0x3380), put16(b, 0, 1, 0x3f80);
-  // row 1: a subnormal bf16 (0x0001) times 2^100 reads as 0
-  put16(a, 1, 0, 0x0001), put16(b, 0, 0, 0x3f80);
-  put16(a, 1, 2, 0x0001), put16(b, 1, 0, 0x7180);
-  amx::EmulatedTiles::dot_bf16(c, a, b);
-  CHECK(get(0, 0) == 1.0f);
-  CHECK(get(1, 0) == 0.0f);
+  const Case cases[] = {
+      {"1 + (2^-24 + 2^-24): the pair's sum first (SDM order: 1)", 1.0f, {e, e}, {1, 1}, 1.0f + 0x1p-23f},
+      {"1 + 2^-24 (k = 0) + 2^-24 (k = 1): the even sum first (SDM: 1)", 1.0f, {e, 0, e, 0}, {1, 0, 1, 0},
+       1.0f + 0x1p-23f},
+      {"0 + (2^60 + 1) - 2^60 along even / odd: the even sum cancels (SDM: 0)", 0.0f, {0x1p60f, 1, 0x1p60f, 0},
+       {1, 1, -1, 0}, 1.0f},
+      {"c = 2^60 + (1 - 2^60): the products' sum rounded before c (exact: 1)", 0x1p60f, {1, 0x1p60f}, {1, -1}, 0.0f},
+      {"2^24 + (1 + 1): (SDM: 2^24)", 0x1p24f, {1, 1}, {1, 1}, 0x1p24f + 2.0f},
+      {"0 + 1 + 2^-24: one tie, to even", 0.0f, {1, e}, {1, 1}, 1.0f},
+      {"2^127 * 2 - 2^127 * 2 along the even sum: inf, then inf + (-2^128) = inf", 0.0f,
+       {0x1p127f, 0, 0x1p127f, 0}, {2, 0, -2, 0}, inf},
+      {"a subnormal bf16 (2^-130) times 2^100 reads as 0", 0.0f, {0x1p-130f}, {0x1p100f}, 0.0f},
+      {"a product of 2^-140 is flushed", 0.0f, {0x1p-100f}, {0x1p-40f}, 0.0f},
+  };
+  for (const Case &k : cases) {
+    CAPTURE(k.what);
+    alignas(64) std::uint8_t a[16][64] = {}, b[16][64] = {}, c[16][64] = {};
+    for (std::size_t i = 0; i < k.a.size(); ++i) {
+      const std::uint16_t av = f32_to_bf16(k.a[i]), bv = f32_to_bf16(k.b[i]);
+      REQUIRE(bf16_to_f32(av) == k.a[i]);  // exact bf16 values only
+      std::memcpy(&a[0][2 * i], &av, 2);
+      std::memcpy(&b[i / 2][2 * (i % 2)], &bv, 2);  // column 0: elements (2k, 2k + 1) of pair row k
+    }
+    std::memcpy(&c[0][0], &k.c, 4);
+    amx::EmulatedTiles::dot_bf16(c, a, b);
+    float got;
+    std::memcpy(&got, &c[0][0], 4);
+    CHECK(got == k.want);
+  }
 }
 
 // Every packer against its word-by-word definition (amx_gemm.hpp's layouts),
