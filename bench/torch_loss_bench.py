@@ -55,8 +55,8 @@ reason printed, above --mem-limit-gib (20): at b = 65536 (~72 and ~88 GiB).
 Targets, printed MET / MISSED: at b = 16384, flatmem.torch <= 0.4x open_clip's time, <= 1/8 of
 its peak RSS (whole process; the ratio beyond the inputs is printed beside it) and <= 1.05x the C
 benchmark's time; at b = 65536, flatmem.torch under 1 GiB beyond the inputs (fp32 rows). bf16 (issue
-32), on a CPU with AVX512_BF16 (flatmem's ISA in use avx512bf16; else "not measured: CPU lacks
-AVX512_BF16"), the CLIP loss at b = 16384: flatmem.torch bf16 <= 0.5x open_clip's bf16 time, >= 1.7x
+32, 40), on a CPU with AVX512_BF16 (flatmem's ISA in use avx512bf16 or amx; else "not measured: CPU
+lacks AVX512_BF16"), the CLIP loss at b = 16384: flatmem.torch bf16 <= 0.5x open_clip's bf16 time, >= 1.7x
 flatmem.torch fp32's speed, its loss fp32-accurate (error vs float64 <= max(4x the fp32 row's, 2^-20)).
 
     build/wheel-venv/bin/python bench/torch_loss_bench.py --loss all     # the full run
@@ -115,7 +115,7 @@ C_VARIANT = {"clip": "flatmem", "sigmoid": "sigmoid"}
 REFERENCE = {"clip": "reference", "sigmoid": "sigmoid-reference"}  # contrastive_bench's float64 workers
 DTYPES = ("fp32", "bf16")
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
-# bf16 (issue 32), CLIP loss at b = 16384 under avx512bf16: flatmem.torch bf16 <= 0.5x open_clip's bf16
+# bf16 (issues 32, 40), CLIP loss at b = 16384 under avx512bf16 or amx: flatmem.torch bf16 <= 0.5x open_clip's bf16
 # time and >= 1.7x flatmem.torch fp32's speed, with an fp32-accurate loss (as contrastive_bench's)
 TARGET_BF16_VS_OPEN_CLIP = 0.5
 TARGET_BF16_SPEEDUP = 1.7
@@ -469,7 +469,8 @@ def cpu_has_avx512_bf16() -> bool:
 
 
 def print_bf16_targets(rows):
-    """Issue 32, CLIP loss at b = 16384: flatmem.torch bf16 under avx512bf16 <= 0.5x open_clip's bf16 time,
+    """Issues 32 and 40, CLIP loss at b = 16384: flatmem.torch bf16 under avx512bf16 or amx (its bf16 kernels:
+    vdpbf16ps or AMX tiles) <= 0.5x open_clip's bf16 time,
     >= 1.7x flatmem.torch fp32's speed, with an fp32-accurate loss."""
     head = f"- [clip, bf16] at b = {TARGET_BATCH}, flatmem.torch bf16 <= {TARGET_BF16_VS_OPEN_CLIP}x open_clip's " \
            f"bf16 time and >= {TARGET_BF16_SPEEDUP}x flatmem.torch fp32's speed, fp32-accurate loss"
@@ -479,9 +480,9 @@ def print_bf16_targets(rows):
     if not cpu_has_avx512_bf16():
         print(f"{head}: not measured: CPU lacks AVX512_BF16")
         return
-    if isa and isa != "avx512bf16":
-        print(f"{head}: not measured: flatmem runs {isa}, not avx512bf16 (a library without its kernels, or "
-              f"FLATMEM_CPU_ISA set)")
+    if isa and isa not in ("avx512bf16", "amx"):
+        print(f"{head}: not measured: flatmem runs {isa}, not avx512bf16 or amx (a library without its kernels, "
+              f"or FLATMEM_CPU_ISA set)")
         return
     t = div(value(fm, "best_s"), value(oc, "best_s"))
     speedup = div(value(fm32, "best_s"), value(fm, "best_s"))
