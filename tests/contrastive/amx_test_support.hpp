@@ -5,9 +5,11 @@
 // function pointers, and the float64 products with their error bounds.
 //
 // Bounds (u = 2^-24, gamma_n = n u / (1 - n u)): bf16 x bf16 products are
-// exact in fp32 and TDPBF16PS adds them one at a time into the fp32
-// accumulators, so a sum of n products (plus the accumulated output) errs by
-// at most gamma_{n+1} times the sum of the magnitudes. G (fp32) enters
+// exact in fp32 and TDPBF16PS sums them in fp32 (per entry an even and an odd
+// sum over its 16 pairs, their sum, then the accumulator: amx_tile_ops.hpp),
+// so no product passes through more than n + 1 roundings and a sum of n
+// products (plus the accumulated output) errs by at most gamma_{n+1} times the
+// sum of the magnitudes. G (fp32) enters
 // rounded to bf16 (relative 2^-8 per entry) or split in hi + lo (residual
 // 2^-16 |G|, twice the terms), which adds rho * sum |G| |x|. A dropped pair, a
 // wrong tile index or a misplaced edge moves an entry by a whole product,
